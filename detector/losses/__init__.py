@@ -1,0 +1,15 @@
+"""GIoU loss strategies over dynamically shaped targets.
+
+``STRATEGIES`` maps a name to a ``Strategy``: a callable ``(pred, targets) -> 0-dim loss`` that
+consumes targets of ``strategy.layout``. Adding a strategy is: write one file that calls
+``register(Strategy(...))``, and import it below. It then appears in ``make profile``, ``make bench``,
+``make compare`` and the strategy tests without further edits.
+"""
+
+from detector.losses.reference import giou_loss_reference
+from detector.losses.registry import STRATEGIES, Strategy, get_strategy, register
+
+# Importing a strategy module registers it; the order here is the order of tables and plots.
+from detector.losses import loop, concat, padded, compiled  # noqa: E402,F401  isort: skip
+
+__all__ = ["STRATEGIES", "Strategy", "get_strategy", "giou_loss_reference", "register"]

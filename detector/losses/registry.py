@@ -1,0 +1,47 @@
+"""The strategy registry: one name, one callable, one target layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from torch import Tensor
+
+from detector.data import LAYOUTS, Targets
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    layout: str  # which targets it consumes: "list", "padded" or "packed" (detector.data)
+    fn: Callable[[Tensor, Targets], Tensor]
+    description: str  # one line, shown by `python -m detector strategies`
+
+    def __post_init__(self):
+        if self.layout not in LAYOUTS:
+            raise ValueError(f"strategy {self.name!r}: layout must be one of {LAYOUTS}, got {self.layout!r}")
+
+    def __call__(self, pred: Tensor, targets: Targets) -> Tensor:
+        if targets.layout != self.layout:
+            raise TypeError(
+                f"strategy {self.name!r} takes {self.layout!r} targets, got {targets.layout!r} "
+                f"(build them with detector.data.make_targets(boxes_list, {self.layout!r}, max_boxes))"
+            )
+        return self.fn(pred, targets)
+
+
+STRATEGIES: dict[str, Strategy] = {}
+
+
+def register(strategy: Strategy) -> Strategy:
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"strategy {strategy.name!r} is registered twice")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+def get_strategy(name: str) -> Strategy:
+    try:
+        return STRATEGIES[name]
+    except KeyError:
+        raise KeyError(f"unknown strategy {name!r}; valid strategies: {', '.join(STRATEGIES)}") from None
