@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+import torch
 from torch import Tensor
 
 from detector.data import LAYOUTS, Targets
@@ -16,6 +17,8 @@ class Strategy:
     layout: str  # which targets it consumes: "list", "padded" or "packed" (detector.data)
     fn: Callable[[Tensor, Targets], Tensor]
     description: str  # one line, shown by `python -m detector strategies`
+    # Why it cannot run on a device (e.g. "the extension is not built: run make setup"), or None if it can.
+    unavailable: Callable[[torch.device], str | None] = lambda device: None
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -27,6 +30,9 @@ class Strategy:
                 f"strategy {self.name!r} takes {self.layout!r} targets, got {targets.layout!r} "
                 f"(build them with detector.data.make_targets(boxes_list, {self.layout!r}, max_boxes))"
             )
+        reason = self.unavailable(pred.device) if isinstance(pred, Tensor) else None
+        if reason:
+            raise RuntimeError(f"strategy {self.name!r} cannot run on {pred.device}: {reason}")
         return self.fn(pred, targets)
 
 

@@ -1,0 +1,120 @@
+"""Every registered strategy against giou_loss_reference (fp64), loss and gradient, over one grid.
+
+A strategy registered in detector.losses.STRATEGIES is picked up here without edits.
+"""
+
+import pytest
+import torch
+
+from detector.cases import random_case
+from detector.data import make_targets
+from detector.losses import STRATEGIES, get_strategy, giou_loss_reference
+
+# pred dtype, loss rtol, gradient rtol, gradient atol as a fraction of the largest reference gradient.
+# Strategies compute in fp32 from the very values the fp64 reference sees, so the loss agrees to fp32
+# rounding whatever the pred dtype; the gradient is stored in pred's dtype, so bf16 gradients carry
+# bf16 rounding (2^-8 relative) on top.
+TOLERANCES = {
+    torch.float32: (1e-5, 1e-4, 1e-5),
+    torch.bfloat16: (1e-5, 1e-2, 1e-2),
+}
+GRID = [
+    (pred_dtype, target_dtype, batch, distribution)
+    for pred_dtype in TOLERANCES
+    for target_dtype in (torch.uint8, torch.float32)
+    for batch in (1, 7, 64)
+    for distribution in ("zero", "one_full", "seed")
+]
+# The weird rows: a prime number of slots, crowds, degenerate (zero-area) boxes, fp16 and int32 targets.
+WEIRD = [
+    (torch.float32, torch.uint8, 7, "seed", 13),
+    (torch.float32, torch.float32, 5, "full", 13),
+    (torch.float32, torch.float32, 7, "degenerate", 256),
+    (torch.bfloat16, torch.int32, 64, "tail", 256),
+    (torch.float16, torch.float16, 7, "seed", 256),
+]
+TOLERANCES[torch.float16] = (1e-5, 5e-3, 5e-3)  # fp16 gradients: 2^-11 relative rounding
+
+
+DEVICES = [
+    "cpu",
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
+]
+
+
+def check_against_reference(strategy, pred, boxes_list, max_boxes, device):
+    reason = strategy.unavailable(torch.device(device))
+    if reason:
+        pytest.skip(f"{strategy.name} on {device}: {reason}")
+    targets = make_targets(boxes_list, strategy.layout, max_boxes).to(device)
+    boxes_list = [b.to(device) for b in boxes_list]
+    p = pred.clone().to(device).requires_grad_()
+    loss = strategy(p, targets)
+    loss.backward()
+
+    ref_pred = pred.double().requires_grad_()
+    ref = giou_loss_reference(ref_pred, make_targets([b.cpu() for b in boxes_list], "padded", max_boxes))
+    ref.backward()
+
+    loss_rtol, grad_rtol, grad_atol = TOLERANCES[pred.dtype]
+    assert loss.dim() == 0 and loss.dtype == torch.float32
+    torch.testing.assert_close(loss.double().cpu(), ref.detach(), rtol=loss_rtol, atol=1e-6)
+    grad = p.grad.cpu()
+    assert grad.dtype == pred.dtype
+    valid = torch.arange(max_boxes) < torch.tensor([len(b) for b in boxes_list])[:, None]
+    assert torch.all(grad[~valid] == 0), "padded slots must get exactly zero gradient"
+    assert torch.isfinite(grad).all()
+    scale = ref_pred.grad.abs().max().item()
+    torch.testing.assert_close(grad.double(), ref_pred.grad, rtol=grad_rtol, atol=grad_atol * scale + 1e-12)
+    return loss
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize(
+    "pred_dtype,target_dtype,batch,distribution", GRID, ids=lambda v: str(v).replace("torch.", "")
+)
+def test_strategy_matches_reference(name, device, pred_dtype, target_dtype, batch, distribution):
+    pred, boxes_list = random_case(batch, 256, distribution, pred_dtype, target_dtype, seed=batch)
+    loss = check_against_reference(STRATEGIES[name], pred, boxes_list, 256, device)
+    if distribution == "zero":
+        assert loss.item() == 0.0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", list(STRATEGIES))
+@pytest.mark.parametrize(
+    "pred_dtype,target_dtype,batch,distribution,max_boxes", WEIRD, ids=lambda v: str(v).replace("torch.", "")
+)
+def test_strategy_weird_inputs(name, device, pred_dtype, target_dtype, batch, distribution, max_boxes):
+    pred, boxes_list = random_case(batch, max_boxes, distribution, pred_dtype, target_dtype, seed=max_boxes)
+    check_against_reference(STRATEGIES[name], pred, boxes_list, max_boxes, device)
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_strategy_rejects_bad_predictions(name):
+    strategy = STRATEGIES[name]
+    _, boxes_list = random_case(2, 8, "seed")
+    targets = make_targets(boxes_list, strategy.layout, 8)
+    with pytest.raises((ValueError, TypeError, RuntimeError), match="pred"):
+        strategy(torch.zeros(2, 8, 5), targets)  # last dimension is not 4
+    with pytest.raises((ValueError, TypeError, RuntimeError), match="pred"):
+        strategy(torch.zeros(2, 8, 4, dtype=torch.int32), targets)  # not floating
+    with pytest.raises((ValueError, TypeError, RuntimeError), match="pred|batch"):
+        strategy(torch.zeros(3, 8, 4), targets)  # batch mismatch
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_strategy_rejects_wrong_layout(name):
+    strategy = STRATEGIES[name]
+    other = next(layout for layout in ("list", "padded") if layout != strategy.layout)
+    targets = make_targets(random_case(2, 8, "seed")[1], other, 8)
+    with pytest.raises(TypeError, match=strategy.layout):
+        strategy(torch.zeros(2, 8, 4), targets)
+
+
+def test_unknown_strategy_lists_the_valid_names():
+    with pytest.raises(KeyError) as err:
+        get_strategy("no-such-strategy")
+    for name in STRATEGIES:
+        assert name in str(err.value)
