@@ -1,0 +1,95 @@
+# Every user command is a target here; the README lists them. Targets set themselves up on first use.
+#   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
+#   make test | bench | compare | tensorboard | train EXPERIMENT=... | lint | gpu-check
+
+# The interpreter that creates the virtualenv (Python >= 3.10).
+PYTHON ?= python3
+VENV ?= .venv
+# PY=python3: use an environment you manage (no virtualenv, no installs).
+PY ?= $(VENV)/bin/python
+# The torch pinned on machines without an NVIDIA GPU.
+CPU_TORCH ?= 2.13.0
+# SYSTEM_TORCH=1: the virtualenv sees (and keeps) the torch already installed, e.g. a CUDA build.
+SYSTEM_TORCH ?=
+STRATEGY ?= padded
+MODE ?= train
+EXPERIMENT ?= cpu_smoke
+NPROC ?= 1
+ARGS ?=
+PYTEST_ARGS ?=
+
+# Set-up runs only for the project's own virtualenv, and again when the build inputs change.
+ifeq ($(PY),$(VENV)/bin/python)
+SETUP := $(VENV)/.installed
+endif
+
+.PHONY: setup test profile profile-all compare tensorboard bench bench-kernels train lint format gpu-check clean
+
+setup: $(SETUP)
+
+$(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip setuptools wheel ninja
+	@if $(VENV)/bin/python -c "import torch" 2>/dev/null; then \
+		echo "using the installed torch $$($(VENV)/bin/python -c 'import torch; print(torch.__version__)')"; \
+	elif command -v nvidia-smi >/dev/null 2>&1; then \
+		echo "NVIDIA GPU found: installing the registry's CUDA build of torch"; $(VENV)/bin/pip install -q torch; \
+	else \
+		echo "no NVIDIA GPU: installing the CPU build torch==$(CPU_TORCH)"; $(VENV)/bin/pip install -q torch==$(CPU_TORCH); \
+	fi
+	$(VENV)/bin/pip install -q --no-build-isolation -e ".[dev]"
+	@touch $@
+
+test: $(SETUP)
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+profile: $(SETUP)
+	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(ARGS)
+
+compare: $(SETUP)
+	$(PY) -m detector compare
+
+tensorboard: $(SETUP)
+	$(PY) -m detector tensorboard
+
+bench: $(SETUP)
+	$(PY) -m detector bench $(ARGS)
+
+bench-kernels: $(SETUP)
+	$(PY) -m detector.bench_kernels --out runs/bench/kernels.json
+
+train: $(SETUP)
+ifeq ($(NPROC),1)
+	$(PY) -m detector train --experiment $(EXPERIMENT) $(ARGS)
+else
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(ARGS)
+endif
+
+lint: $(SETUP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(SETUP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+# One call on a GPU machine that already has torch (the device tool: `make gpu-check PY=python3`):
+# builds the extension, runs the whole test suite (CUDA rows included) and the benchmarks.
+# Python packages missing there travel as wheels in .whl/ and are installed to /tmp/site.
+GPU_ENV = $(if $(wildcard .whl/*.whl),PYTHONPATH=/tmp/site)
+gpu-check:
+	$(if $(wildcard .whl/*.whl),$(PY) -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl)
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(GPU_ENV) $(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	$(GPU_ENV) $(PY) -m detector bench $(ARGS)
+	$(GPU_ENV) $(PY) -m detector.bench_kernels --out runs/bench/kernels.json
+
+# Profile every registered strategy in both modes, then compare (GPU: `make profile-all PY=python3`).
+profile-all: $(SETUP)
+	for s in $$($(GPU_ENV) $(PY) -m detector strategies --names); do \
+		for m in train forward; do $(GPU_ENV) $(PY) -m detector profile profile.strategy=$$s profile.mode=$$m $(ARGS) || exit 1; done; \
+	done
+	$(GPU_ENV) $(PY) -m detector compare
+
+clean:
+	rm -rf runs build *.egg-info detector/*.so

@@ -1,0 +1,5 @@
+import sys
+
+from detector.cli import main
+
+sys.exit(main())

@@ -1,0 +1,46 @@
+"""The article's face detector: 4 conv blocks, two linear layers, M boxes per image.
+
+Output parametrisation: the last layer emits 4 raw numbers per slot, (u, v, s, t), turned into a box by
+
+    centre = image_size * sigmoid(u, v),   size = image_size * sigmoid(s, t)
+    box    = (centre - size / 2, centre + size / 2)            # xyxy pixels
+
+so every prediction is a proper box (x2 > x1, y2 > y1) of plausible position and size from the first
+step, and GIoU's gradient moves centre and size independently. (The article regressed raw xyxy
+numbers, which start as degenerate, inverted boxes near 0.)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class FaceDetector(nn.Module):
+    def __init__(self, image_size: int, max_boxes: int, channels: list[int], hidden: int):
+        super().__init__()
+        if image_size % 2 ** len(channels):
+            raise ValueError(f"image_size {image_size} must be divisible by 2**{len(channels)} (one pool per block)")
+        blocks, c_in = [], 1
+        for c_out in channels:
+            blocks += [nn.Conv2d(c_in, c_out, 3, padding="same"), nn.MaxPool2d(2), nn.ReLU()]
+            c_in = c_out
+        self.features = nn.Sequential(*blocks)
+        side = image_size // 2 ** len(channels)
+        self.head = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(c_in * side * side, hidden),  # 256 * 16 * 16 = 65536 -> 16384 at seed scale
+            nn.ReLU(),
+            nn.Linear(hidden, max_boxes * 4),
+        )
+        self.image_size, self.max_boxes = image_size, max_boxes
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = images.float() / 127.5 - 1  # [B, 1, S, S] uint8 -> [-1, 1]
+        raw = self.head(self.features(x)).view(-1, self.max_boxes, 4)  # [B, M, 4]
+        centre, size = (self.image_size * torch.sigmoid(raw)).split(2, dim=-1)  # [B, M, 2] each
+        return torch.cat([centre - size / 2, centre + size / 2], dim=-1)  # [B, M, 4] xyxy
+
+
+def build_model(cfg, data_cfg) -> FaceDetector:
+    return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden)
