@@ -64,7 +64,9 @@ def bench_case(name: str, batch: int, distribution: str, cfg: DictConfig, device
     bcfg, max_boxes = cfg.bench, cfg.data.max_boxes
     strategy = get_strategy(name)
     pred_dtype = getattr(torch, bcfg.pred_dtype)
-    pred, boxes_list = random_case(batch, max_boxes, distribution, pred_dtype, torch.uint8, seed=batch, nan_padding=False)
+    pred, boxes_list = random_case(
+        batch, max_boxes, distribution, pred_dtype, torch.uint8, seed=batch, nan_padding=False
+    )
     targets = make_targets(boxes_list, strategy.layout, max_boxes).to(device)
     pred = pred.to(device).requires_grad_()
 

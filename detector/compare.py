@@ -52,7 +52,7 @@ def plot(summaries: list[dict], path: str | Path) -> Path:
 
     modes = sorted({s["mode"] for s in summaries}, key=lambda m: m != "train")
     fig, axes = plt.subplots(1, len(modes), figsize=(7 * len(modes), 4.5), squeeze=False)
-    for ax, mode in zip(axes[0], modes):
+    for ax, mode in zip(axes[0], modes, strict=True):
         runs = [s for s in summaries if s["mode"] == mode]
         regions = list(runs[0]["regions_ms"])
         width = 0.8 / len(runs)

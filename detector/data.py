@@ -96,9 +96,7 @@ def make_targets(boxes_list: list[Tensor], layout: str, max_boxes: int) -> Targe
         if boxes.dim() != 2 or boxes.shape[1] != 4:
             raise ValueError(f"boxes of image {i} must have shape [n, 4], got {list(boxes.shape)}")
         if boxes.shape[0] > max_boxes:
-            raise ValueError(
-                f"image {i} has {boxes.shape[0]} boxes but there are only max_boxes={max_boxes} slots"
-            )
+            raise ValueError(f"image {i} has {boxes.shape[0]} boxes but there are only max_boxes={max_boxes} slots")
     boxes_list = [b.to(dtype) for b in boxes_list]
     if layout == "list":
         return ListTargets(boxes_list)
@@ -158,7 +156,7 @@ class FaceSampler:
         centres = (boxes[:, :2] + boxes[:, 2:]) / 2
         boxes = boxes[np.lexsort((centres[:, 1], centres[:, 0]))]
         ys, xs = np.ogrid[:size, :size]
-        for (x1, y1, x2, y2), level in zip(boxes, rng.uniform(170, 250, size=n)):
+        for (x1, y1, x2, y2), level in zip(boxes, rng.uniform(170, 250, size=n), strict=True):
             cx, cy, rx, ry = (x1 + x2) / 2, (y1 + y2) / 2, (x2 - x1 + 1) / 2, (y2 - y1 + 1) / 2
             inside = ((xs[:, x1 : x2 + 1] - cx) / rx) ** 2 + ((ys[y1 : y2 + 1] - cy) / ry) ** 2 <= 1.0
             image[y1 : y2 + 1, x1 : x2 + 1][inside] = level

@@ -71,9 +71,7 @@ def check_against_reference(strategy, pred, boxes_list, max_boxes, device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("name", list(STRATEGIES))
-@pytest.mark.parametrize(
-    "pred_dtype,target_dtype,batch,distribution", GRID, ids=lambda v: str(v).replace("torch.", "")
-)
+@pytest.mark.parametrize("pred_dtype,target_dtype,batch,distribution", GRID, ids=lambda v: str(v).replace("torch.", ""))
 def test_strategy_matches_reference(name, device, pred_dtype, target_dtype, batch, distribution):
     pred, boxes_list = random_case(batch, 256, distribution, pred_dtype, target_dtype, seed=batch)
     loss = check_against_reference(STRATEGIES[name], pred, boxes_list, 256, device)

@@ -3,7 +3,6 @@
 The simplest correct code and the slowest: about 20 small kernels per image, so B x 20 launches.
 """
 
-import torch
 from torch import Tensor
 
 from detector.data import ListTargets

@@ -106,9 +106,8 @@ def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor 
     check_padded(pred, boxes, counts)
     max_boxes = pred.shape[1]
     if counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > max_boxes):
-        raise ValueError(
-            f"counts must lie in [0, {max_boxes}] (the number of slots M), got [{int(counts.min())}, {int(counts.max())}]"
-        )
+        low, high = int(counts.min()), int(counts.max())
+        raise ValueError(f"counts must lie in [0, {max_boxes}] (the number of slots M), got [{low}, {high}]")
     valid = torch.arange(max_boxes, device=pred.device) < counts[:, None]  # [B, M]
     # Select (never multiply) so that NaN in padded slots cannot reach the loss or the gradient.
     safe_pred = torch.where(valid[..., None], pred, 0)

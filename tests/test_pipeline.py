@@ -1,0 +1,103 @@
+"""End to end: `make profile` on a tiny config, `compare`, `bench`, and the TensorBoard plugin patch."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from detector.bench import run_bench
+from detector.compare import run_compare
+from detector.config import load_config
+from detector.losses import STRATEGIES
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = "data.batch_size=4 data.image_size=32 model.hidden=16 profile.wait=1 profile.warmup=1 profile.active=2"
+
+
+def make_profile(strategy: str, mode: str, out_dir: Path) -> dict:
+    args = f"{TINY} profile.out_dir={out_dir}"
+    cmd = ["make", "-s", "profile", f"PY={sys.executable}", f"STRATEGY={strategy}", f"MODE={mode}", f"ARGS={args}"]
+    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "preset: cpu" in result.stdout or "preset: seed_scale" in result.stdout
+    folder = out_dir / (strategy if mode == "train" else f"{strategy}-forward")
+    return json.loads((folder / "summary.json").read_text()) | {"folder": folder}
+
+
+@pytest.mark.slow
+def test_make_profile_writes_a_trace_with_the_regions_and_a_summary(tmp_path):
+    summary = make_profile("padded", "train", tmp_path)
+    assert list(summary["regions_ms"]) == ["copy data", "forward", "calc loss", "backward", "optimizer step"]
+    assert all(ms > 0 for ms in summary["regions_ms"].values())
+    traces = list(summary["folder"].glob("*.pt.trace.json"))
+    assert len(traces) == 1
+    names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
+    assert set(summary["regions_ms"]) <= names
+
+    again = make_profile("padded", "train", tmp_path)  # a re-run replaces the old trace
+    assert len(list(again["folder"].glob("*.pt.trace.json"))) == 1
+
+
+@pytest.mark.slow
+def test_compare_prints_a_table_and_writes_a_png(tmp_path, capsys):
+    make_profile("padded", "forward", tmp_path)
+    make_profile("concat", "forward", tmp_path)
+    table = run_compare(tmp_path, tmp_path / "chart.png")
+    assert "| calc loss |" in table and "padded" in table and "concat" in table and "(1.00x)" in table
+    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_compare_without_runs_says_what_to_do(tmp_path):
+    with pytest.raises(FileNotFoundError, match="make profile"):
+        run_compare(tmp_path)
+
+
+def test_bench_times_every_registered_strategy(tmp_path):
+    out = tmp_path / "bench.json"
+    cfg = load_config(
+        [
+            "device=cpu",
+            "data.max_boxes=16",
+            "bench.batch_sizes=[3]",
+            "bench.distributions=[seed,zero]",
+            "bench.warmup=1",
+            "bench.repeats=3",
+            f"bench.out={out}",
+        ],
+        announce=None,
+    )
+    records = run_bench(cfg)
+    runnable = {name for name, s in STRATEGIES.items() if not s.unavailable(__import__("torch").device("cpu"))}
+    assert {r["strategy"] for r in records} == runnable
+    assert all(r["forward_ms"] > 0 and r["forward_backward_ms"] > 0 for r in records)
+    assert json.loads(out.read_text())["results"] == records
+
+
+def test_unknown_preset_and_experiment_list_the_known_ones():
+    with pytest.raises(FileNotFoundError, match="known presets: auto, cpu, seed_scale"):
+        load_config(["preset=huge"], announce=None)
+    with pytest.raises(FileNotFoundError, match="known experiments"):
+        load_config([], experiment="no_such_experiment", announce=None)
+
+
+def test_cpu_preset_differs_only_where_its_yaml_says():
+    cpu = load_config(["preset=cpu"], announce=None)
+    seed = load_config(["preset=seed_scale"], announce=None)
+    assert (cpu.data.image_size, seed.data.image_size) == (64, 256)
+    assert cpu.data.max_boxes == seed.data.max_boxes == 256
+    assert OmegaConf.to_container(cpu.profile) == OmegaConf.to_container(seed.profile)
+
+
+def test_tensorboard_launcher_maps_new_runtime_categories():
+    from torch_tb_profiler.profiler import trace
+
+    from detector.tensorboard import patch_profiler_plugin
+
+    patch_profiler_plugin()
+    for category in ("cuda_runtime", "cuda_driver"):
+        event = {"ph": "X", "cat": category, "name": "cudaLaunchKernel", "ts": 1, "dur": 2, "pid": 1, "tid": 1}
+        parsed = trace.create_event(event, False)
+        assert parsed is not None and parsed.type == trace.EventTypes.RUNTIME
