@@ -62,6 +62,29 @@ class BenchConfig:
 
 
 @dataclass
+class TrainConfig:
+    strategy: str = "padded"  # a name from detector.losses.STRATEGIES, or "all": one run each (strategy_sweep)
+    seed: int = 0  # model initialisation; the data has its own seed (data.seed)
+    steps: int = 1000  # optimizer steps; every step draws fresh images, none is seen twice
+    lr: float = 3e-4  # peak AdamW learning rate
+    lr_min_ratio: float = 0.1  # the cosine decays to this fraction of lr (nanoGPT's choice)
+    warmup_steps: int = 50  # linear warm-up: a fresh model's first gradients are its largest
+    weight_decay: float = 0.01  # AdamW's default
+    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
+    log_every: int = 10  # progress line and loss scalar; the host waits for the device only then
+    eval_every: int = 200  # steps between evaluations on the held-out range (and one at the end)
+    eval_batches: int = 4  # held-out batches per evaluation (drawn once, kept in memory)
+    eval_start: int = 1_000_000_000  # first held-out sample index: far beyond any run's training indices
+    checkpoint_every: int = 500  # steps between checkpoints, plus one at the end; 0 = none (timing runs)
+    out_dir: str = "runs/train"  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
+    resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
+    stop_after: int = 0  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
+    compile: bool = False  # torch.compile of the model and (static-shape layouts) the loss
+    cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
+    profile: bool = False  # one torch.profiler window (profile.wait/warmup/active) with make profile's regions
+
+
+@dataclass
 class Config:
     preset: str = "auto"  # auto: cpu when no GPU is present, else seed_scale (the defaults here)
     device: str = "auto"  # auto: cuda if available, else cpu
@@ -70,6 +93,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
 
 
 def resolve_preset(preset: str) -> str:
