@@ -3,6 +3,7 @@
 Commands:
     profile [overrides]       profile training steps of one strategy into runs/profile/<strategy>/
     bench [overrides]         time every strategy's loss alone, forward and forward+backward
+    train --experiment NAME   train with experiments/NAME.yaml into runs/train/NAME/ (torchrun: DDP)
     compare [--dir D]         table and bar chart of every runs/profile/*/summary.json
     tensorboard [--logdir D]  TensorBoard with the PyTorch Profiler plugin, patched for new traces
     strategies                list the registered strategies
@@ -15,12 +16,14 @@ merges ``experiments/NAME.yaml`` first.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m detector", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["profile", "bench", "compare", "tensorboard", "strategies", "config"])
+    commands = ["profile", "bench", "train", "compare", "tensorboard", "strategies", "config"]
+    parser.add_argument("command", choices=commands)
     parser.add_argument("overrides", nargs="*", help="dotlist overrides, e.g. data.batch_size=256")
     parser.add_argument("--experiment", help="name of a YAML file in experiments/ (or a path)")
     parser.add_argument("--dir", default="runs/profile", help="compare: folder of profile runs")
@@ -28,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--logdir", default="runs", help="tensorboard: folder to serve")
     parser.add_argument("--port", type=int, default=6006, help="tensorboard: port")
     parser.add_argument("--names", action="store_true", help="strategies: names only, one per line")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)  # `train --experiment NAME key=value` (the Makefile's order)
 
     if args.command == "compare":
         from detector.compare import run_compare
@@ -51,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from detector.config import load_config
 
-    cfg = load_config(args.overrides, args.experiment)
+    main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, one announcement
+    cfg = load_config(args.overrides, args.experiment, announce=print if main_process else None)
     if args.command == "config":
         print(OmegaConf.to_yaml(cfg))
     elif args.command == "profile":
@@ -62,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
         from detector.bench import run_bench
 
         run_bench(cfg)
+    elif args.command == "train":
+        from detector.training import run_training
+
+        run_training(cfg, args.experiment)
     return 0
 
 

@@ -1,0 +1,121 @@
+"""Data-parallel plumbing: the process group from torchrun's environment, each rank's slice of the data,
+and the loss normalised by the *global* number of valid boxes.
+
+Data: a step consumes one global batch of ``world_size * B`` consecutive sample indices; rank r reads the
+r-th block of B of them. The union over ranks of step s is therefore exactly the batch a single process
+with batch ``world_size * B`` reads at step s, so a run's data does not depend on how many processes
+share it, and resuming at step s means starting the indices at ``s * world_size * B``.
+
+Loss: every strategy returns the mean over the valid boxes of its own (rank-local) batch,
+``S_r / max(n_r, 1)``. The contract's loss of the global batch is ``sum_r S_r / max(n, 1)`` with
+``n = sum_r n_r``. DDP averages gradients over ranks, so each rank back-propagates
+
+    local_loss * n_r / max(n, 1) * world_size   ( = S_r * world_size / max(n, 1) )
+
+and the averaged gradient is ``grad(sum_r S_r) / max(n, 1)``: the gradient of one process on the union
+batch. ``n`` comes from one all-reduce of ``[n_r, S_r]`` on the device; the host never waits for it
+(the ``list`` layout's n_r is a host integer already: one tiny host-to-device copy).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from detector.config import resolve_device
+from detector.data import ListTargets, Targets, build_dataset, collate_fn
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    owns_group: bool = False  # whether we created the process group (and so destroy it at the end)
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup(cfg) -> tuple[DistEnv, torch.device]:
+    """The process group (from torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or one already initialised) and
+    this rank's device: ``cuda:LOCAL_RANK`` with NCCL on GPUs, the CPU with gloo otherwise."""
+    device = resolve_device(cfg)
+    if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
+        return DistEnv(), device
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    owns = not dist.is_initialized()
+    if owns:
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return DistEnv(dist.get_rank(), dist.get_world_size(), owns), device
+
+
+def teardown(env: DistEnv) -> None:
+    if env.owns_group:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+class RankBlocks(torch.utils.data.Dataset):
+    """Rank r's view of a dataset: of each global batch of ``world_size * batch`` samples, block r."""
+
+    def __init__(self, dataset, batch: int, rank: int, world_size: int):
+        if len(dataset) % (batch * world_size):
+            raise ValueError(
+                f"dataset length {len(dataset)} is not a multiple of the global batch {batch * world_size}"
+            )
+        self.dataset, self.batch, self.rank, self.world_size = dataset, batch, rank, world_size
+
+    def __len__(self) -> int:
+        return len(self.dataset) // self.world_size
+
+    def __getitem__(self, i: int):
+        step, j = divmod(i, self.batch)
+        return self.dataset[(step * self.world_size + self.rank) * self.batch + j]
+
+
+def rank_loader(data_cfg, layout: str, device: torch.device, env: DistEnv, start: int, steps: int):
+    """This rank's batches of ``steps`` global batches from sample index ``start`` on, in ``layout``.
+
+    Same settings as ``detector.data.build_loader`` (sequential, pinned for CUDA), over a RankBlocks view.
+    """
+    batch = data_cfg.batch_size
+    dataset = build_dataset(data_cfg, start, steps * batch * env.world_size)
+    return torch.utils.data.DataLoader(
+        RankBlocks(dataset, batch, env.rank, env.world_size),
+        batch_size=batch,
+        shuffle=False,  # the position in the data is the step: what makes a run resumable
+        drop_last=True,
+        num_workers=data_cfg.num_workers,
+        collate_fn=collate_fn(layout, data_cfg.max_boxes),
+        pin_memory=device.type == "cuda",
+        persistent_workers=data_cfg.num_workers > 0,
+        prefetch_factor=4 if data_cfg.num_workers > 0 else None,
+    )
+
+
+def count_valid(targets: Targets, device: torch.device) -> Tensor:
+    """The number of valid boxes of a batch, a 0-dim fp32 tensor on ``device`` (exact up to 2**24)."""
+    if isinstance(targets, ListTargets):
+        return torch.tensor(float(sum(b.shape[0] for b in targets.boxes)), device=device)
+    return targets.counts.sum().float()
+
+
+def global_mean(local_loss: Tensor, n_local: Tensor, world_size: int) -> tuple[Tensor, Tensor]:
+    """(the loss to back-propagate, the global mean loss to log) from a rank's mean over its own boxes.
+
+    One process: both are ``local_loss`` itself, untouched. Several: see the module docstring.
+    """
+    if world_size == 1:
+        return local_loss, local_loss.detach()
+    local_sum = local_loss.detach().float() * n_local
+    totals = torch.stack([n_local, local_sum])  # [2]: valid boxes, sum of (1 - GIoU)
+    dist.all_reduce(totals)  # the only collective of the loss, launched without a host wait
+    n_global = totals[0].clamp(min=1)
+    return local_loss * (n_local * world_size / n_global), totals[1] / n_global

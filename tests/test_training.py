@@ -1,0 +1,238 @@
+"""`make train` on the CPU: exact resume, DDP gradients, refusals, the schedule, the metrics, the sweep."""
+
+import json
+import math
+import os
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+
+from detector import distributed, training
+from detector.cli import main as cli_main
+from detector.config import load_config
+from detector.data import PaddedTargets, build_loader
+from detector.distributed import RankBlocks, count_valid, global_mean, rank_loader
+from detector.losses import STRATEGIES, Strategy, get_strategy
+from detector.metrics import box_iou, box_metrics, evaluate
+from detector.model import build_model
+from detector.training import lr_factor, run_training, speed_option_refusal
+
+# A detector of a few thousand parameters on 32 px images: a step takes milliseconds.
+TINY = [
+    "preset=cpu",
+    "data.image_size=32",
+    "data.max_boxes=16",
+    "data.batch_size=4",
+    "data.tail_fraction=0.0",
+    "model.channels=[4,8]",
+    "model.hidden=32",
+    "train.lr=0.01",
+    "train.warmup_steps=2",
+    "train.log_every=1",
+    "train.eval_every=1000",
+    "train.eval_batches=1",
+]
+
+
+def tiny_cfg(out_dir, *overrides):
+    return load_config([*TINY, f"train.out_dir={out_dir}", *overrides], announce=None)
+
+
+def losses(summaries) -> list[float]:
+    return [loss for s in summaries for _, loss in s["history"]]
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
+    run = ["train.steps=6", "train.checkpoint_every=3"]
+    straight = run_training(tiny_cfg(tmp_path / "straight", *run))
+    first = run_training(tiny_cfg(tmp_path / "split", *run, "train.stop_after=3"))
+    run_dir = tmp_path / "split" / "default" / "padded"
+    assert first[0]["steps"] == 3 and (run_dir / "checkpoint.pt").exists()
+    assert not list(run_dir.glob("*.tmp")), "the checkpoint is written to a temporary file, then renamed"
+    second = run_training(tiny_cfg(tmp_path / "split", *run, "train.resume=true"))
+    assert second[0]["resumed_at"] == 3 and [s for s, _ in second[0]["history"]] == [4, 5, 6]
+    # CPU fp32 is deterministic: the same model, optimizer, schedule and data position give the same losses
+    torch.testing.assert_close(losses(first + second), losses(straight), rtol=1e-6, atol=0)
+
+
+def test_checkpoint_of_another_config_is_refused(tmp_path):
+    run = ["train.steps=4", "train.checkpoint_every=2"]
+    run_training(tiny_cfg(tmp_path, *run, "train.stop_after=2"))
+    with pytest.raises(ValueError, match=r"another configuration(.|\n)*train\.lr: 0\.01 in the checkpoint, 0\.02 now"):
+        run_training(tiny_cfg(tmp_path, *run, "train.resume=true", "train.lr=0.02"))
+
+
+# ----------------------------------------------------------------------------- refusals
+
+
+@pytest.mark.parametrize("name", ["loop", "concat"])
+def test_cuda_graphs_refuses_list_layout_strategies(tmp_path, name):
+    with pytest.raises(ValueError, match="dynamic shapes and host synchronisations"):
+        run_training(tiny_cfg(tmp_path, f"train.strategy={name}", "train.cuda_graphs=true"))
+
+
+def test_cuda_graphs_needs_a_gpu():
+    tcfg = load_config(["train.cuda_graphs=true"], announce=None).train
+    reason = speed_option_refusal(get_strategy("padded"), tcfg, distributed.DistEnv(), torch.device("cpu"))
+    assert "needs a CUDA device" in reason
+
+
+# ----------------------------------------------------------------------------- schedule and loss normalisation
+
+
+def test_lr_schedule_warms_up_then_decays_to_the_floor():
+    factors = [lr_factor(s, steps=10, warmup=2, min_ratio=0.1) for s in range(10)]
+    assert factors[:3] == [0.5, 1.0, 1.0]  # warm-up reaches the peak at its last step
+    assert all(a >= b for a, b in zip(factors[1:], factors[2:], strict=False))  # then it never rises
+    assert lr_factor(10, steps=10, warmup=2, min_ratio=0.1) == pytest.approx(0.1)
+
+
+def test_count_valid_and_one_process_loss_is_untouched():
+    boxes = [torch.zeros(2, 4), torch.zeros(0, 4), torch.zeros(3, 4)]
+    cpu = torch.device("cpu")
+    from detector.data import make_targets
+
+    for layout in ("list", "padded", "packed"):
+        assert count_valid(make_targets(boxes, layout, 4), cpu).item() == 5.0
+    loss = torch.tensor(0.25, requires_grad=True)
+    backward, logged = global_mean(loss, torch.tensor(5.0), world_size=1)
+    assert backward is loss and logged.item() == 0.25
+
+
+def test_rank_blocks_are_disjoint_blocks_of_each_global_batch():
+    data = list(range(12))
+    assert [RankBlocks(data, 2, r, 2)[i] for r in (0, 1) for i in range(6)] == [0, 1, 4, 5, 8, 9, 2, 3, 6, 7, 10, 11]
+
+
+# ----------------------------------------------------------------------------- DDP (gloo, 2 processes)
+
+
+def _ddp_worker(rank: int, port: int, out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK="0")
+    torch.set_num_threads(1)
+    cfg = tiny_cfg(out, "train.steps=3", "train.checkpoint_every=0")
+    env, device = distributed.setup(cfg)  # gloo on the CPU
+    # one backward of the real loss path: this rank's block of the first global batch, globally normalised
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, cfg.data)
+    ddp = nn.parallel.DistributedDataParallel(model)
+    images, targets = next(iter(rank_loader(cfg.data, "padded", device, env, start=0, steps=1)))
+    local = get_strategy("padded")(ddp(images), targets)
+    backward, loss = global_mean(local, count_valid(targets, device), env.world_size)
+    backward.backward()
+    if rank == 0:
+        torch.save({"grads": [p.grad for p in model.parameters()], "loss": loss}, Path(out) / "ddp_grads.pt")
+    # the training loop itself, 3 steps
+    summaries = run_training(cfg)
+    if rank == 0:
+        (Path(out) / "ddp_history.json").write_text(json.dumps(summaries[0]["history"]))
+    dist.destroy_process_group()
+
+
+def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_ddp_worker, args=(port, str(tmp_path)), nprocs=2, join=True)
+
+    # one process, batch 2 x 4: the same 8 images (indices 0-7) as the two ranks together
+    cfg = tiny_cfg(tmp_path / "single", "data.batch_size=8", "train.steps=3", "train.checkpoint_every=0")
+    torch.manual_seed(cfg.train.seed)
+    model = build_model(cfg.model, cfg.data)
+    images, targets = next(iter(build_loader(cfg.data, "padded", torch.device("cpu"))))
+    loss = get_strategy("padded")(model(images), targets)
+    loss.backward()
+    ddp = torch.load(tmp_path / "ddp_grads.pt")
+    torch.testing.assert_close(ddp["loss"], loss.detach())
+    for ddp_grad, p in zip(ddp["grads"], model.parameters(), strict=True):
+        torch.testing.assert_close(ddp_grad, p.grad, rtol=1e-5, atol=1e-7)  # summation order differs
+
+    single = run_training(cfg)
+    ddp_history = json.loads((tmp_path / "ddp_history.json").read_text())
+    torch.testing.assert_close(losses([{"history": ddp_history}]), losses(single), rtol=1e-5, atol=0)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def test_box_iou_and_recall_by_hand():
+    pred = torch.tensor([[0, 0, 2, 2], [0, 0, 2, 2], [0, 0, 1, 1], [0, 0, 4, 4]], dtype=torch.float32)
+    target = torch.tensor([[1, 1, 3, 3], [0, 0, 2, 2], [2, 2, 3, 3], [0, 0, 4, 2]], dtype=torch.uint8)
+    # 2x2 boxes offset by (1, 1): overlap 1, union 7; identical; disjoint; the lower half of a 4x4 box
+    expected = torch.tensor([1 / 7, 1.0, 0.0, 0.5])
+    torch.testing.assert_close(box_iou(pred, target), expected)
+    metrics = box_metrics(pred, target)
+    assert metrics["mean_iou"] == pytest.approx(expected.mean().item())
+    assert metrics["recall50"] == 0.5  # IoU 1 and exactly 0.5 count; 1/7 and 0 do not
+
+
+class FixedBoxes(nn.Module):
+    def __init__(self, pred):
+        super().__init__()
+        self.pred = pred
+
+    def forward(self, images):
+        return self.pred
+
+
+def test_evaluate_against_the_mean_box_by_hand():
+    nan = math.nan
+    boxes = torch.tensor(
+        [
+            [[0, 0, 2, 2], [nan] * 4],  # one face
+            [[2, 2, 4, 4], [nan] * 4],  # one face
+            [[nan] * 4, [nan] * 4],  # none: its predictions must not count
+        ]
+    )
+    targets = PaddedTargets(boxes, torch.tensor([1, 1, 0]))
+    pred = torch.tensor(
+        [
+            [[0, 0, 2, 2], [9, 9, 9, 9]],  # exact: IoU 1
+            [[2, 2, 4, 3], [9, 9, 9, 9]],  # the lower half: IoU 0.5
+            [[0, 0, 1, 1], [0, 0, 1, 1]],
+        ],
+        dtype=torch.float32,
+    )
+    batches = [(torch.zeros(3, 1, 4, 4), targets)]
+    metrics = evaluate(FixedBoxes(pred), batches, torch.device("cpu"), torch.autocast("cpu", enabled=False))
+    assert metrics["boxes"] == 2
+    assert metrics["mean_iou"] == pytest.approx(0.75) and metrics["recall50"] == 1.0
+    # the mean box (1, 1, 3, 3) overlaps each target by 1 of a union of 7
+    assert metrics["trivial_mean_iou"] == pytest.approx(1 / 7) and metrics["trivial_recall50"] == 0.0
+
+
+# ----------------------------------------------------------------------------- sweep and command line
+
+
+def test_sweep_runs_each_strategy_on_the_same_seed_and_data(tmp_path, monkeypatch):
+    padded = get_strategy("padded")
+    registry = {name: STRATEGIES[name] for name in ("loop", "concat", "padded")}
+    registry["needs_gpu"] = Strategy("needs_gpu", "padded", padded.fn, "test", lambda device: "no GPU here")
+    monkeypatch.setattr(training, "STRATEGIES", registry)
+    cfg = tiny_cfg(tmp_path, "train.strategy=all", "train.steps=3", "train.checkpoint_every=0")
+    summaries = run_training(cfg, "sweep")
+    assert [s["strategy"] for s in summaries] == ["loop", "concat", "padded"]
+    for s in summaries[1:]:  # the same model, data and contract: the curves overlap to rounding
+        torch.testing.assert_close(losses([s]), losses(summaries[:1]), rtol=1e-5, atol=0)
+    table = (tmp_path / "sweep" / "sweep.md").read_text()
+    assert "| needs_gpu | skipped: no GPU here" in table
+    assert (tmp_path / "sweep" / "loss_curves.png").exists()
+    assert all((tmp_path / "sweep" / name / "summary.json").exists() for name in ("loop", "concat", "padded"))
+
+
+def test_make_train_command_line_runs_the_cpu_smoke_experiment(tmp_path, capsys):
+    overrides = [f"train.out_dir={tmp_path}", "train.steps=2", "train.log_every=1", "train.eval_batches=1"]
+    assert cli_main(["train", "--experiment", "cpu_smoke", *overrides]) == 0
+    out = capsys.readouterr().out
+    assert "experiment: cpu_smoke" in out and "eval        2  mean IoU" in out
+    run_dir = tmp_path / "cpu_smoke" / "padded"
+    assert (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.pt").exists()
+    assert list(run_dir.glob("events.out.tfevents.*"))
