@@ -197,12 +197,16 @@ def test_bad_inputs_name_the_argument():
 # ----------------------------------------------------------------------------- tracing: no host sync
 
 
-def test_opcheck():
-    skip_if_unavailable("cuda" if HAS_CUDA else "cpu")
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_opcheck(dynamic):
+    # schema, fake tensors (the shapes without running the kernel), autograd registration, AOT tracing
     device = "cuda" if HAS_CUDA else "cpu"
+    skip_if_unavailable(device)
     pred, boxes, counts = case(7, 13, "seed", device=device, seed=17)
     pred = torch.nan_to_num(pred).requires_grad_()  # opcheck compares outputs, NaN != NaN elsewhere
-    torch.library.opcheck(torch.ops.detector.giou_loss_triton.default, (pred, boxes, counts))
+    tests = ("test_schema", "test_autograd_registration", "test_faketensor")
+    tests += ("test_aot_dispatch_dynamic",) if dynamic else ("test_aot_dispatch_static",)
+    torch.library.opcheck(torch.ops.detector.giou_loss_triton.default, (pred, boxes, counts), test_utils=tests)
 
 
 @pytest.mark.parametrize("device", DEVICES)
