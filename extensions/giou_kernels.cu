@@ -1,0 +1,484 @@
+// GIoU loss CUDA kernels and their launchers (see giou_kernels.cuh for the contract).
+//
+// Forward, one kernel per call: each thread takes one box pair per grid-stride step, loads pred and
+// target in their own dtypes (one vector load per box when the layout allows), computes the loss and
+// its gradient in fp32 (giou.h), stores the gradient in pred's dtype and accumulates its loss and
+// valid count in registers. Blocks then reduce, write one partial each, and the last block to take a
+// ticket adds the partials in block order and writes loss and 1 / max(n_valid, 1).
+#include "giou.h"
+#include "giou_kernels.cuh"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+
+namespace detector {
+namespace {
+
+constexpr int kThreads = 256;      // threads per block; also images per chunk of the packed prefix sums
+constexpr int kMaxBlocks = 16384;  // capacity of the workspace; grids are capped to it
+
+struct Workspace {
+  unsigned int ticket;                // zeroed before each launch; the last block takes kBlocks - 1
+  unsigned int pad[3];
+  float loss[kMaxBlocks];             // per-block sums of the per-box losses
+  unsigned int valid[kMaxBlocks];     // per-block numbers of valid boxes
+};
+
+// ----------------------------------------------------------------------------- loads and stores
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+template <typename T>
+__device__ __forceinline__ float to_float(T v) {
+  return static_cast<float>(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__half>(__half v) {
+  return __half2float(v);
+}
+template <>
+__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v) {
+  return static_cast<T>(v);
+}
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+// Four coordinates of one box in one load (16 B for fp32, 8 B for bf16, 4 B for uint8).
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+// Coordinates of the box at `row` as fp32; `vec`: contiguous and aligned, so one vector load.
+template <typename T>
+__device__ __forceinline__ void load_box(const T* __restrict__ row, int64_t stride_c, bool vec, float out[4]) {
+  if (vec) {
+    const Vec4<T> v = *reinterpret_cast<const Vec4<T>*>(row);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = to_float(v.v[k]);
+  } else {
+#pragma unroll
+    for (int k = 0; k < 4; ++k) out[k] = to_float(row[k * stride_c]);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ void store_box(T* __restrict__ row, const float g[4]) {
+  Vec4<T> v;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v.v[k] = from_float<T>(g[k]);
+  *reinterpret_cast<Vec4<T>*>(row) = v;
+}
+
+// counts[b] clamped to [0, slots]: the device never validates counts (that would synchronise).
+__device__ __forceinline__ int64_t load_count(const CountsArg& counts, int64_t b, int64_t slots) {
+  const int64_t c = counts.dtype == DType::kInt64 ? static_cast<const int64_t*>(counts.data)[b * counts.stride]
+                                                  : static_cast<const int32_t*>(counts.data)[b * counts.stride];
+  return c < 0 ? 0 : (c > slots ? slots : c);
+}
+
+// ----------------------------------------------------------------------------- block reductions
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+// Sum over the block, valid in thread 0. `scratch` holds kThreads / 32 values.
+template <typename T>
+__device__ T block_sum(T v, T* scratch) {
+  v = warp_sum(v);
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __syncthreads();  // a previous use of scratch is finished
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < kThreads / 32 ? scratch[threadIdx.x] : T(0);
+  if (warp == 0) v = warp_sum(v);
+  return v;
+}
+
+// Inclusive prefix sum over the block, valid in every thread.
+__device__ int64_t block_inclusive_scan(int64_t v, int64_t* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int64_t up = __shfl_up_sync(0xffffffffu, v, offset);
+    if (lane >= offset) v += up;
+  }
+  __syncthreads();
+  if (lane == 31) scratch[warp] = v;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) v += scratch[w];
+  return v;
+}
+
+// Block partials, then the last block (by atomic ticket) adds them in block order: deterministic.
+__device__ void finish_loss(float loss_acc, unsigned int valid_acc, Workspace* ws, float* loss, float* inv_count) {
+  __shared__ float s_loss[kThreads / 32];
+  __shared__ unsigned int s_valid[kThreads / 32];
+  __shared__ unsigned long long s_total[kThreads / 32];
+  __shared__ bool s_last;
+  const float block_loss = block_sum(loss_acc, s_loss);
+  const unsigned int block_valid = block_sum(valid_acc, s_valid);
+  if (threadIdx.x == 0) {
+    ws->loss[blockIdx.x] = block_loss;
+    ws->valid[blockIdx.x] = block_valid;
+    __threadfence();  // the partials are visible to every block before the ticket is
+    s_last = atomicAdd(&ws->ticket, 1u) == gridDim.x - 1;
+  }
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();
+  float total = 0.f;
+  unsigned long long n_valid = 0;
+  for (int k = threadIdx.x; k < gridDim.x; k += kThreads) {
+    total += __ldcg(&ws->loss[k]);  // L2, not a possibly stale L1 line
+    n_valid += __ldcg(&ws->valid[k]);
+  }
+  total = block_sum(total, s_loss);
+  n_valid = block_sum(n_valid, s_total);
+  if (threadIdx.x == 0) {
+    const float denominator = n_valid > 0 ? static_cast<float>(n_valid) : 1.f;
+    *loss = total / denominator;
+    *inv_count = 1.f / denominator;
+  }
+}
+
+// ----------------------------------------------------------------------------- kernels
+
+struct BoxAccess {
+  int64_t stride_b, stride_m, stride_c;
+  bool vec;
+};
+
+// Padded layout: one thread per slot (b, j) of the [B, M] grid, grid-stride. kContig: pred and target
+// are contiguous [B, M, 4] and aligned, so slot s is at s * 4 (fewer registers than general strides).
+template <typename P, typename T, bool kSkipInvalid, bool kContig>
+__global__ void __launch_bounds__(kThreads)
+    giou_padded_kernel(const P* __restrict__ pred,      // [B, M, 4] xyxy, strided
+                       BoxAccess pred_at,               //
+                       const T* __restrict__ target,    // [B, M, 4] xyxy, strided
+                       BoxAccess target_at,             //
+                       CountsArg counts,                // [B] int32 / int64
+                       int64_t batch,                   // B
+                       int64_t slots,                   // M
+                       P* __restrict__ grad_sum,        // [B, M, 4] contiguous, out
+                       float* loss,                     // 0-dim, out
+                       float* inv_count,                // 0-dim, out
+                       Workspace* ws) {
+  const int64_t total = batch * slots;
+  const bool narrow = total <= 0xffffffffLL;  // 32-bit division is several times cheaper than 64-bit
+  float loss_acc = 0.f;
+  unsigned int valid_acc = 0;
+  for (int64_t s = int64_t(blockIdx.x) * kThreads + threadIdx.x; s < total; s += int64_t(gridDim.x) * kThreads) {
+    int64_t b, j;
+    if (narrow) {
+      const uint32_t su = uint32_t(s), m = uint32_t(slots), bu = su / m;
+      b = bu;
+      j = su - bu * m;
+    } else {
+      b = s / slots;
+      j = s - b * slots;
+    }
+    const bool valid = j < load_count(counts, b, slots);
+    float g[4] = {0.f, 0.f, 0.f, 0.f};
+    if (!kSkipInvalid || valid) {
+      float p[4], t[4], gv[4];
+      if (kContig) {
+        load_box(pred + s * 4, 1, true, p);
+        load_box(target + s * 4, 1, true, t);
+      } else {
+        load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p);
+        load_box(target + b * target_at.stride_b + j * target_at.stride_m, target_at.stride_c, target_at.vec, t);
+      }
+      const float l = giou_loss_and_grad(p, t, gv);
+      // Select, never multiply: a NaN in a padded slot must not reach the loss or the gradient.
+      loss_acc += valid ? l : 0.f;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) g[k] = valid ? gv[k] : 0.f;
+    }
+    valid_acc += valid ? 1u : 0u;
+    store_box(grad_sum + s * 4, g);
+  }
+  finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
+}
+
+// Loads the counts of images [first, first + kThreads) and writes their inclusive prefix sums, plus
+// `before` (the boxes of all earlier images), to s_incl. Returns the boxes up to the chunk's end.
+__device__ int64_t load_chunk(const CountsArg& counts, int64_t batch, int64_t slots, int64_t first, int64_t before,
+                              int64_t* s_incl, int64_t* s_scan) {
+  const int64_t b = first + threadIdx.x;
+  const int64_t c = b < batch ? load_count(counts, b, slots) : 0;
+  const int64_t incl = before + block_inclusive_scan(c, s_scan);  // its syncs also end earlier reads of s_incl
+  s_incl[threadIdx.x] = incl;
+  __syncthreads();
+  return s_incl[kThreads - 1];
+}
+
+// Packed layout: a grid over the N target boxes. Block k takes tiles [k * tiles_per_block, ...) of
+// kThreads consecutive boxes; it walks the counts once, a chunk of kThreads images at a time, and each
+// thread binary-searches the chunk's prefix sums for the image b and slot j of its box.
+template <typename P, typename T>
+__global__ void __launch_bounds__(kThreads)
+    giou_packed_kernel(const P* __restrict__ pred,      // [B, M, 4] xyxy, strided
+                       BoxAccess pred_at,               //
+                       const T* __restrict__ target,    // [N, 4] xyxy, strided (stride_m unused)
+                       BoxAccess target_at,             //
+                       int64_t num_boxes,               // N
+                       CountsArg counts,                // [B] int32 / int64
+                       int64_t batch,                   // B
+                       int64_t slots,                   // M
+                       int64_t tiles_per_block,         //
+                       P* __restrict__ grad_sum,        // [B, M, 4] contiguous, zeroed, out
+                       float* loss,                     // 0-dim, out
+                       float* inv_count,                // 0-dim, out
+                       Workspace* ws) {
+  __shared__ int64_t s_incl[kThreads];
+  __shared__ int64_t s_scan[kThreads / 32];
+  const int64_t tiles = (num_boxes + kThreads - 1) / kThreads;
+  const int64_t tile_begin = int64_t(blockIdx.x) * tiles_per_block;
+  const int64_t tile_end = tile_begin + tiles_per_block < tiles ? tile_begin + tiles_per_block : tiles;
+  float loss_acc = 0.f;
+  unsigned int valid_acc = 0;
+  int64_t first = 0;   // first image of the chunk in s_incl
+  int64_t before = 0;  // boxes of the images before it
+  int64_t end = load_chunk(counts, batch, slots, first, before, s_incl, s_scan);
+  for (int64_t tile = tile_begin; tile < tile_end; ++tile) {
+    const int64_t i = tile * kThreads + threadIdx.x;
+    bool pending = i < num_boxes, found = false;
+    int64_t b = 0, j = 0;
+    while (true) {  // boxes only grow, so the chunk only moves forward
+      if (pending && i < end) {
+        int lo = 0, hi = kThreads - 1;  // first k with s_incl[k] > i: the image holding box i
+        while (lo < hi) {
+          const int mid = (lo + hi) >> 1;
+          if (s_incl[mid] > i) hi = mid;
+          else lo = mid + 1;
+        }
+        b = first + lo;
+        j = i - (lo > 0 ? s_incl[lo - 1] : before);
+        pending = false;
+        found = true;
+      }
+      if (!__syncthreads_or(pending)) break;
+      if (first + kThreads >= batch) break;  // no image left: boxes past the counts' sum are ignored
+      first += kThreads;
+      before = end;
+      end = load_chunk(counts, batch, slots, first, before, s_incl, s_scan);
+    }
+    if (found) {
+      float p[4], t[4], g[4];
+      load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p);
+      load_box(target + i * target_at.stride_b, target_at.stride_c, target_at.vec, t);
+      loss_acc += giou_loss_and_grad(p, t, g);
+      valid_acc += 1u;
+      store_box(grad_sum + (b * slots + j) * 4, g);
+    }
+  }
+  finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
+}
+
+// grad_pred = grad_sum * (grad_output * inv_count), one box (4 values) per thread and step.
+template <typename P>
+__global__ void __launch_bounds__(kThreads)
+    giou_backward_kernel(const float* grad_output,         // 0-dim
+                         const P* __restrict__ grad_sum,   // [rows, 4] contiguous
+                         const float* inv_count,           // 0-dim
+                         int64_t rows,                     //
+                         bool vec,                         // both buffers 4-element aligned
+                         P* __restrict__ grad_pred) {      // [rows, 4] contiguous, out
+  const float scale = grad_output[0] * inv_count[0];
+  for (int64_t r = int64_t(blockIdx.x) * kThreads + threadIdx.x; r < rows; r += int64_t(gridDim.x) * kThreads) {
+    float g[4];
+    load_box(grad_sum + r * 4, 1, vec, g);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) g[k] *= scale;
+    if (vec) {
+      store_box(grad_pred + r * 4, g);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) grad_pred[r * 4 + k] = from_float<P>(g[k]);
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------- host side
+
+int multiprocessors() {
+  static std::atomic<int> cache[64];  // per device; static storage starts zeroed
+  int device = 0;
+  cudaGetDevice(&device);
+  int count = device < 64 ? cache[device].load(std::memory_order_relaxed) : 0;
+  if (count == 0) {
+    cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    if (count <= 0) count = 1;
+    if (device < 64) cache[device].store(count, std::memory_order_relaxed);
+  }
+  return count;
+}
+
+template <typename T>
+BoxAccess box_access(const BoxesArg& boxes) {
+  // One vector load per box needs the 4 coordinates contiguous and the box aligned to 4 elements.
+  const bool vec = boxes.stride_c == 1 && boxes.stride_m % 4 == 0 && boxes.stride_b % 4 == 0 &&
+                   reinterpret_cast<uintptr_t>(boxes.data) % (4 * sizeof(T)) == 0;
+  return {boxes.stride_b, boxes.stride_m, boxes.stride_c, vec};
+}
+
+// Blocks of `Kernel` resident on one SM (registers decide), queried once per kernel.
+template <auto Kernel>
+int blocks_per_sm() {
+  static const int blocks = [] {
+    int b = 0;
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0);
+    return b > 0 ? b : 1;
+  }();
+  return blocks;
+}
+
+// Enough blocks to fill the GPU once (grid-stride beyond), at least one so the loss is always written.
+template <auto Kernel>
+int grid_for(int64_t items) {
+  const int64_t wanted = (items + kThreads - 1) / kThreads;
+  int64_t cap = int64_t(multiprocessors()) * blocks_per_sm<Kernel>();
+  if (cap > kMaxBlocks) cap = kMaxBlocks;
+  return int(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
+}
+
+template <typename P, typename T, bool kSkipInvalid, bool kContig>
+void launch_padded(const BoxesArg& pred, const BoxesArg& target, const CountsArg& counts, int64_t batch,
+                   int64_t slots, const GiouOutputs& out, cudaStream_t stream) {
+  constexpr auto kernel = giou_padded_kernel<P, T, kSkipInvalid, kContig>;
+  kernel<<<grid_for<kernel>(batch * slots), kThreads, 0, stream>>>(
+      static_cast<const P*>(pred.data), box_access<P>(pred), static_cast<const T*>(target.data),
+      box_access<T>(target), counts, batch, slots, static_cast<P*>(out.grad_sum), out.loss, out.inv_count,
+      static_cast<Workspace*>(out.workspace));
+}
+
+// Contiguous [B, M, 4] and aligned for one vector load per box.
+template <typename T>
+bool contiguous_boxes(const BoxesArg& boxes, int64_t slots) {
+  return box_access<T>(boxes).vec && boxes.stride_m == 4 && boxes.stride_b == 4 * slots;
+}
+
+template <typename F>
+bool dispatch_pred(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kFloat32: f(Tag<float>{}); return true;
+    case DType::kBFloat16: f(Tag<__nv_bfloat16>{}); return true;
+    case DType::kFloat16: f(Tag<__half>{}); return true;
+    default: return false;
+  }
+}
+
+template <typename F>
+bool dispatch_target(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::kUInt8: f(Tag<uint8_t>{}); return true;
+    case DType::kInt16: f(Tag<int16_t>{}); return true;
+    case DType::kInt32: f(Tag<int32_t>{}); return true;
+    case DType::kFloat16: f(Tag<__half>{}); return true;
+    case DType::kBFloat16: f(Tag<__nv_bfloat16>{}); return true;
+    case DType::kFloat32: f(Tag<float>{}); return true;
+    default: return false;
+  }
+}
+
+bool valid_counts(const CountsArg& counts) {
+  return counts.dtype == DType::kInt32 || counts.dtype == DType::kInt64;
+}
+
+}  // namespace
+
+size_t giou_workspace_bytes() { return sizeof(Workspace); }
+
+cudaError_t giou_loss_padded_launch(BoxesArg pred, BoxesArg target, CountsArg counts, int64_t batch,
+                                    int64_t slots, bool skip_invalid, GiouOutputs out, cudaStream_t stream) {
+  if (!valid_counts(counts)) return cudaErrorInvalidValue;
+  auto* ws = static_cast<Workspace*>(out.workspace);
+  cudaError_t err = cudaMemsetAsync(&ws->ticket, 0, sizeof(ws->ticket), stream);
+  if (err != cudaSuccess) return err;
+  bool dtypes_ok = false;
+  dispatch_pred(pred.dtype, [&](auto p_tag) {
+    using P = typename decltype(p_tag)::type;
+    dtypes_ok = dispatch_target(target.dtype, [&](auto t_tag) {
+      using T = typename decltype(t_tag)::type;
+      const bool contig = contiguous_boxes<P>(pred, slots) && contiguous_boxes<T>(target, slots);
+      if (skip_invalid) {
+        contig ? launch_padded<P, T, true, true>(pred, target, counts, batch, slots, out, stream)
+               : launch_padded<P, T, true, false>(pred, target, counts, batch, slots, out, stream);
+      } else {
+        contig ? launch_padded<P, T, false, true>(pred, target, counts, batch, slots, out, stream)
+               : launch_padded<P, T, false, false>(pred, target, counts, batch, slots, out, stream);
+      }
+    });
+  });
+  return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_boxes, CountsArg counts,
+                                    int64_t batch, int64_t slots, GiouOutputs out, cudaStream_t stream) {
+  if (!valid_counts(counts)) return cudaErrorInvalidValue;
+  auto* ws = static_cast<Workspace*>(out.workspace);
+  cudaError_t err = cudaMemsetAsync(&ws->ticket, 0, sizeof(ws->ticket), stream);
+  if (err != cudaSuccess) return err;
+  bool dtypes_ok = false;
+  dispatch_pred(pred.dtype, [&](auto p_tag) {
+    using P = typename decltype(p_tag)::type;
+    const size_t grad_bytes = size_t(batch) * size_t(slots) * 4 * sizeof(P);
+    if (grad_bytes > 0) err = cudaMemsetAsync(out.grad_sum, 0, grad_bytes, stream);  // padded slots stay 0
+    if (err != cudaSuccess) return;
+    dtypes_ok = dispatch_target(target.dtype, [&](auto t_tag) {
+      using T = typename decltype(t_tag)::type;
+      constexpr auto kernel = giou_packed_kernel<P, T>;
+      // Contiguous ranges of tiles per block, and no idle block: each block walks the counts once.
+      const int64_t tiles = (num_boxes + kThreads - 1) / kThreads;
+      const int64_t max_grid = grid_for<kernel>(num_boxes);
+      const int64_t tiles_per_block = tiles > 0 ? (tiles + max_grid - 1) / max_grid : 1;
+      const int grid = tiles > 0 ? int((tiles + tiles_per_block - 1) / tiles_per_block) : 1;
+      BoxesArg rows = target;
+      rows.stride_m = 4;  // [N, 4] has no slot dimension: the row stride alone decides alignment
+      kernel<<<grid, kThreads, 0, stream>>>(static_cast<const P*>(pred.data), box_access<P>(pred),
+                                            static_cast<const T*>(target.data), box_access<T>(rows), num_boxes,
+                                            counts, batch, slots, tiles_per_block, static_cast<P*>(out.grad_sum),
+                                            out.loss, out.inv_count, ws);
+    });
+  });
+  if (err != cudaSuccess) return err;
+  return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t giou_loss_backward_launch(const float* grad_output, const void* grad_sum, const float* inv_count,
+                                      DType dtype, int64_t numel, void* grad_pred, cudaStream_t stream) {
+  const int64_t rows = numel / 4;
+  const bool dtypes_ok = dispatch_pred(dtype, [&](auto p_tag) {
+    using P = typename decltype(p_tag)::type;
+    constexpr auto kernel = giou_backward_kernel<P>;
+    const bool vec = reinterpret_cast<uintptr_t>(grad_sum) % (4 * sizeof(P)) == 0 &&
+                     reinterpret_cast<uintptr_t>(grad_pred) % (4 * sizeof(P)) == 0;
+    kernel<<<grid_for<kernel>(rows), kThreads, 0, stream>>>(grad_output, static_cast<const P*>(grad_sum), inv_count,
+                                                            rows, vec, static_cast<P*>(grad_pred));
+  });
+  return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+}  // namespace detector

@@ -1,0 +1,68 @@
+// Launchers of the GIoU loss CUDA kernels: raw pointers, sizes, strides and a stream; no torch headers,
+// so giou_kernels.cu compiles with a plain `nvcc -c` on a machine without a GPU or torch.
+//
+// Every forward launcher runs ONE kernel (after a small cudaMemsetAsync of its workspace counter, plus,
+// for the packed layout, of the gradient buffer) that writes
+//   - grad_sum  [B, M, 4] in pred's dtype: d(sum of the per-box losses) / d pred, exactly 0 on padded slots;
+//   - loss      fp32 scalar: sum of the per-box losses / max(n_valid, 1);
+//   - inv_count fp32 scalar: 1 / max(n_valid, 1), so that backward is one elementwise scale
+//     grad_pred = grad_sum * (grad_output * inv_count) and nothing ever synchronises with the host.
+// Blocks reduce their losses and valid counts; the last block to finish (atomic ticket) adds the
+// block partials in a fixed order, so the result is deterministic.
+//
+// Counts are read on the device and never validated there (that would need a host synchronisation):
+// a count below 0 counts as 0, above M as M; for the packed layout, boxes past the sum of the (clamped)
+// counts are ignored. Nothing is ever read or written out of bounds.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+namespace detector {
+
+enum class DType : int { kFloat32, kBFloat16, kFloat16, kUInt8, kInt16, kInt32, kInt64 };
+
+// A strided [rows, 4] or [B, M, 4] tensor of boxes; strides in elements.
+struct BoxesArg {
+  const void* data;
+  DType dtype;
+  int64_t stride_b;  // image (padded) or box (packed) stride
+  int64_t stride_m;  // slot stride (padded only)
+  int64_t stride_c;  // coordinate stride
+};
+
+struct CountsArg {
+  const void* data;  // [B] int32 or int64
+  DType dtype;
+  int64_t stride;
+};
+
+struct GiouOutputs {
+  void* grad_sum;   // [B, M, 4] contiguous, pred's dtype
+  float* loss;      // 0-dim
+  float* inv_count; // 0-dim
+  void* workspace;  // giou_workspace_bytes() bytes
+};
+
+// Bytes of scratch memory a forward launcher needs (block partials and the ticket counter).
+size_t giou_workspace_bytes();
+
+// Padded layout: pred and target [B, M, 4]; slot j of image b is valid iff j < counts[b].
+// skip_invalid = false: every thread loads and computes its slot, then selects 0 for padded slots;
+// skip_invalid = true: threads of padded slots skip all loads and arithmetic (they only store zeros).
+cudaError_t giou_loss_padded_launch(BoxesArg pred, BoxesArg target, CountsArg counts, int64_t batch,
+                                    int64_t slots, bool skip_invalid, GiouOutputs out, cudaStream_t stream);
+
+// Packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B]; a grid over the N
+// boxes, each finding its image and slot from prefix sums of the counts computed on the device.
+cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_boxes, CountsArg counts,
+                                    int64_t batch, int64_t slots, GiouOutputs out, cudaStream_t stream);
+
+// Backward: grad_pred = grad_sum * (grad_output[0] * inv_count[0]), elementwise over `numel` values
+// (a multiple of 4) of dtype `dtype`; grad_output and inv_count stay on the device.
+cudaError_t giou_loss_backward_launch(const float* grad_output, const void* grad_sum, const float* inv_count,
+                                      DType dtype, int64_t numel, void* grad_pred, cudaStream_t stream);
+
+}  // namespace detector
