@@ -1,0 +1,288 @@
+// The detector::giou_loss ops: schema (defined once, here), the shared input checks and the CPU
+// implementation. The CUDA implementation is giou_cuda.cpp; the Python wrappers, fake kernels and
+// autograd are detector/ops.py, whose docstrings hold the contract.
+#include <Python.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "giou.h"
+#include "giou_op.h"
+
+#ifdef WITH_CUDA
+#define DETECTOR_WITH_CUDA 1
+#else
+#define DETECTOR_WITH_CUDA 0
+#endif
+
+// `import detector._C` loads this library, which registers the ops (TORCH_LIBRARY below) as a side
+// effect; WITH_CUDA says whether the CUDA kernels were built in.
+extern "C" PyObject* PyInit__C(void) {
+  static PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "_C", "detector::giou_loss ops (C++/CUDA)", -1, nullptr};
+  PyObject* module = PyModule_Create(&module_def);
+  if (module != nullptr && PyModule_AddIntConstant(module, "WITH_CUDA", DETECTOR_WITH_CUDA) < 0) {
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}
+
+namespace detector {
+
+// ----------------------------------------------------------------------------- input checks
+
+namespace {
+
+bool is_pred_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+bool is_target_dtype(at::ScalarType t) {
+  return t == at::kByte || t == at::kShort || t == at::kInt || t == at::kHalf || t == at::kBFloat16 ||
+         t == at::kFloat;
+}
+
+}  // namespace
+
+GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
+                            bool packed) {
+  TORCH_CHECK_VALUE(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", pred.sizes());
+  TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be float32, bfloat16 or float16, got ",
+                   pred.scalar_type());
+  const int64_t batch = pred.size(0), slots = pred.size(1);
+  if (packed) {
+    TORCH_CHECK_VALUE(target.dim() == 2 && target.size(1) == 4, "target must have shape [N, 4] (packed boxes), got ",
+                      target.sizes());
+  } else {
+    TORCH_CHECK_VALUE(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", pred.sizes(),
+                      " like pred, got ", target.sizes());
+  }
+  TORCH_CHECK_TYPE(is_target_dtype(target.scalar_type()),
+                   "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", target.scalar_type());
+  TORCH_CHECK_VALUE(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", batch,
+                    "] (the batch of pred), got ", counts.sizes());
+  TORCH_CHECK_TYPE(counts.scalar_type() == at::kInt || counts.scalar_type() == at::kLong,
+                   "counts must be int32 or int64, got ", counts.scalar_type());
+  TORCH_CHECK_VALUE(pred.device() == target.device() && pred.device() == counts.device(),
+                    "pred, target and counts must be on one device, got ", pred.device(), ", ", target.device(),
+                    ", ", counts.device());
+  return {batch, slots, packed ? target.size(0) : batch * slots};
+}
+
+void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
+                                const at::Tensor& inv_count) {
+  TORCH_CHECK_VALUE(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", grad_output.sizes());
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
+                   grad_output.scalar_type());
+  TORCH_CHECK_VALUE(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
+                    grad_sum.sizes());
+  TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be float32, bfloat16 or float16, got ",
+                   grad_sum.scalar_type());
+  TORCH_CHECK_VALUE(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", inv_count.sizes());
+  TORCH_CHECK_TYPE(inv_count.scalar_type() == at::kFloat, "inv_count must be float32, got ", inv_count.scalar_type());
+  TORCH_CHECK_VALUE(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
+                    "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
+                    grad_sum.device(), ", ", inv_count.device());
+}
+
+// ----------------------------------------------------------------------------- CPU implementation
+
+namespace {
+
+constexpr int64_t kChunk = 4096;  // boxes per parallel task; fixed, so the sum order never depends on threads
+
+template <typename T>
+struct Tag {
+  using type = T;
+};
+
+template <typename F>
+void dispatch_pred(at::ScalarType t, F&& f) {
+  switch (t) {
+    case at::kFloat: return f(Tag<float>{});
+    case at::kBFloat16: return f(Tag<at::BFloat16>{});
+    case at::kHalf: return f(Tag<at::Half>{});
+    default: TORCH_CHECK_TYPE(false, "pred must be float32, bfloat16 or float16, got ", t);
+  }
+}
+
+template <typename F>
+void dispatch_target(at::ScalarType t, F&& f) {
+  switch (t) {
+    case at::kByte: return f(Tag<uint8_t>{});
+    case at::kShort: return f(Tag<int16_t>{});
+    case at::kInt: return f(Tag<int32_t>{});
+    case at::kHalf: return f(Tag<at::Half>{});
+    case at::kBFloat16: return f(Tag<at::BFloat16>{});
+    case at::kFloat: return f(Tag<float>{});
+    default: TORCH_CHECK_TYPE(false, "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", t);
+  }
+}
+
+template <typename T>
+void load_box(const T* row, int64_t stride_c, float out[4]) {
+  for (int k = 0; k < 4; ++k) out[k] = static_cast<float>(row[k * stride_c]);
+}
+
+// The counts as int64 on the host, validated: the CPU can afford what CUDA cannot (no sync to pay).
+std::vector<int64_t> checked_counts(const at::Tensor& counts, int64_t slots) {
+  const at::Tensor c = counts.to(at::kLong).contiguous();
+  std::vector<int64_t> values(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+  for (size_t b = 0; b < values.size(); ++b) {
+    TORCH_CHECK_VALUE(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", slots,
+                      " (pred.size(1)), got counts[", b, "] = ", values[b]);
+  }
+  return values;
+}
+
+struct Outputs {
+  at::Tensor loss, grad_sum, inv_count;
+};
+
+Outputs empty_outputs(const at::Tensor& pred) {
+  const auto f32 = pred.options().dtype(at::kFloat);
+  return {at::empty({}, f32), at::empty(pred.sizes(), pred.options()), at::empty({}, f32)};
+}
+
+// Writes loss = sum / max(n, 1) and inv_count = 1 / max(n, 1) from per-chunk partials, in chunk order.
+void finish_loss(const std::vector<float>& partial_loss, const std::vector<int64_t>& partial_valid, Outputs& out) {
+  float total = 0.f;
+  int64_t n_valid = 0;
+  for (size_t k = 0; k < partial_loss.size(); ++k) {
+    total += partial_loss[k];
+    n_valid += partial_valid[k];
+  }
+  const float denominator = n_valid > 0 ? static_cast<float>(n_valid) : 1.f;
+  out.loss.fill_(total / denominator);
+  out.inv_count.fill_(1.f / denominator);
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& pred, const at::Tensor& target,
+                                                             const at::Tensor& counts, bool skip_invalid) {
+  // skip_invalid changes nothing here: the CPU kernel never reads a padded slot.
+  (void)skip_invalid;
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
+  const std::vector<int64_t> count = checked_counts(counts, n.slots);
+  Outputs out = empty_outputs(pred);
+  const int64_t total = n.batch * n.slots, chunks = (total + kChunk - 1) / kChunk;
+  std::vector<float> partial_loss(chunks, 0.f);
+  std::vector<int64_t> partial_valid(chunks, 0);
+  dispatch_pred(pred.scalar_type(), [&](auto p_tag) {
+    using P = typename decltype(p_tag)::type;
+    dispatch_target(target.scalar_type(), [&](auto t_tag) {
+      using T = typename decltype(t_tag)::type;
+      const P* p_data = pred.const_data_ptr<P>();
+      const T* t_data = target.const_data_ptr<T>();
+      P* grad = out.grad_sum.mutable_data_ptr<P>();
+      const auto ps = pred.strides(), ts = target.strides();
+      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t chunk = begin; chunk < end; ++chunk) {
+          float loss_acc = 0.f;
+          int64_t valid_acc = 0;
+          const int64_t last = std::min(total, (chunk + 1) * kChunk);
+          for (int64_t s = chunk * kChunk; s < last; ++s) {
+            const int64_t b = s / n.slots, j = s % n.slots;
+            float g[4] = {0.f, 0.f, 0.f, 0.f};
+            if (j < count[b]) {
+              float p[4], t[4];
+              load_box(p_data + b * ps[0] + j * ps[1], ps[2], p);
+              load_box(t_data + b * ts[0] + j * ts[1], ts[2], t);
+              loss_acc += giou_loss_and_grad(p, t, g);
+              ++valid_acc;
+            }
+            for (int k = 0; k < 4; ++k) grad[s * 4 + k] = static_cast<P>(g[k]);
+          }
+          partial_loss[chunk] = loss_acc;
+          partial_valid[chunk] = valid_acc;
+        }
+      });
+    });
+  });
+  finish_loss(partial_loss, partial_valid, out);
+  return {out.loss, out.grad_sum, out.inv_count};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
+                                                                    const at::Tensor& counts) {
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
+  const std::vector<int64_t> count = checked_counts(counts, n.slots);
+  std::vector<int64_t> offset(n.batch + 1, 0);  // box index of each image's first box
+  for (int64_t b = 0; b < n.batch; ++b) offset[b + 1] = offset[b] + count[b];
+  TORCH_CHECK_VALUE(offset[n.batch] == n.boxes, "counts must sum to the number of target boxes N = ", n.boxes,
+                    " (target.size(0)), got ", offset[n.batch]);
+  Outputs out = empty_outputs(pred);
+  out.grad_sum.zero_();
+  const int64_t chunks = (n.boxes + kChunk - 1) / kChunk;
+  std::vector<float> partial_loss(chunks, 0.f);
+  std::vector<int64_t> partial_valid(chunks, 0);
+  dispatch_pred(pred.scalar_type(), [&](auto p_tag) {
+    using P = typename decltype(p_tag)::type;
+    dispatch_target(target.scalar_type(), [&](auto t_tag) {
+      using T = typename decltype(t_tag)::type;
+      const P* p_data = pred.const_data_ptr<P>();
+      const T* t_data = target.const_data_ptr<T>();
+      P* grad = out.grad_sum.mutable_data_ptr<P>();
+      const auto ps = pred.strides(), ts = target.strides();
+      at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t chunk = begin; chunk < end; ++chunk) {
+          float loss_acc = 0.f;
+          const int64_t first = chunk * kChunk, last = std::min(n.boxes, first + kChunk);
+          // image of the chunk's first box: the last b with offset[b] <= first (skips empty images)
+          int64_t b = std::upper_bound(offset.begin(), offset.end(), first) - offset.begin() - 1;
+          for (int64_t i = first; i < last; ++i) {
+            while (i >= offset[b + 1]) ++b;
+            const int64_t j = i - offset[b];
+            float p[4], t[4], g[4];
+            load_box(p_data + b * ps[0] + j * ps[1], ps[2], p);
+            load_box(t_data + i * ts[0], ts[1], t);
+            loss_acc += giou_loss_and_grad(p, t, g);
+            for (int k = 0; k < 4; ++k) grad[(b * n.slots + j) * 4 + k] = static_cast<P>(g[k]);
+          }
+          partial_loss[chunk] = loss_acc;
+          partial_valid[chunk] = last - first;
+        }
+      });
+    });
+  });
+  finish_loss(partial_loss, partial_valid, out);
+  return {out.loss, out.grad_sum, out.inv_count};
+}
+
+at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tensor& grad_sum,
+                                  const at::Tensor& inv_count) {
+  check_giou_backward_inputs(grad_output, grad_sum, inv_count);
+  const float scale = grad_output.item<float>() * inv_count.item<float>();
+  const at::Tensor saved = grad_sum.contiguous();
+  at::Tensor grad_pred = at::empty(saved.sizes(), saved.options());
+  dispatch_pred(saved.scalar_type(), [&](auto p_tag) {
+    using P = typename decltype(p_tag)::type;
+    const P* in = saved.const_data_ptr<P>();
+    P* result = grad_pred.mutable_data_ptr<P>();
+    at::parallel_for(0, saved.numel(), kChunk, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) result[k] = static_cast<P>(static_cast<float>(in[k]) * scale);
+    });
+  });
+  return grad_pred;
+}
+
+}  // namespace
+
+// Outputs of the forward ops: loss (fp32 0-dim, mean over valid boxes), grad_sum (pred's dtype, [B, M, 4]
+// contiguous, d(sum of per-box losses) / d pred, 0 on padded slots), inv_count (fp32 0-dim, 1 / max(n, 1)).
+TORCH_LIBRARY(detector, m) {
+  m.set_python_module("detector.ops");  // where register_fake and register_autograd live
+  m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
+        "-> (Tensor loss, Tensor grad_sum, Tensor inv_count)");
+  m.def("giou_loss_packed(Tensor pred, Tensor target, Tensor counts) "
+        "-> (Tensor loss, Tensor grad_sum, Tensor inv_count)");
+  m.def("giou_loss_backward(Tensor grad_output, Tensor grad_sum, Tensor inv_count) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(detector, CPU, m) {
+  m.impl("giou_loss", &giou_loss_cpu);
+  m.impl("giou_loss_packed", &giou_loss_packed_cpu);
+  m.impl("giou_loss_backward", &giou_loss_backward_cpu);
+}
+
+}  // namespace detector
