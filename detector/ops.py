@@ -1,0 +1,130 @@
+"""The ``detector::giou_loss`` custom ops (C++/CUDA in ``extensions/``): typed wrappers, fake kernels, autograd.
+
+The schema is defined once, in C++ (``extensions/giou_op.cpp``); each op has a CPU kernel and, in a
+CUDA build, a CUDA kernel. Importing this module loads ``detector._C`` and registers the fake kernels
+(for ``torch.compile``) and the autograd formula. The loss is the contract of
+``detector.losses.reference.giou_loss_reference``.
+
+Forward (one kernel on CUDA) returns ``(loss, grad_sum, inv_count)``:
+    loss       fp32 0-dim: sum over valid (b, j) of (1 - GIoU) / max(n_valid, 1)
+    grad_sum   [B, M, 4] contiguous, pred's dtype: d(sum of the per-box losses) / d pred; exactly 0 on
+               padded slots, whatever they hold (NaN included)
+    inv_count  fp32 0-dim: 1 / max(n_valid, 1)
+Backward (one elementwise kernel) is ``grad_sum * (grad_output * inv_count)``: the gradient is computed
+in the forward and only scaled afterwards; nothing reads a device value on the host.
+
+Counts. The CPU kernels validate them (0 <= counts[b] <= M, and for the packed layout
+sum(counts) == N) and raise ValueError naming ``counts``. The CUDA kernels cannot without a host
+synchronisation, so there counts are clamped to [0, M] and packed boxes past the sum of the clamped
+counts are ignored: out-of-range counts never read or write out of bounds, and the loss is the loss of
+the clamped counts.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+from torch import Tensor
+
+BUILD_HINT = "the detector._C extension is not built: run `make setup` (or `pip install --no-build-isolation -e .`)"
+
+try:
+    from detector import _C  # registers torch.ops.detector.*
+except ImportError:
+    _C = None
+
+
+def kernel_unavailable(device: torch.device) -> str | None:
+    """Why the custom ops cannot run on ``device`` (a Strategy's ``unavailable``), or None if they can."""
+    if _C is None:
+        return BUILD_HINT
+    if device.type == "cuda" and not _C.WITH_CUDA:
+        return (
+            "detector._C was built without CUDA (torch without CUDA or no nvcc at build time): "
+            "rebuild it where both are present with `make setup`"
+        )
+    if device.type not in ("cpu", "cuda"):
+        return f"detector._C has no {device.type} kernel"
+    return None
+
+
+def _require_extension() -> None:
+    if _C is None:
+        raise RuntimeError(BUILD_HINT)
+
+
+_cpu_note_shown = False
+
+
+def note_cpu_kernel(strategy: str) -> None:
+    """Say once per process that a cuda_* strategy is being served by the op's CPU kernel."""
+    global _cpu_note_shown
+    if not _cpu_note_shown:
+        _cpu_note_shown = True
+        build = "a CUDA build" if _C is not None and _C.WITH_CUDA else "a CPU-only build"
+        warnings.warn(
+            f"strategy {strategy!r} (and the other custom-op strategies) run on the CPU kernel of "
+            f"detector::giou_loss for CPU tensors ({build} of detector._C)",
+            stacklevel=4,  # the caller of the strategy
+        )
+
+
+def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool = False) -> Tensor:
+    """Mean GIoU loss, padded layout: pred, target [B, M, 4], counts [B]; slot j of image b valid iff j < counts[b].
+
+    pred fp32/bf16/fp16; target uint8/int16/int32/fp16/bf16/fp32; counts int32/int64; any strides.
+    ``skip_invalid``: on CUDA, threads of padded slots skip their loads and arithmetic (``cuda_conditional``)
+    instead of computing and selecting 0 (``cuda_fused``); same result. Returns the fp32 0-dim loss.
+    """
+    _require_extension()
+    return torch.ops.detector.giou_loss.default(pred, target, counts, skip_invalid)[0]
+
+
+def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor) -> Tensor:
+    """Mean GIoU loss, packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B].
+
+    Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts). Returns the fp32 loss.
+    """
+    _require_extension()
+    return torch.ops.detector.giou_loss_packed.default(pred, target, counts)[0]
+
+
+if _C is not None:
+
+    @torch.library.register_fake("detector::giou_loss")
+    def _giou_loss_fake(pred, target, counts, skip_invalid=False):
+        return _forward_outputs(pred)
+
+    @torch.library.register_fake("detector::giou_loss_packed")
+    def _giou_loss_packed_fake(pred, target, counts):
+        return _forward_outputs(pred)
+
+    @torch.library.register_fake("detector::giou_loss_backward")
+    def _giou_loss_backward_fake(grad_output, grad_sum, inv_count):
+        return grad_sum.new_empty(grad_sum.shape)
+
+    def _forward_outputs(pred):
+        scalar = pred.new_empty((), dtype=torch.float32)
+        return scalar, pred.new_empty(pred.shape), scalar.new_empty(())
+
+    def _setup_context(ctx, inputs, output):
+        _, grad_sum, inv_count = output
+        ctx.mark_non_differentiable(grad_sum, inv_count)
+        ctx.set_materialize_grads(False)  # no zero-filled gradients for the two non-differentiable outputs
+        ctx.save_for_backward(grad_sum, inv_count)
+
+    def _grad_pred(ctx, grad_loss):
+        if grad_loss is None:
+            return None
+        grad_sum, inv_count = ctx.saved_tensors
+        return torch.ops.detector.giou_loss_backward.default(grad_loss, grad_sum, inv_count)
+
+    def _backward_padded(ctx, grad_loss, _grad_sum, _inv_count):
+        return _grad_pred(ctx, grad_loss), None, None, None  # pred, target, counts, skip_invalid
+
+    def _backward_packed(ctx, grad_loss, _grad_sum, _inv_count):
+        return _grad_pred(ctx, grad_loss), None, None  # pred, target, counts
+
+    torch.library.register_autograd("detector::giou_loss", _backward_padded, setup_context=_setup_context)
+    torch.library.register_autograd("detector::giou_loss_packed", _backward_packed, setup_context=_setup_context)
