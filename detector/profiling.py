@@ -94,7 +94,8 @@ def run_profile(cfg: DictConfig) -> dict:
     with torch.profiler.profile(
         activities=activities,
         schedule=schedule(wait=pcfg.wait, warmup=pcfg.warmup, active=pcfg.active, repeat=1),
-        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=strategy.name),
+        # gzip: the loop strategy's GPU trace is ~750 MB as plain JSON; TensorBoard reads .gz directly
+        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=strategy.name, use_gzip=True),
         profile_memory=pcfg.profile_memory,
         record_shapes=pcfg.record_shapes,
     ) as prof:

@@ -1,5 +1,6 @@
 """End to end: `make profile` on a tiny config, `compare`, `bench`, and the TensorBoard plugin patch."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -32,13 +33,13 @@ def test_make_profile_writes_a_trace_with_the_regions_and_a_summary(tmp_path):
     summary = make_profile("padded", "train", tmp_path)
     assert list(summary["regions_ms"]) == ["copy data", "forward", "calc loss", "backward", "optimizer step"]
     assert all(ms > 0 for ms in summary["regions_ms"].values())
-    traces = list(summary["folder"].glob("*.pt.trace.json"))
-    assert len(traces) == 1
-    names = {event.get("name") for event in json.loads(traces[0].read_text())["traceEvents"]}
+    traces = list(summary["folder"].glob("*.pt.trace.json.gz"))
+    assert len(traces) == 1 and summary["traces"] == [traces[0].name]
+    names = {event.get("name") for event in json.loads(gzip.decompress(traces[0].read_bytes()))["traceEvents"]}
     assert set(summary["regions_ms"]) <= names
 
     again = make_profile("padded", "train", tmp_path)  # a re-run replaces the old trace
-    assert len(list(again["folder"].glob("*.pt.trace.json"))) == 1
+    assert len(list(again["folder"].glob("*.pt.trace.json.gz"))) == 1
 
 
 @pytest.mark.slow
