@@ -21,11 +21,11 @@ def cuda_buildable() -> bool:
 
 
 def extension():
-    cxx_flags = ["-O3", "-std=c++17"]
+    cxx_flags = ["-O3"]  # the C++ standard is the one torch picks for its headers
     if not cuda_buildable():
         print("detector._C: building the CPU kernel only (no CUDA torch or no nvcc)")
         return CppExtension("detector._C", [str(SOURCES / "giou_op.cpp")], extra_compile_args={"cxx": cxx_flags})
-    nvcc_flags = ["-O3", "-std=c++17"]
+    nvcc_flags = ["-O3"]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # otherwise torch adds the listed architectures
         nvcc_flags += ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_80,code=compute_80"]
     sources = [SOURCES / "giou_op.cpp", SOURCES / "giou_cuda.cpp", SOURCES / "giou_kernels.cu"]

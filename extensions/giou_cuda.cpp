@@ -1,9 +1,9 @@
 // CUDA implementation of the detector::giou_loss ops: the shared checks, outputs allocated by the
 // caching allocator, the launchers of giou_kernels.cu on the current stream. Nothing synchronises.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "giou_kernels.cuh"
@@ -53,7 +53,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& 
   const c10::cuda::CUDAGuard guard(pred.device());
   Outputs out = empty_outputs(pred);
   C10_CUDA_CHECK(giou_loss_padded_launch(boxes_arg(pred), boxes_arg(target), counts_arg(counts), n.batch, n.slots,
-                                         skip_invalid, out.pointers(), at::cuda::getCurrentCUDAStream()));
+                                         skip_invalid, out.pointers(), c10::cuda::getCurrentCUDAStream()));
   return {out.loss, out.grad_sum, out.inv_count};
 }
 
@@ -63,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::T
   const c10::cuda::CUDAGuard guard(pred.device());
   Outputs out = empty_outputs(pred);
   C10_CUDA_CHECK(giou_loss_packed_launch(boxes_arg(pred), boxes_arg(target), n.boxes, counts_arg(counts), n.batch,
-                                         n.slots, out.pointers(), at::cuda::getCurrentCUDAStream()));
+                                         n.slots, out.pointers(), c10::cuda::getCurrentCUDAStream()));
   return {out.loss, out.grad_sum, out.inv_count};
 }
 
@@ -76,7 +76,7 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tens
   C10_CUDA_CHECK(giou_loss_backward_launch(grad_output.const_data_ptr<float>(), saved.const_data_ptr(),
                                            inv_count.const_data_ptr<float>(), kernel_dtype(saved.scalar_type()),
                                            saved.numel(), grad_pred.mutable_data_ptr(),
-                                           at::cuda::getCurrentCUDAStream()));
+                                           c10::cuda::getCurrentCUDAStream()));
   return grad_pred;
 }
 
