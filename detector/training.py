@@ -281,7 +281,8 @@ class GraphedStep:
         self.graph = torch.cuda.CUDAGraph()
         self.regions.quiet = True
         try:
-            with torch.cuda.graph(self.graph):
+            # thread_local: the DataLoader's pin-memory thread keeps calling CUDA while we capture
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.loss = self.forward_backward(*self.static)
                 self.optimizer_step()
         except RuntimeError as err:
@@ -310,7 +311,7 @@ def make_profiler(cfg: DictConfig, out: Path, device: torch.device):
     return torch.profiler.profile(
         activities=activities,
         schedule=schedule(wait=p.wait, warmup=p.warmup, active=p.active, repeat=1),
-        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=cfg.train.strategy),
+        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=cfg.train.strategy, use_gzip=True),
         profile_memory=p.profile_memory,
         record_shapes=p.record_shapes,
     )
