@@ -3,8 +3,8 @@
 One case, the article's: batch 1024 x 256 slots, bf16 predictions, uint8 targets, ``seed`` and
 ``tail`` counts. Per strategy, the median of synchronised calls (CUDA events), as ``make bench`` times
 them, and the median of CUDA-graph replays of forward+backward (the device time without the host's
-launch overhead). For ``triton`` also the host-side layers one by one (launcher alone, op without
-autograd, strategy forward) and each kernel's device time from the profiler. No omegaconf needed.
+launch overhead). For ``triton`` also the host-side layers one by one (the op alone, the strategy's
+forward, forward + backward) and each kernel's device time from the profiler. No omegaconf needed.
 """
 
 from __future__ import annotations
@@ -77,21 +77,6 @@ def kernel_times(fn) -> list[tuple[str, float]]:
     return [(e.key[:60], e.device_time_total / 20 / 1e3) for e in events if e.count]
 
 
-class _PlainFunction(torch.autograd.Function):
-    """The same launcher behind a plain autograd.Function: what the op's dispatch costs, by difference."""
-
-    @staticmethod
-    def forward(ctx, pred, boxes, counts):
-        loss, grad = triton_strategy._giou_loss_fwd_bwd(pred, boxes, counts)
-        ctx.save_for_backward(grad)
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad_loss):
-        (grad,) = ctx.saved_tensors
-        return grad * grad_loss, None, None
-
-
 def bench_strategy(name: str, pred: torch.Tensor, targets, distribution: str, repeats: int) -> None:
     strategy = STRATEGIES[name]
     valid = int(targets.counts.sum())
@@ -119,20 +104,14 @@ def bench_triton_layers(pred: torch.Tensor, targets, repeats: int) -> None:
     detached = pred.detach()
     op = torch.ops.detector.giou_loss_triton.default
 
-    def plain_function_step():
-        pred.grad = None
-        _PlainFunction.apply(pred, boxes, counts).backward()
-
     def triton_step():
         pred.grad = None
         STRATEGIES["triton"](pred, targets).backward()
 
     layers = {
-        "launcher alone (zeros + empty + kernel)": lambda: triton_strategy._giou_loss_fwd_bwd(detached, boxes, counts),
-        "op overload, no autograd": lambda: op(detached, boxes, counts),
+        "op alone, no autograd": lambda: op(detached, boxes, counts),
         "strategy forward, autograd recording": lambda: STRATEGIES["triton"](pred, targets),
-        "fwd+bwd, plain autograd.Function instead of the op": plain_function_step,
-        "fwd+bwd, strategy": triton_step,
+        "strategy forward + backward": triton_step,
     }
     for label, fn in layers.items():
         print(f"  triton {label}: {median_ms(fn, repeats):.4f} ms")

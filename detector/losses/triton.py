@@ -81,7 +81,8 @@ if triton is not None:
     #
     # The grid is persistent: P programs (a few per SM) stride over blocks of BLOCK consecutive slots
     # of the flattened [B * M] boxes, so BLOCK is independent of M and the counts are summed P times,
-    # not once per block. Each program adds its share of the mean loss to the scalar with one atomic.
+    # not once per block. Each program adds its share of the mean loss to the scalar with one atomic
+    # (so the loss's last bits depend on the programs' order; the gradient is deterministic).
     @triton.jit
     def _giou_loss_fwd_bwd_kernel(
         pred_ptr,  # [B, M, 4] predicted boxes xyxy, contiguous; fp32, bf16, fp16 or fp64
@@ -136,15 +137,15 @@ if triton is not None:
             cw = tl.maximum(x2, gx2) - tl.minimum(x1, gx1)
             ch = tl.maximum(y2, gy2) - tl.minimum(y1, gy1)
             enclose = cw * ch
-            union_eps, enclose_eps = union + EPS, enclose + EPS
-            iou = inter / union_eps
-            loss = 1.0 - iou + (enclose - union) / enclose_eps
+            inv_union, inv_enclose = 1.0 / (union + EPS), 1.0 / (enclose + EPS)  # 1 / U, 1 / Ce
+            iou = inter * inv_union
+            loss = 1.0 - iou + (enclose - union) * inv_enclose
             loss_sum += tl.where(valid, loss, 0.0)
 
             # backward, scaled by 1 / n_valid
-            d_area = (iou / union_eps - 1.0 / enclose_eps) * scale
-            d_inter = tl.where(overlaps, (1.0 / enclose_eps - (1.0 + iou) / union_eps) * scale, 0.0)
-            d_encl = union_eps / enclose_eps / enclose_eps * scale
+            d_area = (iou * inv_union - inv_enclose) * scale
+            d_inter = tl.where(overlaps, (inv_enclose - (1.0 + iou) * inv_union) * scale, 0.0)
+            d_encl = (union + EPS) * inv_enclose * inv_enclose * scale
             dx1 = -(d_area * ph + d_inter * ih * _share_of_max(x1, gx1) + d_encl * ch * _share_of_max(gx1, x1))
             dy1 = -(d_area * pw + d_inter * iw * _share_of_max(y1, gy1) + d_encl * cw * _share_of_max(gy1, y1))
             dx2 = d_area * ph + d_inter * ih * _share_of_max(gx2, x2) + d_encl * ch * _share_of_max(x2, gx2)
@@ -212,8 +213,8 @@ def _unavailable(device: torch.device) -> str | None:
         return None
     if device.type == "cpu":
         return (
-            "the Triton kernels are compiled for CUDA in this process; CPU tensors need the interpreter "
-            "(TRITON_INTERPRET=1 set before detector.losses is imported)"
+            "the Triton kernels are compiled for CUDA in this process: move pred and the targets to the GPU, "
+            "or set TRITON_INTERPRET=1 before detector.losses is imported to run CPU tensors in the interpreter"
         )
     return f"Triton has no backend for {device.type} tensors here"
 
@@ -263,7 +264,7 @@ def giou_loss_triton(pred: Tensor, boxes: Tensor, counts: Tensor) -> Tensor:
     Counts outside [0, M] count as clamped to [0, M]: the kernel never checks them on the host.
     """
     _check_inputs(pred, boxes, counts)
-    loss, _ = torch.ops.detector.giou_loss_triton(pred, boxes, counts)
+    loss, _ = torch.ops.detector.giou_loss_triton.default(pred, boxes, counts)
     return loss
 
 
