@@ -89,17 +89,26 @@ def test_strategy_weird_inputs(name, device, pred_dtype, target_dtype, batch, di
     check_against_reference(STRATEGIES[name], pred, boxes_list, max_boxes, device)
 
 
+def runnable_device(strategy) -> str:
+    """A device the strategy runs on here (the Triton kernels take only CUDA tensors where CUDA exists)."""
+    for device in ["cpu"] + (["cuda"] if torch.cuda.is_available() else []):
+        if not strategy.unavailable(torch.device(device)):
+            return device
+    pytest.skip(f"{strategy.name}: {strategy.unavailable(torch.device('cpu'))}")
+
+
 @pytest.mark.parametrize("name", list(STRATEGIES))
 def test_strategy_rejects_bad_predictions(name):
     strategy = STRATEGIES[name]
+    device = runnable_device(strategy)
     _, boxes_list = random_case(2, 8, "seed")
-    targets = make_targets(boxes_list, strategy.layout, 8)
+    targets = make_targets(boxes_list, strategy.layout, 8).to(device)
     with pytest.raises((ValueError, TypeError, RuntimeError), match="pred"):
-        strategy(torch.zeros(2, 8, 5), targets)  # last dimension is not 4
+        strategy(torch.zeros(2, 8, 5, device=device), targets)  # last dimension is not 4
     with pytest.raises((ValueError, TypeError, RuntimeError), match="pred"):
-        strategy(torch.zeros(2, 8, 4, dtype=torch.int32), targets)  # not floating
+        strategy(torch.zeros(2, 8, 4, dtype=torch.int32, device=device), targets)  # not floating
     with pytest.raises((ValueError, TypeError, RuntimeError), match="pred|batch"):
-        strategy(torch.zeros(3, 8, 4), targets)  # batch mismatch
+        strategy(torch.zeros(3, 8, 4, device=device), targets)  # batch mismatch
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
