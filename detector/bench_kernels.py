@@ -62,22 +62,34 @@ def wall_ms(fn, warmup: int = 20, repeats: int = 200) -> float:
     return statistics.median(times)
 
 
+def capture(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
+    """``fn`` called ``calls`` times, captured in a CUDA graph after a warm-up on a side stream."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    return graph
+
+
 def graph_ms(fn, repeats: int = 50) -> float | None:
     """Median event milliseconds of replaying ``fn`` captured in a CUDA graph; None if it cannot be captured."""
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
+        graph = capture(fn)
     except Exception as err:  # noqa: BLE001  reported, not fatal: the other columns still stand
         print(f"  (CUDA-graph capture failed: {type(err).__name__}: {str(err).splitlines()[0][:100]})")
         return None
     return event_ms(graph.replay, warmup=3, repeats=repeats)
+
+
+def device_ms(fn, calls: int = 10) -> float:
+    """Device milliseconds of one ``fn()``: a graph of ``calls`` back-to-back calls, no host in the way."""
+    return event_ms(capture(fn, calls).replay, warmup=3, repeats=20) / calls
 
 
 def strategy_case(name: str, pred: torch.Tensor, boxes_list: list, slots: int):
@@ -97,11 +109,11 @@ def strategy_case(name: str, pred: torch.Tensor, boxes_list: list, slots: int):
     return forward, forward_backward
 
 
-def even_boxes(batch: int, slots: int, valid: int, pred_dtype, seed: int = 0):
-    """A case with ``valid`` boxes spread evenly over the images (pred [B, M, 4], list of targets)."""
-    pred, boxes_list = random_case(batch, slots, "full", pred_dtype, torch.uint8, seed=seed, nan_padding=False)
+def even_boxes(boxes_list: list, valid: int) -> list:
+    """The first boxes of a full case's images, ``valid`` of them in all, spread evenly over the images."""
+    batch = len(boxes_list)
     per_image = [valid // batch + (b < valid % batch) for b in range(batch)]
-    return pred, [boxes[:n] for boxes, n in zip(boxes_list, per_image, strict=True)]
+    return [boxes[:n] for boxes, n in zip(boxes_list, per_image, strict=True)]
 
 
 def headline(pred_dtype) -> list[dict]:
@@ -125,28 +137,63 @@ def headline(pred_dtype) -> list[dict]:
     return records
 
 
-def floor_ms() -> float:
-    """One tiny kernel plus a synchronize: what any one-launch loss pays at least."""
-    x = torch.zeros(1, device="cuda")
-    return wall_ms(lambda: x.add_(1))
+class _Double(torch.autograd.Function):
+    """The smallest Python autograd.Function: one kernel forward, one backward (a Python backward node)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x * 2
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * 2
 
 
-def bandwidth(pred_dtype, batch: int = 16384, slots: int = 256) -> dict:
-    pred, boxes_list = random_case(batch, slots, "seed", pred_dtype, torch.uint8, seed=7, nan_padding=False)
+def floors() -> dict:
+    """What any loss pays on this host before its own work: wall ms of tiny kernels and autograd round trips."""
+    x = torch.zeros((), device="cuda", requires_grad=True)
+    pred, boxes_list = random_case(1024, 256, "seed", torch.bfloat16, torch.uint8, seed=1024, nan_padding=False)
+    boxes, counts = make_targets(boxes_list, "padded", 256).to("cuda")
+    pred = pred.to("cuda")
+
+    def op_below_autograd():  # the op without its Python autograd layer
+        with torch._C._AutoDispatchBelowAutograd():
+            torch.ops.detector.giou_loss.default(pred, boxes, counts, False)
+
+    def backward(fn):
+        def step():
+            x.grad = None
+            fn(x).backward()
+
+        return step
+
+    return {
+        "tiny_kernel_sync_ms": wall_ms(lambda: x.detach().add_(1)),
+        "cpp_autograd_fwd_bwd_ms": wall_ms(backward(lambda t: t * 2)),
+        "python_autograd_fwd_bwd_ms": wall_ms(backward(_Double.apply)),
+        "op_forward_below_autograd_ms": wall_ms(op_below_autograd),
+        "op_forward_no_grad_ms": wall_ms(lambda: torch.ops.detector.giou_loss.default(pred, boxes, counts, False)),
+    }
+
+
+def bandwidth(pred, boxes_list) -> dict:
+    """Fused forward bytes over device time, against a device-to-device copy in the same run."""
+    slots = pred.shape[1]
     boxes, counts = make_targets(boxes_list, "padded", slots).to("cuda")
     pred = pred.to("cuda")
     moved = 2 * pred.numel() * pred.element_size() + boxes.numel() * boxes.element_size()  # pred, grad, targets
     moved += counts.numel() * counts.element_size()
-    fused = event_ms(lambda: torch.ops.detector.giou_loss.default(pred, boxes, counts, False), repeats=100)
-    skipping = event_ms(lambda: torch.ops.detector.giou_loss.default(pred, boxes, counts, True), repeats=100)
+    op = torch.ops.detector.giou_loss.default
+    fused = device_ms(lambda: op(pred, boxes, counts, False))
+    skipping = device_ms(lambda: op(pred, boxes, counts, True))
     src = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy = event_ms(lambda: dst.copy_(src), repeats=100)
+    copy = device_ms(lambda: dst.copy_(src))
     copy_gbs = 2 * src.numel() / copy / 1e6  # read + write
     fused_gbs = moved / fused / 1e6
     return {
-        "pred_dtype": str(pred_dtype).replace("torch.", ""),
-        "batch": batch,
+        "pred_dtype": str(pred.dtype).replace("torch.", ""),
+        "batch": pred.shape[0],
         "slots": slots,
         "bytes": moved,
         "fused_forward_ms": fused,
@@ -158,16 +205,19 @@ def bandwidth(pred_dtype, batch: int = 16384, slots: int = 256) -> dict:
     }
 
 
-def packed_scaling(pred_dtype, batch: int = 1024, slots: int = 256) -> list[dict]:
+def packed_scaling(pred_dtype, batch: int, slots: int = 256) -> list[dict]:
+    """packed against cuda_fused, device time of the forward and of forward+backward, as boxes grow."""
+    pred, full_boxes = random_case(batch, slots, "full", pred_dtype, torch.uint8, seed=batch, nan_padding=False)
     records = []
     for valid in VALID_BOXES:
-        pred, boxes_list = even_boxes(batch, slots, valid, pred_dtype, seed=valid)
-        row = {"valid_boxes": valid}
+        boxes_list = even_boxes(full_boxes, valid)
+        row = {"batch": batch, "valid_boxes": valid}
         for name in ("cuda_fused", "packed"):
             forward, forward_backward = strategy_case(name, pred, boxes_list, slots)
-            row[f"{name}_forward_event_ms"] = event_ms(forward)
-            row[f"{name}_forward_backward_wall_ms"] = wall_ms(forward_backward, repeats=100)
+            row[f"{name}_forward_device_ms"] = device_ms(forward)
             row[f"{name}_forward_backward_graph_ms"] = graph_ms(forward_backward)
+            if batch <= 1024:
+                row[f"{name}_forward_backward_wall_ms"] = wall_ms(forward_backward, repeats=100)
         records.append(row)
     return records
 
@@ -190,8 +240,8 @@ def skipping(pred_dtype, batch: int = 1024) -> list[dict]:
                     "valid_boxes": int(counts.sum()),
                 }
                 op = torch.ops.detector.giou_loss.default
-                row["cuda_fused_forward_ms"] = event_ms(lambda: op(pred, boxes, counts, False))  # noqa: B023
-                row["cuda_conditional_forward_ms"] = event_ms(lambda: op(pred, boxes, counts, True))  # noqa: B023
+                row["cuda_fused_forward_ms"] = device_ms(lambda: op(pred, boxes, counts, False))  # noqa: B023
+                row["cuda_conditional_forward_ms"] = device_ms(lambda: op(pred, boxes, counts, True))  # noqa: B023
                 records.append(row)
     return records
 
@@ -225,12 +275,11 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.cuda.get_device_name()
     print(f"{device}, torch {torch.__version__}, CUDA {torch.version.cuda}\n", flush=True)
 
-    results = {"device": device, "torch": torch.__version__, "floor_ms": floor_ms()}
+    results = {"device": device, "torch": torch.__version__, "floors": floors()}
+    print("## Host floors (wall ms, synchronised)\n")
+    print(table([results["floors"]], list(results["floors"])) + "\n", flush=True)
     results["headline"] = headline(pred_dtype) + headline(torch.float32)
-    print(
-        f"## Forward+backward, batch 1024, 256 slots, seed boxes (floor: one tiny kernel + sync "
-        f"= {results['floor_ms']:.4f} ms)\n"
-    )
+    print("## Forward+backward, batch 1024, 256 slots, seed boxes\n")
     columns = [
         "strategy",
         "pred_dtype",
@@ -242,8 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(table(results["headline"], columns) + "\n", flush=True)
 
-    results["bandwidth"] = [bandwidth(torch.float32), bandwidth(torch.bfloat16)]
-    print("## Fused forward bandwidth, batch 16384, 256 slots, seed boxes, uint8 targets\n")
+    pred, boxes_list = random_case(16384, 256, "seed", torch.float32, torch.uint8, seed=7, nan_padding=False)
+    results["bandwidth"] = [bandwidth(pred, boxes_list), bandwidth(pred.bfloat16(), boxes_list)]
+    del pred, boxes_list
+    print("## Fused forward bandwidth (device time), batch 16384, 256 slots, seed boxes, uint8 targets\n")
     columns = [
         "pred_dtype",
         "bytes",
@@ -255,17 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(table(results["bandwidth"], columns) + "\n", flush=True)
 
-    results["packed_scaling"] = packed_scaling(pred_dtype)
-    print("## packed vs cuda_fused as valid boxes grow (batch 1024, 256 slots)\n")
-    columns = ["valid_boxes"] + [
+    results["packed_scaling"] = packed_scaling(pred_dtype, 1024) + packed_scaling(pred_dtype, 16384)
+    print("## packed vs cuda_fused as valid boxes grow (256 slots; device ms, and wall ms at batch 1024)\n")
+    columns = ["batch", "valid_boxes"] + [
         f"{n}_{m}"
-        for m in ("forward_event_ms", "forward_backward_wall_ms", "forward_backward_graph_ms")
+        for m in ("forward_device_ms", "forward_backward_graph_ms", "forward_backward_wall_ms")
         for n in ("cuda_fused", "packed")
     ]
     print(table(results["packed_scaling"], columns) + "\n", flush=True)
 
     results["skipping"] = skipping(pred_dtype)
-    print("## cuda_conditional vs cuda_fused forward kernel (batch 1024)\n")
+    print("## cuda_conditional vs cuda_fused forward kernel, device ms (batch 1024)\n")
     columns = [
         "slots",
         "distribution",

@@ -170,7 +170,8 @@ struct BoxAccess {
   bool vec;
 };
 
-// Padded layout: one thread per slot (b, j) of the [B, M] grid, grid-stride. kContig: pred and target
+// Padded layout: one thread per slot (b, j) of the [B, M] grid, grid-stride, kItems slots per step
+// (all their loads issued before any arithmetic, so more bytes are in flight). kContig: pred and target
 // are contiguous [B, M, 4] and aligned, so slot s is at s * 4 (fewer registers than general strides).
 template <typename P, typename T, bool kSkipInvalid, bool kContig>
 __global__ void __launch_bounds__(kThreads)
@@ -185,39 +186,55 @@ __global__ void __launch_bounds__(kThreads)
                        float* loss,                     // 0-dim, out
                        float* inv_count,                // 0-dim, out
                        Workspace* ws) {
+  constexpr int kItems = 2;
   const int64_t total = batch * slots;
+  const int64_t stride = int64_t(gridDim.x) * kThreads;
   const bool narrow = total <= 0xffffffffLL;  // 32-bit division is several times cheaper than 64-bit
   float loss_acc = 0.f;
   unsigned int valid_acc = 0;
-  for (int64_t s = int64_t(blockIdx.x) * kThreads + threadIdx.x; s < total; s += int64_t(gridDim.x) * kThreads) {
-    int64_t b, j;
-    if (narrow) {
-      const uint32_t su = uint32_t(s), m = uint32_t(slots), bu = su / m;
-      b = bu;
-      j = su - bu * m;
-    } else {
-      b = s / slots;
-      j = s - b * slots;
-    }
-    const bool valid = j < load_count(counts, b, slots);
-    float g[4] = {0.f, 0.f, 0.f, 0.f};
-    if (!kSkipInvalid || valid) {
-      float p[4], t[4], gv[4];
-      if (kContig) {
-        load_box(pred + s * 4, 1, true, p);
-        load_box(target + s * 4, 1, true, t);
-      } else {
-        load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p);
-        load_box(target + b * target_at.stride_b + j * target_at.stride_m, target_at.stride_c, target_at.vec, t);
-      }
-      const float l = giou_loss_and_grad(p, t, gv);
-      // Select, never multiply: a NaN in a padded slot must not reach the loss or the gradient.
-      loss_acc += valid ? l : 0.f;
+  for (int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x; first < total; first += kItems * stride) {
+    float p[kItems][4], t[kItems][4];
+    bool valid[kItems];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) g[k] = valid ? gv[k] : 0.f;
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t s = first + k * stride;
+      valid[k] = false;
+      if (s >= total) continue;
+      int64_t b, j;
+      if (narrow) {
+        const uint32_t su = uint32_t(s), m = uint32_t(slots), bu = su / m;
+        b = bu;
+        j = su - bu * m;
+      } else {
+        b = s / slots;
+        j = s - b * slots;
+      }
+      valid[k] = j < load_count(counts, b, slots);
+      if (kSkipInvalid && !valid[k]) continue;
+      if (kContig) {
+        load_box(pred + s * 4, 1, true, p[k]);
+        load_box(target + s * 4, 1, true, t[k]);
+      } else {
+        load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p[k]);
+        load_box(target + b * target_at.stride_b + j * target_at.stride_m, target_at.stride_c, target_at.vec, t[k]);
+      }
     }
-    valid_acc += valid ? 1u : 0u;
-    store_box(grad_sum + s * 4, g);
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int64_t s = first + k * stride;
+      if (s >= total) continue;
+      float g[4] = {0.f, 0.f, 0.f, 0.f};
+      if (!kSkipInvalid || valid[k]) {
+        float gv[4];
+        const float l = giou_loss_and_grad(p[k], t[k], gv);
+        // Select, never multiply: a NaN in a padded slot must not reach the loss or the gradient.
+        loss_acc += valid[k] ? l : 0.f;
+#pragma unroll
+        for (int c = 0; c < 4; ++c) g[c] = valid[k] ? gv[c] : 0.f;
+      }
+      valid_acc += valid[k] ? 1u : 0u;
+      store_box(grad_sum + s * 4, g);
+    }
   }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
 }

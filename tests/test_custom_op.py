@@ -178,33 +178,59 @@ def test_grad_output_scales_the_saved_gradient(device):
 # ----------------------------------------------------------------------------- bad input
 
 
-def test_bad_inputs_name_the_argument():
+def bad_input(kind):
+    """(error, argument named in the message, op, args) for one kind of bad input."""
     pred, boxes, counts = padded_case(2, 8, "seed", nan=False)
     rows = packed_targets(boxes, counts)
-    padded, packed = torch.ops.detector.giou_loss, torch.ops.detector.giou_loss_packed
-    bad = [
-        (ValueError, "pred", padded, (pred.flatten(0, 1), boxes, counts)),  # wrong rank
-        (ValueError, "pred", padded, (torch.zeros(2, 8, 5), boxes, counts)),  # last dimension 5
-        (ValueError, "target", padded, (pred, boxes[:, :7], counts)),  # shape mismatch
-        (ValueError, "target", packed, (pred, torch.zeros(3, 5), counts)),  # [N, 5]
-        (ValueError, "counts", padded, (pred, boxes, counts[:1])),  # [1] for a batch of 2
-        (ValueError, "counts", padded, (pred, boxes, counts[:, None])),  # rank 2
-        (TypeError, "pred", padded, (pred.double(), boxes, counts)),
-        (TypeError, "pred", padded, (pred.int(), boxes, counts)),
-        (TypeError, "target", padded, (pred, boxes.long(), counts)),
-        (TypeError, "counts", padded, (pred, boxes, counts.float())),
-        (ValueError, "counts", padded, (pred, boxes, torch.tensor([9, 0]))),  # count > M (CPU validates)
-        (ValueError, "counts", padded, (pred, boxes, torch.tensor([-1, 0]))),  # negative count
-        (ValueError, "counts", packed, (pred, rows, counts + 1)),  # do not sum to N
-    ]
-    for error, name, op, args in bad:
-        with pytest.raises(error, match=name):
-            op(*args)
-    grad_sum = torch.zeros(2, 8, 4)
-    with pytest.raises(TypeError, match="grad_output"):
-        torch.ops.detector.giou_loss_backward(torch.tensor(1.0, dtype=torch.float64), grad_sum, torch.tensor(1.0))
-    with pytest.raises(ValueError, match="inv_count"):
-        torch.ops.detector.giou_loss_backward(torch.tensor(1.0), grad_sum, torch.ones(1))
+    padded, packed, backward = (
+        torch.ops.detector.giou_loss,
+        torch.ops.detector.giou_loss_packed,
+        torch.ops.detector.giou_loss_backward,
+    )
+    one, grad_sum = torch.tensor(1.0), torch.zeros(2, 8, 4)
+    return {
+        "pred_rank": (ValueError, "pred", padded, (pred.flatten(0, 1), boxes, counts)),
+        "pred_last_dim": (ValueError, "pred", padded, (torch.zeros(2, 8, 5), boxes, counts)),
+        "target_shape": (ValueError, "target", padded, (pred, boxes[:, :7], counts)),
+        "packed_target_shape": (ValueError, "target", packed, (pred, torch.zeros(3, 5), counts)),
+        "counts_batch": (ValueError, "counts", padded, (pred, boxes, counts[:1])),
+        "counts_rank": (ValueError, "counts", padded, (pred, boxes, counts[:, None])),
+        "pred_fp64": (TypeError, "pred", padded, (pred.double(), boxes, counts)),
+        "pred_int": (TypeError, "pred", padded, (pred.int(), boxes, counts)),
+        "target_int64": (TypeError, "target", padded, (pred, boxes.long(), counts)),
+        "counts_float": (TypeError, "counts", padded, (pred, boxes, counts.float())),
+        "count_above_m": (ValueError, "counts", padded, (pred, boxes, torch.tensor([9, 0]))),  # CPU validates
+        "count_negative": (ValueError, "counts", padded, (pred, boxes, torch.tensor([-1, 0]))),
+        "counts_sum": (ValueError, "counts", packed, (pred, rows, counts + 1)),  # do not sum to N
+        "grad_output_dtype": (TypeError, "grad_output", backward, (one.double(), grad_sum, one)),
+        "inv_count_rank": (ValueError, "inv_count", backward, (one, grad_sum, torch.ones(1))),
+    }[kind]
+
+
+BAD_INPUTS = [
+    "pred_rank",
+    "pred_last_dim",
+    "target_shape",
+    "packed_target_shape",
+    "counts_batch",
+    "counts_rank",
+    "pred_fp64",
+    "pred_int",
+    "target_int64",
+    "counts_float",
+    "count_above_m",
+    "count_negative",
+    "counts_sum",
+    "grad_output_dtype",
+    "inv_count_rank",
+]
+
+
+@pytest.mark.parametrize("kind", BAD_INPUTS)
+def test_bad_inputs_name_the_argument(kind):
+    error, name, op, args = bad_input(kind)
+    with pytest.raises(error, match=name):
+        op(*args)
 
 
 @needs_cuda
