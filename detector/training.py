@@ -458,14 +458,14 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
                 step_times += timed
                 step_ms = statistics.mean(t["step"] for _, t in timed)
                 loss_ms = statistics.mean(t.get("calc loss", math.nan) for _, t in timed)  # no region in a graph
-                share = "-" if math.isnan(loss_ms) else f"{loss_ms / step_ms:.0%}"
+                share = "-" if math.isnan(loss_ms) else f"{loss_ms / step_ms:.1%}"
                 interval_wall += time.perf_counter() - started
                 images_per_s = loss_steps * global_batch / interval_wall
                 eta = (time.perf_counter() - run_start) / (step - resumed_at) * (tcfg.steps - step)
                 history.append((step, mean_loss))
                 say(
                     f"step {step:6d}/{tcfg.steps}  loss {mean_loss:.4f}  lr {scheduler.get_last_lr()[0]:.2e}  "
-                    f"step {step_ms:8.1f} ms (loss {share:>3})  data wait "
+                    f"step {step_ms:8.1f} ms (loss {share:>5})  data wait "
                     f"{data_wait / loss_steps * 1e3:6.1f} ms  {images_per_s:9.0f} img/s  eta {format_eta(eta)}",
                     flush=True,
                 )
@@ -571,7 +571,7 @@ def sweep_table(summaries: list[dict], skipped: dict[str, str]) -> str:
     ]
     for s in summaries:
         gap = max((abs(loss - reference[k]) for k, loss in s["history"] if k in reference), default=math.nan)
-        share = f"{s['loss_share']:.1%}" if s["loss_share"] is not None else "-"
+        share = f"{s['loss_share']:.2%}" if s["loss_share"] is not None else "-"
         metrics, rate = s["eval"], s["images_per_s"]
         lines.append(
             f"| {s['run']} | {s['final_loss']:.4f} | {gap:.1e} | {metrics.get('mean_iou', math.nan):.3f} | "
