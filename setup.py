@@ -20,18 +20,22 @@ def cuda_buildable() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None and nvcc.exists()
 
 
+CPU_SOURCES = ["giou_op.cpp", "giou_checks.cpp"]  # schema + CPU kernel, the one input-check helper
+CUDA_SOURCES = ["giou_cuda.cpp", "giou_kernels.cu"]  # CUDA implementation, plain CUDA kernels
+
+
 def extension():
     cxx_flags = ["-O3"]  # the C++ standard is the one torch picks for its headers
     if not cuda_buildable():
         print("detector._C: building the CPU kernel only (no CUDA torch or no nvcc)")
-        return CppExtension("detector._C", [str(SOURCES / "giou_op.cpp")], extra_compile_args={"cxx": cxx_flags})
+        sources = [str(SOURCES / s) for s in CPU_SOURCES]
+        return CppExtension("detector._C", sources, extra_compile_args={"cxx": cxx_flags})
     nvcc_flags = ["-O3"]
     if not os.environ.get("TORCH_CUDA_ARCH_LIST"):  # otherwise torch adds the listed architectures
         nvcc_flags += ["-gencode=arch=compute_90,code=sm_90", "-gencode=arch=compute_80,code=compute_80"]
-    sources = [SOURCES / "giou_op.cpp", SOURCES / "giou_cuda.cpp", SOURCES / "giou_kernels.cu"]
     return CUDAExtension(
         "detector._C",
-        [str(s) for s in sources],
+        [str(SOURCES / s) for s in CPU_SOURCES + CUDA_SOURCES],
         define_macros=[("WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx_flags, "nvcc": nvcc_flags},
     )

@@ -1,5 +1,5 @@
-// The detector::giou_loss ops: schema (defined once, here), the shared input checks and the CPU
-// implementation. The CUDA implementation is giou_cuda.cpp; the Python wrappers, fake kernels and
+// The detector::giou_loss ops: schema (defined once, here) and the CPU implementation. The input checks
+// are giou_checks.cpp, the CUDA implementation giou_cuda.cpp; the Python wrappers, fake kernels and
 // autograd are detector/ops.py, whose docstrings hold the contract.
 #include <Python.h>
 
@@ -31,60 +31,6 @@ extern "C" PyObject* PyInit__C(void) {
 }
 
 namespace detector {
-
-// ----------------------------------------------------------------------------- input checks
-
-namespace {
-
-bool is_pred_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
-
-bool is_target_dtype(at::ScalarType t) {
-  return t == at::kByte || t == at::kShort || t == at::kInt || t == at::kHalf || t == at::kBFloat16 ||
-         t == at::kFloat;
-}
-
-}  // namespace
-
-GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
-                            bool packed) {
-  TORCH_CHECK_VALUE(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", pred.sizes());
-  TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be float32, bfloat16 or float16, got ",
-                   pred.scalar_type());
-  const int64_t batch = pred.size(0), slots = pred.size(1);
-  if (packed) {
-    TORCH_CHECK_VALUE(target.dim() == 2 && target.size(1) == 4, "target must have shape [N, 4] (packed boxes), got ",
-                      target.sizes());
-  } else {
-    TORCH_CHECK_VALUE(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", pred.sizes(),
-                      " like pred, got ", target.sizes());
-  }
-  TORCH_CHECK_TYPE(is_target_dtype(target.scalar_type()),
-                   "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", target.scalar_type());
-  TORCH_CHECK_VALUE(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", batch,
-                    "] (the batch of pred), got ", counts.sizes());
-  TORCH_CHECK_TYPE(counts.scalar_type() == at::kInt || counts.scalar_type() == at::kLong,
-                   "counts must be int32 or int64, got ", counts.scalar_type());
-  TORCH_CHECK_VALUE(pred.device() == target.device() && pred.device() == counts.device(),
-                    "pred, target and counts must be on one device, got ", pred.device(), ", ", target.device(),
-                    ", ", counts.device());
-  return {batch, slots, packed ? target.size(0) : batch * slots};
-}
-
-void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
-                                const at::Tensor& inv_count) {
-  TORCH_CHECK_VALUE(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", grad_output.sizes());
-  TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
-                   grad_output.scalar_type());
-  TORCH_CHECK_VALUE(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
-                    grad_sum.sizes());
-  TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be float32, bfloat16 or float16, got ",
-                   grad_sum.scalar_type());
-  TORCH_CHECK_VALUE(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", inv_count.sizes());
-  TORCH_CHECK_TYPE(inv_count.scalar_type() == at::kFloat, "inv_count must be float32, got ", inv_count.scalar_type());
-  TORCH_CHECK_VALUE(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
-                    "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
-                    grad_sum.device(), ", ", inv_count.device());
-}
 
 // ----------------------------------------------------------------------------- CPU implementation
 
@@ -125,17 +71,6 @@ void load_box(const T* row, int64_t stride_c, float out[4]) {
   for (int k = 0; k < 4; ++k) out[k] = static_cast<float>(row[k * stride_c]);
 }
 
-// The counts as int64 on the host, validated: the CPU can afford what CUDA cannot (no sync to pay).
-std::vector<int64_t> checked_counts(const at::Tensor& counts, int64_t slots) {
-  const at::Tensor c = counts.to(at::kLong).contiguous();
-  std::vector<int64_t> values(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
-  for (size_t b = 0; b < values.size(); ++b) {
-    TORCH_CHECK_VALUE(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", slots,
-                      " (pred.size(1)), got counts[", b, "] = ", values[b]);
-  }
-  return values;
-}
-
 struct Outputs {
   at::Tensor loss, grad_sum, inv_count;
 };
@@ -163,7 +98,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& p
   // skip_invalid changes nothing here: the CPU kernel never reads a padded slot.
   (void)skip_invalid;
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
-  const std::vector<int64_t> count = checked_counts(counts, n.slots);
+  const std::vector<int64_t> count = validated_counts(counts, n.slots);
   Outputs out = empty_outputs(pred);
   const int64_t total = n.batch * n.slots, chunks = (total + kChunk - 1) / kChunk;
   std::vector<float> partial_loss(chunks, 0.f);
@@ -206,11 +141,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& p
 std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
                                                                     const at::Tensor& counts) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
-  const std::vector<int64_t> count = checked_counts(counts, n.slots);
+  const std::vector<int64_t> count = validated_counts(counts, n.slots);
   std::vector<int64_t> offset(n.batch + 1, 0);  // box index of each image's first box
   for (int64_t b = 0; b < n.batch; ++b) offset[b + 1] = offset[b] + count[b];
-  TORCH_CHECK_VALUE(offset[n.batch] == n.boxes, "counts must sum to the number of target boxes N = ", n.boxes,
-                    " (target.size(0)), got ", offset[n.batch]);
+  check_packed_counts_sum(offset[n.batch], n.boxes);
   Outputs out = empty_outputs(pred);
   out.grad_sum.zero_();
   const int64_t chunks = (n.boxes + kChunk - 1) / kChunk;

@@ -1,8 +1,10 @@
-// The input checks of the detector::giou_loss ops, shared by the CPU (giou_op.cpp) and CUDA
-// (giou_cuda.cpp) implementations: one helper, errors that name the argument.
+// The input checks of the detector::giou_loss ops (giou_checks.cpp), shared by the CPU (giou_op.cpp)
+// and CUDA (giou_cuda.cpp) implementations: one place, errors that name the argument.
 #pragma once
 
 #include <ATen/core/Tensor.h>
+
+#include <vector>
 
 namespace detector {
 
@@ -19,5 +21,11 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
 // grad_output: fp32 0-dim; grad_sum: pred-dtype [B, M, 4]; inv_count: fp32 0-dim; all on one device.
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count);
+
+// CPU only (reading values is free there): counts as int64 on the host, each in [0, slots].
+std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots);
+
+// CPU only: the packed layout's counts must sum to the number of target rows.
+void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes);
 
 }  // namespace detector

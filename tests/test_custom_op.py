@@ -6,8 +6,11 @@ the nvcc compile-only check of the kernels, and on a GPU the CUDA kernels agains
 sizes where grid-stride loops and the packed chunk walk matter, torch.compile and CUDA graphs.
 """
 
+import functools
+import json
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,6 +68,17 @@ def assert_close_to(loss, grad, ref_loss, ref_grad, pred_dtype, atol=1e-12):
     torch.testing.assert_close(grad.double().cpu(), ref_grad.double().cpu(), rtol=rtol, atol=rtol * scale + atol)
 
 
+def strided(pred, boxes, counts):
+    """Non-contiguous copies: pred with stride(0) == 4, boxes with a coordinate stride of 2, counts with
+    a stride of 2, and the packed rows [N, 4] with strides (1, N)."""
+    pred_t = pred.transpose(0, 1).contiguous().transpose(0, 1)
+    boxes_s = torch.stack([boxes, boxes], dim=-1).flatten(-2)[..., ::2]
+    counts_s = torch.stack([counts, counts], dim=-1).flatten()[::2]
+    rows = packed_targets(boxes, counts).t().contiguous().t()
+    assert not any(t.is_contiguous() for t in (pred_t, boxes_s, counts_s, rows))
+    return pred_t, boxes_s, counts_s, rows
+
+
 def padded_op(skip_invalid):
     return lambda p, b, c: ops.giou_loss(p, b, c, skip_invalid)
 
@@ -86,14 +100,10 @@ def sample_inputs(device="cpu"):
         for skip_invalid in (False, True):
             yield torch.ops.detector.giou_loss.default, (pred, boxes, counts, skip_invalid)
         yield torch.ops.detector.giou_loss_packed.default, (pred, packed_targets(boxes, counts), counts)
-    # non-contiguous: pred [M, B, 4] transposed, target with a coordinate stride of 2, counts strided
+    # non-contiguous (views made on the device: .to() copies a strided tensor contiguous)
     pred, boxes, counts = padded_case(6, 9, "seed", torch.float32, torch.float32, nan=False)
-    pred_t = pred.transpose(0, 1).contiguous().transpose(0, 1).to(device).requires_grad_()
-    boxes_s = torch.stack([boxes, boxes], dim=-1).flatten(-2)[..., ::2].to(device)
-    counts_s = torch.stack([counts, counts], dim=-1).flatten()[::2].to(device)
-    assert not pred_t.is_contiguous() and not boxes_s.is_contiguous() and not counts_s.is_contiguous()
-    yield torch.ops.detector.giou_loss.default, (pred_t, boxes_s, counts_s, False)
-    rows = packed_targets(boxes, counts).t().contiguous().t().to(device)  # [N, 4] with strides (1, N)
+    pred_t, boxes_s, counts_s, rows = strided(pred.to(device), boxes.to(device), counts.to(device))
+    yield torch.ops.detector.giou_loss.default, (pred_t.requires_grad_(), boxes_s, counts_s, False)
     yield torch.ops.detector.giou_loss_packed.default, (pred_t, rows, counts_s)
     grad_sum = torch.randn(6, 9, 4, device=device)
     yield torch.ops.detector.giou_loss_backward.default, (torch.tensor(2.0, device=device), grad_sum, grad_sum.sum())
@@ -126,14 +136,10 @@ def test_target_and_counts_dtypes(device, target_dtype, counts_dtype):
 def test_non_contiguous_inputs(device, pred_dtype):
     pred, boxes, counts = padded_case(8, 11, "one_full", pred_dtype, torch.float32, seed=2)
     ref_loss, ref_grad = reference(pred, boxes, counts)
-    pred_t = pred.transpose(0, 1).contiguous().transpose(0, 1).to(device)  # [B, M, 4] with stride(0) == 4
-    boxes_s = torch.stack([boxes, -boxes], dim=-1).flatten(-2)[..., ::2].to(device)  # coordinate stride 2
-    counts_s = torch.stack([counts, -counts], dim=-1).flatten()[::2].to(device)
+    pred_t, boxes_s, counts_s, rows = strided(pred.to(device), boxes.to(device), counts.to(device))
     for skip_invalid in (False, True):
         got = loss_and_grad(padded_op(skip_invalid), pred_t, boxes_s, counts_s)
         assert_close_to(*got, ref_loss, ref_grad, pred_dtype)
-    rows = torch.stack([packed_targets(boxes, counts)] * 2, dim=0)[1].t().contiguous().t().to(device)
-    assert not rows.is_contiguous()
     assert_close_to(*loss_and_grad(ops.giou_loss_packed, pred_t, rows, counts_s), ref_loss, ref_grad, pred_dtype)
 
 
@@ -226,11 +232,51 @@ BAD_INPUTS = [
 ]
 
 
+# The bad inputs run in a child process: should a native error path crash (one did on a GPU machine,
+# torch 2.11, CPU tensors), that fails these tests instead of killing the whole pytest session.
+BAD_INPUT_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import test_custom_op
+for kind in sys.argv[2:]:
+    print(json.dumps({"kind": kind}), flush=True)
+    _, _, op, args = test_custom_op.bad_input(kind)
+    try:
+        op(*args)
+        outcome = {"kind": kind, "raised": None, "message": ""}
+    except Exception as err:
+        outcome = {"kind": kind, "raised": type(err).__name__, "message": str(err)}
+    print(json.dumps(outcome), flush=True)
+"""
+
+
+@functools.cache
+def bad_input_outcomes() -> dict:
+    """kind -> what calling the op raised, or how the child process died; children restart after a crash."""
+    outcomes, todo = {}, list(BAD_INPUTS)
+    while todo:
+        command = [sys.executable, "-c", BAD_INPUT_CHILD, str(Path(__file__).parent), *todo]
+        child = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        started = None
+        for line in child.stdout.splitlines():
+            record = json.loads(line)
+            started = None if "raised" in record else record["kind"]
+            if "raised" in record:
+                outcomes[record["kind"]] = record
+        if child.returncode != 0:  # died inside `started`, or before the first kind (then all of them)
+            for kind in [started] if started else todo:
+                outcomes[kind] = {"kind": kind, "exit": child.returncode, "stderr": child.stderr[-3000:]}
+        todo = [kind for kind in todo if kind not in outcomes]
+    return outcomes
+
+
 @pytest.mark.parametrize("kind", BAD_INPUTS)
 def test_bad_inputs_name_the_argument(kind):
-    error, name, op, args = bad_input(kind)
-    with pytest.raises(error, match=name):
-        op(*args)
+    error, name, _, _ = bad_input(kind)
+    outcome = bad_input_outcomes()[kind]
+    assert "exit" not in outcome, f"the op crashed (exit {outcome['exit']}) instead of raising:\n{outcome['stderr']}"
+    assert outcome["raised"] == error.__name__, outcome
+    assert name in outcome["message"], outcome
 
 
 @needs_cuda

@@ -9,11 +9,13 @@ from torch import Tensor
 
 from detector import ops
 from detector.data import PackedTargets
+from detector.losses.reference import check_pred
 from detector.losses.registry import Strategy, register
 
 
 def giou_loss_packed(pred: Tensor, targets: PackedTargets) -> Tensor:
     boxes, counts = targets  # [N, 4], [B]
+    check_pred(pred, counts.shape[0])  # Python errors before the op, as the other strategies give them
     if not pred.is_cuda:
         ops.note_cpu_kernel("packed")
     return ops.giou_loss_packed(pred, boxes, counts)
