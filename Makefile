@@ -84,10 +84,12 @@ gpu-check:
 	$(GPU_ENV) $(PY) -m detector bench $(ARGS)
 	$(GPU_ENV) $(PY) -m detector.bench_kernels --out runs/bench/kernels.json
 
-# Profile every registered strategy in both modes, then compare (GPU: `make profile-all PY=python3`).
+# Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
+STRATEGIES ?=
+MODES ?= train forward
 profile-all: $(SETUP)
-	for s in $$($(GPU_ENV) $(PY) -m detector strategies --names); do \
-		for m in train forward; do $(GPU_ENV) $(PY) -m detector profile profile.strategy=$$s profile.mode=$$m $(ARGS) || exit 1; done; \
+	for s in $(or $(STRATEGIES),$$($(GPU_ENV) $(PY) -m detector strategies --names)); do \
+		for m in $(MODES); do $(GPU_ENV) $(PY) -m detector profile profile.strategy=$$s profile.mode=$$m $(ARGS) || exit 1; done; \
 	done
 	$(GPU_ENV) $(PY) -m detector compare
 
