@@ -233,3 +233,10 @@ def test_make_train_command_line_runs_the_cpu_smoke_experiment(tmp_path, capsys)
     run_dir = tmp_path / "cpu_smoke" / "padded"
     assert (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.pt").exists()
     assert list(run_dir.glob("events.out.tfevents.*"))
+
+
+def test_profiler_window_has_the_regions_of_make_profile(tmp_path):
+    window = ["profile.wait=1", "profile.warmup=1", "profile.active=2", "train.profile=true", "train.steps=5"]
+    summary = run_training(tiny_cfg(tmp_path, *window, "train.checkpoint_every=0"))[0]
+    assert list(summary["profile_regions_ms"]) == ["copy data", "forward", "calc loss", "backward", "optimizer step"]
+    assert list((tmp_path / "default" / "padded" / "profile").glob("*.pt.trace.json.gz"))
