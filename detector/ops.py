@@ -77,7 +77,10 @@ def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool =
     ``skip_invalid``: on CUDA, threads of padded slots skip their loads and arithmetic (``cuda_conditional``)
     instead of computing and selecting 0 (``cuda_fused``); same result. Returns the fp32 0-dim loss.
     """
+    from detector.losses.reference import check_padded  # here: detector.losses imports this module
+
     _require_extension()
+    check_padded(pred, target, counts)  # Python errors naming the argument before any native code runs
     return torch.ops.detector.giou_loss.default(pred, target, counts, skip_invalid)[0]
 
 
@@ -87,7 +90,25 @@ def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor) -> Tensor:
     Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts). Returns the fp32 loss.
     """
     _require_extension()
+    check_packed(pred, target, counts)
     return torch.ops.detector.giou_loss_packed.default(pred, target, counts)[0]
+
+
+def check_packed(pred: Tensor, target: Tensor, counts: Tensor) -> None:
+    """Shape, dtype and device checks of packed targets against pred; no host synchronisation."""
+    from detector.losses.reference import check_pred  # here: detector.losses imports this module
+
+    if counts.dim() != 1:
+        raise ValueError(f"counts must have shape [B], got {list(counts.shape)}")
+    check_pred(pred, counts.shape[0])
+    if target.dim() != 2 or target.shape[1] != 4:
+        raise ValueError(f"target must have shape [N, 4] (packed boxes), got {list(target.shape)}")
+    if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
+        raise TypeError(f"counts must be an integer tensor, got dtype {counts.dtype}")
+    if not (pred.device == target.device == counts.device):
+        raise ValueError(
+            f"pred, target and counts must be on one device, got {pred.device}, {target.device}, {counts.device}"
+        )
 
 
 if _C is not None:

@@ -1,6 +1,9 @@
 // The input checks of the detector::giou_loss ops, in one place for the CPU (giou_op.cpp) and CUDA
 // (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Only the CPU kernel
 // validates count values (validated_counts, check_packed_counts_sum): on CUDA that would synchronise.
+// Shape and value errors use plain TORCH_CHECK (RuntimeError), which throws from inside libc10: on a GPU
+// machine with torch 2.11, an inline `throw c10::ValueError` (TORCH_CHECK_VALUE) from this extension
+// killed the process instead of raising, while TORCH_CHECK_TYPE raised as it should.
 #include <ATen/ATen.h>
 
 #include <vector>
@@ -22,24 +25,24 @@ bool is_target_dtype(at::ScalarType t) {
 
 GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
                             bool packed) {
-  TORCH_CHECK_VALUE(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", pred.sizes());
+  TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", pred.sizes());
   TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be float32, bfloat16 or float16, got ",
                    pred.scalar_type());
   const int64_t batch = pred.size(0), slots = pred.size(1);
   if (packed) {
-    TORCH_CHECK_VALUE(target.dim() == 2 && target.size(1) == 4, "target must have shape [N, 4] (packed boxes), got ",
+    TORCH_CHECK(target.dim() == 2 && target.size(1) == 4, "target must have shape [N, 4] (packed boxes), got ",
                       target.sizes());
   } else {
-    TORCH_CHECK_VALUE(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", pred.sizes(),
+    TORCH_CHECK(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", pred.sizes(),
                       " like pred, got ", target.sizes());
   }
   TORCH_CHECK_TYPE(is_target_dtype(target.scalar_type()),
                    "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", target.scalar_type());
-  TORCH_CHECK_VALUE(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", batch,
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", batch,
                     "] (the batch of pred), got ", counts.sizes());
   TORCH_CHECK_TYPE(counts.scalar_type() == at::kInt || counts.scalar_type() == at::kLong,
                    "counts must be int32 or int64, got ", counts.scalar_type());
-  TORCH_CHECK_VALUE(pred.device() == target.device() && pred.device() == counts.device(),
+  TORCH_CHECK(pred.device() == target.device() && pred.device() == counts.device(),
                     "pred, target and counts must be on one device, got ", pred.device(), ", ", target.device(),
                     ", ", counts.device());
   return {batch, slots, packed ? target.size(0) : batch * slots};
@@ -47,16 +50,16 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
 
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count) {
-  TORCH_CHECK_VALUE(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", grad_output.sizes());
+  TORCH_CHECK(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", grad_output.sizes());
   TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
                    grad_output.scalar_type());
-  TORCH_CHECK_VALUE(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
+  TORCH_CHECK(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
                     grad_sum.sizes());
   TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be float32, bfloat16 or float16, got ",
                    grad_sum.scalar_type());
-  TORCH_CHECK_VALUE(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", inv_count.sizes());
+  TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", inv_count.sizes());
   TORCH_CHECK_TYPE(inv_count.scalar_type() == at::kFloat, "inv_count must be float32, got ", inv_count.scalar_type());
-  TORCH_CHECK_VALUE(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
+  TORCH_CHECK(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
                     "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
                     grad_sum.device(), ", ", inv_count.device());
 }
@@ -65,14 +68,14 @@ std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots) {
   const at::Tensor c = counts.to(at::kLong).contiguous();
   std::vector<int64_t> values(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
   for (size_t b = 0; b < values.size(); ++b) {
-    TORCH_CHECK_VALUE(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", slots,
+    TORCH_CHECK(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", slots,
                       " (pred.size(1)), got counts[", b, "] = ", values[b]);
   }
   return values;
 }
 
 void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes) {
-  TORCH_CHECK_VALUE(counts_sum == num_boxes, "counts must sum to the number of target boxes N = ", num_boxes,
+  TORCH_CHECK(counts_sum == num_boxes, "counts must sum to the number of target boxes N = ", num_boxes,
                     " (target.size(0)), got ", counts_sum);
 }
 

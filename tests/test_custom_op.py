@@ -195,21 +195,21 @@ def bad_input(kind):
     )
     one, grad_sum = torch.tensor(1.0), torch.zeros(2, 8, 4)
     return {
-        "pred_rank": (ValueError, "pred", padded, (pred.flatten(0, 1), boxes, counts)),
-        "pred_last_dim": (ValueError, "pred", padded, (torch.zeros(2, 8, 5), boxes, counts)),
-        "target_shape": (ValueError, "target", padded, (pred, boxes[:, :7], counts)),
-        "packed_target_shape": (ValueError, "target", packed, (pred, torch.zeros(3, 5), counts)),
-        "counts_batch": (ValueError, "counts", padded, (pred, boxes, counts[:1])),
-        "counts_rank": (ValueError, "counts", padded, (pred, boxes, counts[:, None])),
+        "pred_rank": (RuntimeError, "pred", padded, (pred.flatten(0, 1), boxes, counts)),
+        "pred_last_dim": (RuntimeError, "pred", padded, (torch.zeros(2, 8, 5), boxes, counts)),
+        "target_shape": (RuntimeError, "target", padded, (pred, boxes[:, :7], counts)),
+        "packed_target_shape": (RuntimeError, "target", packed, (pred, torch.zeros(3, 5), counts)),
+        "counts_batch": (RuntimeError, "counts", padded, (pred, boxes, counts[:1])),
+        "counts_rank": (RuntimeError, "counts", padded, (pred, boxes, counts[:, None])),
         "pred_fp64": (TypeError, "pred", padded, (pred.double(), boxes, counts)),
         "pred_int": (TypeError, "pred", padded, (pred.int(), boxes, counts)),
         "target_int64": (TypeError, "target", padded, (pred, boxes.long(), counts)),
         "counts_float": (TypeError, "counts", padded, (pred, boxes, counts.float())),
-        "count_above_m": (ValueError, "counts", padded, (pred, boxes, torch.tensor([9, 0]))),  # CPU validates
-        "count_negative": (ValueError, "counts", padded, (pred, boxes, torch.tensor([-1, 0]))),
-        "counts_sum": (ValueError, "counts", packed, (pred, rows, counts + 1)),  # do not sum to N
+        "count_above_m": (RuntimeError, "counts", padded, (pred, boxes, torch.tensor([9, 0]))),  # CPU validates
+        "count_negative": (RuntimeError, "counts", padded, (pred, boxes, torch.tensor([-1, 0]))),
+        "counts_sum": (RuntimeError, "counts", packed, (pred, rows, counts + 1)),  # do not sum to N
         "grad_output_dtype": (TypeError, "grad_output", backward, (one.double(), grad_sum, one)),
-        "inv_count_rank": (ValueError, "inv_count", backward, (one, grad_sum, torch.ones(1))),
+        "inv_count_rank": (RuntimeError, "inv_count", backward, (one, grad_sum, torch.ones(1))),
     }[kind]
 
 
@@ -283,10 +283,20 @@ def test_bad_inputs_name_the_argument(kind):
 @pytest.mark.gpu
 def test_inputs_on_different_devices():
     pred, boxes, counts = padded_case(2, 8, "seed", nan=False)
-    with pytest.raises(ValueError, match="one device"):
+    with pytest.raises(RuntimeError, match="one device"):
         torch.ops.detector.giou_loss(pred.cuda(), boxes.cuda(), counts)
-    with pytest.raises(ValueError, match="one device"):
+    with pytest.raises(RuntimeError, match="one device"):
         torch.ops.detector.giou_loss_packed(pred, packed_targets(boxes, counts).cuda(), counts)
+    with pytest.raises(ValueError, match="one device"):
+        ops.giou_loss(pred.cuda(), boxes.cuda(), counts)
+
+
+@pytest.mark.parametrize("kind", ["pred_rank", "pred_last_dim", "target_shape", "packed_target_shape", "counts_batch"])
+def test_wrappers_raise_python_errors_before_the_op(kind):
+    _, name, op, args = bad_input(kind)
+    wrapper = ops.giou_loss_packed if op is torch.ops.detector.giou_loss_packed else ops.giou_loss
+    with pytest.raises(ValueError, match=name):
+        wrapper(*args)
 
 
 def test_missing_extension_says_how_to_build_it(monkeypatch):

@@ -24,7 +24,7 @@ def check_pred(pred: Tensor, batch_size: int | None = None) -> None:
     if pred.dim() != 3 or pred.shape[-1] != 4:
         raise ValueError(f"pred must have shape [B, M, 4], got {list(pred.shape)}")
     if batch_size is not None and pred.shape[0] != batch_size:
-        raise ValueError(f"pred has batch size {pred.shape[0]} but the targets have {batch_size} images")
+        raise ValueError(f"pred has batch size {pred.shape[0]} but the targets (counts) have {batch_size} images")
 
 
 def check_padded(pred: Tensor, boxes: Tensor, counts: Tensor) -> None:
