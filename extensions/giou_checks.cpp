@@ -1,11 +1,12 @@
 // The input checks of the detector::giou_loss ops, in one place for the CPU (giou_op.cpp) and CUDA
 // (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Only the CPU kernel
 // validates count values (validated_counts, check_packed_counts_sum): on CUDA that would synchronise.
-// Shape and value errors use plain TORCH_CHECK (RuntimeError), which throws from inside libc10: on a GPU
-// machine with torch 2.11, an inline `throw c10::ValueError` (TORCH_CHECK_VALUE) from this extension
-// killed the process instead of raising, while TORCH_CHECK_TYPE raised as it should.
+// Messages carry numbers as strings made by std::to_string, never streamed: on the GPU machine (torch
+// 2.11, extension built there) streaming an integer or sizes() into the message's ostringstream crashed
+// the process (SIGSEGV in libstdc++'s number formatting), while streamed strings and dtype names were fine.
 #include <ATen/ATen.h>
 
+#include <string>
 #include <vector>
 
 #include "giou_op.h"
@@ -13,6 +14,14 @@
 namespace detector {
 
 namespace {
+
+std::string str(int64_t value) { return std::to_string(value); }
+
+std::string str(at::IntArrayRef sizes) {
+  std::string out = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  return out + "]";
+}
 
 bool is_pred_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
 
@@ -25,7 +34,7 @@ bool is_target_dtype(at::ScalarType t) {
 
 GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
                             bool packed) {
-  TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", pred.sizes());
+  TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", str(pred.sizes()));
   TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be float32, bfloat16 or float16, got ",
                    pred.scalar_type());
   const int64_t batch = pred.size(0), slots = pred.size(1);
@@ -33,13 +42,13 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
     TORCH_CHECK(target.dim() == 2 && target.size(1) == 4, "target must have shape [N, 4] (packed boxes), got ",
                       target.sizes());
   } else {
-    TORCH_CHECK(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", pred.sizes(),
-                      " like pred, got ", target.sizes());
+    TORCH_CHECK(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", str(pred.sizes()),
+                      " like pred, got ", str(target.sizes()));
   }
   TORCH_CHECK_TYPE(is_target_dtype(target.scalar_type()),
                    "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", target.scalar_type());
-  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", batch,
-                    "] (the batch of pred), got ", counts.sizes());
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", str(batch),
+                    "] (the batch of pred), got ", str(counts.sizes()));
   TORCH_CHECK_TYPE(counts.scalar_type() == at::kInt || counts.scalar_type() == at::kLong,
                    "counts must be int32 or int64, got ", counts.scalar_type());
   TORCH_CHECK(pred.device() == target.device() && pred.device() == counts.device(),
@@ -50,14 +59,14 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
 
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count) {
-  TORCH_CHECK(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", grad_output.sizes());
+  TORCH_CHECK(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", str(grad_output.sizes()));
   TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
                    grad_output.scalar_type());
   TORCH_CHECK(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
                     grad_sum.sizes());
   TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be float32, bfloat16 or float16, got ",
                    grad_sum.scalar_type());
-  TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", inv_count.sizes());
+  TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", str(inv_count.sizes()));
   TORCH_CHECK_TYPE(inv_count.scalar_type() == at::kFloat, "inv_count must be float32, got ", inv_count.scalar_type());
   TORCH_CHECK(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
                     "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
@@ -68,15 +77,15 @@ std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots) {
   const at::Tensor c = counts.to(at::kLong).contiguous();
   std::vector<int64_t> values(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
   for (size_t b = 0; b < values.size(); ++b) {
-    TORCH_CHECK(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", slots,
-                      " (pred.size(1)), got counts[", b, "] = ", values[b]);
+    TORCH_CHECK(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", str(slots),
+                " (pred.size(1)), got counts[", str(static_cast<int64_t>(b)), "] = ", str(values[b]));
   }
   return values;
 }
 
 void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes) {
-  TORCH_CHECK(counts_sum == num_boxes, "counts must sum to the number of target boxes N = ", num_boxes,
-                    " (target.size(0)), got ", counts_sum);
+  TORCH_CHECK(counts_sum == num_boxes, "counts must sum to the number of target boxes N = ", str(num_boxes),
+              " (target.size(0)), got ", str(counts_sum));
 }
 
 }  // namespace detector
