@@ -40,7 +40,7 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
   const int64_t batch = pred.size(0), slots = pred.size(1);
   if (packed) {
     TORCH_CHECK(target.dim() == 2 && target.size(1) == 4, "target must have shape [N, 4] (packed boxes), got ",
-                      target.sizes());
+                      str(target.sizes()));
   } else {
     TORCH_CHECK(target.sizes() == pred.sizes(), "target must have shape [B, M, 4] = ", str(pred.sizes()),
                       " like pred, got ", str(target.sizes()));
@@ -63,7 +63,7 @@ void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor&
   TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
                    grad_output.scalar_type());
   TORCH_CHECK(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
-                    grad_sum.sizes());
+                    str(grad_sum.sizes()));
   TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be float32, bfloat16 or float16, got ",
                    grad_sum.scalar_type());
   TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", str(inv_count.sizes()));
