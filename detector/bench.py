@@ -9,8 +9,6 @@ which removes the host's launch overhead and shows the kernels' own time.
 from __future__ import annotations
 
 import json
-import statistics
-import time
 from pathlib import Path
 
 import torch
@@ -20,44 +18,8 @@ from detector.cases import random_case
 from detector.config import resolve_device
 from detector.data import make_targets
 from detector.losses import STRATEGIES, get_strategy
-from detector.profiling import device_name, synchronize
-
-
-def time_calls(fn, device: torch.device, warmup: int, repeats: int, max_seconds: float) -> float:
-    """Median milliseconds of ``fn()``, each call synchronised; stops early after ``max_seconds``."""
-    for _ in range(warmup):
-        fn()
-    synchronize(device)
-    times, deadline = [], time.perf_counter() + max_seconds
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        if time.perf_counter() > deadline and len(times) >= 3:
-            break
-    return statistics.median(times)
-
-
-def time_graph_replay(step, device: torch.device, repeats: int) -> float:
-    """Median ms of replaying ``step`` captured in a CUDA graph (raises if it cannot be captured)."""
-    side = torch.cuda.Stream(device)
-    side.wait_stream(torch.cuda.current_stream(device))
-    with torch.cuda.stream(side):  # warm up on a side stream, as capture requires
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream(device).wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return time_calls(graph.replay, device, warmup=3, repeats=repeats, max_seconds=2.0)
+from detector.profiling import device_name
+from detector.timing import event_ms, graph_ms, loss_closures
 
 
 def bench_case(name: str, batch: int, distribution: str, cfg: DictConfig, device: torch.device) -> dict:
@@ -69,14 +31,8 @@ def bench_case(name: str, batch: int, distribution: str, cfg: DictConfig, device
     )
     targets = make_targets(boxes_list, strategy.layout, max_boxes).to(device)
     pred = pred.to(device).requires_grad_()
-
-    def forward():
-        with torch.no_grad():
-            strategy(pred, targets)
-
-    def forward_backward():
-        pred.grad = None
-        strategy(pred, targets).backward()
+    forward, forward_backward = loss_closures(strategy, pred, targets)
+    timed = dict(device=device, warmup=bcfg.warmup, repeats=bcfg.repeats, max_seconds=bcfg.max_seconds)
 
     record = {
         "strategy": name,
@@ -84,15 +40,12 @@ def bench_case(name: str, batch: int, distribution: str, cfg: DictConfig, device
         "batch_size": batch,
         "distribution": distribution,
         "valid_boxes": sum(len(b) for b in boxes_list),
-        "forward_ms": time_calls(forward, device, bcfg.warmup, bcfg.repeats, bcfg.max_seconds),
-        "forward_backward_ms": time_calls(forward_backward, device, bcfg.warmup, bcfg.repeats, bcfg.max_seconds),
+        "forward_ms": event_ms(forward, **timed),
+        "forward_backward_ms": event_ms(forward_backward, **timed),
         "graph_forward_backward_ms": None,
     }
     if device.type == "cuda" and strategy.layout != "list":  # list targets mean host-side shapes: no graph
-        try:
-            record["graph_forward_backward_ms"] = time_graph_replay(forward_backward, device, bcfg.repeats)
-        except Exception as err:  # noqa: BLE001  a strategy that cannot be captured is reported, not fatal
-            print(f"  ({name}: CUDA-graph capture failed: {type(err).__name__}: {str(err).splitlines()[0][:120]})")
+        record["graph_forward_backward_ms"] = graph_ms(forward_backward, bcfg.repeats, label=name)
     return record
 
 

@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -27,86 +25,17 @@ from detector import ops
 from detector.cases import random_case, sample_counts
 from detector.data import make_targets
 from detector.losses import STRATEGIES, get_strategy
+from detector.timing import device_ms, event_ms, graph_ms, loss_closures, wall_ms
 
 HEADLINE = ("padded", "cuda_fused", "cuda_conditional", "packed")
 VALID_BOXES = (1, 10, 100, 1_000, 10_000, 100_000)
-
-
-def event_ms(fn, warmup: int = 10, repeats: int = 50) -> float:
-    """Median CUDA-event milliseconds of ``fn()``, each call followed by a synchronize."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def wall_ms(fn, warmup: int = 20, repeats: int = 200) -> float:
-    """Median host milliseconds of ``fn(); torch.cuda.synchronize()``."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def capture(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
-    """``fn`` called ``calls`` times, captured in a CUDA graph after a warm-up on a side stream."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    return graph
-
-
-def graph_ms(fn, repeats: int = 50) -> float | None:
-    """Median event milliseconds of replaying ``fn`` captured in a CUDA graph; None if it cannot be captured."""
-    try:
-        graph = capture(fn)
-    except Exception as err:  # noqa: BLE001  reported, not fatal: the other columns still stand
-        print(f"  (CUDA-graph capture failed: {type(err).__name__}: {str(err).splitlines()[0][:100]})")
-        return None
-    return event_ms(graph.replay, warmup=3, repeats=repeats)
-
-
-def device_ms(fn, calls: int = 10) -> float:
-    """Device milliseconds of one ``fn()``: a graph of ``calls`` back-to-back calls, no host in the way."""
-    return event_ms(capture(fn, calls).replay, warmup=3, repeats=20) / calls
 
 
 def strategy_case(name: str, pred: torch.Tensor, boxes_list: list, slots: int):
     """(forward, forward+backward) closures of a strategy on device tensors."""
     strategy = get_strategy(name)
     targets = make_targets(boxes_list, strategy.layout, slots).to("cuda")
-    pred = pred.to("cuda").requires_grad_()
-
-    def forward():
-        with torch.no_grad():
-            strategy(pred, targets)
-
-    def forward_backward():
-        pred.grad = None
-        strategy(pred, targets).backward()
-
-    return forward, forward_backward
+    return loss_closures(strategy, pred.to("cuda").requires_grad_(), targets)
 
 
 def even_boxes(boxes_list: list, valid: int) -> list:

@@ -10,8 +10,6 @@ forward, forward + backward) and each kernel's device time from the profiler. No
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
 
 import torch
 
@@ -19,48 +17,7 @@ from detector.cases import random_case
 from detector.data import make_targets
 from detector.losses import STRATEGIES
 from detector.losses import triton as triton_strategy
-
-
-def median_ms(fn, repeats: int = 200, warmup: int = 20) -> float:
-    """Median ms of ``fn()``, each call between two CUDA events and synchronised (host clock on the CPU)."""
-    for _ in range(warmup):
-        fn()
-    cuda = torch.cuda.is_available()
-    times = []
-    for _ in range(repeats):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
-
-
-def graph_ms(fn, repeats: int = 200) -> float | None:
-    """Median ms of replaying ``fn`` captured in a CUDA graph; None if it cannot be captured."""
-    if not torch.cuda.is_available():
-        return None
-    try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception as err:  # noqa: BLE001  reported, not fatal
-        print(f"  (CUDA-graph capture failed: {type(err).__name__}: {str(err).splitlines()[0][:100]})")
-        return None
-    return median_ms(graph.replay, repeats)
+from detector.timing import event_ms, graph_ms, loss_closures
 
 
 def kernel_times(fn) -> list[tuple[str, float]]:
@@ -85,16 +42,9 @@ def bench_strategy(name: str, pred: torch.Tensor, targets, distribution: str, re
         print(f"| {name} | {distribution} | {valid} | — | — | — |  ({reason})")
         return
 
-    def forward():
-        with torch.no_grad():
-            strategy(pred, targets)
-
-    def forward_backward():
-        pred.grad = None
-        strategy(pred, targets).backward()
-
-    fwd, fwd_bwd = median_ms(forward, repeats), median_ms(forward_backward, repeats)
-    graph = graph_ms(forward_backward, repeats)
+    forward, forward_backward = loss_closures(strategy, pred, targets)
+    fwd, fwd_bwd = event_ms(forward, repeats=repeats), event_ms(forward_backward, repeats=repeats)
+    graph = graph_ms(forward_backward, repeats) if pred.is_cuda else None
     graph_text = "—" if graph is None else f"{graph:.4f}"
     print(f"| {name} | {distribution} | {valid} | {fwd:.4f} | {fwd_bwd:.4f} | {graph_text} |", flush=True)
 
@@ -114,7 +64,7 @@ def bench_triton_layers(pred: torch.Tensor, targets, repeats: int) -> None:
         "strategy forward + backward": triton_step,
     }
     for label, fn in layers.items():
-        print(f"  triton {label}: {median_ms(fn, repeats):.4f} ms")
+        print(f"  triton {label}: {event_ms(fn, repeats=repeats):.4f} ms")
     for kernel, ms in kernel_times(triton_step):
         print(f"  device time {ms * 1e3:8.2f} us  {kernel}")
 

@@ -22,15 +22,11 @@ from detector.config import resolve_device
 from detector.data import build_loader, to_device
 from detector.losses import get_strategy
 from detector.model import build_model
+from detector.timing import synchronize
 
 FORWARD_REGIONS = ("copy data", "forward", "calc loss")
 TRAIN_REGIONS = FORWARD_REGIONS + ("backward", "optimizer step")
 MODES = {"train": TRAIN_REGIONS, "forward": FORWARD_REGIONS}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class RegionTimer:
