@@ -215,8 +215,13 @@ def build_dataset(cfg, start: int = 0, length: int | None = None) -> SyntheticFa
 
 def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length: int | None = None):
     """A DataLoader over the synthetic faces, batched in ``layout`` and pinned for a CUDA device."""
+    return loader_for(build_dataset(cfg, start, length), cfg, layout, device)
+
+
+def loader_for(dataset, cfg, layout: str, device: torch.device):
+    """The project's DataLoader settings over any dataset of (image, boxes) samples."""
     return torch.utils.data.DataLoader(
-        build_dataset(cfg, start, length),
+        dataset,
         batch_size=cfg.batch_size,
         shuffle=False,  # sample i is already random; sequential order makes runs resumable
         drop_last=True,  # static shapes for torch.compile and CUDA graphs

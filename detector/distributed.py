@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from detector.config import resolve_device
-from detector.data import ListTargets, Targets, build_dataset, collate_fn
+from detector.data import ListTargets, Targets, build_dataset, loader_for
 
 
 @dataclass(frozen=True)
@@ -81,23 +81,9 @@ class RankBlocks(torch.utils.data.Dataset):
 
 
 def rank_loader(data_cfg, layout: str, device: torch.device, env: DistEnv, start: int, steps: int):
-    """This rank's batches of ``steps`` global batches from sample index ``start`` on, in ``layout``.
-
-    Same settings as ``detector.data.build_loader`` (sequential, pinned for CUDA), over a RankBlocks view.
-    """
-    batch = data_cfg.batch_size
-    dataset = build_dataset(data_cfg, start, steps * batch * env.world_size)
-    return torch.utils.data.DataLoader(
-        RankBlocks(dataset, batch, env.rank, env.world_size),
-        batch_size=batch,
-        shuffle=False,  # the position in the data is the step: what makes a run resumable
-        drop_last=True,
-        num_workers=data_cfg.num_workers,
-        collate_fn=collate_fn(layout, data_cfg.max_boxes),
-        pin_memory=device.type == "cuda",
-        persistent_workers=data_cfg.num_workers > 0,
-        prefetch_factor=4 if data_cfg.num_workers > 0 else None,
-    )
+    """This rank's batches of ``steps`` global batches from sample index ``start`` on, in ``layout``."""
+    dataset = build_dataset(data_cfg, start, steps * data_cfg.batch_size * env.world_size)
+    return loader_for(RankBlocks(dataset, data_cfg.batch_size, env.rank, env.world_size), data_cfg, layout, device)
 
 
 def count_valid(targets: Targets, device: torch.device) -> Tensor:
