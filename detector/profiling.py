@@ -50,6 +50,19 @@ class RegionTimer:
         return {name: sum(t) / len(t) for name, t in self.times.items()}
 
 
+def make_profiler(pcfg: DictConfig, out: Path, device: torch.device, worker_name: str):
+    """torch.profiler on the ``pcfg`` schedule, writing one gzipped TensorBoard trace into ``out``."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    return torch.profiler.profile(
+        activities=activities,
+        schedule=schedule(wait=pcfg.wait, warmup=pcfg.warmup, active=pcfg.active, repeat=1),
+        # gzip: the loop strategy's GPU trace is ~750 MB as plain JSON; TensorBoard reads .gz directly
+        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=worker_name, use_gzip=True),
+        profile_memory=pcfg.profile_memory,
+        record_shapes=pcfg.record_shapes,
+    )
+
+
 def trace_dir(cfg: DictConfig) -> Path:
     name = cfg.profile.strategy if cfg.profile.mode == "train" else f"{cfg.profile.strategy}-forward"
     return Path(cfg.profile.out_dir) / name
@@ -82,19 +95,11 @@ def run_profile(cfg: DictConfig) -> dict:
     region = RegionTimer(device)
     first_active = pcfg.wait + pcfg.warmup
     steps = first_active + pcfg.active
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     print(
         f"profiling {strategy.name} ({strategy.description}), mode={pcfg.mode}, device={device_name(device)}, "
         f"batch {cfg.data.batch_size} x {cfg.data.image_size}px, {cfg.data.max_boxes} slots, {steps} steps"
     )
-    with torch.profiler.profile(
-        activities=activities,
-        schedule=schedule(wait=pcfg.wait, warmup=pcfg.warmup, active=pcfg.active, repeat=1),
-        # gzip: the loop strategy's GPU trace is ~750 MB as plain JSON; TensorBoard reads .gz directly
-        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=strategy.name, use_gzip=True),
-        profile_memory=pcfg.profile_memory,
-        record_shapes=pcfg.record_shapes,
-    ) as prof:
+    with make_profiler(pcfg, out, device, strategy.name) as prof:
         batches = iter(loader)
         for step in range(steps):
             region.recording = step >= first_active

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.optim.lr_scheduler import LambdaLR
-from torch.profiler import ProfilerActivity, record_function, schedule, tensorboard_trace_handler
+from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 
 from detector import distributed
@@ -46,7 +46,7 @@ from detector.distributed import DistEnv, count_valid, global_mean, rank_loader
 from detector.losses import STRATEGIES, get_strategy
 from detector.metrics import evaluate
 from detector.model import build_model
-from detector.profiling import RegionTimer, device_name
+from detector.profiling import RegionTimer, device_name, make_profiler
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {
@@ -305,18 +305,6 @@ def compile_loss(strategy, say):
     return torch.compile(strategy.fn, dynamic=strategy.layout == "packed")  # packed: N changes every batch
 
 
-def make_profiler(cfg: DictConfig, out: Path, device: torch.device):
-    p = cfg.profile
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return torch.profiler.profile(
-        activities=activities,
-        schedule=schedule(wait=p.wait, warmup=p.warmup, active=p.active, repeat=1),
-        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=cfg.train.strategy, use_gzip=True),
-        profile_memory=p.profile_memory,
-        record_shapes=p.record_shapes,
-    )
-
-
 def format_eta(seconds: float) -> str:
     minutes, seconds = divmod(int(seconds), 60)
     return f"{minutes // 60}h{minutes % 60:02d}m" if minutes >= 60 else f"{minutes}m{seconds:02d}s"
@@ -419,7 +407,11 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
     # the loop
     writer = SummaryWriter(str(run_dir), purge_step=step + 1 if step else None) if env.is_main else None
     profiling = tcfg.profile and env.is_main
-    profiler = make_profiler(cfg, run_dir / "profile", device) if profiling else contextlib.nullcontext()
+    profiler = (
+        make_profiler(cfg.profile, run_dir / "profile", device, tcfg.strategy)
+        if profiling
+        else contextlib.nullcontext()
+    )
     window = (cfg.profile.wait + cfg.profile.warmup, cfg.profile.wait + cfg.profile.warmup + cfg.profile.active)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
