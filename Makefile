@@ -56,7 +56,7 @@ bench: $(SETUP)
 	$(PY) -m detector bench $(ARGS)
 
 bench-kernels: $(SETUP)
-	$(PY) -m detector.bench_kernels --out runs/bench/kernels.json
+	$(PY) -m detector.bench.kernels --out runs/bench/kernels.json
 
 train: $(SETUP)
 ifeq ($(NPROC),1)
@@ -82,7 +82,7 @@ gpu-check:
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(GPU_ENV) $(PY) -m pytest -q -rs $(PYTEST_ARGS)
 	$(GPU_ENV) $(PY) -m detector bench $(ARGS)
-	$(GPU_ENV) $(PY) -m detector.bench_kernels --out runs/bench/kernels.json
+	$(GPU_ENV) $(PY) -m detector.bench.kernels --out runs/bench/kernels.json
 
 # Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
 STRATEGIES ?=

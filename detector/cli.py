@@ -39,7 +39,7 @@ def main(argv: list[str] | None = None) -> int:
         run_compare(args.dir, args.png)
         return 0
     if args.command == "tensorboard":
-        from detector.tensorboard import main as tensorboard
+        from detector.board import main as tensorboard
 
         tensorboard(args.logdir, args.port)
         return 0
@@ -63,11 +63,11 @@ def main(argv: list[str] | None = None) -> int:
 
         run_profile(cfg)
     elif args.command == "bench":
-        from detector.bench import run_bench
+        from detector.bench.losses import run_bench
 
         run_bench(cfg)
     elif args.command == "train":
-        from detector.training import run_training
+        from detector.train.loop import run_training
 
         run_training(cfg, args.experiment)
     return 0

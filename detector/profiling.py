@@ -18,11 +18,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.profiler import ProfilerActivity, record_function, schedule, tensorboard_trace_handler
 
+from detector.bench.timing import synchronize
 from detector.config import resolve_device
 from detector.data import build_loader, to_device
 from detector.losses import get_strategy
 from detector.model import build_model
-from detector.timing import synchronize
 
 FORWARD_REGIONS = ("copy data", "forward", "calc loss")
 TRAIN_REGIONS = FORWARD_REGIONS + ("backward", "optimizer step")

@@ -1,6 +1,6 @@
 // The detector::giou_loss ops: schema (defined once, here) and the CPU implementation. The input checks
 // are giou_checks.cpp, the CUDA implementation giou_cuda.cpp; the Python wrappers, fake kernels and
-// autograd are detector/ops.py, whose docstrings hold the contract.
+// autograd are detector/kernels/cuda_op.py, whose docstrings hold the contract.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -205,7 +205,7 @@ at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tenso
 // Outputs of the forward ops: loss (fp32 0-dim, mean over valid boxes), grad_sum (pred's dtype, [B, M, 4]
 // contiguous, d(sum of per-box losses) / d pred, 0 on padded slots), inv_count (fp32 0-dim, 1 / max(n, 1)).
 TORCH_LIBRARY(detector, m) {
-  m.set_python_module("detector.ops");  // where register_fake and register_autograd live
+  m.set_python_module("detector.kernels.cuda_op");  // where register_fake and register_autograd live
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
         "-> (Tensor loss, Tensor grad_sum, Tensor inv_count)");
   m.def("giou_loss_packed(Tensor pred, Tensor target, Tensor counts) "

@@ -3,17 +3,8 @@
 import pytest
 import torch
 
-from detector.data import (
-    FaceSampler,
-    ListTargets,
-    PackedTargets,
-    PaddedTargets,
-    SyntheticFaces,
-    collate_fn,
-    make_targets,
-    to_device,
-    to_padded,
-)
+from detector.data import FaceSampler, SyntheticFaces, collate_fn, to_device
+from detector.targets import ListTargets, PackedTargets, PaddedTargets, make_targets, to_padded
 
 
 def test_sample_is_a_pure_function_of_seed_and_index():

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from detector.bench import run_bench
+from detector.bench.losses import run_bench
 from detector.compare import run_compare
 from detector.config import load_config
 from detector.losses import STRATEGIES
@@ -95,7 +95,7 @@ def test_cpu_preset_differs_only_where_its_yaml_says():
 def test_tensorboard_launcher_maps_new_runtime_categories():
     from torch_tb_profiler.profiler import trace
 
-    from detector.tensorboard import patch_profiler_plugin
+    from detector.board import patch_profiler_plugin
 
     patch_profiler_plugin()
     for category in ("cuda_runtime", "cuda_driver"):

@@ -6,10 +6,10 @@ consumes targets of ``strategy.layout``. Adding a strategy is: write one file th
 ``make compare`` and the strategy tests without further edits.
 """
 
-from detector.losses.reference import giou_loss_reference
+from detector.losses.contract import giou_loss_reference
 from detector.losses.registry import STRATEGIES, Strategy, get_strategy, register
 
 # Importing a strategy module registers it; the order here is the order of tables and plots.
-from detector.losses import loop, concat, padded, compiled, triton, cuda_fused, cuda_conditional, packed  # noqa: E402,F401  isort: skip
+from detector.losses import loop, concat, padded, compiled, triton_fused, cuda_fused, cuda_conditional, packed  # noqa: E402,F401  isort: skip
 
 __all__ = ["STRATEGIES", "Strategy", "get_strategy", "giou_loss_reference", "register"]

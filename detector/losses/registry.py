@@ -8,13 +8,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from detector.data import LAYOUTS, Targets
+from detector.losses.checks import check_targets
+from detector.targets import LAYOUTS, Targets
 
 
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    layout: str  # which targets it consumes: "list", "padded" or "packed" (detector.data)
+    layout: str  # which targets it consumes: "list", "padded" or "packed" (detector.targets)
     fn: Callable[[Tensor, Targets], Tensor]
     description: str  # one line, shown by `python -m detector strategies`
     # Why it cannot run on a device (e.g. "the extension is not built: run make setup"), or None if it can.
@@ -25,12 +26,14 @@ class Strategy:
             raise ValueError(f"strategy {self.name!r}: layout must be one of {LAYOUTS}, got {self.layout!r}")
 
     def __call__(self, pred: Tensor, targets: Targets) -> Tensor:
+        """The public entry: checks pred and targets once, then runs the strategy (which trusts them)."""
+        check_targets(pred, targets)
         if targets.layout != self.layout:
             raise TypeError(
                 f"strategy {self.name!r} takes {self.layout!r} targets, got {targets.layout!r} "
-                f"(build them with detector.data.make_targets(boxes_list, {self.layout!r}, max_boxes))"
+                f"(build them with detector.targets.make_targets(boxes_list, {self.layout!r}, max_boxes))"
             )
-        reason = self.unavailable(pred.device) if isinstance(pred, Tensor) else None
+        reason = self.unavailable(pred.device)
         if reason:
             raise RuntimeError(f"strategy {self.name!r} cannot run on {pred.device}: {reason}")
         return self.fn(pred, targets)

@@ -40,13 +40,13 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.profiler import record_function
 from torch.utils.tensorboard import SummaryWriter
 
-from detector import distributed
 from detector.data import PaddedTargets, build_loader, to_device
-from detector.distributed import DistEnv, count_valid, global_mean, rank_loader
 from detector.losses import STRATEGIES, get_strategy
-from detector.metrics import evaluate
 from detector.model import build_model
 from detector.profiling import RegionTimer, device_name, make_profiler
+from detector.train import distributed
+from detector.train.distributed import DistEnv, count_valid, global_mean, rank_loader
+from detector.train.metrics import evaluate
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from detector.data import PaddedTargets, to_device
-from detector.losses.reference import giou_loss_per_box
+from detector.losses.geometry import giou_loss_per_box
 
 IOU_THRESHOLD = 0.5  # a box "found" at IoU >= 0.5, the usual detection criterion
 

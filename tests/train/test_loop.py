@@ -10,15 +10,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
 
-from detector import distributed, training
 from detector.cli import main as cli_main
 from detector.config import load_config
 from detector.data import PaddedTargets, build_loader
-from detector.distributed import RankBlocks, count_valid, global_mean, rank_loader
 from detector.losses import STRATEGIES, Strategy, get_strategy
-from detector.metrics import box_iou, box_metrics, evaluate
 from detector.model import build_model
-from detector.training import lr_factor, run_training, speed_option_refusal
+from detector.train import distributed
+from detector.train import loop as training
+from detector.train.distributed import RankBlocks, count_valid, global_mean, rank_loader
+from detector.train.loop import lr_factor, run_training, speed_option_refusal
+from detector.train.metrics import box_iou, box_metrics, evaluate
 
 # A detector of a few thousand parameters on 32 px images: a step takes milliseconds.
 TINY = [

@@ -3,7 +3,8 @@
 The schema is defined once, in C++ (``extensions/giou_op.cpp``); each op has a CPU kernel and, in a
 CUDA build, a CUDA kernel. Importing this module loads ``detector._C`` and registers the fake kernels
 (for ``torch.compile``) and the autograd formula. The loss is the contract of
-``detector.losses.reference.giou_loss_reference``.
+``detector.losses.giou_loss_reference``. The wrappers trust their caller (``detector.losses.Strategy``
+checks the inputs once); a direct call of ``torch.ops.detector.*`` gets the op's own C++ checks.
 
 Forward (one kernel on CUDA) returns ``(loss, grad_sum, inv_count)``:
     loss       fp32 0-dim: sum over valid (b, j) of (1 - GIoU) / max(n_valid, 1)
@@ -77,10 +78,7 @@ def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool =
     ``skip_invalid``: on CUDA, threads of padded slots skip their loads and arithmetic (``cuda_conditional``)
     instead of computing and selecting 0 (``cuda_fused``); same result. Returns the fp32 0-dim loss.
     """
-    from detector.losses.reference import check_padded  # here: detector.losses imports this module
-
     _require_extension()
-    check_padded(pred, target, counts)  # Python errors naming the argument before any native code runs
     return torch.ops.detector.giou_loss.default(pred, target, counts, skip_invalid)[0]
 
 
@@ -90,25 +88,7 @@ def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor) -> Tensor:
     Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts). Returns the fp32 loss.
     """
     _require_extension()
-    check_packed(pred, target, counts)
     return torch.ops.detector.giou_loss_packed.default(pred, target, counts)[0]
-
-
-def check_packed(pred: Tensor, target: Tensor, counts: Tensor) -> None:
-    """Shape, dtype and device checks of packed targets against pred; no host synchronisation."""
-    from detector.losses.reference import check_pred  # here: detector.losses imports this module
-
-    if counts.dim() != 1:
-        raise ValueError(f"counts must have shape [B], got {list(counts.shape)}")
-    check_pred(pred, counts.shape[0])
-    if target.dim() != 2 or target.shape[1] != 4:
-        raise ValueError(f"target must have shape [N, 4] (packed boxes), got {list(target.shape)}")
-    if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
-        raise TypeError(f"counts must be an integer tensor, got dtype {counts.dtype}")
-    if not (pred.device == target.device == counts.device):
-        raise ValueError(
-            f"pred, target and counts must be on one device, got {pred.device}, {target.device}, {counts.device}"
-        )
 
 
 if _C is not None:

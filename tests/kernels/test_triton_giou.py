@@ -1,7 +1,7 @@
 """What the strategy grid (tests/test_strategies.py) does not cover for the ``triton`` strategy.
 
 On a machine without CUDA the kernel runs through the Triton interpreter (set up by
-detector.losses.triton itself); the CUDA rows and the ``gpu`` tests run where a GPU is present.
+detector.kernels.triton_giou); the CUDA rows and the ``gpu`` tests run where a GPU is present.
 """
 
 import os
@@ -12,11 +12,12 @@ import textwrap
 import pytest
 import torch
 
-import detector.losses.triton as triton_strategy
-from detector.cases import random_case
+import detector.kernels.triton_giou as triton_strategy
+from detector.bench.cases import random_case
 from detector.data import make_targets
+from detector.kernels.triton_giou import giou_loss_triton
 from detector.losses import STRATEGIES, giou_loss_reference
-from detector.losses.triton import giou_loss_triton
+from detector.targets import PaddedTargets
 
 pytestmark = pytest.mark.skipif(triton_strategy.triton is None, reason="triton is not installed")
 
@@ -71,14 +72,29 @@ def test_interpreter_is_set_up_without_cuda():
     assert STRATEGIES["triton"].unavailable(torch.device("cpu")) is None
 
 
+def run_fresh(script: str, **env_changes) -> subprocess.CompletedProcess:
+    """``script`` in a fresh interpreter with this checkout importable and the environment changed."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
+    env.update(env_changes)
+    return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_importing_the_losses_sets_no_environment_variable():
+    script = "import os; before = dict(os.environ); import detector.losses; print(dict(os.environ) == before)"
+    done = run_fresh(script)
+    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-3000:]
+
+
 @pytest.mark.skipif(HAS_CUDA, reason="with CUDA the kernels are compiled, not interpreted")
 def test_interpreter_works_when_triton_and_inductor_were_imported_first():
-    # A fresh process without TRITON_INTERPRET that imports triton and torch._inductor (as the
-    # `compiled` strategy and torch.compile do) before detector.losses.
+    # TRITON_INTERPRET=1 (as the CLI and conftest.py set it) in a fresh process that imports triton and
+    # torch._inductor (as the `compiled` strategy and torch.compile do) before detector.losses.
     script = textwrap.dedent(
         """
         import torch, torch._inductor, triton, triton.language
-        from detector.cases import random_case
+        from detector.bench.cases import random_case
         from detector.data import make_targets
         from detector.losses import STRATEGIES, giou_loss_reference
         pred, boxes_list = random_case(3, 13, "seed", seed=3)
@@ -88,10 +104,7 @@ def test_interpreter_works_when_triton_and_inductor_were_imported_first():
         print("ok")
         """
     )
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    done = run_fresh(script, TRITON_INTERPRET="1")
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
@@ -177,21 +190,23 @@ def test_empty_batch_gives_a_connected_zero(device, shape):
 
 
 def test_bad_inputs_name_the_argument():
+    # Through the public entry, which checks once; the launcher below it trusts its caller.
+    triton_loss = STRATEGIES["triton"]
     pred, boxes, counts = case(2, 8, "seed")
     with pytest.raises(ValueError, match="pred"):
-        giou_loss_triton(pred[..., :3], boxes, counts)
+        triton_loss(pred[..., :3], PaddedTargets(boxes, counts))
     with pytest.raises(TypeError, match="pred"):
-        giou_loss_triton(pred.int(), boxes, counts)
+        triton_loss(pred.int(), PaddedTargets(boxes, counts))
     with pytest.raises(ValueError, match="target boxes"):
-        giou_loss_triton(pred, boxes[:, :4], counts)
+        triton_loss(pred, PaddedTargets(boxes[:, :4], counts))
     with pytest.raises(TypeError, match="counts"):
-        giou_loss_triton(pred, boxes, counts.float())
+        triton_loss(pred, PaddedTargets(boxes, counts.float()))
     with pytest.raises(ValueError, match="counts"):
-        giou_loss_triton(pred, boxes, counts[:, None])
+        triton_loss(pred, PaddedTargets(boxes, counts[:, None]))
     with pytest.raises(ValueError, match="batch"):
-        giou_loss_triton(pred, boxes, counts[:1])
+        triton_loss(pred, PaddedTargets(boxes, counts[:1]))
     with pytest.raises(ValueError, match="one device"):
-        giou_loss_triton(pred, boxes, counts.to("meta"))
+        triton_loss(pred, PaddedTargets(boxes, counts.to("meta")))
 
 
 # ----------------------------------------------------------------------------- tracing: no host sync

@@ -6,7 +6,7 @@ A strategy registered in detector.losses.STRATEGIES is picked up here without ed
 import pytest
 import torch
 
-from detector.cases import random_case
+from detector.bench.cases import random_case
 from detector.data import make_targets
 from detector.losses import STRATEGIES, get_strategy, giou_loss_reference
 

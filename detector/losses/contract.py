@@ -5,60 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.data import Targets, to_padded
-
-EPS = 1e-7  # added to the union and enclosing-area denominators, as in torchvision
-
-
-def compute_dtype(pred: Tensor) -> torch.dtype:
-    """Arithmetic happens in at least fp32 (bf16/fp16 areas overflow or lose the overlap)."""
-    return torch.promote_types(pred.dtype, torch.float32)
-
-
-def check_pred(pred: Tensor, batch_size: int | None = None) -> None:
-    """Predictions must be floating [B, M, 4]; a clear error instead of garbage or a kernel crash."""
-    if not isinstance(pred, Tensor):
-        raise TypeError(f"pred must be a torch.Tensor, got {type(pred).__name__}")
-    if not pred.is_floating_point():
-        raise TypeError(f"pred must be a floating tensor (fp32/bf16/fp16/fp64), got dtype {pred.dtype}")
-    if pred.dim() != 3 or pred.shape[-1] != 4:
-        raise ValueError(f"pred must have shape [B, M, 4], got {list(pred.shape)}")
-    if batch_size is not None and pred.shape[0] != batch_size:
-        raise ValueError(f"pred has batch size {pred.shape[0]} but the targets (counts) have {batch_size} images")
-
-
-def check_padded(pred: Tensor, boxes: Tensor, counts: Tensor) -> None:
-    """Shape, dtype and device checks of padded targets against pred; no host synchronisation."""
-    check_pred(pred, counts.shape[0] if counts.dim() == 1 else None)
-    if boxes.dim() != 3 or boxes.shape[-1] != 4 or boxes.shape[:2] != pred.shape[:2]:
-        raise ValueError(f"target boxes must have shape {list(pred.shape)} like pred, got {list(boxes.shape)}")
-    if counts.dim() != 1:
-        raise ValueError(f"counts must have shape [B], got {list(counts.shape)}")
-    if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
-        raise TypeError(f"counts must be an integer tensor, got dtype {counts.dtype}")
-    if boxes.dtype == torch.bool or boxes.is_complex():
-        raise TypeError(f"target boxes must be integer or floating, got dtype {boxes.dtype}")
-    if not (pred.device == boxes.device == counts.device):
-        raise ValueError(
-            f"pred, target boxes and counts must be on one device, got {pred.device}, {boxes.device}, {counts.device}"
-        )
-
-
-def giou_loss_per_box(pred: Tensor, target: Tensor) -> Tensor:
-    """1 - GIoU for boxes [..., 4] xyxy, torchvision's formula, in the compute dtype; shape [...]."""
-    dtype = compute_dtype(pred)
-    x1, y1, x2, y2 = pred.to(dtype).unbind(-1)
-    x1g, y1g, x2g, y2g = target.to(dtype).unbind(-1)
-    xi1, yi1 = torch.maximum(x1, x1g), torch.maximum(y1, y1g)
-    xi2, yi2 = torch.minimum(x2, x2g), torch.minimum(y2, y2g)
-    overlaps = (xi2 > xi1) & (yi2 > yi1)
-    inter = torch.where(overlaps, (xi2 - xi1) * (yi2 - yi1), 0)
-    union = (x2 - x1) * (y2 - y1) + (x2g - x1g) * (y2g - y1g) - inter
-    iou = inter / (union + EPS)
-    xc1, yc1 = torch.minimum(x1, x1g), torch.minimum(y1, y1g)
-    xc2, yc2 = torch.maximum(x2, x2g), torch.maximum(y2, y2g)
-    enclosing = (xc2 - xc1) * (yc2 - yc1)
-    return 1 - (iou - (enclosing - union) / (enclosing + EPS))
+from detector.losses.checks import check_padded, check_pred
+from detector.losses.geometry import giou_loss_per_box
+from detector.targets import Targets, to_padded
 
 
 def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor | None = None) -> Tensor:

@@ -14,12 +14,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from detector.cases import random_case
+from detector.bench.cases import random_case
+from detector.bench.timing import event_ms, graph_ms, loss_closures
 from detector.config import resolve_device
 from detector.data import make_targets
 from detector.losses import STRATEGIES, get_strategy
 from detector.profiling import device_name
-from detector.timing import event_ms, graph_ms, loss_closures
 
 
 def bench_case(name: str, batch: int, distribution: str, cfg: DictConfig, device: torch.device) -> dict:

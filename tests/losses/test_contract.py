@@ -5,7 +5,7 @@ import torch
 
 from detector.data import make_targets
 from detector.losses import giou_loss_reference
-from detector.losses.reference import giou_loss_per_box
+from detector.losses.geometry import giou_loss_per_box
 
 
 def loss_of(pred_box, target_box, target_dtype=torch.float64):

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import torch
 
-from detector import ops
-from detector.cases import random_case, sample_counts
+from detector.bench.cases import random_case, sample_counts
+from detector.bench.timing import device_ms, event_ms, graph_ms, loss_closures, wall_ms
 from detector.data import make_targets
+from detector.kernels import cuda_op as ops
 from detector.losses import STRATEGIES, get_strategy
-from detector.timing import device_ms, event_ms, graph_ms, loss_closures, wall_ms
 
 HEADLINE = ("padded", "cuda_fused", "cuda_conditional", "packed")
 VALID_BOXES = (1, 10, 100, 1_000, 10_000, 100_000)

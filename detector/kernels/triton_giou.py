@@ -1,12 +1,16 @@
-"""``triton``: one Triton kernel computes the loss, its gradient and the mean, in a single launch.
+"""The GIoU loss as one Triton kernel: the loss, its gradient and the mean, in a single launch.
 
 Forward launches one kernel over padded targets ([B, M, 4] boxes + [B] counts). It writes the scalar
 loss and d loss / d pred (saved for backward), so backward is one multiply by ``grad_output``. The
 number of valid boxes is counted on the device, so nothing waits for the host. The op is a
 ``torch.library.triton_op``: ``torch.compile(fullgraph=True)`` traces into the kernel.
 
-On a machine without CUDA the kernel runs through the Triton interpreter (numpy on the CPU), so
-the tests and ``make profile STRATEGY=triton`` work there too, slowly.
+On a machine without CUDA the kernel runs through the Triton interpreter (numpy on the CPU) when
+TRITON_INTERPRET=1 is set before this module is imported: the CLI and the tests' conftest.py set it
+(and say so) where there is no GPU; importing this module sets nothing.
+
+Order, as in Liger-Kernel: the @triton.jit kernels, the host launcher, the op at the bottom. The
+launcher trusts its caller (``detector.losses.Strategy`` checks the inputs once).
 """
 
 from __future__ import annotations
@@ -16,15 +20,6 @@ import os
 
 import torch
 from torch import Tensor
-
-from detector.data import PaddedTargets
-from detector.losses.reference import EPS, check_padded, compute_dtype
-from detector.losses.registry import Strategy, register
-
-# triton reads TRITON_INTERPRET when a kernel is decorated (triton.jit), not at import, so setting it
-# here works even if triton or torch._inductor were imported earlier. An explicit setting is kept.
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 try:
     import triton
@@ -36,6 +31,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # kernels run as n
 PROGRAMS_PER_SM = 4  # the persistent grid: enough resident programs per SM to hide memory latency
 INTERPRETER_PROGRAMS = 2  # the interpreter runs programs one after another; a few keep it honest
 MAX_ELEMENTS = 2**31  # kernel offsets are int32
+EPS = 1e-7  # the contract's eps (detector.losses.geometry.EPS; tests/kernels checks they agree)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -190,7 +186,8 @@ def _giou_loss_fwd_bwd(pred: Tensor, boxes: Tensor, counts: Tensor) -> tuple[Ten
     """(mean loss [] in the compute dtype, d loss / d pred [B, M, 4] in pred's dtype), one launch."""
     pred, boxes, counts = pred.contiguous(), boxes.contiguous(), counts.contiguous()
     batch, max_boxes, _ = pred.shape
-    loss = torch.zeros((), dtype=compute_dtype(pred), device=pred.device)
+    compute_dtype = torch.promote_types(pred.dtype, torch.float32)  # fp32, or fp64 for fp64 predictions
+    loss = torch.zeros((), dtype=compute_dtype, device=pred.device)
     grad = torch.empty_like(pred)
     if pred.numel():
         max_programs = _max_programs(pred.device)
@@ -206,7 +203,7 @@ def _giou_loss_fwd_bwd(pred: Tensor, boxes: Tensor, counts: Tensor) -> tuple[Ten
     return loss, grad
 
 
-def _unavailable(device: torch.device) -> str | None:
+def triton_unavailable(device: torch.device) -> str | None:
     if triton is None:
         return "triton is not installed (pip install triton; Linux only)"
     if INTERPRETED or device.type == "cuda":
@@ -214,18 +211,9 @@ def _unavailable(device: torch.device) -> str | None:
     if device.type == "cpu":
         return (
             "the Triton kernels are compiled for CUDA in this process: move pred and the targets to the GPU, "
-            "or set TRITON_INTERPRET=1 before detector.losses is imported to run CPU tensors in the interpreter"
+            "or set TRITON_INTERPRET=1 before detector is imported to run CPU tensors in the interpreter"
         )
     return f"Triton has no backend for {device.type} tensors here"
-
-
-def _check_inputs(pred: Tensor, boxes: Tensor, counts: Tensor) -> None:
-    check_padded(pred, boxes, counts)
-    if pred.numel() >= MAX_ELEMENTS:
-        raise ValueError(f"pred has {pred.numel()} elements; the Triton kernel indexes with int32 (< 2**31)")
-    reason = _unavailable(pred.device)
-    if reason:
-        raise RuntimeError(f"giou_loss_triton cannot run on pred's device {pred.device}: {reason}")
 
 
 # ----------------------------------------------------------------------------- the op
@@ -244,7 +232,7 @@ if triton is not None:
 
         @_giou_loss_triton_op.register_fake
         def _giou_loss_triton_fake(pred: Tensor, boxes: Tensor, counts: Tensor) -> tuple[Tensor, Tensor]:
-            return pred.new_empty((), dtype=compute_dtype(pred)), torch.empty_like(pred)
+            return pred.new_empty((), dtype=torch.promote_types(pred.dtype, torch.float32)), torch.empty_like(pred)
 
     def _setup_context(ctx, inputs, output):
         _, grad = output
@@ -260,24 +248,14 @@ if triton is not None:
 def giou_loss_triton(pred: Tensor, boxes: Tensor, counts: Tensor) -> Tensor:
     """Mean GIoU loss (the contract of ``giou_loss_reference``) over padded targets, in one Triton launch.
 
-    pred [B, M, 4] (fp32/bf16/fp16/fp64), boxes [B, M, 4] (integer or floating), counts [B] integer.
-    Counts outside [0, M] count as clamped to [0, M]: the kernel never checks them on the host.
+    pred [B, M, 4] (fp32/bf16/fp16/fp64), boxes [B, M, 4] (integer or floating), counts [B] integer,
+    all on one device, as ``detector.losses.checks.check_padded`` verifies. Counts outside [0, M] count
+    as clamped to [0, M]: the kernel never reads them on the host.
     """
-    _check_inputs(pred, boxes, counts)
+    if pred.numel() >= MAX_ELEMENTS:
+        raise ValueError(f"pred has {pred.numel()} elements; the Triton kernel indexes with int32 (< 2**31)")
+    reason = triton_unavailable(pred.device)
+    if reason:
+        raise RuntimeError(f"giou_loss_triton cannot run on pred's device {pred.device}: {reason}")
     loss, _ = torch.ops.detector.giou_loss_triton.default(pred, boxes, counts)
     return loss
-
-
-def giou_loss_triton_strategy(pred: Tensor, targets: PaddedTargets) -> Tensor:
-    return giou_loss_triton(pred, *targets)
-
-
-register(
-    Strategy(
-        "triton",
-        "padded",
-        giou_loss_triton_strategy,
-        "one Triton kernel: loss, gradient and mean in one launch",
-        unavailable=_unavailable,
-    )
-)

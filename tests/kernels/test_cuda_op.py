@@ -16,17 +16,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from detector import ops
-from detector.cases import random_case
+from detector.bench.cases import random_case
 from detector.data import make_targets
-from detector.losses import giou_loss_reference
+from detector.kernels import cuda_op as ops
+from detector.losses import STRATEGIES, giou_loss_reference
+from detector.targets import PackedTargets, PaddedTargets
 
 pytestmark = pytest.mark.skipif(ops.kernel_unavailable(torch.device("cpu")) is not None, reason=ops.BUILD_HINT)
 
 HAS_CUDA = torch.cuda.is_available() and ops.kernel_unavailable(torch.device("cuda")) is None
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device, or detector._C built without CUDA")
 DEVICES = ["cpu", pytest.param("cuda", marks=needs_cuda)]
-EXTENSIONS = Path(__file__).resolve().parent.parent / "extensions"
+EXTENSIONS = Path(__file__).resolve().parents[2] / "extensions"
 
 # Gradient tolerance by pred dtype: fp32 compute against the fp64 reference, then rounding to the
 # stored dtype (bf16 keeps 8 bits, fp16 11; the saved gradient and its scaled copy are both rounded).
@@ -237,10 +238,10 @@ BAD_INPUTS = [
 BAD_INPUT_CHILD = """
 import json, sys
 sys.path.insert(0, sys.argv[1])
-import test_custom_op
+import test_cuda_op
 for kind in sys.argv[2:]:
     print(json.dumps({"kind": kind}), flush=True)
-    _, _, op, args = test_custom_op.bad_input(kind)
+    _, _, op, args = test_cuda_op.bad_input(kind)
     try:
         op(*args)
         outcome = {"kind": kind, "raised": None, "message": ""}
@@ -288,15 +289,18 @@ def test_inputs_on_different_devices():
     with pytest.raises(RuntimeError, match="one device"):
         torch.ops.detector.giou_loss_packed(pred, packed_targets(boxes, counts).cuda(), counts)
     with pytest.raises(ValueError, match="one device"):
-        ops.giou_loss(pred.cuda(), boxes.cuda(), counts)
+        STRATEGIES["cuda_fused"](pred.cuda(), PaddedTargets(boxes.cuda(), counts))
 
 
 @pytest.mark.parametrize("kind", ["pred_rank", "pred_last_dim", "target_shape", "packed_target_shape", "counts_batch"])
-def test_wrappers_raise_python_errors_before_the_op(kind):
-    _, name, op, args = bad_input(kind)
-    wrapper = ops.giou_loss_packed if op is torch.ops.detector.giou_loss_packed else ops.giou_loss
+def test_strategies_raise_python_errors_before_the_op(kind):
+    # The public entry (Strategy.__call__) checks once, in Python, before any native code runs.
+    _, name, op, (pred, boxes, counts) = bad_input(kind)
+    packed = op is torch.ops.detector.giou_loss_packed
+    strategy = STRATEGIES["packed" if packed else "cuda_fused"]
+    targets = (PackedTargets if packed else PaddedTargets)(boxes, counts)
     with pytest.raises(ValueError, match=name):
-        wrapper(*args)
+        strategy(pred, targets)
 
 
 def test_missing_extension_says_how_to_build_it(monkeypatch):

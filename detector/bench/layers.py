@@ -13,11 +13,11 @@ import argparse
 
 import torch
 
-from detector.cases import random_case
+from detector.bench.cases import random_case
+from detector.bench.timing import event_ms, graph_ms, loss_closures
 from detector.data import make_targets
+from detector.kernels import triton_giou as triton_strategy
 from detector.losses import STRATEGIES
-from detector.losses import triton as triton_strategy
-from detector.timing import event_ms, graph_ms, loss_closures
 
 
 def kernel_times(fn) -> list[tuple[str, float]]:
