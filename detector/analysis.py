@@ -290,7 +290,7 @@ def _measure_span(trace: Trace, threads: list, start: float, end: float) -> Coun
                 out["runtime_ms"] += max(0.0, min(call.end, end) - max(call.ts, covered))
                 covered = max(covered, min(call.end, end))
             out["launches"] += call.name in LAUNCHES
-            out["syncs"] += _is_sync(trace, tid, i)
+            out["syncs"] += is_sync(trace, tid, i)
             if call.correlation is None:
                 continue
             out["kernels"] += trace.kernels.get(call.correlation, 0)
@@ -300,7 +300,7 @@ def _measure_span(trace: Trace, threads: list, start: float, end: float) -> Coun
     return out
 
 
-def _is_sync(trace: Trace, tid, i: int) -> bool:
+def is_sync(trace: Trace, tid, i: int) -> bool:
     """Whether call ``i`` on ``tid`` makes the host wait for the device (the rule in the module docstring)."""
     calls = trace.calls[tid]
     call = calls[i]
