@@ -90,6 +90,7 @@ SYNCHRONIZES = frozenset(
 SYNC_COPIES = frozenset(
     {"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyPeer", "cuMemcpyDtoH", "cuMemcpyDtoH_v2"}
 )
+SYNC_CANDIDATES = SYNCHRONIZES | SYNC_COPIES | {"cudaMemcpyAsync"}  # the calls is_sync has to look at
 COPY_DIRECTION = re.compile(r"Memcpy (HtoD|DtoH)")
 
 
@@ -123,7 +124,7 @@ class Trace:
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
     kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
     thread_names: dict = field(default_factory=dict)  # (pid, tid) -> name
-    ending_syncs: set = field(default_factory=set)  # (tid, index into calls) of region-ending syncs
+    ending_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} of region-ending syncs
 
     @property
     def has_gpu(self) -> bool:
@@ -221,17 +222,17 @@ def _merge(intervals: list[tuple]) -> tuple[list, list, list]:
     return starts, ends, cumulative
 
 
-def _ending_syncs(trace: Trace) -> set:
-    """(tid, index) of each lab region's closing cudaDeviceSynchronize: its last call, when it is one."""
-    ending = set()
+def _ending_syncs(trace: Trace) -> dict:
+    """{tid: {index}} of each lab region's closing cudaDeviceSynchronize: its last call, when it is one."""
+    ending = defaultdict(set)
     for tid, marks in trace.annotations.items():
         for e in marks:
             if e["name"] not in LAB_REGIONS:
                 continue
             lo, hi = _call_range(trace, tid, e["ts"], e["ts"] + e["dur"])
             if hi > lo and trace.calls[tid][hi - 1].name == "cudaDeviceSynchronize":
-                ending.add((tid, hi - 1))
-    return ending
+                ending[tid].add(hi - 1)
+    return dict(ending)
 
 
 def _call_range(trace: Trace, tid, start: float, end: float) -> tuple[int, int]:
@@ -281,22 +282,25 @@ def _measure_span(trace: Trace, threads: list, start: float, end: float) -> Coun
     """Counts and µs of one interval: the calls that start in it on ``threads``, the GPU busy inside it."""
     out = Counter(wall_ms=end - start, gpu_busy_ms=_busy(trace, start, end))
     for tid in threads:
-        calls = trace.calls.get(tid, [])
+        calls, ending = trace.calls.get(tid, []), trace.ending_syncs.get(tid, ())
         lo, hi = _call_range(trace, tid, start, end)
         covered = start  # runtime_ms is a union: a driver call nested in a runtime call counts once
+        launches = syncs = 0  # locals, not Counter updates: the loop strategy has 10⁵ calls a step
         for i in range(lo, hi):
-            call = calls[i]
-            if (tid, i) not in trace.ending_syncs:
-                out["runtime_ms"] += max(0.0, min(call.end, end) - max(call.ts, covered))
-                covered = max(covered, min(call.end, end))
-            out["launches"] += call.name in LAUNCHES
-            out["syncs"] += is_sync(trace, tid, i)
-            if call.correlation is None:
-                continue
-            out["kernels"] += trace.kernels.get(call.correlation, 0)
-            for copy in trace.copies.get(call.correlation, ()):
+            ts, call_end, name, correlation = calls[i]
+            if i not in ending:
+                out["runtime_ms"] += max(0.0, min(call_end, end) - max(ts, covered))
+                covered = max(covered, min(call_end, end))
+            if name in LAUNCHES:
+                launches += 1
+            elif name in SYNC_CANDIDATES:
+                syncs += is_sync(trace, tid, i)
+            if correlation in trace.kernels:
+                out["kernels"] += trace.kernels[correlation]
+            for copy in trace.copies.get(correlation, ()):
                 out[f"{copy.direction}_copies"] += 1
                 out[f"{copy.direction}_bytes"] += copy.bytes
+        out.update(launches=launches, syncs=syncs)
     return out
 
 
@@ -304,14 +308,14 @@ def is_sync(trace: Trace, tid, i: int) -> bool:
     """Whether call ``i`` on ``tid`` makes the host wait for the device (the rule in the module docstring)."""
     calls = trace.calls[tid]
     call = calls[i]
-    if (tid, i) in trace.ending_syncs:
+    if i in trace.ending_syncs.get(tid, ()):
         return False
     if call.name in SYNCHRONIZES or call.name in SYNC_COPIES:
         return True
     if call.name != "cudaMemcpyAsync":
         return False
     blocking = any(c.direction == "d2h" and c.pageable for c in trace.copies.get(call.correlation, ()))
-    paired = i + 1 < len(calls) and calls[i + 1].name in SYNCHRONIZES and (tid, i + 1) not in trace.ending_syncs
+    paired = i + 1 < len(calls) and calls[i + 1].name in SYNCHRONIZES and i + 1 not in trace.ending_syncs.get(tid, ())
     return blocking and not paired
 
 
