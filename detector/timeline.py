@@ -48,7 +48,7 @@ def draw_step(events, path, step: int | None = None, title: str = "") -> Path:
     _draw_cpu(ax, rows - 1, trace, chosen)
     for i, stream in enumerate(streams or [None]):
         _draw_gpu(ax, rows - 2 - i, trace, chosen, width, stream)
-    labels = ["CPU"] + [f"GPU stream {s}" for s in streams or ["–"]]
+    labels = ["CPU"] + ([f"GPU stream {s}" for s in streams] or ["GPU (no events)"])
     return _finish(fig, ax, labels[::-1], width, path)
 
 
@@ -116,8 +116,10 @@ def _draw_cpu(ax, y: float, trace: Trace, step: dict) -> None:
                 launches.append((calls[i].ts - t0) / 1e3)
             elif is_sync(trace, tid, i):
                 syncs.append((calls[i].ts - t0) / 1e3)
-    ax.vlines(launches, y + 0.1, y + 0.4, color="black", linewidth=0.3, label="kernel launch")
-    ax.plot(syncs, [y + 0.25] * len(syncs), "v", color="red", markersize=6, label="host-device sync")
+    if launches:
+        ax.vlines(launches, y + 0.1, y + 0.4, color="black", linewidth=0.3, label="kernel launch")
+    if syncs:
+        ax.plot(syncs, [y + 0.25] * len(syncs), "v", color="red", markersize=6, label="host-device sync")
 
 
 def _draw_gpu(ax, y: float, trace: Trace, step: dict, width: float, stream) -> None:
@@ -126,6 +128,8 @@ def _draw_gpu(ax, y: float, trace: Trace, step: dict, width: float, stream) -> N
     bars = [b for b in _gpu_bars(trace, step) if stream is None or b[3] == stream]
     for category in ("kernel", "gpu_memset", "gpu_memcpy"):  # copies last: drawn on top
         merged = _merge_close([b for b in bars if b[2] == category], gap=width * 1e3 / PIXELS)
+        if not merged:
+            continue  # no empty legend entries
         spans = [((a - t0) / 1e3, (b - a) / 1e3) for a, b in merged]
         color = GPU_COLORS[category]
         ax.broken_barh(
@@ -154,6 +158,8 @@ def _finish(fig, ax, labels: list[str], xmax: float, path) -> Path:
     handles = {}
     for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
         handles.setdefault(label, handle)
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncol=min(len(handles), 11), fontsize=8)
+    fig.legend(
+        handles.values(), handles.keys(), loc="outside lower center", ncol=max(1, min(len(handles), 11)), fontsize=8
+    )
     fig.savefig(path, dpi=110)
     return Path(path)
