@@ -33,6 +33,7 @@ REGION_COLORS = dict(
 )
 GPU_COLORS = {"kernel": "#3b5b92", "gpu_memcpy": "#d62728", "gpu_memset": "#e7ba52"}
 GPU_LABELS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
+LEGEND_ORDER = REGIONS + ("kernel launch", "host-device sync") + tuple(GPU_LABELS.values())
 PIXELS = 2000  # bars closer than 1/PIXELS of the axis merge: the loop strategy's 10⁵ kernels draw fast
 
 
@@ -155,9 +156,8 @@ def _finish(fig, ax, labels: list[str], xmax: float, path) -> Path:
     ax.set_xlim(0, xmax)
     ax.set_xlabel("ms from the step's start")
     ax.grid(axis="x", alpha=0.3)
-    handles = {}
-    for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
-        handles.setdefault(label, handle)
+    drawn = dict(zip(*ax.get_legend_handles_labels()[::-1], strict=True))  # label -> handle, one each
+    handles = {label: drawn[label] for label in LEGEND_ORDER if label in drawn}
     fig.legend(
         handles.values(), handles.keys(), loc="outside lower center", ncol=max(1, min(len(handles), 11)), fontsize=8
     )
