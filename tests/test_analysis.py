@@ -1,0 +1,405 @@
+"""Trace analysis (detector.analysis) and timelines (detector.timeline): exact counts on a hand-written
+trace, cross-checks on a trimmed recorded H200 trace, a real CPU-only torch.profiler trace, broken files."""
+
+import gzip
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+from detector.analysis import (
+    MEASURES,
+    load_trace,
+    markdown_table,
+    measure_steps,
+    representative_step,
+    spread,
+    summarise,
+    trace_summary,
+)
+from detector.timeline import draw_step, draw_steps
+
+GPU_TRACE = Path(__file__).parent / "data" / "padded_gpu_trace.json.gz"
+PID, MAIN, AUTOGRAD, PIN = 100, 1, 2, 3  # PIN: a thread outside the regions (the pin-memory thread)
+LOAD = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
+
+
+# ----------------------------------------------------------------------------- a hand-written trace
+
+
+def mark(name, ts, dur):
+    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": MAIN, "ts": ts, "dur": dur}
+
+
+def call(name, ts, dur, corr=None, tid=MAIN, cat="cuda_runtime"):
+    args = {} if corr is None else {"correlation": corr}
+    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args}
+
+
+def gpu(cat, name, ts, dur, corr, stream=7, nbytes=None):
+    args = {"correlation": corr, "stream": stream} | ({} if nbytes is None else {"bytes": nbytes})
+    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": args}
+
+
+H2D, D2H_PINNED = "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pinned)"
+D2H_PAGEABLE, D2D = "Memcpy DtoH (Device -> Pageable)", "Memcpy DtoD (Device -> Device)"
+
+
+def synthetic_events() -> list[dict]:
+    """Two steps (µs). Step 5: data wait, copy data, forward, calc loss, backward, then an .item() and a
+    bare synchronize outside the regions. Step 6: "copy data" and a data wait that occurs twice."""
+    names = [("thread 1 (python)", MAIN), ("thread 2 (pt_autograd_0)", AUTOGRAD), ("thread 3", PIN)]
+    meta = [{"ph": "M", "name": "thread_name", "pid": PID, "tid": t, "args": {"name": n}} for n, t in names]
+    step5 = [mark("ProfilerStep#5", 0, 1000), mark(LOAD, 10, 40)]
+    # copy data [100, 200): two H2D copies; a memset that runs on into forward (170-230)
+    step5 += [mark("copy data", 100, 100), call("cudaMemcpyAsync", 110, 5, 1), call("cudaMemcpyAsync", 120, 5, 2)]
+    step5 += [call("cudaMemsetAsync", 160, 3, 4), call("cudaDeviceSynchronize", 180, 15, 3)]  # the lab's: excluded
+    step5 += [gpu("gpu_memcpy", H2D, 120, 30, 1, nbytes=1000), gpu("gpu_memcpy", H2D, 150, 10, 2, nbytes=24)]
+    step5 += [gpu("gpu_memset", "Memset (Device)", 170, 60, 4)]
+    # forward [200, 400): 4 launches (one a graph of 3 kernels) -> 6 kernels; kernels on two streams overlap
+    step5 += [mark("forward", 200, 200), call("cudaLaunchKernel", 210, 4, 10), call("cudaLaunchKernelExC", 220, 4, 11)]
+    step5 += [call("cuLaunchKernelEx", 230, 4, 12, cat="cuda_driver"), call("cudaMalloc", 240, 10)]
+    step5 += [call("cuMemAlloc_v2", 242, 4, cat="cuda_driver")]  # nested in cudaMalloc: runtime counts 10 µs, not 14
+    step5 += [call("cudaGraphLaunch", 260, 6, 15), call("cudaDeviceSynchronize", 380, 18, 16)]
+    step5 += [
+        gpu("kernel", "k1", 220, 80, 10),
+        gpu("kernel", "k2", 250, 70, 11, stream=8),
+        gpu("kernel", "k3", 330, 10, 12),
+    ]
+    step5 += [gpu("kernel", f"graph{i}", 350 + 10 * i, 10, 15) for i in range(3)]
+    # calc loss [400, 600): 2 launches; syncs: .item() pair (1), D2H into pageable memory unpaired (1),
+    # D2H into pinned memory without a sync (0), cudaMemcpy (1), cudaEventSynchronize (1), .cpu() pair: D2H
+    # into pageable memory then cudaStreamSynchronize (1); a DtoD copy (ignored)
+    step5 += [mark("calc loss", 400, 200), call("cudaLaunchKernel", 410, 5, 20), gpu("kernel", "k4", 420, 10, 20)]
+    step5 += [call("cudaMemcpyAsync", 440, 5, 21), call("cudaStreamSynchronize", 446, 10, 22)]
+    step5 += [gpu("gpu_memcpy", D2H_PINNED, 450, 2, 21, nbytes=4)]
+    step5 += [call("cudaMemcpyAsync", 470, 20, 23), gpu("gpu_memcpy", D2H_PAGEABLE, 475, 5, 23, nbytes=8)]
+    step5 += [call("cudaLaunchKernel", 500, 5, 24), gpu("kernel", "k5", 505, 10, 24)]
+    step5 += [call("cudaMemcpyAsync", 520, 3, 25), gpu("gpu_memcpy", D2H_PINNED, 525, 5, 25, nbytes=16)]
+    step5 += [call("cudaMemcpyAsync", 530, 2, 27), gpu("gpu_memcpy", D2D, 531, 4, 27, nbytes=64)]
+    step5 += [call("cudaMemcpy", 540, 5, 26), gpu("gpu_memcpy", D2H_PAGEABLE, 545, 5, 26, nbytes=32)]
+    step5 += [call("cudaEventSynchronize", 560, 3)]
+    step5 += [call("cudaMemcpyAsync", 565, 3, 29), gpu("gpu_memcpy", D2H_PAGEABLE, 566, 2, 29, nbytes=128)]
+    step5 += [call("cudaStreamSynchronize", 570, 3, 35), call("cudaDeviceSynchronize", 580, 10, 28)]
+    # backward [600, 800): 1 launch on the main thread, 2 on the autograd thread; one on PIN (not counted)
+    step5 += [mark("backward", 600, 200), call("cudaLaunchKernel", 610, 5, 30), gpu("kernel", "k6", 615, 5, 30)]
+    step5 += [call("cudaLaunchKernel", 620, 5, 31, tid=AUTOGRAD), call("cudaLaunchKernel", 630, 5, 32, tid=AUTOGRAD)]
+    step5 += [gpu("kernel", "k7", 640, 20, 31), gpu("kernel", "k8", 650, 20, 32, stream=8)]
+    step5 += [call("cudaLaunchKernel", 700, 5, 33, tid=PIN), gpu("kernel", "k9", 700, 10, 33)]
+    step5 += [call("cudaDeviceSynchronize", 780, 10, 34)]
+    # outside the regions: the loss's .item() (one sync) and a bare device synchronize (one sync)
+    step5 += [call("cudaMemcpyAsync", 900, 5, 40), call("cudaStreamSynchronize", 906, 4, 41)]
+    step5 += [gpu("gpu_memcpy", D2H_PINNED, 910, 2, 40, nbytes=4), call("cudaDeviceSynchronize", 950, 5, 42)]
+    step6 = [mark("ProfilerStep#6", 1000, 500), mark(LOAD, 1010, 10), mark(LOAD, 1030, 20)]
+    step6 += [mark("copy data", 1100, 100), call("cudaMemcpyAsync", 1110, 5, 50)]
+    step6 += [gpu("gpu_memcpy", H2D, 1120, 40, 50, nbytes=500), call("cudaDeviceSynchronize", 1180, 10, 51)]
+    return meta + step6[::-1] + step5  # out of order on purpose: the analysis sorts
+
+
+def test_synthetic_trace_exact_measures():
+    steps = measure_steps(synthetic_events())
+    assert [s["step"] for s in steps] == [5, 6]
+    regions = steps[0]["regions"]
+    assert list(regions) == ["data wait", "copy data", "forward", "calc loss", "backward", "step"]
+    assert list(regions["forward"]) == list(MEASURES)
+    counts = ("launches", "kernels", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs")
+    expected = {  # region: (launches, kernels, h2d, h2d bytes, d2h, d2h bytes, syncs)
+        "data wait": (0, 0, 0, 0, 0, 0, 0),
+        "copy data": (0, 0, 2, 1024, 0, 0, 0),
+        "forward": (4, 6, 0, 0, 0, 0, 0),
+        "calc loss": (2, 2, 0, 0, 5, 4 + 8 + 16 + 32 + 128, 5),
+        "backward": (3, 3, 0, 0, 0, 0, 0),
+        "step": (9, 11, 2, 1024, 6, 192, 7),
+    }
+    for region, values in expected.items():
+        assert tuple(regions[region][m] for m in counts) == values, region
+    # busy: copy data 120-160 + 170-200; forward 200-320 (memset, two streams) + 330-340 + 350-380
+    busy_us = {"data wait": 0, "copy data": 70, "forward": 160, "calc loss": 43, "backward": 45, "step": 320}
+    for region, us in busy_us.items():
+        assert regions[region]["gpu_busy_ms"] == pytest.approx(us / 1e3), region
+    assert regions["forward"]["wall_ms"] == pytest.approx(0.2)
+    assert regions["forward"]["gpu_idle_share"] == pytest.approx(1 - 160 / 200)
+    assert regions["data wait"]["gpu_idle_share"] == pytest.approx(1.0)
+    # runtime: 4 + 4 + 4 + 10 (cudaMalloc around cuMemAlloc) + 6; the closing synchronize (18 µs) left out
+    assert regions["forward"]["runtime_ms"] == pytest.approx(0.028)
+    assert regions["backward"]["runtime_ms"] == pytest.approx(0.015)  # main + autograd threads, not PIN
+
+
+def test_synthetic_repeated_region_is_summed_and_absent_regions_left_out():
+    regions = measure_steps(synthetic_events())[1]["regions"]
+    assert list(regions) == ["data wait", "copy data", "step"]
+    assert regions["data wait"]["wall_ms"] == pytest.approx(0.03)  # 10 µs + 20 µs
+    assert (regions["copy data"]["h2d_copies"], regions["copy data"]["h2d_bytes"]) == (1, 500)
+    assert regions["step"]["syncs"] == 0
+
+
+def test_dict_and_list_inputs_agree():
+    events = synthetic_events()
+    assert measure_steps({"traceEvents": events}) == measure_steps(events)
+
+
+# ----------------------------------------------------------------------------- the recorded H200 trace
+
+
+@pytest.fixture(scope="module")
+def gpu_events() -> list[dict]:
+    with gzip.open(GPU_TRACE, "rt") as f:
+        return json.load(f)["traceEvents"]
+
+
+def plain_count(events, start, end, tids=(1787, 1849)) -> dict:
+    """The counts of one window written without the analysis: filter by thread, time and name."""
+    calls = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver") and e["tid"] in tids]
+    calls = [e for e in calls if start <= e["ts"] < end]
+    correlations = {e["args"]["correlation"] for e in calls}
+    copies = [e for e in events if e.get("cat") == "gpu_memcpy" and e["args"]["correlation"] in correlations]
+    launch_names = {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx"}
+    return {
+        "launches": sum(e["name"] in launch_names for e in calls),
+        "kernels": sum(e.get("cat") == "kernel" and e["args"]["correlation"] in correlations for e in events),
+        "h2d_copies": sum("HtoD" in e["name"] for e in copies),
+        "h2d_bytes": sum(e["args"]["bytes"] for e in copies if "HtoD" in e["name"]),
+        "d2h_copies": sum("DtoH" in e["name"] for e in copies),
+        "d2h_bytes": sum(e["args"]["bytes"] for e in copies if "DtoH" in e["name"]),
+    }
+
+
+def plain_busy_us(events, start, end) -> float:
+    """GPU busy µs in [start, end) by a sweep over +1/-1 edges (the analysis merges sorted intervals)."""
+    edges = []
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            a, b = max(e["ts"], start), min(e["ts"] + e["dur"], end)
+            if a < b:
+                edges += [(a, 1), (b, -1)]
+    busy, depth, last = 0.0, 0, start
+    for t, step in sorted(edges):
+        busy += (t - last) if depth else 0.0
+        depth, last = depth + step, t
+    return busy
+
+
+def test_gpu_trace_matches_a_plain_count(gpu_events):
+    steps = measure_steps(gpu_events)
+    assert [s["step"] for s in steps] == [10, 11, 12]
+    marks = [e for e in gpu_events if e.get("cat") == "user_annotation" and e["tid"] == 1787]
+    for step in steps:
+        window = next(e for e in marks if e["name"] == f"ProfilerStep#{step['step']}")
+        inside = [e for e in marks if window["ts"] <= e["ts"] < window["ts"] + window["dur"]]
+        for name, measures in step["regions"].items():
+            wanted = name if name != "step" else window["name"]
+            mark = next(e for e in inside if e["name"] == wanted or (name == "data wait" and "DataLoader" in e["name"]))
+            start, end = mark["ts"], mark["ts"] + mark["dur"]
+            assert {k: measures[k] for k in plain_count(gpu_events, start, end)} == plain_count(gpu_events, start, end)
+            assert measures["gpu_busy_ms"] == pytest.approx(plain_busy_us(gpu_events, start, end) / 1e3)
+            assert measures["wall_ms"] == pytest.approx(mark["dur"] / 1e3, abs=1e-6)  # ts + dur - ts: ns rounding
+
+
+def test_gpu_trace_known_facts(gpu_events):
+    for step in measure_steps(gpu_events):
+        regions = step["regions"]
+        assert list(regions) == ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "step"]
+        # padded "copy data": 3 H2D copies, images uint8 [1024, 1, 256, 256] + boxes uint8 [1024, 256, 4]
+        # + counts int64 [1024]
+        copy = regions["copy data"]
+        assert (copy["h2d_copies"], copy["h2d_bytes"]) == (3, 1024 * 256 * 256 + 1024 * 256 * 4 + 1024 * 8)
+        launches = {name: regions[name]["launches"] for name in regions}
+        assert launches == {
+            "data wait": 0,
+            "copy data": 0,
+            "forward": 49,
+            "calc loss": 49,
+            "backward": 163,  # 1 on the main thread, 162 on the autograd thread
+            "optimizer step": 371,
+            "step": 632,
+        }
+        assert regions["step"]["kernels"] == 632
+        # every region ends in the lab's cudaDeviceSynchronize (not counted); the step's one sync and one
+        # 4-byte D2H copy are the previous step's loss.item() (a cudaMemcpyAsync + cudaStreamSynchronize)
+        assert [regions[name]["syncs"] for name in regions] == [0, 0, 0, 0, 0, 0, 1]
+        assert (regions["step"]["d2h_copies"], regions["step"]["d2h_bytes"]) == (1, 4)
+        assert 0 < regions["calc loss"]["runtime_ms"] < regions["calc loss"]["wall_ms"]
+
+
+def test_gpu_trace_sync_count_matches_the_raw_calls(gpu_events):
+    """6 synchronize calls per step on the main thread: 5 close the lab's regions, 1 is .item()."""
+    syncs = {"cudaDeviceSynchronize", "cudaStreamSynchronize"}
+    for step in measure_steps(gpu_events):
+        start = step["start_us"]
+        end = start + step["regions"]["step"]["wall_ms"] * 1e3
+        raw = [e for e in gpu_events if e.get("name") in syncs and e["tid"] == 1787 and start <= e["ts"] < end]
+        assert len(raw) == 6
+        assert step["regions"]["step"]["syncs"] == len(raw) - 5
+
+
+# ----------------------------------------------------------------------------- summary statistics
+
+
+def test_spread_matches_the_statistics_module():
+    values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    assert spread(values + [None]) == {
+        "median": statistics.median(values),
+        "q1": q1,
+        "q3": q3,
+        "min": 1.0,
+        "max": 9.0,
+        "n": 6,
+    }
+    assert spread([5]) == {"median": 5, "q1": 5, "q3": 5, "min": 5, "max": 5, "n": 1}
+    assert spread([None, None])["n"] == 0 and spread([])["median"] is None
+
+
+def test_summary_over_the_gpu_trace(gpu_events):
+    steps = measure_steps(gpu_events)
+    summary = summarise(steps)
+    assert (summary["steps"], summary["step_numbers"]) == (3, [10, 11, 12])
+    for region, stats in summary["regions"].items():
+        for measure in ("wall_ms", "gpu_idle_share", "launches"):
+            values = [s["regions"][region][measure] for s in steps]
+            q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+            got = stats[measure]
+            assert (got["median"], got["min"], got["max"], got["n"]) == (
+                statistics.median(values),
+                min(values),
+                max(values),
+                3,
+            )
+            assert (got["q1"], got["q3"]) == pytest.approx((q1, q3))
+    # step 12 waited ~150 ms for data: the median step is not it
+    assert representative_step(steps)["step"] != 12
+    assert summary["regions"]["data wait"]["wall_ms"]["max"] > 100
+
+
+def test_trace_summary_is_json_and_the_table_reads(tmp_path):
+    summary = trace_summary(GPU_TRACE)
+    assert json.loads(json.dumps(summary)) == summary
+    assert summary["trace"] == GPU_TRACE.name and summary["gpu"] is True
+    assert summary["representative_step"] in summary["step_numbers"]
+    table = markdown_table(summary).splitlines()
+    assert table[0].startswith("| region | wall ms | GPU busy ms | GPU idle | launches |")
+    assert len(table) == 2 + len(summary["regions"])
+    copy_row = next(line for line in table if line.startswith("| copy data |"))
+    assert "| 3 | 68.2 MB |" in copy_row
+    iqr = markdown_table(summary, measures=("wall_ms",), band="iqr")
+    assert iqr.splitlines()[-1].startswith("| step | ")
+    with pytest.raises(ValueError, match="band"):
+        markdown_table(summary, band="sd")
+
+
+# ----------------------------------------------------------------------------- a real CPU-only trace
+
+
+@pytest.fixture(scope="module")
+def cpu_trace(tmp_path_factory) -> Path:
+    """A tiny training loop under torch.profiler (CPU activity only), the lab's regions around it."""
+    path = tmp_path_factory.mktemp("cpu_trace") / "cpu.pt.trace.json"
+    data = torch.utils.data.TensorDataset(torch.randn(24, 8), torch.randn(24, 1))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    model = torch.nn.Linear(8, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+        on_trace_ready=lambda p: p.export_chrome_trace(str(path)),
+    ) as prof:
+        for x, y in loader:
+            with record_function("copy data"):
+                x, y = x.clone(), y.clone()
+            with record_function("forward"):
+                pred = model(x)
+            with record_function("calc loss"):
+                loss = torch.nn.functional.mse_loss(pred, y)
+            with record_function("backward"):
+                loss.backward()
+            with record_function("optimizer step"):
+                optimizer.step()
+                optimizer.zero_grad()
+            prof.step()
+    return path
+
+
+def test_cpu_trace_has_steps_and_no_gpu_counts(cpu_trace):
+    steps = measure_steps(cpu_trace)
+    assert len(steps) == 3
+    zero = ("gpu_busy_ms", "launches", "kernels", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs")
+    for step in steps:
+        assert list(step["regions"]) == [
+            "data wait",
+            "copy data",
+            "forward",
+            "calc loss",
+            "backward",
+            "optimizer step",
+            "step",
+        ]
+        for name, measures in step["regions"].items():
+            assert measures["wall_ms"] > 0, name
+            assert all(measures[m] == 0 for m in zero), name
+            assert measures["gpu_idle_share"] is None  # no GPU to idle
+        regions = step["regions"]
+        assert sum(regions[name]["wall_ms"] for name in regions if name != "step") <= regions["step"]["wall_ms"]
+    summary = trace_summary(cpu_trace)
+    assert summary["gpu"] is False
+    assert summary["regions"]["forward"]["gpu_idle_share"]["n"] == 0
+    assert "| – |" in markdown_table(summary)
+
+
+# ----------------------------------------------------------------------------- timelines
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR chunk, after checking the signature."""
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_draw_step_renders_a_png(tmp_path, cpu_trace):
+    path = draw_step(GPU_TRACE, tmp_path / "step.png", title="padded, H200")
+    assert path == tmp_path / "step.png"
+    width, height = png_size(path)
+    assert width > 1000 and 200 < height < width
+    assert 20_000 < path.stat().st_size < 2_000_000
+    png_size(draw_step(GPU_TRACE, tmp_path / "step12.png", step=12))
+    png_size(draw_step(cpu_trace, tmp_path / "cpu.png"))  # no GPU rows to draw
+    with pytest.raises(ValueError, match="no ProfilerStep#99"):
+        draw_step(GPU_TRACE, tmp_path / "none.png", step=99)
+
+
+def test_draw_steps_stacks_runs_on_one_axis(tmp_path, cpu_trace):
+    path = draw_steps([("padded H200", GPU_TRACE), ("cpu", cpu_trace)], tmp_path / "steps.png", title="two runs")
+    one = draw_step(GPU_TRACE, tmp_path / "one.png")
+    assert png_size(path)[1] > png_size(one)[1]  # 4 rows against 2
+    assert path.stat().st_size > 20_000
+    with pytest.raises(ValueError, match="at least one"):
+        draw_steps([], tmp_path / "empty.png")
+
+
+# ----------------------------------------------------------------------------- broken and foreign files
+
+
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("garbage.json", b"\x00\x01 not json"),
+        ("truncated.json.gz", gzip.compress(b'{"traceEvents": [{"ph": "X"}]}')[:20]),
+        ("foreign.json", json.dumps({"rows": [1, 2, 3]}).encode()),
+        ("numbers.json", json.dumps({"traceEvents": [1, 2]}).encode()),
+        ("no_steps.json", json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add"}]}).encode()),
+        ("malformed.json", json.dumps([{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1"}]).encode()),
+    ],
+)
+def test_broken_or_foreign_file_is_a_clear_error(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=name.replace(".", r"\.")):
+        measure_steps(path)
+
+
+def test_missing_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="absent.json"):
+        load_trace(tmp_path / "absent.json")
