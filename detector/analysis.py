@@ -374,11 +374,12 @@ def summarise(steps: list[dict]) -> dict:
     return {"steps": len(steps), "step_numbers": [s["step"] for s in steps], "regions": regions}
 
 
-def trace_summary(source) -> dict:
+def trace_summary(source, steps: list[dict] | None = None) -> dict:
     """JSON-ready summary of a trace for a run's summary.json: its name, whether it has GPU events, the
-    spread of every measure per region over its steps (``summarise``) and the representative step."""
+    spread of every measure per region over its steps (``summarise``) and the representative step.
+    ``steps``: the trace's ``measure_steps``, when the caller has them already."""
     trace = source if isinstance(source, Trace) else load_trace(source)
-    steps = measure_steps(trace)
+    steps = measure_steps(trace) if steps is None else steps
     return {
         "trace": Path(trace.name).name,
         "gpu": trace.has_gpu,

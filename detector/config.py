@@ -44,7 +44,6 @@ class ProfileConfig:
     warmup: int = 5
     active: int = 10
     out_dir: str = "runs/profile"  # traces go to <out_dir>/<strategy>[-forward]/
-    lr: float = 1e-4  # optimizer of MODE=train (plain Adam step, just to time it)
     profile_memory: bool = True
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
 
@@ -81,6 +80,7 @@ class TrainConfig:
     stop_after: int = 0  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     compile: bool = False  # torch.compile of the model and (static-shape layouts) the loss
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
+    nonfinite: str = "stop"  # a non-finite loss: stop (naming the step, last good checkpoint kept) | skip its update
     profile: bool = False  # one torch.profiler window (profile.wait/warmup/active) with make profile's regions
 
 

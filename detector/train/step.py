@@ -1,0 +1,245 @@
+"""One training step, for `make train` and `make profile` alike: what the profile shows is what training does.
+
+    batch to device -> forward (bf16 autocast) -> loss (any strategy) -> backward -> clip -> optimizer
+    -> schedule
+
+``TrainStep`` builds the model, the optimizer and the schedule from a config (the same config gives
+the same step in both commands) and runs the step eagerly, compiled (``train.compile``) or as one
+CUDA graph (``train.cuda_graphs``). ``forward_only`` is the article's protocol (`make profile
+MODE=forward`): copy, forward and loss with no gradient.
+
+Profiler regions ("copy data", "forward", "calc loss", "backward", "optimizer step"; a CUDA-graph step
+has "copy data" and "step (CUDA graph)") are marked inside the step. They cost nothing unless
+``regions.active`` is set: then each is a ``record_function`` label ended by one device synchronize,
+so that its wall time is its own (detector/analysis.py leaves that synchronize out of its counts).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
+from torch.profiler import record_function
+
+from detector.data import to_device
+from detector.errors import UserError
+from detector.losses import get_strategy
+from detector.model import build_model
+from detector.targets import PaddedTargets
+from detector.train.distributed import count_valid, global_mean
+
+# Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
+GRAPH_REFUSALS = {
+    "list": "its targets are a list of [n_i, 4] tensors whose shapes change with every batch, and the loss "
+    "reads those sizes on the host (dynamic shapes and host synchronisations), while a graph replays "
+    "fixed shapes with no host in the loop",
+    "packed": "its [N, 4] boxes change shape with the number of faces N in every batch, "
+    "while a graph replays fixed shapes",
+}
+GRAPH_WARMUP = 3  # eager steps on a side stream before capture, as in PyTorch's whole-network example
+
+
+class Regions:
+    """The step's named profiler regions: free when inactive, label + synchronize when active."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.active = False  # set by the profiler loop around its warm-up and active steps
+
+    def __call__(self, name: str):
+        return self._marked(name) if self.active else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _marked(self, name: str):
+        with record_function(name):
+            yield
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+
+
+def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
+    """The learning-rate multiplier of step ``step`` (0-based): linear warm-up to 1, then a cosine to min_ratio."""
+    if step < warmup:
+        return (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+    return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_optimizer(model, tcfg, device: torch.device) -> torch.optim.AdamW:
+    """AdamW: fused on CUDA; with CUDA graphs also capturable with a device-tensor lr that the schedule
+    updates in place (the graph reads its address)."""
+    kwargs = {"fused": True} if device.type == "cuda" else {}
+    lr = tcfg.lr
+    if tcfg.cuda_graphs:
+        kwargs["capturable"] = True
+        lr = torch.tensor(tcfg.lr, device=device)
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=tcfg.weight_decay, **kwargs)
+
+
+def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) -> str | None:
+    """Why train.cuda_graphs cannot run this strategy here, or None."""
+    if not tcfg.cuda_graphs:
+        return None
+    if strategy.layout in GRAPH_REFUSALS:
+        return f"train.cuda_graphs=true cannot capture strategy {strategy.name!r}: {GRAPH_REFUSALS[strategy.layout]}"
+    if device.type != "cuda":
+        return f"train.cuda_graphs=true needs a CUDA device, this run is on {device}"
+    if world_size > 1:
+        return "train.cuda_graphs=true runs on one GPU: capturing DDP's gradient all-reduce is not supported here"
+    return None
+
+
+def compile_loss(strategy, say):
+    """torch.compile of the loss for static-shape layouts; the list layout's per-image loop stays eager."""
+    if strategy.layout == "list":
+        say(f"train.compile: the loss of {strategy.name!r} stays eager (its per-image shapes would recompile)")
+        return strategy
+    return torch.compile(strategy.fn, dynamic=strategy.layout == "packed")  # packed: N changes every batch
+
+
+class TrainStep:
+    """The model, its optimizer and schedule, and one call per training step (see the module docstring)."""
+
+    def __init__(self, cfg: DictConfig, device: torch.device, world_size: int = 1, say=print):
+        tcfg = cfg.train
+        self.strategy = get_strategy(tcfg.strategy)
+        reason = self.strategy.unavailable(device) or speed_option_refusal(self.strategy, tcfg, world_size, device)
+        if reason:
+            raise UserError(f"strategy {self.strategy.name!r} cannot train here: {reason}")
+        self.device, self.world_size, self.tcfg = device, world_size, tcfg
+        torch.manual_seed(tcfg.seed)  # the same seed gives every strategy the same initial model
+        with device:  # initialise on the device: a 1.1 B-parameter model initialises in a blink there
+            self.model = build_model(cfg.model, cfg.data)
+        self.optimizer = build_optimizer(self.model, tcfg, device)
+        schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
+        self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
+        self.net = self.model
+        if world_size > 1:
+            ids = [device] if device.type == "cuda" else None
+            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+        self.loss_fn = self.strategy
+        if tcfg.compile:
+            self.net = torch.compile(self.net)
+            self.loss_fn = compile_loss(self.strategy, say)
+        # cache_enabled=False: required inside CUDA graph capture, and every weight is used once per forward anyway
+        self.autocast = torch.autocast(
+            device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast), cache_enabled=False
+        )
+        self.regions = Regions(device)
+        self.graph = GraphedStep(self) if tcfg.cuda_graphs else None
+
+    def __call__(self, batch) -> Tensor:
+        """One optimizer step on ``batch``; returns the global mean loss (detached, on the device)."""
+        if self.graph is not None:
+            loss = self.graph(batch)
+        else:
+            with self.regions("copy data"):
+                images, targets = to_device(batch, self.device)
+            loss = self.forward_backward(images, targets)
+            self.optimizer_step(loss)
+            self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return loss
+
+    def forward_backward(self, images: Tensor, targets) -> Tensor:
+        with self.regions("forward"), self.autocast:
+            pred = self.net(images)  # [B, M, 4] xyxy
+        with self.regions("calc loss"):
+            n_local = count_valid(targets, self.device)
+            loss_backward, loss = global_mean(self.loss_fn(pred, targets), n_local, self.world_size)
+        with self.regions("backward"):
+            loss_backward.backward()
+        return loss
+
+    def optimizer_step(self, loss: Tensor) -> None:
+        with self.regions("optimizer step"):
+            if self.tcfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
+            if self.tcfg.nonfinite == "skip":
+                bad = ~torch.isfinite(loss)
+                if self.optimizer.defaults.get("fused"):
+                    self.optimizer.found_inf = bad.float()  # the fused kernel skips the update on the device
+                elif bad.item():  # the CPU has no device to wait for
+                    return
+            self.optimizer.step()
+
+    @torch.no_grad()
+    def forward_only(self, batch) -> Tensor:
+        """The article's protocol: copy, forward and loss, no gradient and no optimizer."""
+        with self.regions("copy data"):
+            images, targets = to_device(batch, self.device)
+        with self.regions("forward"), self.autocast:
+            pred = self.net(images)  # [B, M, 4] xyxy
+        with self.regions("calc loss"):
+            return self.loss_fn(pred, targets)
+
+
+class GraphedStep:
+    """The whole step, forward to optimizer step, as one CUDA graph over static input buffers.
+
+    The first GRAPH_WARMUP calls run eagerly on a side stream (real steps that also warm up cuBLAS and
+    any torch.compile), the next one captures and replays, and every later one copies its batch into
+    the buffers and replays. Gradients live in the graph's memory, so they are never set to None.
+    """
+
+    def __init__(self, step: TrainStep):
+        self.step = step
+        self.static: tuple | None = None  # images [B, 1, S, S] uint8, PaddedTargets on the device
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.loss: Tensor | None = None
+        self.calls = 0
+
+    def __call__(self, batch) -> Tensor:
+        images, targets = batch
+        if self.static is None:
+            device = self.step.device
+            boxes, counts = (
+                torch.empty_like(targets.boxes, device=device),
+                torch.empty_like(targets.counts, device=device),
+            )
+            self.static = (torch.empty_like(images, device=device), PaddedTargets(boxes, counts))
+        s_images, s_targets = self.static
+        with self.step.regions("copy data"):
+            s_images.copy_(images, non_blocking=True)
+            s_targets.boxes.copy_(targets.boxes, non_blocking=True)
+            s_targets.counts.copy_(targets.counts, non_blocking=True)
+        self.calls += 1
+        if self.graph is None and self.calls <= GRAPH_WARMUP:
+            return self.warm_up()
+        if self.graph is None:
+            self.capture()
+        with self.step.regions("step (CUDA graph)"):
+            self.graph.replay()
+        return self.loss.clone()  # the graph overwrites its output at the next replay
+
+    def warm_up(self) -> Tensor:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            loss = self.step.forward_backward(*self.static)
+            self.step.optimizer_step(loss)
+            self.step.optimizer.zero_grad(set_to_none=True)
+        torch.cuda.current_stream().wait_stream(side)
+        return loss
+
+    def capture(self) -> None:
+        self.step.optimizer.zero_grad(set_to_none=True)
+        self.graph = torch.cuda.CUDAGraph()
+        regions = self.step.regions
+        active, regions.active = regions.active, False  # no labels or synchronisation inside a capture
+        try:
+            # thread_local: the DataLoader's pin-memory thread keeps calling CUDA while we capture
+            with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+                self.loss = self.step.forward_backward(*self.static)
+                self.step.optimizer_step(self.loss)
+        except RuntimeError as err:
+            raise RuntimeError(
+                f"train.cuda_graphs=true: the step with strategy {self.step.strategy.name!r} could not be captured "
+                f"in a CUDA graph (it synchronises with the host or changes shapes): {err}"
+            ) from err
+        finally:
+            regions.active = active

@@ -1,0 +1,69 @@
+"""`train.strategy=all` (experiments/strategy_sweep.yaml): one run per strategy, same seed and data,
+then a table and the loss curves side by side."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from detector.losses import STRATEGIES
+from detector.report import markdown_table
+from detector.train.step import speed_option_refusal
+
+
+def sweep_table(summaries: list[dict], skipped: dict[str, str]) -> str:
+    """A markdown table of a sweep; loss gap = largest |loss difference| from the first run's curve."""
+    reference = dict(summaries[0]["history"]) if summaries else {}
+    headers = ["strategy", "final loss", "max loss gap", "eval mIoU", "mean-box mIoU", "step ms", "data wait ms"]
+    headers += ["images/s (wall)", "images/s (device)"]
+    rows = []
+    for s in summaries:
+        gap = max((abs(loss - reference[k]) for k, loss in s["history"] if k in reference), default=math.nan)
+        metrics = s["eval"]
+        rows.append(
+            [s["run"], f"{s['final_loss']:.4f}", f"{gap:.1e}", f"{metrics.get('mean_iou', math.nan):.3f}"]
+            + [f"{metrics.get('trivial_mean_iou', math.nan):.3f}", f"{s['step_ms']:.1f}", f"{s['data_wait_ms']:.1f}"]
+            + [f"{s['images_per_s']:.0f}", f"{s['device_images_per_s']:.0f}"]
+        )
+    rows += [[name, f"skipped: {reason}"] + [""] * (len(headers) - 2) for name, reason in skipped.items()]
+    return markdown_table(headers, rows)
+
+
+def plot_losses(summaries: list[dict], path: Path) -> None:
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(7, 4))
+    ax = fig.subplots()
+    for s in summaries:
+        ax.plot([k for k, _ in s["history"]], [loss for _, loss in s["history"]], label=s["run"], linewidth=1)
+    ax.set(xlabel="step", ylabel="GIoU loss", title="training loss per strategy (same seed and data)")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run_sweep(cfg: DictConfig, experiment: str, env, device: torch.device, train) -> list[dict]:
+    """One ``train`` run per registered strategy that can run here; the others are listed with the reason."""
+    summaries, skipped = [], {}
+    for name, strategy in STRATEGIES.items():
+        reason = strategy.unavailable(device) or speed_option_refusal(strategy, cfg.train, env.world_size, device)
+        if reason:
+            skipped[name] = reason
+            continue
+        summaries.append(train(OmegaConf.merge(cfg, {"train": {"strategy": name}}), experiment, env, device))
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # the next run starts from the same free memory
+    if env.is_main:
+        table = sweep_table(summaries, skipped)
+        out = Path(cfg.train.out_dir) / experiment
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "sweep.md").write_text(table + "\n")
+        (out / "sweep.json").write_text(json.dumps({"runs": summaries, "skipped": skipped}, indent=2))
+        if summaries:
+            plot_losses(summaries, out / "loss_curves.png")
+        print(f"\n{table}\n\ntable, summaries and loss_curves.png in {out}/")
+    return summaries
