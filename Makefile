@@ -1,6 +1,7 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
-#   make test | bench | compare | tensorboard | train EXPERIMENT=... | lint | gpu-check
+#   make bench [TARGET=losses|kernels|layers] [ARGS="bench.repeats=50"]
+#   make test | compare | tensorboard | train EXPERIMENT=... | lint | gpu-check
 
 # The interpreter that creates the virtualenv (Python >= 3.10).
 PYTHON ?= python3
@@ -14,6 +15,8 @@ SYSTEM_TORCH ?=
 STRATEGY ?= padded
 MODE ?= train
 EXPERIMENT ?= cpu_smoke
+# bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by layer)
+TARGET ?= losses
 NPROC ?= 1
 ARGS ?=
 PYTEST_ARGS ?=
@@ -53,10 +56,11 @@ tensorboard: $(SETUP)
 	$(PY) -m detector tensorboard
 
 bench: $(SETUP)
-	$(PY) -m detector bench $(ARGS)
+	$(PY) -m detector bench $(TARGET) $(ARGS)
 
+# The same as `make bench TARGET=kernels`.
 bench-kernels: $(SETUP)
-	$(PY) -m detector.bench.kernels --out runs/bench/kernels.json
+	$(PY) -m detector bench kernels $(ARGS)
 
 train: $(SETUP)
 ifeq ($(NPROC),1)
@@ -74,15 +78,14 @@ format: $(SETUP)
 	$(PY) -m ruff format .
 
 # One call on a GPU machine that already has torch (the device tool: `make gpu-check PY=python3`):
-# builds the extension, runs the whole test suite (CUDA rows included) and the benchmarks.
+# builds the extension, runs the whole test suite (CUDA rows included) and the three bench targets.
 # Python packages missing there travel as wheels in .whl/ and are installed to /tmp/site.
 GPU_ENV = $(if $(wildcard .whl/*.whl),PYTHONPATH=/tmp/site)
 gpu-check:
 	$(if $(wildcard .whl/*.whl),$(PY) -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl)
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(GPU_ENV) $(PY) -m pytest -q -rs $(PYTEST_ARGS)
-	$(GPU_ENV) $(PY) -m detector bench $(ARGS)
-	$(GPU_ENV) $(PY) -m detector.bench.kernels --out runs/bench/kernels.json
+	for t in losses kernels layers; do $(GPU_ENV) $(PY) -m detector bench $$t $(ARGS) || exit 1; done
 
 # Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
 STRATEGIES ?=

@@ -52,7 +52,7 @@ class ProfileConfig:
 class BenchConfig:
     strategies: list[str] = field(default_factory=list)  # empty = every registered strategy
     batch_sizes: list[int] = field(default_factory=lambda: [1024])
-    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/cases.py
+    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/bench/cases.py
     pred_dtype: str = "bfloat16"  # what the model emits under autocast
     warmup: int = 10
     repeats: int = 100

@@ -1,15 +1,111 @@
-"""Tables and charts shared by compare, bench and sweep."""
+"""Tables and numbers shared by the commands (bench, compare, sweep): one markdown table writer, one way
+to print milliseconds, spreads and speed-ups, and one line naming the machine a run came from.
+
+A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.bench.timing.Stats``,
+or :class:`Spread` here): a median and the interval around it. A speed-up is printed only where the two
+intervals are apart; where they overlap the difference is within the noise and the cell says ``≈``.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
+
 import torch
 
-
-def device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+MISSING = "—"  # a cell without a value (not measured, not applicable)
 
 
-def markdown_table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+class Spread(NamedTuple):
+    """A median and the interval around it (e.g. the quartiles of repeated timings)."""
+
+    median: float
+    low: float
+    high: float
+
+
+def significant(value: float, digits: int = 3) -> str:
+    """``value`` with ``digits`` significant digits, never in exponent notation: 1239, 4.84, 0.0439."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    decimals = max(0, digits - 1 - math.floor(math.log10(abs(value))))
+    return f"{value:.{decimals}f}"
+
+
+def ms(value: float | None, digits: int = 3) -> str:
+    """Milliseconds with ``digits`` significant digits, or ``—`` for None."""
+    return MISSING if value is None else significant(value, digits)
+
+
+def spread_cell(stats, digits: int = 3) -> str:
+    """``median [low–high]``, e.g. ``0.575 [0.561–0.590]``; ``—`` for None."""
+    if stats is None:
+        return MISSING
+    return f"{ms(stats.median, digits)} [{ms(stats.low, digits)}–{ms(stats.high, digits)}]"
+
+
+def overlap(a, b) -> bool:
+    """Whether two spreads' intervals [low, high] share a point."""
+    return a.low <= b.high and b.low <= a.high
+
+
+def speedup_cell(base, new) -> str:
+    """How many times faster ``new`` is than ``base`` (``3.3×``, ``0.04×``), ``≈`` where their spreads
+    overlap, ``—`` if either is missing."""
+    if base is None or new is None:
+        return MISSING
+    if overlap(base, new):
+        return "≈"
+    return f"{significant(base.median / new.median, 2)}×"
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
+    """A markdown table. ``align`` has one letter per column, ``l`` or ``r``; by default the first column
+    is left-aligned and the others right-aligned (labels, then numbers). None cells print as ``—``."""
+    align = align or "l" + "r" * (len(headers) - 1)
+    if len(align) != len(headers) or set(align) - {"l", "r"}:
+        raise ValueError(f"align must be one of 'l'/'r' per column ({len(headers)}), got {align!r}")
+    for i, row in enumerate(rows):
+        if len(row) != len(headers):
+            raise ValueError(f"row {i} has {len(row)} cells for {len(headers)} columns: {row!r}")
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    lines += ["| " + " | ".join(MISSING if c is None else str(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name for a CUDA device (``NVIDIA H200``), else the device type (``cpu``)."""
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def run_info(device: torch.device | str) -> dict:
+    """What a result file records about the machine: device name, torch version (and CUDA's, on a GPU)."""
+    info = {"device": device_name(device), "torch": torch.__version__}
+    if torch.device(device).type == "cuda":
+        info["cuda"] = torch.version.cuda
+    return info
+
+
+def run_header(device: torch.device | str) -> str:
+    """One line naming the machine a run came from: ``NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0``."""
+    info = run_info(device)
+    return f"{info['device']}, torch {info['torch']}" + (f", CUDA {info['cuda']}" if "cuda" in info else "")
+
+
+def _jsonable(value):
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
+    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+
+
+def write_json(path: str | Path, payload: dict) -> Path:
+    """``payload`` as indented JSON at ``path`` (parents created); dataclasses such as Stats become objects."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2, default=_jsonable))
+    return path

@@ -1,4 +1,4 @@
-"""End to end: `make profile` on a tiny config, `compare`, `bench`, and the TensorBoard plugin patch."""
+"""End to end: `make profile` on a tiny config, `compare`, and the TensorBoard plugin patch."""
 
 import gzip
 import json
@@ -9,10 +9,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from detector.bench.losses import run_bench
 from detector.compare import run_compare
 from detector.config import load_config
-from detector.losses import STRATEGIES
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "data.batch_size=4 data.image_size=32 model.hidden=16 profile.wait=1 profile.warmup=1 profile.active=2"
@@ -54,27 +52,6 @@ def test_compare_prints_a_table_and_writes_a_png(tmp_path, capsys):
 def test_compare_without_runs_says_what_to_do(tmp_path):
     with pytest.raises(FileNotFoundError, match="make profile"):
         run_compare(tmp_path)
-
-
-def test_bench_times_every_registered_strategy(tmp_path):
-    out = tmp_path / "bench.json"
-    cfg = load_config(
-        [
-            "device=cpu",
-            "data.max_boxes=16",
-            "bench.batch_sizes=[3]",
-            "bench.distributions=[seed,zero]",
-            "bench.warmup=1",
-            "bench.repeats=3",
-            f"bench.out={out}",
-        ],
-        announce=None,
-    )
-    records = run_bench(cfg)
-    runnable = {name for name, s in STRATEGIES.items() if not s.unavailable(__import__("torch").device("cpu"))}
-    assert {r["strategy"] for r in records} == runnable
-    assert all(r["forward_ms"] > 0 and r["forward_backward_ms"] > 0 for r in records)
-    assert json.loads(out.read_text())["results"] == records
 
 
 def test_unknown_preset_and_experiment_list_the_known_ones():

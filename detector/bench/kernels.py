@@ -1,41 +1,58 @@
-"""`make bench-kernels`: the detector::giou_loss kernels on a GPU (``python -m detector.bench_kernels``).
+"""``bench kernels`` (``make bench-kernels``): the custom kernels on a GPU, in five sections.
 
-1. Headline: batch 1024, 256 slots, seed boxes: forward+backward of padded and the custom-op
-   strategies, wall time with a synchronize after each call, against the floor of one tiny kernel
-   plus a synchronize; also CUDA-event time and CUDA-graph replay (the kernels without the host).
-2. Bandwidth: batch 16384, the fused forward kernel's bytes (pred and targets read, gradient written)
-   over its time, against a device-to-device copy measured in the same run.
-3. packed against cuda_fused as the number of valid boxes grows from 1 to 100k.
-4. cuda_conditional against cuda_fused at large M: does skipping the padded slots pay?
+1. Host floors: wall ms of a tiny kernel, autograd round trips and the op below autograd, each with a
+   synchronize: what any loss pays on this host before its own work.
+2. Headline: batch 1024, 256 slots, seed boxes; forward+backward of padded and the custom-op strategies,
+   wall time (host clock), CUDA-event time and CUDA-graph replay (the kernels without the host).
+3. Byte floors: batch 16384, 256 slots, seed boxes, uint8 targets. For each kernel strategy the bytes its
+   forward must move (predictions read, gradient written, target boxes read, counts read), over the rate
+   of a 256 MiB device-to-device copy measured in the same run, is its floor; the table gives the forward
+   device time and its ratio to that floor. The floor counts every prediction slot, so a strategy that
+   skips padded slots (cuda_conditional, packed) may go below it (ratio < 1).
+4. packed against cuda_fused as the valid boxes grow from 1 to 100k (batch 1024 and 16384, 256 slots).
+5. cuda_conditional against cuda_fused forward at 256 and 4096 slots (batch 1024): does skipping pay?
 
-Timings are medians after warm-up: CUDA events for kernel time, the host clock for wall time.
-CUDA only: on a machine without one it says so and exits 0.
+The case sizes above are fixed; ``bench.pred_dtype`` (sections 2–5; 2 and 3 also in float32) and the
+timing budget ``bench.warmup``, ``bench.repeats``, ``bench.max_seconds`` come from the configuration.
+Every time is a median [quartiles]; speed-ups print ``≈`` where the quartiles overlap. CUDA only: on a
+machine without one it says so in one line and returns.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
 import torch
+from omegaconf import DictConfig
 
+from detector import bench
 from detector.bench.cases import random_case, sample_counts
-from detector.bench.timing import device_ms, event_ms, graph_ms, loss_closures, wall_ms
-from detector.data import make_targets
-from detector.kernels import cuda_op as ops
+from detector.bench.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
+from detector.config import resolve_device
+from detector.kernels import cuda_op
 from detector.losses import STRATEGIES, get_strategy
+from detector.report import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
+from detector.targets import make_targets
 
 HEADLINE = ("padded", "cuda_fused", "cuda_conditional", "packed")
+KERNEL_STRATEGIES = ("triton", "cuda_fused", "cuda_conditional", "packed")  # one kernel forward each
+FLOOR_BATCH = 16384
+SLOTS = 256
+COPY_BYTES = 256 * 2**20
 VALID_BOXES = (1, 10, 100, 1_000, 10_000, 100_000)
 
 
-def strategy_case(name: str, pred: torch.Tensor, boxes_list: list, slots: int):
-    """(forward, forward+backward) closures of a strategy on device tensors."""
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def runnable(names) -> list[str]:
+    return [n for n in names if n in STRATEGIES and not STRATEGIES[n].unavailable(torch.device("cuda"))]
+
+
+def strategy_inputs(name: str, pred: torch.Tensor, boxes_list: list, slots: int):
+    """A strategy with its CUDA predictions (requiring grad) and targets of its layout."""
     strategy = get_strategy(name)
     targets = make_targets(boxes_list, strategy.layout, slots).to("cuda")
-    return loss_closures(strategy, pred.to("cuda").requires_grad_(), targets)
+    return strategy, pred.to("cuda").requires_grad_(), targets
 
 
 def even_boxes(boxes_list: list, valid: int) -> list:
@@ -43,27 +60,6 @@ def even_boxes(boxes_list: list, valid: int) -> list:
     batch = len(boxes_list)
     per_image = [valid // batch + (b < valid % batch) for b in range(batch)]
     return [boxes[:n] for boxes, n in zip(boxes_list, per_image, strict=True)]
-
-
-def headline(pred_dtype) -> list[dict]:
-    pred, boxes_list = random_case(1024, 256, "seed", pred_dtype, torch.uint8, seed=1024, nan_padding=False)
-    records = []
-    for name in HEADLINE:
-        if name not in STRATEGIES or STRATEGIES[name].unavailable(torch.device("cuda")):
-            continue
-        forward, forward_backward = strategy_case(name, pred, boxes_list, 256)
-        records.append(
-            {
-                "strategy": name,
-                "pred_dtype": str(pred_dtype).replace("torch.", ""),
-                "valid_boxes": sum(len(b) for b in boxes_list),
-                "forward_wall_ms": wall_ms(forward),
-                "forward_backward_wall_ms": wall_ms(forward_backward),
-                "forward_backward_event_ms": event_ms(forward_backward),
-                "forward_backward_graph_ms": graph_ms(forward_backward),
-            }
-        )
-    return records
 
 
 class _Double(torch.autograd.Function):
@@ -78,16 +74,17 @@ class _Double(torch.autograd.Function):
         return grad * 2
 
 
-def floors() -> dict:
+def host_floors(timed: dict) -> dict:
     """What any loss pays on this host before its own work: wall ms of tiny kernels and autograd round trips."""
     x = torch.zeros((), device="cuda", requires_grad=True)
-    pred, boxes_list = random_case(1024, 256, "seed", torch.bfloat16, torch.uint8, seed=1024, nan_padding=False)
-    boxes, counts = make_targets(boxes_list, "padded", 256).to("cuda")
+    pred, boxes_list = random_case(1024, SLOTS, "seed", torch.bfloat16, torch.uint8, seed=1024, nan_padding=False)
+    boxes, counts = make_targets(boxes_list, "padded", SLOTS).to("cuda")
     pred = pred.to("cuda")
+    op = torch.ops.detector.giou_loss.default
 
-    def op_below_autograd():  # the op without its Python autograd layer
+    def op_below_autograd():  # the op without its autograd layer
         with torch._C._AutoDispatchBelowAutograd():
-            torch.ops.detector.giou_loss.default(pred, boxes, counts, False)
+            op(pred, boxes, counts, False)
 
     def backward(fn):
         def step():
@@ -96,172 +93,181 @@ def floors() -> dict:
 
         return step
 
-    return {
-        "tiny_kernel_sync_ms": wall_ms(lambda: x.detach().add_(1)),
-        "cpp_autograd_fwd_bwd_ms": wall_ms(backward(lambda t: t * 2)),
-        "python_autograd_fwd_bwd_ms": wall_ms(backward(_Double.apply)),
-        "op_forward_below_autograd_ms": wall_ms(op_below_autograd),
-        "op_forward_no_grad_ms": wall_ms(lambda: torch.ops.detector.giou_loss.default(pred, boxes, counts, False)),
+    fns = {
+        "tiny kernel + synchronize": lambda: x.detach().add_(1),
+        "C++ autograd fwd+bwd": backward(lambda t: t * 2),
+        "Python autograd.Function fwd+bwd": backward(_Double.apply),
+        "op forward below autograd": op_below_autograd,
+        "op forward, no autograd recording": lambda: op(pred, boxes, counts, False),
     }
+    return {label: wall_ms(fn, "cuda", **timed) for label, fn in fns.items()}
 
 
-def bandwidth(pred, boxes_list) -> dict:
-    """Fused forward bytes over device time, against a device-to-device copy in the same run."""
-    slots = pred.shape[1]
-    boxes, counts = make_targets(boxes_list, "padded", slots).to("cuda")
-    pred = pred.to("cuda")
-    moved = 2 * pred.numel() * pred.element_size() + boxes.numel() * boxes.element_size()  # pred, grad, targets
-    moved += counts.numel() * counts.element_size()
-    op = torch.ops.detector.giou_loss.default
-    fused = device_ms(lambda: op(pred, boxes, counts, False))
-    skipping = device_ms(lambda: op(pred, boxes, counts, True))
-    src = torch.empty(256 * 2**20, dtype=torch.uint8, device="cuda")
+def headline(pred_dtype: torch.dtype, timed: dict) -> list[dict]:
+    pred, boxes_list = random_case(1024, SLOTS, "seed", pred_dtype, torch.uint8, seed=1024, nan_padding=False)
+    records = []
+    for name in runnable(HEADLINE):
+        forward, forward_backward = loss_closures(*strategy_inputs(name, pred, boxes_list, SLOTS))
+        records.append(
+            {
+                "strategy": name,
+                "pred_dtype": dtype_name(pred_dtype),
+                "valid_boxes": sum(len(b) for b in boxes_list),
+                "forward_wall_ms": wall_ms(forward, "cuda", **timed),
+                "forward_backward_wall_ms": wall_ms(forward_backward, "cuda", **timed),
+                "forward_backward_event_ms": event_ms(forward_backward, "cuda", **timed),
+                "forward_backward_graph_ms": graph_ms(forward_backward, label=name, **timed),
+            }
+        )
+    return records
+
+
+def copy_rate(timed: dict) -> dict:
+    """Device ms of a 256 MiB device-to-device copy and its rate in bytes moved (read + write) per ms."""
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
-    copy = device_ms(lambda: dst.copy_(src))
-    copy_gbs = 2 * src.numel() / copy / 1e6  # read + write
-    fused_gbs = moved / fused / 1e6
-    return {
-        "pred_dtype": str(pred.dtype).replace("torch.", ""),
-        "batch": pred.shape[0],
-        "slots": slots,
-        "bytes": moved,
-        "fused_forward_ms": fused,
-        "fused_GBps": fused_gbs,
-        "conditional_forward_ms": skipping,
-        "copy_ms": copy,
-        "copy_GBps": copy_gbs,
-        "fused_vs_copy": fused_gbs / copy_gbs,
-    }
+    copy = device_ms(lambda: dst.copy_(src), **timed)
+    return {"bytes": 2 * COPY_BYTES, "ms": copy, "bytes_per_ms": 2 * COPY_BYTES / copy.median}
 
 
-def packed_scaling(pred_dtype, batch: int, slots: int = 256) -> list[dict]:
+def bytes_moved(pred: torch.Tensor, targets) -> int:
+    """The least a forward that also writes the gradient moves: predictions read, gradient (pred's shape
+    and dtype) written, target boxes read, counts read."""
+    boxes, counts = targets  # [B, M, 4] or [N, 4], [B]
+    return 2 * pred.nbytes + boxes.nbytes + counts.nbytes
+
+
+def byte_floors(pred_dtype: torch.dtype, copy: dict, timed: dict) -> list[dict]:
+    """Each kernel strategy's forward (loss and saved gradient) device time against its byte floor."""
+    pred, boxes_list = random_case(FLOOR_BATCH, SLOTS, "seed", pred_dtype, torch.uint8, seed=7, nan_padding=False)
+    records = []
+    for name in runnable(KERNEL_STRATEGIES):
+        strategy, cuda_pred, targets = strategy_inputs(name, pred, boxes_list, SLOTS)
+        moved = bytes_moved(cuda_pred, targets)
+        floor = moved / copy["bytes_per_ms"]
+        forward = device_ms(lambda: strategy(cuda_pred, targets), **timed)  # noqa: B023  (called right here)
+        records.append(
+            {
+                "strategy": name,
+                "pred_dtype": dtype_name(pred_dtype),
+                "bytes": moved,
+                "floor_ms": floor,
+                "forward_ms": forward,
+                "vs_floor": forward.median / floor,
+                "GBps": moved / forward.median / 1e6,
+            }
+        )
+    return records
+
+
+def packed_scaling(pred_dtype: torch.dtype, batch: int, timed: dict) -> list[dict]:
     """packed against cuda_fused, device time of the forward and of forward+backward, as boxes grow."""
-    pred, full_boxes = random_case(batch, slots, "full", pred_dtype, torch.uint8, seed=batch, nan_padding=False)
+    pred, full_boxes = random_case(batch, SLOTS, "full", pred_dtype, torch.uint8, seed=batch, nan_padding=False)
     records = []
     for valid in VALID_BOXES:
         boxes_list = even_boxes(full_boxes, valid)
         row = {"batch": batch, "valid_boxes": valid}
         for name in ("cuda_fused", "packed"):
-            forward, forward_backward = strategy_case(name, pred, boxes_list, slots)
-            row[f"{name}_forward_device_ms"] = device_ms(forward)
-            row[f"{name}_forward_backward_graph_ms"] = graph_ms(forward_backward)
-            if batch <= 1024:
-                row[f"{name}_forward_backward_wall_ms"] = wall_ms(forward_backward, repeats=100)
+            forward, forward_backward = loss_closures(*strategy_inputs(name, pred, boxes_list, SLOTS))
+            row[f"{name}_forward_device_ms"] = device_ms(forward, **timed)
+            row[f"{name}_forward_backward_graph_ms"] = graph_ms(forward_backward, label=name, **timed)
         records.append(row)
     return records
 
 
-def skipping(pred_dtype, batch: int = 1024) -> list[dict]:
+def skipping(pred_dtype: torch.dtype, timed: dict, batch: int = 1024) -> list[dict]:
+    """cuda_conditional against cuda_fused forward kernels, device ms, as slots and valid boxes vary."""
+    op = torch.ops.detector.giou_loss.default
     records = []
     for slots in (256, 4096):
         for distribution in ("seed", "full"):
             for target_dtype in (torch.uint8, torch.float32):
-                g = torch.Generator().manual_seed(slots)
-                counts = sample_counts(distribution, batch, slots, g)
+                counts = sample_counts(distribution, batch, slots, torch.Generator().manual_seed(slots)).cuda()
                 pred = torch.rand(batch, slots, 4, device="cuda", dtype=torch.float32) * 100
                 pred[..., 2:] += pred[..., :2] + 1
-                boxes = (pred.detach() + 3).round().clamp(0, 255).to(target_dtype)
-                pred, counts = pred.to(pred_dtype), counts.cuda()
-                row = {
-                    "slots": slots,
-                    "distribution": distribution,
-                    "target_dtype": str(target_dtype).replace("torch.", ""),
-                    "valid_boxes": int(counts.sum()),
-                }
-                op = torch.ops.detector.giou_loss.default
-                row["cuda_fused_forward_ms"] = device_ms(lambda: op(pred, boxes, counts, False))  # noqa: B023
-                row["cuda_conditional_forward_ms"] = device_ms(lambda: op(pred, boxes, counts, True))  # noqa: B023
-                records.append(row)
+                boxes = (pred + 3).round().clamp(0, 255).to(target_dtype)
+                pred = pred.to(pred_dtype)
+                records.append(
+                    {
+                        "slots": slots,
+                        "distribution": distribution,
+                        "target_dtype": dtype_name(target_dtype),
+                        "valid_boxes": int(counts.sum()),
+                        "cuda_fused_forward_ms": device_ms(lambda: op(pred, boxes, counts, False), **timed),  # noqa: B023
+                        "cuda_conditional_forward_ms": device_ms(lambda: op(pred, boxes, counts, True), **timed),  # noqa: B023
+                    }
+                )
     return records
 
 
-def table(rows: list[dict], columns: list[str]) -> str:
-    def cell(value):
-        if value is None:
-            return "—"
-        if isinstance(value, float):
-            return f"{value:.4f}" if value < 100 else f"{value:.0f}"
-        return str(value)
-
-    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    lines += ["| " + " | ".join(cell(r.get(c)) for c in columns) + " |" for r in rows]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="write the results as JSON here")
-    parser.add_argument("--pred-dtype", default="bfloat16", help="pred dtype of the headline and scaling runs")
-    args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("bench_kernels: no CUDA device here; the kernel benchmark needs one (nothing to do)")
-        return 0
-    reason = ops.kernel_unavailable(torch.device("cuda"))
-    if reason:
-        print(f"bench_kernels: {reason}")
-        return 1
-    pred_dtype = getattr(torch, args.pred_dtype)
-    device = torch.cuda.get_device_name()
-    print(f"{device}, torch {torch.__version__}, CUDA {torch.version.cuda}\n", flush=True)
-
-    results = {"device": device, "torch": torch.__version__, "floors": floors()}
+def print_tables(results: dict, copy: dict) -> None:
+    floors = results["host_floors"]
     print("## Host floors (wall ms, synchronised)\n")
-    print(table([results["floors"]], list(results["floors"])) + "\n", flush=True)
-    results["headline"] = headline(pred_dtype) + headline(torch.float32)
-    print("## Forward+backward, batch 1024, 256 slots, seed boxes\n")
-    columns = [
-        "strategy",
-        "pred_dtype",
-        "valid_boxes",
-        "forward_wall_ms",
-        "forward_backward_wall_ms",
-        "forward_backward_event_ms",
-        "forward_backward_graph_ms",
+    print(markdown_table(["what", "ms"], [[k, spread_cell(v)] for k, v in floors.items()]) + "\n")
+
+    print("## Forward+backward, batch 1024, 256 slots, seed boxes (ms)\n")
+    headers = ["strategy", "pred", "valid", "fwd wall", "fwd+bwd wall", "fwd+bwd events", "fwd+bwd graph"]
+    keys = ["forward_wall_ms", "forward_backward_wall_ms", "forward_backward_event_ms", "forward_backward_graph_ms"]
+    rows = [
+        [r["strategy"], r["pred_dtype"], r["valid_boxes"]] + [spread_cell(r[k]) for k in keys]
+        for r in results["headline"]
     ]
-    print(table(results["headline"], columns) + "\n", flush=True)
+    print(markdown_table(headers, rows, align="llrrrrr") + "\n")
 
-    pred, boxes_list = random_case(16384, 256, "seed", torch.float32, torch.uint8, seed=7, nan_padding=False)
-    results["bandwidth"] = [bandwidth(pred, boxes_list), bandwidth(pred.bfloat16(), boxes_list)]
-    del pred, boxes_list
-    print("## Fused forward bandwidth (device time), batch 16384, 256 slots, seed boxes, uint8 targets\n")
-    columns = [
-        "pred_dtype",
-        "bytes",
-        "fused_forward_ms",
-        "fused_GBps",
-        "copy_GBps",
-        "fused_vs_copy",
-        "conditional_forward_ms",
+    rate = copy["bytes_per_ms"] / 1e9  # TB/s
+    print(f"## Byte floors, batch {FLOOR_BATCH}, {SLOTS} slots, seed boxes, uint8 targets")
+    print(f"(floor = bytes / the device-to-device copy's {significant(rate)} TB/s, {spread_cell(copy['ms'])} ms)\n")
+    headers = ["strategy", "pred", "MB moved", "floor ms", "forward device ms", "× floor", "GB/s"]
+    rows = [
+        [r["strategy"], r["pred_dtype"], significant(r["bytes"] / 1e6), ms(r["floor_ms"]), spread_cell(r["forward_ms"])]
+        + [significant(r["vs_floor"]) + "×", significant(r["GBps"])]
+        for r in results["byte_floors"]
     ]
-    print(table(results["bandwidth"], columns) + "\n", flush=True)
+    print(markdown_table(headers, rows, align="llrrrrr") + "\n")
 
-    results["packed_scaling"] = packed_scaling(pred_dtype, 1024) + packed_scaling(pred_dtype, 16384)
-    print("## packed vs cuda_fused as valid boxes grow (256 slots; device ms, and wall ms at batch 1024)\n")
-    columns = ["batch", "valid_boxes"] + [
-        f"{n}_{m}"
-        for m in ("forward_device_ms", "forward_backward_graph_ms", "forward_backward_wall_ms")
-        for n in ("cuda_fused", "packed")
+    print("## packed vs cuda_fused as valid boxes grow (256 slots, device ms)\n")
+    headers = ["batch", "valid", "cuda_fused fwd", "packed fwd", "packed fwd speed-up"]
+    headers += ["cuda_fused fwd+bwd graph", "packed fwd+bwd graph", "packed fwd+bwd speed-up"]
+    rows = []
+    for r in results["packed_scaling"]:
+        row = [r["batch"], r["valid_boxes"]]
+        for what in ("forward_device_ms", "forward_backward_graph_ms"):
+            fused, packed = r[f"cuda_fused_{what}"], r[f"packed_{what}"]
+            row += [spread_cell(fused), spread_cell(packed), speedup_cell(fused, packed)]
+        rows.append(row)
+    print(markdown_table(headers, rows) + "\n")
+
+    print("## cuda_conditional vs cuda_fused forward kernel, batch 1024 (device ms)\n")
+    headers = ["slots", "boxes", "targets", "valid", "cuda_fused", "cuda_conditional", "conditional speed-up"]
+    rows = [
+        [r["slots"], r["distribution"], r["target_dtype"], r["valid_boxes"]]
+        + [spread_cell(r["cuda_fused_forward_ms"]), spread_cell(r["cuda_conditional_forward_ms"])]
+        + [speedup_cell(r["cuda_fused_forward_ms"], r["cuda_conditional_forward_ms"])]
+        for r in results["skipping"]
     ]
-    print(table(results["packed_scaling"], columns) + "\n", flush=True)
-
-    results["skipping"] = skipping(pred_dtype)
-    print("## cuda_conditional vs cuda_fused forward kernel, device ms (batch 1024)\n")
-    columns = [
-        "slots",
-        "distribution",
-        "target_dtype",
-        "valid_boxes",
-        "cuda_fused_forward_ms",
-        "cuda_conditional_forward_ms",
-    ]
-    print(table(results["skipping"], columns) + "\n", flush=True)
-
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=2))
-        print(f"results: {args.out}")
-    return 0
+    print(markdown_table(headers, rows, align="rllrrrr") + "\n", flush=True)
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def run_bench(cfg: DictConfig) -> dict | None:
+    device = resolve_device(cfg)
+    if device.type != "cuda":
+        print(f"bench kernels: needs a CUDA device, and this run is on {device.type} (nothing to do)")
+        return None
+    reason = cuda_op.kernel_unavailable(device)
+    if reason:
+        raise RuntimeError(f"bench kernels: {reason}")
+    pred_dtype, timed = getattr(torch, cfg.bench.pred_dtype), budget(cfg.bench)
+    dtypes = [pred_dtype] + ([torch.float32] if pred_dtype != torch.float32 else [])
+    print(f"bench kernels on {run_header(device)}; median [quartiles] ms\n", flush=True)
+    copy = copy_rate(timed)
+    results = {
+        "host_floors": host_floors(timed),
+        "headline": [r for d in dtypes for r in headline(d, timed)],
+        "copy": copy,
+        "byte_floors": [r for d in dtypes for r in byte_floors(d, copy, timed)],
+        "packed_scaling": packed_scaling(pred_dtype, 1024, timed) + packed_scaling(pred_dtype, FLOOR_BATCH, timed),
+        "skipping": skipping(pred_dtype, timed),
+    }
+    print_tables(results, copy)
+    bench.save(cfg, "kernels", device, results)
+    return results

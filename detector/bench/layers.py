@@ -1,107 +1,92 @@
-"""``python -m detector.bench_triton``: where the time of the ``triton`` strategy goes, next to the others.
+"""``bench layers``: where the time of the ``triton`` strategy goes, layer by layer, on a GPU.
 
-One case, the article's: batch 1024 x 256 slots, bf16 predictions, uint8 targets, ``seed`` and
-``tail`` counts. Per strategy, the median of synchronised calls (CUDA events), as ``make bench`` times
-them, and the median of CUDA-graph replays of forward+backward (the device time without the host's
-launch overhead). For ``triton`` also the host-side layers one by one (the op alone, the strategy's
-forward, forward + backward) and each kernel's device time from the profiler. No omegaconf needed.
+One case, the article's: batch 1024 x 256 slots, bf16 predictions, uint8 targets, ``seed`` and ``tail``
+box counts (fixed here; compare strategies with ``bench losses``). For each: the op alone (no autograd),
+the strategy's forward while autograd records, forward + backward, and forward + backward replayed from
+a CUDA graph (the device time without the host); then, for the ``seed`` case, each kernel's device time
+from the profiler and the autotuned kernel configurations. Timing budget: ``bench.warmup``,
+``bench.repeats``, ``bench.max_seconds``. CUDA only: on a machine without one it says so in one line and
+returns (the Triton interpreter would time numpy, not the kernel).
 """
 
 from __future__ import annotations
 
-import argparse
-
 import torch
+from omegaconf import DictConfig
 
+from detector import bench
 from detector.bench.cases import random_case
-from detector.bench.timing import event_ms, graph_ms, loss_closures
-from detector.data import make_targets
-from detector.kernels import triton_giou as triton_strategy
-from detector.losses import STRATEGIES
+from detector.bench.timing import budget, event_ms, graph_ms
+from detector.config import resolve_device
+from detector.kernels import triton_giou
+from detector.losses import get_strategy
+from detector.report import markdown_table, ms, run_header, spread_cell
+from detector.targets import make_targets
+
+BATCH, SLOTS = 1024, 256
+DISTRIBUTIONS = ("seed", "tail")
+PROFILED_CALLS = 20
 
 
-def kernel_times(fn) -> list[tuple[str, float]]:
-    """(kernel name, device ms) of one call of ``fn``, from the profiler (average of 20 calls)."""
+def kernel_times(fn) -> list[dict]:
+    """Each CUDA kernel of one ``fn()`` call and its device ms, from the profiler (mean of 20 calls)."""
     from torch.profiler import ProfilerActivity, profile
 
-    if not torch.cuda.is_available():
-        return []
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(20):
+        for _ in range(PROFILED_CALLS):
             fn()
         torch.cuda.synchronize()
-    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return [(e.key[:60], e.device_time_total / 20 / 1e3) for e in events if e.count]
+    events = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA and e.count]
+    return [{"kernel": e.key[:60], "device_ms": e.device_time_total / PROFILED_CALLS / 1e3} for e in events]
 
 
-def bench_strategy(name: str, pred: torch.Tensor, targets, distribution: str, repeats: int) -> None:
-    strategy = STRATEGIES[name]
-    valid = int(targets.counts.sum())
-    reason = strategy.unavailable(pred.device)
-    if reason:
-        print(f"| {name} | {distribution} | {valid} | — | — | — |  ({reason})")
-        return
-
-    forward, forward_backward = loss_closures(strategy, pred, targets)
-    fwd, fwd_bwd = event_ms(forward, repeats=repeats), event_ms(forward_backward, repeats=repeats)
-    graph = graph_ms(forward_backward, repeats) if pred.is_cuda else None
-    graph_text = "—" if graph is None else f"{graph:.4f}"
-    print(f"| {name} | {distribution} | {valid} | {fwd:.4f} | {fwd_bwd:.4f} | {graph_text} |", flush=True)
-
-
-def bench_triton_layers(pred: torch.Tensor, targets, repeats: int) -> None:
-    boxes, counts = targets
-    detached = pred.detach()
+def layer_times(distribution: str, timed: dict) -> tuple[dict, object]:
+    """(layer -> Stats, the forward+backward closure) of the triton strategy on one case."""
+    pred, boxes_list = random_case(
+        BATCH, SLOTS, distribution, torch.bfloat16, torch.uint8, seed=BATCH, nan_padding=False
+    )
+    pred = pred.to("cuda").requires_grad_()
+    boxes, counts = targets = make_targets(boxes_list, "padded", SLOTS).to("cuda")
+    strategy, detached = get_strategy("triton"), pred.detach()
     op = torch.ops.detector.giou_loss_triton.default
 
-    def triton_step():
+    def forward_backward():
         pred.grad = None
-        STRATEGIES["triton"](pred, targets).backward()
+        strategy(pred, targets).backward()
 
     layers = {
-        "op alone, no autograd": lambda: op(detached, boxes, counts),
-        "strategy forward, autograd recording": lambda: STRATEGIES["triton"](pred, targets),
-        "strategy forward + backward": triton_step,
+        "op alone, no autograd": event_ms(lambda: op(detached, boxes, counts), "cuda", **timed),
+        "strategy forward, autograd recording": event_ms(lambda: strategy(pred, targets), "cuda", **timed),
+        "strategy forward + backward": event_ms(forward_backward, "cuda", **timed),
+        "forward + backward, CUDA graph": graph_ms(forward_backward, label="triton", **timed),
     }
-    for label, fn in layers.items():
-        print(f"  triton {label}: {event_ms(fn, repeats=repeats):.4f} ms")
-    for kernel, ms in kernel_times(triton_step):
-        print(f"  device time {ms * 1e3:8.2f} us  {kernel}")
+    return {"distribution": distribution, "valid_boxes": int(counts.sum()), "layers_ms": layers}, forward_backward
 
 
-def run(batch: int, max_boxes: int, distributions: list[str], names: list[str], repeats: int) -> None:
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    where = torch.cuda.get_device_name() if device.type == "cuda" else "CPU (Triton interpreter)"
-    print(f"{where}, torch {torch.__version__}, triton {triton_strategy.triton.__version__}")
-    print(f"batch {batch} x {max_boxes} slots, bf16 predictions, uint8 targets; median ms of synchronised calls")
-    print("| strategy | boxes | valid | fwd ms | fwd+bwd ms | fwd+bwd graph ms |")
-    print("|---|---|---:|---:|---:|---:|")
-    for distribution in distributions:
-        pred, boxes_list = random_case(
-            batch, max_boxes, distribution, torch.bfloat16, torch.uint8, seed=batch, nan_padding=False
-        )
-        pred = pred.to(device).requires_grad_()
-        targets = make_targets(boxes_list, "padded", max_boxes).to(device)
-        for name in names:
-            bench_strategy(name, pred, targets, distribution, repeats)
-        if distribution == distributions[0]:
-            bench_triton_layers(pred, targets, repeats)
-    print("autotuned configs (key: M, dtypes):")
-    for key, config in triton_strategy._giou_loss_fwd_bwd_kernel.cache.items():
-        print(f"  {key}: {config}")
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--max-boxes", type=int, default=256)
-    parser.add_argument("--distributions", nargs="+", default=["seed", "tail"])
-    default = [n for n in ("padded", "compiled", "triton", "cuda_fused", "cuda_conditional") if n in STRATEGIES]
-    parser.add_argument("--strategies", nargs="+", default=default)
-    parser.add_argument("--repeats", type=int, default=200)
-    args = parser.parse_args()
-    run(args.batch, args.max_boxes, args.distributions, args.strategies, args.repeats)
-
-
-if __name__ == "__main__":
-    main()
+def run_bench(cfg: DictConfig) -> dict | None:
+    device = resolve_device(cfg)
+    if device.type != "cuda":
+        print(f"bench layers: needs a CUDA device, and this run is on {device.type} (nothing to do)")
+        return None
+    reason = triton_giou.triton_unavailable(device)
+    if reason:
+        raise RuntimeError(f"bench layers: {reason}")
+    timed = budget(cfg.bench)
+    print(f"bench layers on {run_header(device)}, triton {triton_giou.triton.__version__}")
+    print(f"triton strategy, batch {BATCH} x {SLOTS} slots, bf16 predictions, uint8 targets; median [quartiles] ms\n")
+    cases, kernels = [], []
+    for distribution in DISTRIBUTIONS:
+        case, forward_backward = layer_times(distribution, timed)
+        cases.append(case)
+        if distribution == DISTRIBUTIONS[0]:
+            kernels = kernel_times(forward_backward)
+    headers = ["layer"] + [f"{c['distribution']} ({c['valid_boxes']} boxes)" for c in cases]
+    rows = [[layer] + [spread_cell(c["layers_ms"][layer]) for c in cases] for layer in cases[0]["layers_ms"]]
+    print(markdown_table(headers, rows) + "\n")
+    print(f"## Kernels of one forward + backward, {DISTRIBUTIONS[0]} boxes (profiler, mean of {PROFILED_CALLS})\n")
+    print(markdown_table(["kernel", "device ms"], [[k["kernel"], ms(k["device_ms"])] for k in kernels]) + "\n")
+    autotuned = {str(key): str(config) for key, config in triton_giou._giou_loss_fwd_bwd_kernel.cache.items()}
+    print("autotuned configs (key: M, dtypes):\n" + "\n".join(f"  {k}: {v}" for k, v in autotuned.items()))
+    results = {"cases": cases, "kernels": kernels, "autotuned": autotuned}
+    bench.save(cfg, "layers", device, results)
+    return results

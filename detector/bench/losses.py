@@ -1,85 +1,82 @@
-"""`make bench`: every registered strategy's loss alone, on device tensors, forward and forward+backward.
+"""``bench losses`` (``make bench``): every registered strategy's loss alone, forward and forward+backward.
 
-For each strategy x batch size x box distribution: warm-up calls, then repeated calls each followed by
-a synchronize, timed with CUDA events on a GPU (host clock on the CPU); the median is reported. On a GPU,
-strategies whose targets have static shapes are also timed as CUDA-graph replays of forward+backward,
-which removes the host's launch overhead and shows the kernels' own time.
+For each strategy x batch size x box distribution (``bench.strategies``, ``bench.batch_sizes``,
+``bench.distributions``; ``data.max_boxes`` slots; ``bench.pred_dtype`` predictions, uint8 targets):
+``bench.warmup`` calls, then up to ``bench.repeats`` calls each followed by a synchronize (at most
+``bench.max_seconds`` per measurement once 3 are taken), timed with CUDA events on a GPU and the host
+clock on the CPU. On a GPU, strategies whose targets have static shapes are also timed as CUDA-graph
+replays of forward+backward, which removes the host's launch overhead and shows the kernels' own time.
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from detector import bench
 from detector.bench.cases import random_case
-from detector.bench.timing import event_ms, graph_ms, loss_closures
+from detector.bench.timing import budget, event_ms, graph_ms, loss_closures
 from detector.config import resolve_device
-from detector.data import make_targets
 from detector.losses import STRATEGIES, get_strategy
-from detector.profiling import device_name
+from detector.report import markdown_table, run_header, speedup_cell, spread_cell
+from detector.targets import make_targets
+
+BASELINE = "padded"  # speed-ups are against this strategy in the same case
 
 
 def bench_case(name: str, batch: int, distribution: str, cfg: DictConfig, device: torch.device) -> dict:
-    bcfg, max_boxes = cfg.bench, cfg.data.max_boxes
+    max_boxes, timed = cfg.data.max_boxes, budget(cfg.bench)
     strategy = get_strategy(name)
-    pred_dtype = getattr(torch, bcfg.pred_dtype)
+    pred_dtype = getattr(torch, cfg.bench.pred_dtype)
     pred, boxes_list = random_case(
         batch, max_boxes, distribution, pred_dtype, torch.uint8, seed=batch, nan_padding=False
     )
     targets = make_targets(boxes_list, strategy.layout, max_boxes).to(device)
     pred = pred.to(device).requires_grad_()
     forward, forward_backward = loss_closures(strategy, pred, targets)
-    timed = dict(device=device, warmup=bcfg.warmup, repeats=bcfg.repeats, max_seconds=bcfg.max_seconds)
-
-    record = {
+    graph = None
+    if device.type == "cuda" and strategy.layout != "list":  # list targets mean host-side shapes: no graph
+        graph = graph_ms(forward_backward, label=name, **timed)
+    return {
         "strategy": name,
         "layout": strategy.layout,
         "batch_size": batch,
         "distribution": distribution,
         "valid_boxes": sum(len(b) for b in boxes_list),
-        "forward_ms": event_ms(forward, **timed),
-        "forward_backward_ms": event_ms(forward_backward, **timed),
-        "graph_forward_backward_ms": None,
+        "forward_ms": event_ms(forward, device, **timed),
+        "forward_backward_ms": event_ms(forward_backward, device, **timed),
+        "graph_forward_backward_ms": graph,
     }
-    if device.type == "cuda" and strategy.layout != "list":  # list targets mean host-side shapes: no graph
-        record["graph_forward_backward_ms"] = graph_ms(forward_backward, bcfg.repeats, label=name)
-    return record
 
 
 def format_table(records: list[dict]) -> str:
-    def ms(value):
-        return "—" if value is None else f"{value:.4f}"
-
-    lines = [
-        "| strategy | batch | boxes | valid | fwd ms | fwd+bwd ms | fwd+bwd graph ms | fwd+bwd vs padded |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
-    ]
+    """One row per strategy and case: median [quartiles] ms, and forward+backward speed-up vs padded."""
+    baselines = {(r["batch_size"], r["distribution"]): r for r in records if r["strategy"] == BASELINE}
+    rows = []
     for r in records:
-        base = next(
-            (
-                b
-                for b in records
-                if b["strategy"] == "padded"
-                and (b["batch_size"], b["distribution"]) == (r["batch_size"], r["distribution"])
-            ),
-            None,
+        base = baselines.get((r["batch_size"], r["distribution"]))
+        rows.append(
+            [
+                r["strategy"],
+                r["batch_size"],
+                r["distribution"],
+                r["valid_boxes"],
+                spread_cell(r["forward_ms"]),
+                spread_cell(r["forward_backward_ms"]),
+                spread_cell(r["graph_forward_backward_ms"]),
+                "baseline"
+                if r is base
+                else speedup_cell(base and base["forward_backward_ms"], r["forward_backward_ms"]),
+            ]
         )
-        speedup = f"{base['forward_backward_ms'] / r['forward_backward_ms']:.2f}x" if base else "—"
-        lines.append(
-            f"| {r['strategy']} | {r['batch_size']} | {r['distribution']} | {r['valid_boxes']} | {ms(r['forward_ms'])} "
-            f"| {ms(r['forward_backward_ms'])} | {ms(r['graph_forward_backward_ms'])} | {speedup} |"
-        )
-    return "\n".join(lines)
+    headers = ["strategy", "batch", "boxes", "valid", "fwd ms", "fwd+bwd ms", "fwd+bwd graph ms"]
+    return markdown_table(headers + [f"fwd+bwd vs {BASELINE}"], rows, align="lrlrrrrr")
 
 
 def run_bench(cfg: DictConfig) -> list[dict]:
     device = resolve_device(cfg)
-    names = list(cfg.bench.strategies) or list(STRATEGIES)
     runnable = []
-    for name in names:
+    for name in list(cfg.bench.strategies) or list(STRATEGIES):
         reason = get_strategy(name).unavailable(device)
         if reason:
             print(f"skipping {name}: {reason}")
@@ -87,25 +84,20 @@ def run_bench(cfg: DictConfig) -> list[dict]:
             runnable.append(name)
     cases = [(b, d) for b in cfg.bench.batch_sizes for d in cfg.bench.distributions]
     print(
-        f"benchmarking {len(runnable)} strategies x {len(cases)} cases on {device_name(device)} "
-        f"(torch {torch.__version__}, pred {cfg.bench.pred_dtype}, {cfg.data.max_boxes} slots, "
-        f"median of up to {cfg.bench.repeats} synchronised calls)"
+        f"bench losses: {len(runnable)} strategies x {len(cases)} cases on {run_header(device)} "
+        f"(pred {cfg.bench.pred_dtype}, {cfg.data.max_boxes} slots; median [quartiles] ms of up to "
+        f"{cfg.bench.repeats} synchronised calls)"
     )
     records = []
     for batch, distribution in cases:
         for name in runnable:
-            record = bench_case(name, batch, distribution, cfg, device)
+            r = bench_case(name, batch, distribution, cfg, device)
             print(
-                f"  {name:<17} batch {batch:<6} {distribution:<6} fwd {record['forward_ms']:9.4f} ms   "
-                f"fwd+bwd {record['forward_backward_ms']:9.4f} ms",
+                f"  {name:<17} batch {batch:<6} {distribution:<6} fwd {spread_cell(r['forward_ms'])} ms   "
+                f"fwd+bwd {spread_cell(r['forward_backward_ms'])} ms",
                 flush=True,
             )
-            records.append(record)
-    table = format_table(records)
-    print(f"\n{device_name(device)}, torch {torch.__version__}\n{table}")
-    out = Path(cfg.bench.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"device": device_name(device), "torch": torch.__version__, "config": OmegaConf.to_container(cfg.bench)}
-    out.write_text(json.dumps({**meta, "results": records}, indent=2))
-    print(f"results: {out}")
+            records.append(r)
+    print(f"\n{run_header(device)}\n{format_table(records)}")
+    bench.save(cfg, "losses", device, records)
     return records

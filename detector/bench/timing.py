@@ -1,14 +1,44 @@
-"""Timing helpers shared by the benchmarks (``make bench``, ``bench_kernels``, ``bench_triton``).
+"""Timing helpers shared by the benchmark targets (``python -m detector bench losses|kernels|layers``).
 
-No configuration imports here, so the kernel benchmarks run where omegaconf is missing.
+Every timer returns a :class:`Stats`: the median of repeated calls and their interquartile range. The
+quartiles, not min–max, are the spread: one preempted call on a shared host would otherwise widen
+every interval. No configuration imports here: :func:`budget` reads any object with ``warmup``,
+``repeats`` and ``max_seconds`` (``cfg.bench``).
 """
 
 from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Milliseconds of repeated calls: median, first and third quartile (``low``, ``high``), sample count."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: list[float]) -> Stats:
+        if len(samples) < 2:
+            return cls(samples[0], samples[0], samples[0], len(samples))
+        low, median, high = statistics.quantiles(samples, n=4, method="inclusive")
+        return cls(median, low, high, len(samples))
+
+    def __truediv__(self, k: float) -> Stats:
+        """Per-call statistics of a sample that timed ``k`` calls at once (a graph of ``k`` calls)."""
+        return Stats(self.median / k, self.low / k, self.high / k, self.n)
+
+
+def budget(bcfg) -> dict:
+    """``bcfg``'s (cfg.bench's) warm-up, repeats and time cap, as keyword arguments of the timers below."""
+    return {"warmup": bcfg.warmup, "repeats": bcfg.repeats, "max_seconds": bcfg.max_seconds}
 
 
 def synchronize(device: torch.device | str | None = None) -> None:
@@ -17,43 +47,49 @@ def synchronize(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(device)
 
 
-def event_ms(fn, device=None, warmup: int = 10, repeats: int = 50, max_seconds: float = float("inf")) -> float:
-    """Median ms of ``fn()``, each call followed by a synchronize: CUDA events on a GPU, the host clock on
-    the CPU. Stops after ``max_seconds`` once it has 3 samples (the loop strategy takes ~0.6 s a call)."""
+def _host_clock(fn, device: torch.device) -> float:
+    """ms the host waits for ``fn(); synchronize()``: launch overhead included."""
+    start = time.perf_counter()
+    fn()
+    synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _event_clock(fn, device: torch.device) -> float:
+    """ms between CUDA events recorded around ``fn()`` on the current stream."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def _repeat(fn, clock, device, warmup: int, repeats: int, max_seconds: float) -> Stats:
+    """The one timing loop: ``warmup`` calls, then up to ``repeats`` timed calls, stopping after
+    ``max_seconds`` once there are 3 samples (the loop strategy takes ~0.6 s a call)."""
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     for _ in range(warmup):
         fn()
     synchronize(device)
-    times, deadline = [], time.perf_counter() + max_seconds
+    samples, deadline = [], time.perf_counter() + max_seconds
     for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            start = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - start) * 1e3)
-        if time.perf_counter() > deadline and len(times) >= 3:
+        samples.append(clock(fn, device))
+        if time.perf_counter() > deadline and len(samples) >= 3:
             break
-    return statistics.median(times)
+    return Stats.of(samples)
 
 
-def wall_ms(fn, warmup: int = 20, repeats: int = 200) -> float:
-    """Median host ms of ``fn(); torch.cuda.synchronize()``: what the caller waits, launch overhead included."""
-    for _ in range(warmup):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+def event_ms(fn, device=None, warmup: int = 10, repeats: int = 50, max_seconds: float = float("inf")) -> Stats:
+    """``fn()`` timed with CUDA events on a GPU, with the host clock and a synchronize on the CPU."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    clock = _event_clock if device.type == "cuda" else _host_clock
+    return _repeat(fn, clock, device, warmup, repeats, max_seconds)
+
+
+def wall_ms(fn, device=None, warmup: int = 20, repeats: int = 200, max_seconds: float = float("inf")) -> Stats:
+    """What the caller waits for ``fn(); synchronize()``, host clock, launch overhead included."""
+    return _repeat(fn, _host_clock, device, warmup, repeats, max_seconds)
 
 
 def capture(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
@@ -71,13 +107,15 @@ def capture(fn, calls: int = 1) -> torch.cuda.CUDAGraph:
     return graph
 
 
-def device_ms(fn, calls: int = 10, repeats: int = 20) -> float:
-    """Device ms of one ``fn()``: a graph of ``calls`` back-to-back calls, no host in the way."""
-    return event_ms(capture(fn, calls).replay, warmup=3, repeats=repeats) / calls
+def device_ms(fn, calls: int = 10, warmup: int = 3, repeats: int = 20, max_seconds: float = float("inf")) -> Stats:
+    """Device ms of one ``fn()``: replays of a graph of ``calls`` back-to-back calls, no host in the way."""
+    return event_ms(capture(fn, calls).replay, "cuda", warmup, repeats, max_seconds) / calls
 
 
-def graph_ms(fn, repeats: int = 50, label: str = "") -> float | None:
-    """Median ms of replaying ``fn`` from a CUDA graph; None (and a note) if it cannot be captured."""
+def graph_ms(
+    fn, label: str = "", warmup: int = 3, repeats: int = 50, max_seconds: float = float("inf")
+) -> Stats | None:
+    """Replays of ``fn`` from a CUDA graph; None (and a note) if it cannot be captured."""
     try:
         graph = capture(fn)
     except Exception as err:  # noqa: BLE001  reported, not fatal: the other columns still stand
@@ -86,7 +124,7 @@ def graph_ms(fn, repeats: int = 50, label: str = "") -> float | None:
             f"{str(err).splitlines()[0][:100]})"
         )
         return None
-    return event_ms(graph.replay, warmup=3, repeats=repeats)
+    return event_ms(graph.replay, "cuda", warmup, repeats, max_seconds)
 
 
 def loss_closures(strategy, pred: torch.Tensor, targets):

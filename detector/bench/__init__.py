@@ -1,0 +1,46 @@
+"""``python -m detector bench <target> [overrides]``: one benchmark command, three targets.
+
+- ``losses``: every registered strategy's loss alone, forward and forward+backward (CPU or GPU)
+- ``kernels``: the custom kernels: host floors, headline times, byte floors, packed scaling, skipping (GPU)
+- ``layers``: where the triton strategy's time goes, layer by layer and kernel by kernel (GPU)
+
+Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
+with the device, the torch version and the ``bench`` configuration. Targets are imported when run, so
+that importing this package (``detector.bench.timing`` from the profiler) loads neither triton nor the
+extension.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from detector.report import run_info, write_json
+
+TARGETS = {
+    "losses": "detector.bench.losses",
+    "kernels": "detector.bench.kernels",
+    "layers": "detector.bench.layers",
+}
+
+
+class UnknownTargetError(ValueError):
+    """A bench target that does not exist (to become a ``detector.errors.UserError``)."""
+
+
+def save(cfg: DictConfig, target: str, device, results) -> Path:
+    """Write ``results``, the device, torch and the ``bench`` config to ``<dir of bench.out>/<target>.json``."""
+    payload = {**run_info(device), "target": target, "config": OmegaConf.to_container(cfg.bench), "results": results}
+    path = write_json(Path(cfg.bench.out).parent / f"{target}.json", payload)
+    print(f"results: {path}")
+    return path
+
+
+def run(cfg: DictConfig, target: str = "losses") -> list | dict | None:
+    """Run one bench target on ``cfg`` (the merged Config): the results it wrote, or None where it cannot
+    run here (a GPU-only target on the CPU says so in one line)."""
+    if target not in TARGETS:
+        raise UnknownTargetError(f"unknown bench target {target!r}; valid targets: {', '.join(TARGETS)}")
+    return importlib.import_module(TARGETS[target]).run_bench(cfg)

@@ -1,0 +1,76 @@
+"""detector.report: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from detector.report import (
+    Spread,
+    markdown_table,
+    ms,
+    run_header,
+    significant,
+    speedup_cell,
+    spread_cell,
+    write_json,
+)
+
+
+@pytest.mark.parametrize(
+    "value, text",
+    [(1238.8, "1239"), (306.1, "306"), (4.84, "4.84"), (0.575, "0.575"), (0.04391, "0.0439"), (0.0, "0")],
+)
+def test_significant_digits_never_use_exponents(value, text):
+    assert significant(value) == text
+
+
+def test_ms_of_none_is_a_dash():
+    assert ms(None) == "—" and spread_cell(None) == "—"
+
+
+def test_spread_cell_prints_median_and_interval():
+    assert spread_cell(Spread(0.575, 0.561, 0.590)) == "0.575 [0.561–0.590]"
+
+
+def test_speedup_only_where_the_spreads_are_apart():
+    padded = Spread(2.75, 2.70, 2.80)
+    assert speedup_cell(padded, Spread(0.842, 0.84, 0.85)) == "3.3×"  # apart: a speed-up
+    assert speedup_cell(padded, Spread(75.9, 75.0, 77.0)) == "0.036×"  # apart, slower
+    assert speedup_cell(padded, Spread(2.60, 2.50, 2.71)) == "≈"  # intervals share [2.70, 2.71]
+    assert speedup_cell(padded, Spread(2.60, 2.50, 2.70)) == "≈"  # touching counts as overlap
+    assert speedup_cell(padded, padded) == "≈"
+    assert speedup_cell(None, padded) == "—"
+
+
+def test_markdown_table_shape_and_alignment():
+    table = markdown_table(["strategy", "ms", "layout"], [["padded", 1.5, "padded"], ["loop", None, "list"]], "lrl")
+    assert table.splitlines() == [
+        "| strategy | ms | layout |",
+        "|---|---:|---|",
+        "| padded | 1.5 | padded |",
+        "| loop | — | list |",
+    ]
+    assert markdown_table(["a", "b"], []).splitlines()[1] == "|---|---:|"  # default: labels, then numbers
+
+
+def test_markdown_table_rejects_ragged_rows_and_bad_alignment():
+    with pytest.raises(ValueError, match="row 0 has 1 cells for 2 columns"):
+        markdown_table(["a", "b"], [["x"]])
+    with pytest.raises(ValueError, match="align"):
+        markdown_table(["a", "b"], [], align="lc")
+
+
+def test_run_header_names_device_and_torch():
+    assert run_header(torch.device("cpu")) == f"cpu, torch {torch.__version__}"
+
+
+def test_write_json_turns_dataclasses_into_objects(tmp_path):
+    @dataclasses.dataclass
+    class Timed:
+        median: float
+        n: int
+
+    path = write_json(tmp_path / "deep" / "x.json", {"t": Timed(1.0, 3), "s": Spread(1.0, 0.5, 2.0)})
+    assert json.loads(path.read_text()) == {"t": {"median": 1.0, "n": 3}, "s": [1.0, 0.5, 2.0]}
