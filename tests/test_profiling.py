@@ -1,0 +1,94 @@
+"""`make profile`: the training step of a config under torch.profiler, one new folder per run."""
+
+import json
+
+import pytest
+import torch
+
+from detector import analysis, profiling
+from detector.config import load_config
+from detector.errors import UserError
+from detector.targets import make_targets
+from detector.train.step import TrainStep
+
+TINY = [
+    "preset=cpu",
+    "data.batch_size=4",
+    "data.image_size=32",
+    "data.num_workers=0",
+    "model.channels=[4,8]",
+    "model.hidden=16",
+    "profile.wait=1",
+    "profile.warmup=1",
+    "profile.active=2",
+]
+TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "step"]
+
+
+def profile(tmp_path, *overrides) -> dict:
+    cfg = load_config([*TINY, f"profile.out_dir={tmp_path}", *overrides], announce=None)
+    return profiling.run_profile(cfg)
+
+
+def run_dirs(folder):
+    return sorted(p for p in folder.iterdir() if p.is_dir())
+
+
+def test_a_profile_run_gets_its_own_folder_with_the_trace_alone_and_a_summary(tmp_path):
+    summary = profile(tmp_path, "profile.strategy=padded")
+    (run_dir,) = run_dirs(tmp_path / "padded")
+    assert summary["run"] == run_dir.name and summary["mode"] == "train"
+    (trace,) = (run_dir / "trace").iterdir()  # only the trace: what trace readers expect in the folder
+    assert trace.name.endswith(".pt.trace.json.gz") and summary["trace"] == f"trace/{trace.name}"
+    assert json.loads((run_dir / "summary.json").read_text())["analysis"] == summary["analysis"]
+    assert list(summary["analysis"]["regions"]) == TRAIN_REGIONS
+    assert len(summary["per_step"]) == 2 and summary["analysis"]["steps"] == 2
+    step = summary["analysis"]["regions"]["step"]
+    assert step["wall_ms"]["median"] > 0 and step["launches"]["median"] == 0  # the CPU launches no kernels
+    assert list(run_dir.glob("events.out.tfevents.*")), "TensorBoard events beside the trace"
+
+    again = profile(tmp_path, "profile.strategy=padded")  # a re-run: a new folder, the old one kept
+    assert [p.name for p in run_dirs(tmp_path / "padded")] == sorted([summary["run"], again["run"]])
+
+
+def test_the_profile_times_the_training_step_of_the_same_config(tmp_path):
+    summary = profile(tmp_path, "profile.strategy=concat", "train.lr=0.123", "train.grad_clip=0.5")
+    names = {e.get("name") for e in analysis.read_events(tmp_path / "concat" / summary["run"] / summary["trace"])[1]}
+    assert "Optimizer.step#AdamW.step" in names  # make train's optimizer, not a profiling stand-in
+    assert summary["config"]["train"]["lr"] == 0.123 and summary["config"]["train"]["strategy"] == "concat"
+
+
+def test_forward_mode_keeps_the_articles_protocol(tmp_path):
+    summary = profile(tmp_path, "profile.strategy=padded", "profile.mode=forward")
+    assert list(summary["analysis"]["regions"]) == ["data wait", "copy data", "forward", "calc loss", "step"]
+    assert run_dirs(tmp_path / "padded-forward")
+
+
+def test_a_failed_run_removes_only_its_own_folder(tmp_path, monkeypatch):
+    first = profile(tmp_path, "profile.strategy=padded")
+
+    def broken(*args):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(profiling, "profile_steps", broken)
+    with pytest.raises(RuntimeError, match="disk full"):
+        profile(tmp_path, "profile.strategy=padded")
+    assert [p.name for p in run_dirs(tmp_path / "padded")] == [first["run"]]
+
+
+def test_bad_mode_is_refused_before_anything_is_written(tmp_path):
+    with pytest.raises(UserError, match="profile.mode must be one of train, forward"):
+        profile(tmp_path, "profile.mode=backward")
+    assert not (tmp_path / "padded").exists()
+
+
+def test_regions_cost_nothing_when_inactive():
+    cfg = load_config(TINY, announce=None)
+    step = TrainStep(cfg, torch.device("cpu"))
+    batch = (torch.zeros(4, 1, 32, 32, dtype=torch.uint8), make_targets([torch.zeros(0, 4)] * 4, "padded", 256))
+    with torch.profiler.profile() as prof:
+        step(batch)
+        step.regions.active = True
+        step(batch)
+    names = [e.name for e in prof.events()]
+    assert names.count("forward") == 1 and names.count("optimizer step") == 1  # the inactive step marked none
