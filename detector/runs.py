@@ -70,7 +70,7 @@ def replacing(run_dir: Path, say=print):
     """A fresh ``run_dir``; an older one there is kept aside until the body has finished without error."""
     old = None
     if run_dir.exists():
-        old = run_dir.with_name(f".{run_dir.name}.previous-{os.getpid()}")
+        old = run_dir.with_name(f".{run_dir.name}.previous-{time.time_ns()}")
         os.replace(run_dir, old)
     run_dir.mkdir(parents=True)
     try:

@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import nn
+from train_helpers import losses, tiny_cfg
 
 from detector import analysis
 from detector.cli import main as cli_main
@@ -22,31 +23,6 @@ from detector.train.distributed import RankBlocks, count_valid, global_mean, ran
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
 from detector.train.step import lr_factor, speed_option_refusal
-
-# A detector of a few thousand parameters on 32 px images: a step takes milliseconds.
-TINY = [
-    "preset=cpu",
-    "data.image_size=32",
-    "data.max_boxes=16",
-    "data.batch_size=4",
-    "data.tail_fraction=0.0",
-    "model.channels=[4,8]",
-    "model.hidden=32",
-    "train.lr=0.01",
-    "train.warmup_steps=2",
-    "train.log_every=1",
-    "train.eval_every=1000",
-    "train.eval_batches=1",
-]
-
-
-def tiny_cfg(out_dir, *overrides):
-    return load_config([*TINY, f"train.out_dir={out_dir}", *overrides], announce=None)
-
-
-def losses(summaries) -> list[float]:
-    return [loss for s in summaries for _, loss in s["history"]]
-
 
 # ----------------------------------------------------------------------------- checkpoints
 
@@ -138,6 +114,7 @@ def _ddp_worker(rank: int, out: str) -> None:
     summaries = run_training(cfg)
     if rank == 0:
         (Path(out) / "ddp_history.json").write_text(json.dumps(summaries[0]["history"]))
+        (Path(out) / "ddp_eval.json").write_text(json.dumps(summaries[0]["eval"]))
     dist.destroy_process_group()
 
 
@@ -160,6 +137,8 @@ def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
     ddp_history = json.loads((tmp_path / "ddp_history.json").read_text())
     # Adam divides by sqrt(v): a near-zero gradient's rounding can flip an update's sign, hence not 1e-6
     torch.testing.assert_close(losses([{"history": ddp_history}]), losses(single), rtol=1e-4, atol=0)
+    # the held-out set is eval_batches global batches: the same images whatever the number of processes
+    assert json.loads((tmp_path / "ddp_eval.json").read_text())["boxes"] == single[0]["eval"]["boxes"]
 
 
 # ----------------------------------------------------------------------------- metrics

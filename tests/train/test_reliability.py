@@ -1,0 +1,147 @@
+"""Nothing lost, nothing silent: checkpoints that cannot be trusted, non-finite losses, resumes, collisions
+and honest throughput, each on a detector of a few thousand parameters (CPU, milliseconds a step)."""
+
+import json
+import time
+
+import pytest
+import torch
+from train_helpers import losses, tiny_cfg
+
+from detector import data, runs
+from detector.errors import UserError
+from detector.losses import STRATEGIES, Strategy
+from detector.train.checkpoint import CheckpointError, read_checkpoint
+from detector.train.loop import NonFiniteLoss, run_training
+
+RUN = ["train.steps=6", "train.checkpoint_every=3"]
+
+
+def run_dir(tmp_path, strategy="padded"):
+    return tmp_path / "default" / strategy
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+
+def damage(path, how: str) -> None:
+    raw = bytearray(path.read_bytes())
+    if how == "overwritten":
+        raw[len(raw) // 2 : len(raw) // 2 + 4096] = b"\xff" * 4096
+    elif how == "zeroed":
+        raw[len(raw) // 2 : len(raw) // 2 + 4096] = bytes(4096)
+    elif how == "truncated":
+        raw = raw[: len(raw) // 2]
+    elif how == "garbage":
+        raw = bytearray(b"not a checkpoint at all\n" * 100)
+    elif how == "empty":
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("how", ["overwritten", "zeroed", "truncated", "garbage", "empty"])
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, how):
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    path = run_dir(tmp_path) / "checkpoint.pt"
+    damage(path, how)
+    with pytest.raises(CheckpointError) as err:
+        run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))
+    message = str(err.value)
+    assert str(path) in message and "train.resume=false" in message and "\n" not in message
+
+
+def test_an_intact_checkpoint_reads_back(tmp_path):
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    state = read_checkpoint(run_dir(tmp_path) / "checkpoint.pt")
+    assert state["step"] == 3 and len(state["losses"]) == 3
+
+
+# ----------------------------------------------------------------------------- non-finite losses
+
+
+@pytest.fixture
+def nan_from_step_4(monkeypatch):
+    """A strategy whose loss turns NaN from its 4th call on (as a diverging run's does)."""
+    padded, calls = STRATEGIES["padded"], []
+
+    def loss(pred, targets):
+        calls.append(1)
+        value = padded.fn(pred, targets)
+        return value * float("nan") if len(calls) >= 4 else value
+
+    monkeypatch.setitem(STRATEGIES, "nan_from_4", Strategy("nan_from_4", "padded", loss, "test: NaN from call 4"))
+    return "nan_from_4"
+
+
+def test_a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_good_checkpoint(tmp_path, nan_from_step_4):
+    cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}")
+    with pytest.raises(NonFiniteLoss, match="not finite at step 4.*last good checkpoint is step 3"):
+        run_training(cfg)
+    state = read_checkpoint(run_dir(tmp_path, nan_from_step_4) / "checkpoint.pt")
+    assert state["step"] == 3 and all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+def test_nonfinite_skip_skips_those_updates_and_finishes(tmp_path, nan_from_step_4, capsys):
+    cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}", "train.nonfinite=skip")
+    summary = run_training(cfg)[0]
+    assert summary["steps"] == 6 and "skipped the update of step(s) [4]" in capsys.readouterr().out
+    state = read_checkpoint(run_dir(tmp_path, nan_from_step_4) / "checkpoint.pt")
+    assert all(torch.isfinite(p).all() for p in state["model"].values())
+
+
+# ----------------------------------------------------------------------------- resumes
+
+
+def test_a_resumed_run_logs_the_curve_of_an_uninterrupted_one(tmp_path):
+    run = ["train.steps=6", "train.checkpoint_every=1", "train.log_every=2"]
+    straight = run_training(tiny_cfg(tmp_path / "straight", *run))[0]
+    run_training(tiny_cfg(tmp_path / "split", *run, "train.stop_after=3"))  # stops inside a log window
+    resumed = run_training(tiny_cfg(tmp_path / "split", *run, "train.resume=true"))[0]
+    assert [s for s, _ in resumed["history"]] == [2, 4, 6]
+    torch.testing.assert_close(losses([resumed]), losses([straight]), rtol=1e-6, atol=0)
+
+
+def test_a_run_killed_before_its_summary_is_finished_by_resume(tmp_path):
+    complete = run_training(tiny_cfg(tmp_path, *RUN))[0]
+    (run_dir(tmp_path) / "summary.json").unlink()  # killed after the final checkpoint, before the summary
+    again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
+    assert again["final_loss"] == complete["final_loss"] and again["history"] == complete["history"]
+    assert json.loads((run_dir(tmp_path) / "summary.json").read_text())["steps"] == 6
+
+
+# ----------------------------------------------------------------------------- collisions
+
+
+def test_a_second_process_on_one_run_folder_is_refused(tmp_path):
+    with runs.locked(run_dir(tmp_path)):
+        with pytest.raises(UserError, match="is in use by pid"):
+            run_training(tiny_cfg(tmp_path, *RUN))
+
+
+def test_a_fresh_run_keeps_the_older_run_until_it_has_finished(tmp_path, nan_from_step_4):
+    cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}", "train.nonfinite=skip")
+    run_training(cfg)
+    older = run_dir(tmp_path, nan_from_step_4)
+    with pytest.raises(NonFiniteLoss):
+        run_training(tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}"))  # fails at step 4
+    (kept,) = older.parent.glob(f".{older.name}.previous-*")
+    assert json.loads((kept / "summary.json").read_text())["steps"] == 6
+    run_training(cfg)  # a fresh run that succeeds removes the run it replaced, and only that one
+    assert json.loads((older / "summary.json").read_text())["steps"] == 6 and kept.exists()
+
+
+# ----------------------------------------------------------------------------- throughput
+
+
+def test_throughput_is_wall_clock_with_the_device_time_beside_it(tmp_path, monkeypatch):
+    draw = data.FaceSampler.__call__
+
+    def slow(self, index):
+        time.sleep(0.01)  # a data pipeline that cannot keep up
+        return draw(self, index)
+
+    monkeypatch.setattr(data.FaceSampler, "__call__", slow)
+    summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=0", "data.num_workers=0"))[0]
+    assert summary["data_wait_ms"] > 30  # 4 images x 10 ms
+    assert summary["step_ms"] >= summary["device_step_ms"] + summary["data_wait_ms"] * 0.9
+    assert summary["images_per_s"] < summary["device_images_per_s"]
