@@ -20,19 +20,22 @@ TARGET ?= losses
 NPROC ?= 1
 ARGS ?=
 PYTEST_ARGS ?=
+# WHEELS=<dir>: a machine without network installs the Python packages it lacks from wheel files in <dir>.
+WHEELS ?=
+PIP_OFFLINE = $(if $(WHEELS),--no-index --find-links $(WHEELS))
 
 # Set-up runs only for the project's own virtualenv, and again when the build inputs change.
 ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: setup test profile profile-all compare tensorboard bench bench-kernels train lint format gpu-check clean
+.PHONY: setup test profile profile-all compare tensorboard bench bench-kernels bench-step train lint format gpu-check clean
 
 setup: $(SETUP)
 
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
-	$(VENV)/bin/pip install -q --upgrade pip setuptools wheel ninja
+	$(VENV)/bin/pip install -q $(if $(WHEELS),$(PIP_OFFLINE),--upgrade) pip setuptools wheel ninja
 	@if $(VENV)/bin/python -c "import torch" 2>/dev/null; then \
 		echo "using the installed torch $$($(VENV)/bin/python -c 'import torch; print(torch.__version__)')"; \
 	elif command -v nvidia-smi >/dev/null 2>&1; then \
@@ -40,7 +43,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	else \
 		echo "no NVIDIA GPU: installing the CPU build torch==$(CPU_TORCH)"; $(VENV)/bin/pip install -q torch==$(CPU_TORCH); \
 	fi
-	$(VENV)/bin/pip install -q --no-build-isolation -e ".[dev]"
+	$(VENV)/bin/pip install -q --no-build-isolation $(PIP_OFFLINE) -e ".[dev]"
 	@touch $@
 
 test: $(SETUP)
@@ -62,6 +65,10 @@ bench: $(SETUP)
 bench-kernels: $(SETUP)
 	$(PY) -m detector bench kernels $(ARGS)
 
+# The training step against the machine's floor (GPU), speed options and data pipeline.
+bench-step: $(SETUP)
+	$(PY) -m detector bench step $(ARGS)
+
 train: $(SETUP)
 ifeq ($(NPROC),1)
 	$(PY) -m detector train --experiment $(EXPERIMENT) $(ARGS)
@@ -77,24 +84,21 @@ format: $(SETUP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-# One call on a GPU machine that already has torch (the device tool: `make gpu-check PY=python3`):
-# builds the extension, runs the whole test suite (CUDA rows included) and the three bench targets.
-# Python packages missing there travel as wheels in .whl/ and are installed to /tmp/site.
-GPU_ENV = $(if $(wildcard .whl/*.whl),PYTHONPATH=/tmp/site)
+# One call on a GPU machine that already has torch (e.g. `make gpu-check PY=python3 [WHEELS=dir]`): builds
+# the extension, runs the whole test suite (CUDA rows included) and every bench target.
 gpu-check:
-	$(if $(wildcard .whl/*.whl),$(PY) -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl)
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
-	$(GPU_ENV) $(PY) -m pytest -q -rs $(PYTEST_ARGS)
-	for t in losses kernels layers; do $(GPU_ENV) $(PY) -m detector bench $$t $(ARGS) || exit 1; done
+	$(PY) -m pip install -q --no-build-isolation $(PIP_OFFLINE) -e .
+	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
+	for t in losses kernels layers step; do $(PY) -m detector bench $$t $(ARGS) || exit 1; done
 
 # Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
 STRATEGIES ?=
 MODES ?= train forward
 profile-all: $(SETUP)
-	for s in $(or $(STRATEGIES),$$($(GPU_ENV) $(PY) -m detector strategies --names)); do \
-		for m in $(MODES); do $(GPU_ENV) $(PY) -m detector profile profile.strategy=$$s profile.mode=$$m $(ARGS) || exit 1; done; \
+	for s in $(or $(STRATEGIES),$$($(PY) -m detector strategies --names)); do \
+		for m in $(MODES); do $(PY) -m detector profile profile.strategy=$$s profile.mode=$$m $(ARGS) || exit 1; done; \
 	done
-	$(GPU_ENV) $(PY) -m detector compare
+	$(PY) -m detector compare
 
 clean:
 	rm -rf runs build *.egg-info detector/*.so

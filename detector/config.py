@@ -79,6 +79,8 @@ class TrainConfig:
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = 0  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     compile: bool = False  # torch.compile of the model and (static-shape layouts) the loss
+    cudnn_benchmark: bool = True  # cuDNN times its algorithms once for our fixed shapes and keeps the fastest
+    channels_last: bool = False  # NHWC activations: cuDNN's fast convolutions without NCHW<->NHWC conversions
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
     nonfinite: str = "stop"  # a non-finite loss: stop (naming the step, last good checkpoint kept) | skip its update
     profile: bool = False  # one torch.profiler window (profile.wait/warmup/active) with make profile's regions

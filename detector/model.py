@@ -34,9 +34,12 @@ class FaceDetector(nn.Module):
             nn.Linear(hidden, max_boxes * 4),
         )
         self.image_size, self.max_boxes = image_size, max_boxes
+        self.channels_last = False  # NHWC activations (train.channels_last)
 
     def forward(self, images: Tensor) -> Tensor:
         x = images.float() / 127.5 - 1  # [B, 1, S, S] uint8 -> [-1, 1]
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
         raw = self.head(self.features(x)).view(-1, self.max_boxes, 4)  # [B, M, 4]
         centre, size = (self.image_size * torch.sigmoid(raw)).split(2, dim=-1)  # [B, M, 2] each
         return torch.cat([centre - size / 2, centre + size / 2], dim=-1)  # [B, M, 4] xyxy

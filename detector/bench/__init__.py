@@ -1,8 +1,10 @@
-"""``python -m detector bench <target> [overrides]``: one benchmark command, three targets.
+"""``python -m detector bench <target> [overrides]``: one benchmark command, four targets.
 
 - ``losses``: every registered strategy's loss alone, forward and forward+backward (CPU or GPU)
 - ``kernels``: the custom kernels: host floors, headline times, byte floors, packed scaling, skipping (GPU)
 - ``layers``: where the triton strategy's time goes, layer by layer and kernel by kernel (GPU)
+- ``step``: the training step, its speed options and its pieces against the machine's floor, and the
+  data pipeline's images/s
 
 Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
 with the device, the torch version and the ``bench`` configuration. Targets are imported when run, so
@@ -23,6 +25,7 @@ TARGETS = {
     "losses": "detector.bench.losses",
     "kernels": "detector.bench.kernels",
     "layers": "detector.bench.layers",
+    "step": "detector.bench.step",
 }
 
 

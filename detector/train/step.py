@@ -114,6 +114,11 @@ class TrainStep:
         torch.manual_seed(tcfg.seed)  # the same seed gives every strategy the same initial model
         with device:  # initialise on the device: a 1.1 B-parameter model initialises in a blink there
             self.model = build_model(cfg.model, cfg.data)
+        if tcfg.channels_last:
+            self.model.to(memory_format=torch.channels_last)
+            self.model.channels_last = True
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = bool(tcfg.cudnn_benchmark)
         self.optimizer = build_optimizer(self.model, tcfg, device)
         schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
         self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step

@@ -55,3 +55,16 @@ def test_unknown_target_names_the_valid_ones(tmp_path):
     with pytest.raises(ValueError, match="unknown bench target 'kernel'; valid targets: losses, kernels, layers"):
         bench.run(bench_config(tmp_path), "kernel")
     assert issubclass(bench.UnknownTargetError, ValueError)
+
+
+def test_step_times_the_configs_training_step_and_the_data_pipeline(tmp_path, capsys):
+    cfg = bench_config(tmp_path, "data.batch_size=4", "data.image_size=32", "model.channels=[4,8]", "model.hidden=16")
+    results = bench.run(cfg, "step")
+    assert list(results["steps"]) == ["config"]  # the speed-option variants and the floor are a GPU's
+    pieces = results["steps"]["config"]
+    assert list(pieces) == ["step", "forward", "forward+backward", "optimizer"]
+    assert all(s.median > 0 for s in pieces.values()) and results["floor"] is None
+    assert results["data_images_per_s"] > 0
+    out = capsys.readouterr().out
+    assert "| config | step |" in out and "images/s drawn" in out
+    assert json.loads((tmp_path / "step.json").read_text())["target"] == "step"

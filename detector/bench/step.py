@@ -1,0 +1,152 @@
+"""``bench step`` (``make bench-step``): the training step against the floor of the machine it runs on.
+
+1. The floor, measured in the same run: a bf16 matrix product's rate (8192^3) and a device-to-device
+   copy's rate. The step's floor is its two Linear layers' matrix products (forward + backward, 6 B
+   in out FLOPs each) at that rate, plus the bytes the optimizer must move per parameter
+   (OPTIMIZER_BYTES) and the convolution stack's activations (ACTIVATION_PASSES passes over every conv
+   and pool output, bf16) at the copy rate. An estimate of what no implementation can beat.
+2. The step of the config, and of the speed-option variants in ``VARIANTS`` (each a set of overrides of
+   train.*): median [quartiles] of the whole step (CUDA events over a fixed device batch, no data
+   loading), its ratio to the floor, and for the config's own step its pieces: forward, forward +
+   loss + backward, and clip + optimizer.
+3. The data pipeline: images/s of the configured DataLoader, against the images/s the step consumes.
+
+On the CPU it runs the config's step and the data pipeline only (the floors are a GPU's).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from detector import bench
+from detector.bench.timing import event_ms
+from detector.config import resolve_device
+from detector.data import build_loader, to_device
+from detector.model import build_model
+from detector.report import markdown_table, run_header, significant, spread_cell
+from detector.train.step import TrainStep
+
+# fused AdamW reads param, grad, m, v (16 B) and writes param, m, v (12 B); clipping reads the fp32
+# gradient for its norm and rescales it (12 B); autocast casts each weight to bf16 (6 B)
+OPTIMIZER_BYTES = 28 + 12 + 6
+ACTIVATION_PASSES = 6  # forward: write + read; backward: read the saved input, write and read the gradient
+VARIANTS = {
+    "eager": [
+        "train.compile=false",
+        "train.cuda_graphs=false",
+        "train.channels_last=false",
+        "train.cudnn_benchmark=false",
+    ],
+    "+cudnn.benchmark": ["train.compile=false", "train.cuda_graphs=false", "train.channels_last=false"],
+    "+channels_last": ["train.compile=false", "train.cuda_graphs=false", "train.channels_last=true"],
+    "+compile": ["train.compile=true", "train.cuda_graphs=false", "train.channels_last=false"],
+    "+compile+channels_last": ["train.compile=true", "train.cuda_graphs=false", "train.channels_last=true"],
+    "+compile+cuda_graphs": ["train.compile=true", "train.cuda_graphs=true", "train.channels_last=false"],
+}
+
+
+def floors(cfg: DictConfig, model) -> dict:
+    """The machine's matmul and copy rates and the step's floor from them (see the module docstring)."""
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    matmul = event_ms(lambda: a @ a, warmup=3, repeats=10)
+    src = torch.empty(2**30, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    copy = event_ms(lambda: dst.copy_(src), warmup=3, repeats=10)
+    tflops = 2 * 8192**3 / matmul.median / 1e9
+    copy_gbs = 2 * src.numel() / copy.median / 1e6
+    batch = cfg.data.batch_size
+    linear_flops = sum(
+        6 * batch * m.in_features * m.out_features for m in model.modules() if isinstance(m, torch.nn.Linear)
+    )
+    parameters = sum(p.numel() for p in model.parameters())
+    side, activation_bytes = cfg.data.image_size, 0
+    for channels in cfg.model.channels:  # conv output at full size, then the pooled one, in bf16
+        activation_bytes += batch * channels * (side * side + side * side // 4) * 2
+        side //= 2
+    pieces = {
+        "matmul": linear_flops / tflops / 1e9,
+        "optimizer": parameters * OPTIMIZER_BYTES / copy_gbs / 1e6,
+        "activations": activation_bytes * ACTIVATION_PASSES / copy_gbs / 1e6,
+    }
+    return {"matmul_tflops": tflops, "copy_gbps": copy_gbs, "floor_ms": sum(pieces.values()), "floor_pieces_ms": pieces}
+
+
+def device_batch(cfg: DictConfig, layout: str, device: torch.device):
+    return to_device(next(iter(build_loader(OmegaConf.merge(cfg.data, {"num_workers": 0}), layout, device))), device)
+
+
+def step_stats(cfg: DictConfig, device: torch.device, batch, pieces: bool) -> dict:
+    """The whole step's time (and, with ``pieces``, forward / forward+backward / optimizer) on ``batch``."""
+    step = TrainStep(cfg, device, say=lambda *a, **k: None)
+    timed = {"warmup": 5, "repeats": cfg.bench.repeats, "max_seconds": cfg.bench.max_seconds}
+    out = {"step": event_ms(lambda: step(batch), device, **timed)}
+    if pieces and step.graph is None:
+        images, targets = batch
+
+        def forward():
+            with step.autocast:
+                step.net(images)
+
+        def forward_backward():
+            step.forward_backward(images, targets)
+
+        out["forward"] = event_ms(forward, device, **timed)
+        out["forward+backward"] = event_ms(forward_backward, device, **timed)
+        out["optimizer"] = event_ms(lambda: step.optimizer_step(torch.zeros((), device=device)), device, **timed)
+    return out
+
+
+def data_rate(cfg: DictConfig, device: torch.device, batches: int = 20) -> float:
+    """Images/s the configured DataLoader delivers (after its first batch: worker start-up)."""
+    loader = iter(build_loader(cfg.data, "padded", device))
+    next(loader)
+    start = time.perf_counter()
+    for _ in range(batches):
+        next(loader)
+    return batches * cfg.data.batch_size / (time.perf_counter() - start)
+
+
+def run_bench(cfg: DictConfig) -> dict:
+    device = resolve_device(cfg)
+    print(f"bench step: {run_header(device)}, batch {cfg.data.batch_size} x {cfg.data.image_size}px")
+    batch = device_batch(cfg, "padded", device)
+    variants = {"config": []} | (VARIANTS if device.type == "cuda" else {})
+    steps = {}
+    for name, overrides in variants.items():
+        print(f"  timing {name} ...", flush=True)
+        steps[name] = step_stats(
+            OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides)), device, batch, name == "config"
+        )
+    with torch.device("meta"):  # the shapes only: its layers' sizes give the floor
+        model = build_model(cfg.model, cfg.data)
+    floor = floors(cfg, model) if device.type == "cuda" else None
+    results = {"steps": steps, "floor": floor, "data_images_per_s": data_rate(cfg, device)}
+    print_tables(results, cfg.data.batch_size)
+    bench.save(cfg, "step", device, results)
+    return results
+
+
+def print_tables(results: dict, batch: int) -> None:
+    floor = results["floor"]
+    rows = []
+    for name, stats in results["steps"].items():
+        for piece, s in stats.items():
+            ratio = f"{s.median / floor['floor_ms']:.2f}x" if floor and piece == "step" else "—"
+            rows.append(
+                [name, piece, spread_cell(s), ratio, significant(batch / s.median * 1e3) if piece == "step" else "—"]
+            )
+    print(markdown_table(["variant", "piece", "ms", "vs floor", "images/s"], rows, align="llrrr"))
+    if floor:
+        pieces = ", ".join(f"{k} {significant(v)} ms" for k, v in floor["floor_pieces_ms"].items())
+        print(
+            f"\nfloor {significant(floor['floor_ms'])} ms ({pieces}) at {significant(floor['matmul_tflops'])} TFLOP/s "
+            f"bf16 and {significant(floor['copy_gbps'])} GB/s copy, measured in this run"
+        )
+    consumed = batch / results["steps"]["config"]["step"].median * 1e3
+    print(
+        f"data pipeline: {significant(results['data_images_per_s'])} images/s drawn, "
+        f"{significant(consumed)} consumed by the step"
+    )
