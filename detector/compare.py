@@ -201,10 +201,9 @@ def fmt(measure: str, value) -> str:
 
 
 def spread_text(s: dict, measure: str = "wall_ms") -> str:
-    """``12.3 [11.9–13.0]``: median [min–max]; one value where they agree."""
-    if s["min"] == s["max"]:
-        return fmt(measure, s["median"])
-    return f"{fmt(measure, s['median'])} [{fmt(measure, s['min'])}–{fmt(measure, s['max'])}]"
+    """``12.3 [11.9–13.0]``: median [min–max]; one value where they print the same."""
+    low, middle, high = (fmt(measure, s[key]) for key in ("min", "median", "max"))
+    return middle if low == high else f"{middle} [{low}–{high}]"
 
 
 def setting(runs: list[dict]) -> str:
