@@ -165,7 +165,7 @@ def main(logdir: str = "runs", port: int = 6006, host: str | None = None) -> Non
     url = f"http://{host or 'localhost'}:{port}/"
     print(
         f"TensorBoard on {url}\n"
-        f"  Scalars {url}#scalars     per-step ms, launches, syncs, copies by region: tick runs to overlay\n"
+        f"  Scalars {url}#scalars     per-step ms, launches, syncs by region: tick runs to overlay; smoothing 0\n"
         f"  Text    {url}#text        each run's tables, and `make compare`'s\n"
         f"  Images  {url}#images      timelines of a representative step, bar charts",
         flush=True,
