@@ -1,0 +1,140 @@
+"""TensorBoard events of a profile run (detector.board) read back with TensorBoard's own reader, and the
+`make tensorboard` launcher with and without the PyTorch Profiler plugin.
+
+``make_run`` builds a profile run folder as `make profile` writes it, from the recorded H200 trace of the
+padded strategy (tests/data); test_compare.py and test_browser.py build theirs with it too.
+"""
+
+import gzip
+import json
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from detector import analysis, board
+
+GPU_TRACE = Path(__file__).parent / "data" / "padded_gpu_trace.json.gz"
+GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+
+
+@cache
+def _fixture_json() -> str:
+    return gzip.decompress(GPU_TRACE.read_bytes()).decode()
+
+
+def make_run(
+    profile_dir: Path, strategy: str, stamp: str, mode: str = "train", scale: float = 1.0, gpu: bool = True
+) -> Path:
+    """``profile_dir/<strategy>[-forward]/<stamp>/`` with trace/ and summary.json, as `make profile` writes
+    them, from the recorded padded trace: ``scale`` multiplies every time (0.5: a run twice as fast);
+    ``gpu=False`` drops the GPU events (a CPU-only trace). Returns the run folder."""
+    trace = json.loads(_fixture_json())
+    if scale != 1.0:
+        for e in trace["traceEvents"]:
+            if e.get("ph") == "X":
+                e["ts"], e["dur"] = e["ts"] * scale, e["dur"] * scale
+    if not gpu:
+        trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in GPU_EVENTS]
+    run = profile_dir / (strategy if mode == "train" else f"{strategy}-forward") / stamp
+    (run / "trace").mkdir(parents=True)
+    path = run / "trace" / f"{strategy}.1795312409264487939.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
+    summary = {
+        "strategy": strategy,
+        "mode": mode,
+        "device": "NVIDIA H200" if gpu else "cpu",
+        "torch": "2.11.0+cu130",
+        "preset": "seed_scale",
+        "batch_size": 1024,
+        "image_size": 256,
+        "max_boxes": 256,
+        "run": stamp,
+        "created": "2026-11-22T03:15:00",
+        "trace": f"trace/{path.name}",
+        "analysis": analysis.trace_summary(path),
+        "per_step": analysis.measure_steps(path),
+        "config": {"profile": {"strategy": strategy, "mode": mode}},
+    }
+    (run / "summary.json").write_text(json.dumps(summary))
+    return run
+
+
+def read_events(folder: Path) -> EventAccumulator:
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    return events
+
+
+def test_profile_events_scalars_text_images(tmp_path):
+    run = make_run(tmp_path / "profile", "padded", "20261122-031500")
+    summary = json.loads((run / "summary.json").read_text())
+    board.write_profile_events(run, summary)
+
+    assert sorted(p.name for p in (run / "trace").iterdir()) == [Path(summary["trace"]).name]  # trace/ stays clean
+    events = read_events(run)
+    tags = events.Tags()
+    # one tag per measure and region, the same in every run: TensorBoard overlays the strategies
+    for tag in ("region_ms/forward", "region_ms/step", "launches/calc loss", "syncs/calc loss", "gpu_busy_ms/backward"):
+        assert tag in tags["scalars"], tag
+    assert "wall_ms/forward" not in tags["scalars"]
+    forward = events.Scalars("launches/forward")
+    assert [e.step for e in forward] == [s["step"] for s in summary["per_step"]] == [10, 11, 12]
+    assert [e.value for e in forward] == [s["regions"]["forward"]["launches"] for s in summary["per_step"]]
+    wall = [e.value for e in events.Scalars("region_ms/step")]
+    assert wall == pytest.approx([s["regions"]["step"]["wall_ms"] for s in summary["per_step"]])
+
+    assert tags["tensors"] == ["summary/tables/text_summary"]
+    text = events.Tensors("summary/tables/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "padded, train, NVIDIA H200" in text and "| calc loss |" in text and "launches" in text
+
+    assert sorted(tags["images"]) == ["regions/ms per step", "timeline/representative step"]
+    image = events.Images("timeline/representative step")[0]
+    assert image.width > 1000 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
+
+
+def test_profile_events_of_a_cpu_trace(tmp_path):
+    """No GPU: gpu_idle_share is None in the summary and has no scalar; the rest is written."""
+    run = make_run(tmp_path / "profile", "padded", "20261122-031500", gpu=False)
+    summary = json.loads((run / "summary.json").read_text())
+    board.write_profile_events(run, summary, events=run / summary["trace"])
+
+    tags = read_events(run).Tags()
+    assert "region_ms/forward" in tags["scalars"] and "gpu_busy_ms/forward" in tags["scalars"]
+    assert not [t for t in tags["scalars"] if t.startswith("gpu_idle_share/")]
+    assert "timeline/representative step" in tags["images"]
+
+
+def test_tensorboard_launcher_without_the_profiler_plugin(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "torch_tb_profiler", None)  # import fails: as if not installed
+    monkeypatch.setitem(sys.modules, "torch_tb_profiler.profiler", None)
+    started = []
+    monkeypatch.setattr("tensorboard.main.run_main", lambda: started.append(list(sys.argv)))
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+
+    assert board.load_profiler_plugin() is False
+    board.main("somewhere/runs", 6123, host="127.0.0.1")
+
+    assert started == [["tensorboard", "--logdir", "somewhere/runs", "--port", "6123", "--host", "127.0.0.1"]]
+    out = capsys.readouterr().out
+    assert "http://127.0.0.1:6123/" in out and "#images" in out and "#text" in out and "#scalars" in out
+    assert "PyTorch Profiler" not in out
+
+
+def test_tensorboard_launcher_patches_the_profiler_plugin(monkeypatch, capsys):
+    trace = pytest.importorskip("torch_tb_profiler.profiler.trace", reason="the optional tb-profiler extra")
+    monkeypatch.setenv("TORCH_PROFILER_START_METHOD", "")  # restored (removed) after the test
+    monkeypatch.delenv("TORCH_PROFILER_START_METHOD")
+    for category in ("cuda_runtime", "cuda_driver"):
+        monkeypatch.delitem(trace.EventTypeMap, category, raising=False)
+    monkeypatch.setattr("tensorboard.main.run_main", lambda: None)
+    monkeypatch.setattr(sys, "argv", ["pytest"])
+
+    board.main("runs", 6006)
+
+    assert trace.EventTypeMap["cuda_runtime"] == trace.EventTypeMap["cuda_driver"] == trace.EventTypes.RUNTIME
+    assert board.os.environ["TORCH_PROFILER_START_METHOD"] == "fork"
+    assert sys.argv[-1] == "--bind_all"
+    assert "deprecated upstream" in capsys.readouterr().out

@@ -1,0 +1,276 @@
+"""TensorBoard serving profile and compare runs, checked through its HTTP API and in headless Chromium.
+
+A runs/ folder is built from the recorded H200 trace: padded, and ``synthetic_2x``, the same trace with
+every time halved (a made-up strategy, named so in the screenshots), with
+each run's events (detector.board) and a `make compare` run (detector.compare); `detector.board.main`
+serves it on 127.0.0.1. The browser tests run Chromium offline (every host but 127.0.0.1 unresolvable)
+and drive it over the DevTools protocol on a pipe (no extra packages): TensorBoard's Images and Text
+dashboards draw into shadow DOM, which ``--dump-dom`` does not show. They are skipped where Debian's
+``chromium`` is not installed. Screenshots go to the test's tmp folder, and to $TENSORBOARD_SCREENSHOTS
+when set (``TENSORBOARD_SCREENSHOTS=docs pytest tests/test_browser.py`` regenerates docs/tensorboard-*.png).
+"""
+
+import base64
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from test_board import make_run
+
+from detector.board import write_profile_events
+from detector.compare import run_compare
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+PADDED, FAST = "profile/padded/20261122-031500", "profile/synthetic_2x/20261122-031600"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.read()
+
+
+def get_json(url: str):
+    return json.loads(get(url))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """{"url", "runs", "compare", "shots"}: TensorBoard on 127.0.0.1 over a runs/ folder of two profile
+    runs and their comparison; stopped (its whole process group) after the module."""
+    logdir = tmp_path_factory.mktemp("board") / "runs"
+    for strategy, stamp, scale in (("padded", "20261122-031500", 1.0), ("synthetic_2x", "20261122-031600", 0.5)):
+        run = make_run(logdir / "profile", strategy, stamp, scale=scale)
+        write_profile_events(run, json.loads((run / "summary.json").read_text()))
+    compare = run_compare(logdir / "profile", out_dir=logdir / "compare" / "20261122-032000")
+    port = free_port()
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    script = "import sys; from detector.board import main; main(sys.argv[1], int(sys.argv[2]), host='127.0.0.1')"
+    log = open(logdir.parent / "tensorboard.log", "wb")  # noqa: SIM115  closed below
+    server = subprocess.Popen(
+        [sys.executable, "-c", script, str(logdir), str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,  # its own process group: the plugin's loader processes stop with it
+    )
+    url = f"http://127.0.0.1:{port}"
+    runs = [PADDED, FAST, "compare/20261122-032000"]
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                if set(runs) <= set(get_json(f"{url}/data/runs")):
+                    break
+            except OSError:
+                pass  # not listening yet
+            assert server.poll() is None, (logdir.parent / "tensorboard.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "TensorBoard did not list the runs within 120 s"
+            time.sleep(1)
+        yield {"url": url, "runs": runs, "compare": compare, "shots": logdir.parent}
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+
+def test_tensorboard_serves_our_runs(served):
+    url = served["url"]
+    assert set(served["runs"]) <= set(get_json(f"{url}/data/runs"))
+
+    scalars = get_json(f"{url}/data/plugin/scalars/tags")
+    expected = {"region_ms/forward", "launches/calc loss", "syncs/calc loss", "gpu_busy_ms/backward"}
+    assert expected <= set(scalars[PADDED]) and expected <= set(scalars[FAST])
+    points = get_json(f"{url}/data/plugin/scalars/scalars?run={urllib.parse.quote(FAST)}&tag=region_ms/forward")
+    assert [p[1] for p in points] == [10, 11, 12] and all(14 < p[2] < 15 for p in points)  # [wall, step, ms]
+
+    texts = get_json(f"{url}/data/plugin/text/tags")
+    assert texts[PADDED] == ["summary/tables/text_summary"]
+    assert texts["compare/20261122-032000"] == ["compare/train/text_summary"]
+    query = "run=compare/20261122-032000&tag=compare/train/text_summary"
+    html = get_json(f"{url}/data/plugin/text/text?{query}")[0]["text"]
+    assert "<table>" in html and "synthetic_2x" in html and "2×" in html
+
+    images = get_json(f"{url}/data/plugin/images/tags")
+    assert {"timeline/representative step", "regions/ms per step"} <= set(images[PADDED])
+    assert {"timeline/train", "ms_per_step/train", "counts/train"} <= set(images["compare/20261122-032000"])
+    query = urllib.parse.urlencode({"run": "compare/20261122-032000", "tag": "timeline/train"})
+    sample = get_json(f"{url}/data/plugin/images/images?{query}")[0]
+    assert get(f"{url}/data/plugin/images/individualImage?{sample['query']}")[:4] == b"\x89PNG"
+
+
+# ----------------------------------------------------------------------------- in the browser
+
+DEEP_TEXT = """(() => {  // text of the page, shadow roots included, and how many images have loaded
+  const texts = []; let images = 0;
+  const visit = (node) => {
+    if (node.nodeType === Node.TEXT_NODE) texts.push(node.data);
+    if (node.tagName === 'IMG' && node.complete && node.naturalWidth > 0) images++;
+    if (node.shadowRoot) visit(node.shadowRoot);
+    for (const child of node.childNodes) visit(child);
+  };
+  visit(document);
+  return JSON.stringify({text: texts.join(' ').replace(/\\s+/g, ' '), images});
+})()"""
+
+CLICK_ACTUAL_SIZE = """(() => {  // tick the Images dashboard's "Show actual image size"
+  const find = (root) => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.tagName === 'PAPER-CHECKBOX' && el.textContent.includes('Show actual image size')) return el;
+      const inner = el.shadowRoot && find(el.shadowRoot);
+      if (inner) return inner;
+    }
+    return null;
+  };
+  const box = find(document);
+  if (box && !box.checked) box.click();
+  return Boolean(box);
+})()"""
+
+
+class Chromium:
+    """Headless Chromium, offline, driven with the DevTools protocol over --remote-debugging-pipe
+    (NUL-terminated JSON: commands on its fd 3, replies and events on its fd 4)."""
+
+    def __init__(self, profile: Path, width: int = 1400, height: int = 1000):
+        to_browser, self.commands = os.pipe()
+        self.replies, from_browser = os.pipe()
+
+        def as_fds_3_and_4():  # in the child; via fds >= 10 so that neither dup2 overwrites the other pipe
+            high = [fcntl.fcntl(fd, fcntl.F_DUPFD, 10) for fd in (to_browser, from_browser)]
+            os.dup2(high[0], 3)
+            os.dup2(high[1], 4)
+
+        self.process = subprocess.Popen(
+            [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run"]
+            + ["--disable-background-networking", "--disable-component-update", "--disable-sync"]
+            + ["--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1", f"--user-data-dir={profile}"]
+            + ["--remote-debugging-pipe", f"--window-size={width},{height}", "about:blank"],
+            preexec_fn=as_fds_3_and_4,
+            close_fds=False,  # keep fds 3 and 4 (dup2 makes them inheritable; Python's own fds are not)
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        os.close(to_browser)
+        os.close(from_browser)
+        self.buffer, self.last_id = b"", 0
+        target = self.send("Target.createTarget", url="about:blank")["targetId"]
+        self.session = self.send("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+        self.send("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+
+    def send(self, method: str, timeout: float = 30, **params) -> dict:
+        self.last_id += 1
+        message = {"id": self.last_id, "method": method, "params": params}
+        if getattr(self, "session", None):
+            message["sessionId"] = self.session
+        os.write(self.commands, json.dumps(message).encode() + b"\0")
+        deadline = time.monotonic() + timeout
+        while True:
+            while b"\0" not in self.buffer:
+                ready, _, _ = select.select([self.replies], [], [], max(0.0, deadline - time.monotonic()))
+                assert ready, f"Chromium did not answer {method} within {timeout} s"
+                chunk = os.read(self.replies, 1 << 20)
+                assert chunk, "Chromium closed its DevTools pipe"
+                self.buffer += chunk
+            raw, _, self.buffer = self.buffer.partition(b"\0")
+            reply = json.loads(raw)
+            if reply.get("id") == self.last_id:
+                assert "error" not in reply, f"{method}: {reply['error']}"
+                return reply["result"]
+
+    def evaluate(self, expression: str):
+        return self.send("Runtime.evaluate", expression=expression, returnByValue=True)["result"].get("value")
+
+    def show(self, url: str, expected: list[str], images: int = 0, timeout: float = 60) -> str:
+        """Open ``url``; wait until its text (shadow DOM included) holds every ``expected`` string and at
+        least ``images`` images have loaded. Returns the text; fails naming what is missing."""
+        self.send("Page.navigate", url=url)
+        deadline = time.monotonic() + timeout
+        while True:
+            page = json.loads(self.evaluate(DEEP_TEXT) or '{"text": "", "images": 0}')
+            missing = [s for s in expected if s not in page["text"]]
+            if not missing and page["images"] >= images:
+                return page["text"]
+            assert time.monotonic() < deadline, f"{url}: after {timeout} s, missing {missing}, {page['images']} images"
+            time.sleep(0.5)
+
+    def screenshot(self, path: Path) -> Path:
+        time.sleep(1)  # let the last layout settle
+        path.write_bytes(base64.b64decode(self.send("Page.captureScreenshot", format="png")["data"]))
+        return path
+
+    def close(self):
+        try:
+            self.send("Browser.close", timeout=10)
+        except (AssertionError, OSError):
+            pass
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+        os.close(self.commands)
+        os.close(self.replies)
+
+
+@pytest.fixture
+def browser(tmp_path):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    chromium = Chromium(tmp_path / "chromium-profile", width=1950, height=1000)  # the timeline at actual size
+    yield chromium
+    chromium.close()
+
+
+def keep(shot: Path) -> None:
+    """Copy a screenshot to $TENSORBOARD_SCREENSHOTS (docs/) when set."""
+    if os.environ.get("TENSORBOARD_SCREENSHOTS"):
+        shutil.copy(shot, Path(os.environ["TENSORBOARD_SCREENSHOTS"]) / shot.name)
+
+
+def test_images_dashboard_shows_the_timelines(served, browser):
+    url = served["url"]
+    text = browser.show(
+        f"{url}/#images&tagFilter=timeline",
+        ["timeline/representative step", "timeline/train", PADDED, FAST, "compare/20261122-032000"],
+        images=3,
+    )
+    assert "No image data was found" not in text
+    browser.show(f"{url}/#images&tagFilter=timeline%2Ftrain", ["timeline/train"], images=1)
+    assert browser.evaluate(CLICK_ACTUAL_SIZE), "no 'Show actual image size' checkbox"
+    shot = browser.screenshot(served["shots"] / "tensorboard-images.png")
+    assert shot.stat().st_size > 20_000
+    keep(shot)
+
+
+def test_text_dashboard_shows_the_tables(served, browser):
+    text = browser.show(
+        f"{served['url']}/#text",
+        ["compare/train/text_summary", "Why (mode=train)", "synthetic_2x", "· 2×", "padded, train, NVIDIA H200"],
+    )
+    assert "No text data was found" not in text
+    shot = browser.screenshot(served["shots"] / "tensorboard-text.png")
+    assert shot.stat().st_size > 20_000
+    keep(shot)
