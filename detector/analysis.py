@@ -151,7 +151,10 @@ def read_events(source) -> tuple[str, list[dict]]:
 
 
 def load_trace(source) -> Trace:
-    """Index a trace (path, dict or event list) for region queries; ValueError naming it if it is not one."""
+    """Index a trace (path, dict or event list) for region queries; ValueError naming it if it is not one.
+    An indexed Trace is returned as it is."""
+    if isinstance(source, Trace):
+        return source
     name, events = read_events(source)
     try:
         trace = _index(name, events)

@@ -171,13 +171,3 @@ def main(logdir: str = "runs", port: int = 6006, host: str | None = None) -> Non
         flush=True,
     )
     run_main()
-
-
-def write_profile_events(run_dir, summary: dict, events=None) -> None:
-    """TensorBoard scalars of a profile run: wall ms per region per step (placeholder until the viewing branch)."""
-    from torch.utils.tensorboard import SummaryWriter
-
-    with SummaryWriter(str(run_dir)) as writer:
-        for i, step in enumerate(summary["per_step"]):
-            for region, measures in step["regions"].items():
-                writer.add_scalar(f"region_ms/{region}", measures["wall_ms"], i)

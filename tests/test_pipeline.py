@@ -1,4 +1,4 @@
-"""End to end: `make profile` on a tiny config, `compare`, and the TensorBoard plugin patch."""
+"""End to end: `make profile` on a tiny config and `compare`; the presets."""
 
 import json
 import subprocess
@@ -33,17 +33,14 @@ def test_make_profile_sets_itself_up_and_writes_a_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_compare_prints_a_table_and_writes_a_png(tmp_path, capsys):
+def test_make_profile_then_compare_explains_the_difference(tmp_path, capsys):
     make_profile("padded", "forward", tmp_path)
     make_profile("concat", "forward", tmp_path)
-    table = run_compare(tmp_path, tmp_path / "chart.png")
-    assert "| calc loss |" in table and "padded" in table and "concat" in table and "(1.00x)" in table
-    assert (tmp_path / "chart.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_compare_without_runs_says_what_to_do(tmp_path):
-    with pytest.raises(FileNotFoundError, match="make profile"):
-        run_compare(tmp_path)
+    result = run_compare(tmp_path, out_dir=tmp_path / "compare")
+    table = (tmp_path / "compare" / "compare.md").read_text()
+    assert "padded" in table and "concat" in table and "| calc loss |" in table
+    assert [run["strategy"] for run in result["runs"]][:2] == ["padded", "concat"]  # the baseline first
+    assert list((tmp_path / "compare").glob("events.out.tfevents.*"))
 
 
 def test_unknown_preset_and_experiment_list_the_known_ones():
@@ -59,15 +56,3 @@ def test_cpu_preset_differs_only_where_its_yaml_says():
     assert (cpu.data.image_size, seed.data.image_size) == (64, 256)
     assert cpu.data.max_boxes == seed.data.max_boxes == 256
     assert OmegaConf.to_container(cpu.profile) == OmegaConf.to_container(seed.profile)
-
-
-def test_tensorboard_launcher_maps_new_runtime_categories():
-    from torch_tb_profiler.profiler import trace
-
-    from detector.board import patch_profiler_plugin
-
-    patch_profiler_plugin()
-    for category in ("cuda_runtime", "cuda_driver"):
-        event = {"ph": "X", "cat": category, "name": "cudaLaunchKernel", "ts": 1, "dur": 2, "pid": 1, "tid": 1}
-        parsed = trace.create_event(event, False)
-        assert parsed is not None and parsed.type == trace.EventTypes.RUNTIME
