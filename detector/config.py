@@ -34,6 +34,7 @@ class DataConfig:
 class ModelConfig:
     channels: list[int] = field(default_factory=lambda: [4, 16, 64, 256])  # 4 conv blocks, each pools by 2
     hidden: int = 16384  # the article's Linear(65536 -> 16384): ~1.1 B parameters
+    tap_conv: bool = False  # the first (one-channel) convolution as a matrix product (detector/model.py TapConv)
 
 
 @dataclass
