@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.losses.checks import check_padded, check_pred
+from detector.losses.checks import check_padded, check_targets
 from detector.losses.geometry import giou_loss_per_box
 from detector.targets import Targets, to_padded
 
@@ -48,11 +48,11 @@ def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor 
     if isinstance(targets, Tensor):
         if counts is None:
             raise ValueError("counts is required when targets is a padded [B, M, 4] tensor")
+        check_padded(pred, targets, counts)
         boxes = targets
     else:
-        check_pred(pred, targets.batch_size)
+        check_targets(pred, targets)
         boxes, counts = to_padded(targets, pred.shape[1])
-    check_padded(pred, boxes, counts)
     max_boxes = pred.shape[1]
     if counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > max_boxes):
         low, high = int(counts.min()), int(counts.max())
