@@ -5,7 +5,10 @@ Every loss strategy names the layout it consumes in ``strategy.layout``:
 - ``list``:   ListTargets(boxes)            boxes: list of B tensors [n_i, 4]
 - ``padded``: PaddedTargets(boxes, counts)  boxes: [B, M, 4], slots j >= counts[b] are padding; counts: [B]
 - ``packed``: PackedTargets(boxes, counts)  boxes: [N, 4], the valid boxes of all images in image order;
-  counts: [B], N = counts.sum()
+  counts: [B], N = counts.clamp(0, M).sum()
+
+What strategies do with hand-built targets (counts outside [0, M], dtypes) is the loss contract's, in
+``detector.losses.contract.giou_loss_reference``.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class ListTargets(NamedTuple):
 
 class PaddedTargets(NamedTuple):
     boxes: Tensor  # [B, M, 4] xyxy; slots j >= counts[b] hold padding (any value, even NaN)
-    counts: Tensor  # [B] integer, 0 <= counts[b] <= M
+    counts: Tensor  # [B] any integer dtype; the loss clamps counts[b] to [0, M]
 
     layout = "padded"
 
@@ -53,7 +56,7 @@ class PaddedTargets(NamedTuple):
 
 class PackedTargets(NamedTuple):
     boxes: Tensor  # [N, 4] xyxy, image 0's boxes first, then image 1's, ...
-    counts: Tensor  # [B] integer, sum(counts) == N
+    counts: Tensor  # [B] any integer dtype; N == sum of the counts clamped to [0, M]
 
     layout = "packed"
 
@@ -147,11 +150,21 @@ def _holds_exactly(boxes: Tensor, dtype: torch.dtype) -> bool:
 
 
 def to_padded(targets: Targets, max_boxes: int) -> PaddedTargets:
-    """Any layout as PaddedTargets with ``max_boxes`` slots (for references and tests, not hot paths)."""
+    """Any layout as PaddedTargets with ``max_boxes`` slots (for references and tests, not hot paths).
+
+    Packed rows are split by the counts clamped to [0, max_boxes] (the loss contract's rule); their sum
+    must be N, else ValueError. Padded targets come back as they are.
+    """
     if isinstance(targets, PaddedTargets):
         return targets
     if isinstance(targets, PackedTargets):
-        boxes_list = list(torch.split(targets.boxes, targets.counts.tolist()))
+        counts = targets.counts.long().clamp(0, max_boxes)
+        if int(counts.sum()) != targets.boxes.shape[0]:
+            raise ValueError(
+                f"packed targets: targets.boxes has {targets.boxes.shape[0]} boxes but the counts, clamped to "
+                f"[0, {max_boxes}], sum to {int(counts.sum())}"
+            )
+        boxes_list = list(torch.split(targets.boxes, counts.tolist()))
     else:
         boxes_list = list(targets.boxes)
     device = boxes_list[0].device if boxes_list else torch.device("cpu")
