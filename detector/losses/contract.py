@@ -43,6 +43,17 @@ def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor 
           (backward gives zeros).
         - Gradients at ties of min/max are PyTorch autograd's (half to each side).
 
+    Values in valid slots (padded slots may hold anything, see above):
+        - Coordinates must be finite with |x| <= 2**62 (about 4.6e18 px): widths stay <= 2**63, so
+          areas and their sums stay below fp32's largest value (2**128). There every strategy's loss
+          and gradient match this reference on the same values to fp32 rounding (integer targets
+          beyond 2**24 and fp64 targets are rounded to fp32 first).
+        - Beyond 2**62 fp32 areas may overflow: the loss and gradient are not specified (NaN or inf
+          where this fp64 reference is finite).
+        - A NaN or +-inf coordinate in a valid slot of pred or of the targets makes the loss NaN or
+          +-inf in every strategy. That box's gradient is not specified (autograd and the kernels
+          differ); every other box's gradient is as without it.
+
     Targets, hand-built or from ``detector.targets.make_targets``, get one behaviour in every strategy
     (a strategy's ``__call__`` checks shapes, dtypes and devices once, never device values):
         - ``targets`` is a ListTargets, PaddedTargets or PackedTargets; anything else, a plain tuple

@@ -1,9 +1,12 @@
-"""The contract's rules for hand-built targets, run on every registered strategy alike.
+"""The contract's rules for hand-built targets and extreme values, run on every registered strategy alike.
 
 Counts of any integer dtype, clamped to [0, M]; bool boxes and anything but the three layout classes
 refused with TypeError; empty batches (B = 0) and slot-less predictions (M = 0) give a loss of 0 that
-backward goes through. See the docstring of detector.losses.giou_loss_reference.
+backward goes through; coordinates up to |x| = 2**62 match the reference, a non-finite one in a valid
+slot gives a non-finite loss. See the docstring of detector.losses.giou_loss_reference.
 """
+
+import math
 
 import pytest
 import torch
@@ -147,3 +150,56 @@ def test_list_targets_on_another_device_name_it(name):
     targets = ListTargets([boxes[0, :2], boxes[1, :1].to("meta")])
     with pytest.raises(ValueError, match=r"one device, got cpu, meta"):
         STRATEGIES[name](pred, targets)
+
+
+def far_boxes(limit: float, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """pred and targets [2, 6, 4] fp32 with |x| <= limit: boxes of 1 px up to the whole range, and in
+    slot 0 the worst case for fp32 areas, boxes spanning the range (enclosing area 4 limit**2)."""
+    g = torch.Generator().manual_seed(seed)
+    centre = (torch.rand(4, 6, 2, generator=g, dtype=torch.float64) * 2 - 1) * limit * 0.9
+    size = 2 ** (torch.rand(4, 6, 2, generator=g, dtype=torch.float64) * math.log2(limit))
+    boxes = torch.cat([centre - size / 2, centre + size / 2], dim=-1).clamp(-limit, limit)
+    boxes[0, 0], boxes[2, 0] = torch.tensor([[-1, -1, 1, 1], [-1, -0.5, 1, 1]], dtype=torch.float64) * limit
+    boxes[1, 0], boxes[3, 0] = torch.tensor([[-1, -1, 0, 1], [0, -1, 1, 1]], dtype=torch.float64) * limit  # touching
+    return boxes[:2].float(), boxes[2:].float()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", strategies())
+@pytest.mark.parametrize("limit", [2.0**20, 2.0**62], ids=["2**20", "2**62"])  # at 2**64 every strategy fails
+def test_coordinates_within_the_range_match_the_reference(name, device, limit):
+    strategy = runnable(name, device)
+    pred, boxes = far_boxes(limit, seed=int(math.log2(limit)))
+    counts = torch.tensor([6, 4])
+    p = pred.clone().to(device).requires_grad_()
+    loss = strategy(p, as_layout(strategy.layout, boxes, counts).to(device))
+    loss.backward()
+    ref_pred = pred.double().requires_grad_()
+    ref = giou_loss_reference(ref_pred, boxes.double(), counts)
+    ref.backward()
+    # the tolerances of tests/losses/test_strategies.py for fp32 predictions
+    torch.testing.assert_close(loss.double().cpu(), ref.detach(), rtol=1e-5, atol=1e-6)
+    scale = ref_pred.grad.abs().max().item()
+    torch.testing.assert_close(p.grad.double().cpu(), ref_pred.grad, rtol=1e-4, atol=1e-5 * scale)
+
+
+NON_FINITE = [(where, value, k) for where in ("pred", "target") for value in ("inf", "-inf", "nan") for k in range(4)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name", strategies())
+@pytest.mark.parametrize("where,value,k", NON_FINITE)
+def test_a_non_finite_coordinate_in_a_valid_slot_gives_a_non_finite_loss(name, device, where, value, k):
+    strategy = runnable(name, device)
+    pred, boxes = batch([3, 2], 3)
+    counts = torch.tensor([3, 2])
+    clean = pred.clone().to(device).requires_grad_()
+    strategy(clean, as_layout(strategy.layout, boxes, counts).to(device)).backward()
+    (pred if where == "pred" else boxes)[0, 1, k] = float(value)  # slot 1 of image 0 is valid
+    p = pred.to(device).requires_grad_()
+    loss = strategy(p, as_layout(strategy.layout, boxes, counts).to(device))
+    loss.backward()
+    assert not torch.isfinite(loss), "the loss must not look finite"
+    others = torch.ones(2, 3, dtype=torch.bool)
+    others[0, 1] = False
+    torch.testing.assert_close(p.grad[others], clean.grad[others])  # every other box as without it
