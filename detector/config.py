@@ -4,46 +4,77 @@ Merge order (later wins): these dataclass defaults (the seed-scale GPU setting o
 preset (``preset=auto`` picks ``experiments/presets/cpu.yaml`` when no GPU is present) <- an
 experiment file ``experiments/<name>.yaml`` <- dotlist overrides from the command line
 (``data.batch_size=256``).
+
+Each field's allowed values sit next to its default (``ranged``); ``load_config`` checks them all, so a
+bad value fails at load, as one ``ConfigError`` line naming the field, the value and what is allowed,
+instead of mid-run.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from collections.abc import Collection
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from detector.errors import UserError
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
+STRATEGY = "a registered strategy"  # choices entry: any name in detector.losses.STRATEGIES
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration that cannot be loaded: unknown key, wrong type, value out of range, bad override."""
+
+
+class ConfigFileNotFound(ConfigError, FileNotFoundError):
+    """No such experiment or preset file (still a FileNotFoundError for callers that catch that)."""
+
+
+def ranged(default: Any, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
+    """A dataclass field with its allowed values, checked by load_config; for a list, each item's."""
+    metadata = {"low": low, "high": high, "choices": choices}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
 @dataclass
 class DataConfig:
-    image_size: int = 256  # the article's 256x256 grayscale images; targets are uint8 up to 256 px
-    max_boxes: int = 256  # slots per image M; the article supports up to 256 faces
-    batch_size: int = 1024  # the article's batch
-    length: int = 1_000_000  # samples are drawn on demand, so a long dataset costs nothing
-    seed: int = 0  # sample i is a pure function of (seed, i)
-    count_std: float = 3.0  # faces per image = floor(|N(0, count_std)|): ~1.9 on average
-    tail_fraction: float = 0.0  # share of crowded images (tail_min..max_boxes faces); 0 = the article
-    tail_min: int = 32  # fewest faces in a crowded image
-    num_workers: int = 8  # drawing 1024 images per step needs several processes to keep up
+    # the article's 256x256 grayscale images; targets are uint8 up to 256 px, int16 up to 32768 px
+    image_size: int = ranged(256, 4, 32768)
+    max_boxes: int = ranged(256, 1)  # slots per image M; the article supports up to 256 faces
+    batch_size: int = ranged(1024, 1)  # the article's batch
+    length: int = ranged(1_000_000, 1)  # samples are drawn on demand, so a long dataset costs nothing
+    seed: int = ranged(0, 0)  # sample i is a pure function of (seed, i) (numpy seeds are >= 0)
+    count_std: float = ranged(3.0, 0.0)  # faces per image = floor(|N(0, count_std)|): ~1.9 on average
+    tail_fraction: float = ranged(0.0, 0.0, 1.0)  # share of crowded images (tail_min..max_boxes faces); 0 = the article
+    tail_min: int = ranged(32, 0)  # fewest faces in a crowded image
+    # drawing 1024 images per step needs several processes to keep up; -1 = auto from the core count
+    num_workers: int = ranged(8, -1)
 
 
 @dataclass
 class ModelConfig:
-    channels: list[int] = field(default_factory=lambda: [4, 16, 64, 256])  # 4 conv blocks, each pools by 2
-    hidden: int = 16384  # the article's Linear(65536 -> 16384): ~1.1 B parameters
+    channels: list[int] = ranged([4, 16, 64, 256], 1)  # 4 conv blocks, each pools by 2
+    hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
     tap_conv: bool = False  # the first (one-channel) convolution as a matrix product (detector/model.py TapConv)
 
 
 @dataclass
 class ProfileConfig:
-    strategy: str = "padded"  # a name from detector.losses.STRATEGIES
-    mode: str = "train"  # train: + backward and optimizer step; forward: the article's protocol
-    wait: int = 5  # torch.profiler schedule, as in the article
-    warmup: int = 5
-    active: int = 10
+    strategy: str = ranged("padded", choices=(STRATEGY,))  # a name from detector.losses.STRATEGIES
+    # train: + backward and optimizer step (the training optimizer); forward: the article's protocol
+    mode: str = ranged("train", choices=("train", "forward"))
+    wait: int = ranged(5, 0)  # torch.profiler schedule, as in the article
+    warmup: int = ranged(5, 0)
+    active: int = ranged(10, 1)  # the steps recorded: at least one
     out_dir: str = "runs/profile"  # traces go to <out_dir>/<strategy>[-forward]/
     profile_memory: bool = True
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
@@ -51,39 +82,41 @@ class ProfileConfig:
 
 @dataclass
 class BenchConfig:
-    strategies: list[str] = field(default_factory=list)  # empty = every registered strategy
-    batch_sizes: list[int] = field(default_factory=lambda: [1024])
+    strategies: list[str] = ranged([], choices=(STRATEGY,))  # empty = every registered strategy
+    batch_sizes: list[int] = ranged([1024], 1)
     distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/bench/cases.py
-    pred_dtype: str = "bfloat16"  # what the model emits under autocast
-    warmup: int = 10
-    repeats: int = 100
-    max_seconds: float = 5.0  # per case: the loop strategy takes ~0.6 s a call at batch 1024
+    pred_dtype: str = ranged("bfloat16", choices=("float32", "bfloat16", "float16"))  # what autocast emits
+    warmup: int = ranged(10, 0)
+    repeats: int = ranged(100, 1)
+    max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy takes ~0.6 s a call at batch 1024
     out: str = "runs/bench/bench.json"
 
 
 @dataclass
 class TrainConfig:
-    strategy: str = "padded"  # a name from detector.losses.STRATEGIES, or "all": one run each (strategy_sweep)
-    seed: int = 0  # model initialisation; the data has its own seed (data.seed)
-    steps: int = 1000  # optimizer steps; every step draws fresh images, none is seen twice
-    lr: float = 3e-4  # peak AdamW learning rate
-    lr_min_ratio: float = 0.1  # the cosine decays to this fraction of lr (nanoGPT's choice)
-    warmup_steps: int = 50  # linear warm-up: a fresh model's first gradients are its largest
-    weight_decay: float = 0.01  # AdamW's default
-    grad_clip: float = 1.0  # max global gradient norm; 0 = no clipping
-    log_every: int = 10  # progress line and loss scalar; the host waits for the device only then
-    eval_every: int = 200  # steps between evaluations on the held-out range (and one at the end)
-    eval_batches: int = 4  # held-out batches per evaluation (drawn once, kept in memory)
-    eval_start: int = 1_000_000_000  # first held-out sample index: far beyond any run's training indices
-    checkpoint_every: int = 500  # steps between checkpoints, plus one at the end; 0 = none (timing runs)
+    # a name from detector.losses.STRATEGIES, or "all": one run each (strategy_sweep)
+    strategy: str = ranged("padded", choices=(STRATEGY, "all"))
+    seed: int = ranged(0, 0)  # model initialisation; the data has its own seed (data.seed)
+    steps: int = ranged(1000, 1)  # optimizer steps; every step draws fresh images, none is seen twice
+    lr: float = ranged(3e-4, 0.0)  # peak AdamW learning rate
+    lr_min_ratio: float = ranged(0.1, 0.0, 1.0)  # the cosine decays to this fraction of lr (nanoGPT's choice)
+    warmup_steps: int = ranged(50, 0)  # linear warm-up: a fresh model's first gradients are its largest
+    weight_decay: float = ranged(0.01, 0.0)  # AdamW's default
+    grad_clip: float = ranged(1.0, 0.0)  # max global gradient norm; 0 = no clipping
+    log_every: int = ranged(10, 1)  # progress line and loss scalar; the host waits for the device only then
+    eval_every: int = ranged(200, 1)  # steps between evaluations on the held-out range (and one at the end)
+    eval_batches: int = ranged(4, 1)  # held-out batches per evaluation (drawn once, kept in memory)
+    eval_start: int = ranged(1_000_000_000, 0)  # first held-out sample index: far beyond any run's training indices
+    checkpoint_every: int = ranged(500, 0)  # steps between checkpoints, plus one at the end; 0 = none (timing runs)
     out_dir: str = "runs/train"  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
-    stop_after: int = 0  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
+    stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     compile: bool = False  # torch.compile of the model and (static-shape layouts) the loss
     cudnn_benchmark: bool = True  # cuDNN times its algorithms once for our fixed shapes and keeps the fastest
     channels_last: bool = False  # NHWC activations: cuDNN's fast convolutions without NCHW<->NHWC conversions
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
-    nonfinite: str = "stop"  # a non-finite loss: stop (naming the step, last good checkpoint kept) | skip its update
+    # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update
+    nonfinite: str = ranged("stop", choices=("stop", "skip"))
     profile: bool = False  # one torch.profiler window (profile.wait/warmup/active) with make profile's regions
 
 
@@ -112,29 +145,119 @@ def experiment_path(name: str) -> Path:
     path = EXPERIMENTS_DIR / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
-        raise FileNotFoundError(f"no experiment {name!r} ({path}); known experiments: {', '.join(known)}")
+        raise ConfigFileNotFound(f"no experiment {name!r} ({path}); known experiments: {', '.join(known)}")
     return path
 
 
 def load_config(
-    overrides: list[str] | None = None, experiment: str | None = None, schema: type = Config, announce=print
+    overrides: list[str] | None = None,
+    experiment: str | None = None,
+    schema: type = Config,
+    announce=print,
+    strategies: Collection[str] | None = None,
 ) -> DictConfig:
-    """The merged, typed configuration; announces the preset it picked."""
-    cli = OmegaConf.from_dotlist(list(overrides or []))
-    layers = [OmegaConf.structured(schema)]
-    exp = OmegaConf.load(experiment_path(experiment)) if experiment else OmegaConf.create()
+    """The merged, typed, range-checked configuration; announces the preset it picked.
+
+    ``strategies``: the registered strategy names (``detector.losses.STRATEGIES``) that strategy fields
+    are checked against; None skips that check (this module does not import the losses).
+    Raises ConfigError (one line) for anything wrong in the files, the overrides or the values.
+    """
+    cli = parse_overrides(list(overrides or []))
+    exp_file = experiment_path(experiment) if experiment else None
+    exp = load_yaml(exp_file) if exp_file else OmegaConf.create()
     preset = resolve_preset(cli.get("preset", exp.get("preset", "auto")))
     preset_file = EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"
     if not preset_file.exists():
         known = sorted(p.stem for p in (EXPERIMENTS_DIR / "presets").glob("*.yaml"))
-        raise FileNotFoundError(f"no preset {preset!r}; known presets: auto, {', '.join(known)}")
-    layers += [OmegaConf.load(preset_file), exp, cli]
-    cfg = OmegaConf.merge(*layers)
+        raise ConfigFileNotFound(f"no preset {preset!r}; known presets: auto, {', '.join(known)}")
+    cfg = OmegaConf.structured(schema)
+    for source, layer in ((preset_file, load_yaml(preset_file)), (exp_file, exp), ("the overrides", cli)):
+        try:
+            cfg = OmegaConf.merge(cfg, layer)
+        except OmegaConfBaseException as err:
+            key = f"{err.full_key}: " if getattr(err, "full_key", None) else ""
+            message = (getattr(err, "msg", None) or str(err)).splitlines()[0]
+            raise ConfigError(f"{key}{message} (in {source})") from None
     cfg.preset = preset
+    check_values(cfg, schema, strategies)
     if announce:
         why = "" if preset != "cpu" or torch.cuda.is_available() else " (no GPU found)"
         announce(f"preset: {preset}{why}" + (f", experiment: {experiment}" if experiment else ""))
     return cfg
+
+
+DOTTED_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+
+
+def parse_overrides(overrides: list[str]) -> DictConfig:
+    """Dotlist overrides ``key.sub=value`` (value in YAML), each checked so a typo gets one clear line."""
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} has no '=': write key=value, e.g. data.batch_size=256")
+        if not DOTTED_KEY.fullmatch(key):
+            raise ConfigError(f"override {item!r}: {key!r} is not a key such as data.batch_size")
+        try:
+            yaml.safe_load(value)
+        except yaml.YAMLError as err:
+            raise ConfigError(f"override {item!r}: {value!r} is not a YAML value ({yaml_problem(err)})") from None
+    return OmegaConf.from_dotlist(overrides)
+
+
+def load_yaml(path: Path) -> DictConfig:
+    try:
+        layer = OmegaConf.load(path)
+    except yaml.YAMLError as err:
+        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
+    if not isinstance(layer, DictConfig):
+        raise ConfigError(f"{path} must hold a mapping of config keys (e.g. train: {{steps: 10}}), got a list")
+    return layer
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{getattr(err, 'problem', None) or str(err).splitlines()[0]}{where}"
+
+
+def check_values(
+    cfg: DictConfig, schema: type = Config, strategies: Collection[str] | None = None, prefix: str = ""
+) -> None:
+    """Every field of ``schema`` against its ``ranged`` rule; raises ConfigError naming the first bad one."""
+    for f in fields(schema):
+        name, value = prefix + f.name, cfg[f.name]
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            check_values(value, type(default), strategies, name + ".")
+            continue
+        if "low" not in f.metadata:
+            continue
+        for item in value if isinstance(value, ListConfig) else [value]:
+            allowed = out_of_range(item, **f.metadata, strategies=strategies)
+            if allowed:
+                shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
+                raise ConfigError(f"{name}={shown!r} is out of range: allowed {allowed}")
+    if schema is Config and cfg.device != "auto":
+        try:
+            torch.device(cfg.device)
+        except RuntimeError:
+            raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N") from None
+
+
+def out_of_range(value, low, high, choices, strategies) -> str | None:
+    """What is allowed, if ``value`` is not; None if it is."""
+    if choices:
+        names = [c for c in choices if c != STRATEGY]
+        if STRATEGY in choices and strategies is not None:
+            names += list(strategies)
+        elif STRATEGY in choices:
+            return None  # no registry to check against
+        return None if value in names else f"one of {', '.join(names)}"
+    if (low is None or value >= low) and (high is None or value <= high):
+        return None
+    if high is None:
+        return f">= {low}"
+    return f"in [{low}, {high}]"
 
 
 def resolve_device(cfg: DictConfig) -> torch.device:

@@ -1,5 +1,9 @@
-"""The one exception type for a user's mistake: the CLI prints its message as one line and exits 2."""
+"""The user's mistakes, as exceptions: the CLI prints them as one line (``error: ...``) and exits with 2.
+
+A command or library function that detects a mistake the user can fix (a bad config value, a missing
+file, an unknown name) raises a ``UserError`` subclass; anything else is a bug and keeps its traceback.
+"""
 
 
 class UserError(Exception):
-    """A mistake the user can fix (a bad setting, a missing file, a corrupt checkpoint): no traceback."""
+    """A mistake the user can fix; its message is one line naming the bad thing."""

@@ -1,10 +1,10 @@
-"""Synthetic faces (determinism, drawing, distribution) and the three target layouts."""
+"""Synthetic faces (determinism, drawing, distribution), collation and transfer (layouts: test_targets.py)."""
 
 import pytest
 import torch
 
 from detector.data import FaceSampler, SyntheticFaces, collate_fn, to_device
-from detector.targets import ListTargets, PackedTargets, PaddedTargets, make_targets, to_padded
+from detector.targets import to_padded
 
 
 def test_sample_is_a_pure_function_of_seed_and_index():
@@ -54,37 +54,6 @@ def test_box_count_distribution():
     assert 1.7 < counts.mean() < 2.1
     crowded = [len(FaceSampler(image_size=64, tail_fraction=0.5, tail_min=32)(i)[1]) for i in range(200)]
     assert 60 < sum(n >= 32 for n in crowded) < 140
-
-
-BOXES = [
-    torch.tensor([[1, 2, 3, 4]], dtype=torch.uint8),
-    torch.zeros(0, 4, dtype=torch.uint8),
-    torch.tensor([[5, 6, 7, 8], [9, 10, 11, 12]], dtype=torch.uint8),
-]
-
-
-def test_make_targets_layouts():
-    padded = make_targets(BOXES, "padded", 3)
-    assert isinstance(padded, PaddedTargets) and padded.boxes.shape == (3, 3, 4) and padded.boxes.dtype == torch.uint8
-    assert padded.counts.tolist() == [1, 0, 2]
-    assert torch.equal(padded.boxes[2, :2], BOXES[2]) and torch.all(padded.boxes[1] == 0)
-    packed = make_targets(BOXES, "packed", 3)
-    assert isinstance(packed, PackedTargets) and packed.boxes.shape == (3, 4) and packed.counts.tolist() == [1, 0, 2]
-    listed = make_targets(BOXES, "list", 3)
-    assert isinstance(listed, ListTargets) and [len(b) for b in listed.boxes] == [1, 0, 2]
-    for targets in (padded, packed, listed):
-        assert targets.batch_size == 3
-        again = to_padded(targets, 3)
-        assert torch.equal(again.boxes, padded.boxes) and torch.equal(again.counts, padded.counts)
-
-
-def test_make_targets_rejects_bad_input():
-    with pytest.raises(ValueError, match=r"image 2 has 2 boxes but there are only max_boxes=1 slots"):
-        make_targets(BOXES, "padded", 1)
-    with pytest.raises(ValueError, match=r"shape \[n, 4\]"):
-        make_targets([torch.zeros(2, 3)], "packed", 4)
-    with pytest.raises(ValueError, match="unknown target layout 'ragged'"):
-        make_targets(BOXES, "ragged", 4)
 
 
 @pytest.mark.parametrize("layout", ["list", "padded", "packed"])

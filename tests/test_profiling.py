@@ -77,7 +77,7 @@ def test_a_failed_run_removes_only_its_own_folder(tmp_path, monkeypatch):
 
 
 def test_bad_mode_is_refused_before_anything_is_written(tmp_path):
-    with pytest.raises(UserError, match="profile.mode must be one of train, forward"):
+    with pytest.raises(UserError, match="profile.mode='backward' is out of range: allowed one of train, forward"):
         profile(tmp_path, "profile.mode=backward")
     assert not (tmp_path / "padded").exists()
 

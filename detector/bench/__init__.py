@@ -19,6 +19,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from detector.errors import UserError
 from detector.report import run_info, write_json
 
 TARGETS = {
@@ -29,8 +30,8 @@ TARGETS = {
 }
 
 
-class UnknownTargetError(ValueError):
-    """A bench target that does not exist (to become a ``detector.errors.UserError``)."""
+class UnknownTargetError(UserError, ValueError):
+    """A bench target that does not exist."""
 
 
 def save(cfg: DictConfig, target: str, device, results) -> Path:

@@ -25,14 +25,23 @@ def check_pred(pred: Tensor, batch_size: int | None = None) -> None:
         raise ValueError(f"pred has batch size {pred.shape[0]} but the targets (counts) have {batch_size} images")
 
 
+def _check_tensor(value, what: str) -> None:
+    if not isinstance(value, Tensor):
+        raise TypeError(
+            f"{what} must be a torch.Tensor, got {type(value).__name__} "
+            "(detector.targets.make_targets builds targets from tensors, numpy arrays or lists)"
+        )
+
+
 def _check_counts(counts: Tensor) -> None:
+    _check_tensor(counts, "targets.counts")
     if counts.dim() != 1:
-        raise ValueError(f"counts must have shape [B], got {list(counts.shape)}")
+        raise ValueError(f"targets.counts must have shape [B], got {list(counts.shape)}")
     if counts.is_floating_point() or counts.is_complex() or counts.dtype == torch.bool:
-        raise TypeError(f"counts must be an integer tensor, got dtype {counts.dtype}")
+        raise TypeError(f"targets.counts must be an integer tensor (any integer dtype), got dtype {counts.dtype}")
 
 
-def _check_box_dtype(boxes: Tensor, what: str = "target boxes") -> None:
+def _check_box_dtype(boxes: Tensor, what: str = "targets.boxes (target boxes)") -> None:
     if boxes.dtype == torch.bool or boxes.is_complex():
         raise TypeError(f"{what} must be integer or floating, got dtype {boxes.dtype}")
 
@@ -47,8 +56,12 @@ def check_padded(pred: Tensor, boxes: Tensor, counts: Tensor) -> None:
     """Shape, dtype and device checks of padded targets against pred; no host synchronisation."""
     _check_counts(counts)
     check_pred(pred, counts.shape[0])
+    _check_tensor(boxes, "targets.boxes")
     if boxes.dim() != 3 or boxes.shape[-1] != 4 or boxes.shape[:2] != pred.shape[:2]:
-        raise ValueError(f"target boxes must have shape {list(pred.shape)} like pred, got {list(boxes.shape)}")
+        raise ValueError(
+            f"targets.boxes (target boxes) must have shape [B, M, 4] = {list(pred.shape)} like pred, "
+            f"got {list(boxes.shape)}"
+        )
     _check_box_dtype(boxes)
     _check_device(pred, boxes, counts)
 
@@ -57,23 +70,26 @@ def check_packed(pred: Tensor, boxes: Tensor, counts: Tensor) -> None:
     """Shape, dtype and device checks of packed targets against pred; no host synchronisation."""
     _check_counts(counts)
     check_pred(pred, counts.shape[0])
+    _check_tensor(boxes, "targets.boxes")
     if boxes.dim() != 2 or boxes.shape[1] != 4:
-        raise ValueError(f"target boxes must have shape [N, 4] (packed), got {list(boxes.shape)}")
+        raise ValueError(f"targets.boxes (target boxes) must have shape [N, 4] (packed), got {list(boxes.shape)}")
     _check_box_dtype(boxes)
     _check_device(pred, boxes, counts)
 
 
 def check_list(pred: Tensor, boxes: list[Tensor]) -> None:
     """Checks of list targets against pred: the per-image sizes are host integers, so M is checked too."""
+    if isinstance(boxes, Tensor) or not isinstance(boxes, (list, tuple)):
+        raise TypeError(f"targets.boxes must be a list of B tensors [n_i, 4], got {type(boxes).__name__}")
     check_pred(pred, len(boxes))
     for b, image_boxes in enumerate(boxes):
+        what = f"targets.boxes[{b}] (target boxes of image {b})"
+        _check_tensor(image_boxes, what)
         if image_boxes.dim() != 2 or image_boxes.shape[1] != 4:
-            raise ValueError(f"target boxes of image {b} must have shape [n, 4], got {list(image_boxes.shape)}")
+            raise ValueError(f"{what} must have shape [n, 4], got {list(image_boxes.shape)}")
         if image_boxes.shape[0] > pred.shape[1]:
-            raise ValueError(
-                f"image {b} has {image_boxes.shape[0]} target boxes but pred has only {pred.shape[1]} slots"
-            )
-        _check_box_dtype(image_boxes, f"target boxes of image {b}")
+            raise ValueError(f"{what} has {image_boxes.shape[0]} boxes but pred has only {pred.shape[1]} slots")
+        _check_box_dtype(image_boxes, what)
         _check_device(pred, image_boxes)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.losses.checks import check_padded, check_pred
+from detector.losses.checks import check_padded, check_targets
 from detector.losses.geometry import giou_loss_per_box
 from detector.targets import Targets, to_padded
 
@@ -17,7 +17,8 @@ def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor 
         pred: [B, M, 4] predicted boxes, xyxy (x1, y1, x2, y2) in pixels; fp32, bf16, fp16 or fp64.
         targets: target boxes in any layout (ListTargets, PaddedTargets, PackedTargets), or a padded
             [B, M, 4] tensor with ``counts`` given; uint8, other integer or floating dtypes.
-        counts: [B] integer, only with a padded tensor: image b has valid boxes in slots j < counts[b].
+        counts: [B] integer, only with a padded tensor: image b has valid boxes in slots j < counts[b]
+            (clamped to [0, M], see below).
 
     Returns:
         A 0-dim tensor in the compute dtype (fp32, or fp64 for fp64 predictions):
@@ -38,25 +39,47 @@ def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor 
           areas overflow). The gradient reaches ``pred`` in its own dtype.
         - Padded slots never reach the loss or the gradient, even if they hold NaN or inf: their
           gradient is exactly 0.
-        - No valid box at all: the loss is 0, still connected to the graph (backward gives zeros).
+        - No valid box at all, B = 0 or M = 0 included: the loss is 0, still connected to the graph
+          (backward gives zeros).
         - Gradients at ties of min/max are PyTorch autograd's (half to each side).
 
-    The reference validates counts on the host (0 <= counts[b] <= M), which synchronises with the
-    device; strategies skip that check in their hot path, and targets built by
-    ``detector.data.make_targets`` satisfy it by construction.
+    Values in valid slots (padded slots may hold anything, see above):
+        - Coordinates must be finite with |x| <= 2**62 (about 4.6e18 px): widths stay <= 2**63, so
+          areas and their sums stay below fp32's largest value (2**128). There every strategy's loss
+          and gradient match this reference on the same values to fp32 rounding (integer targets
+          beyond 2**24 and fp64 targets are rounded to fp32 first).
+        - Beyond 2**62 fp32 areas may overflow: the loss and gradient are not specified (NaN or inf
+          where this fp64 reference is finite).
+        - A NaN or +-inf coordinate in a valid slot of pred or of the targets makes the loss NaN or
+          +-inf in every strategy. That box's gradient is not specified (autograd and the kernels
+          differ); every other box's gradient is as without it.
+
+    Targets, hand-built or from ``detector.targets.make_targets``, get one behaviour in every strategy
+    (a strategy's ``__call__`` checks shapes, dtypes and devices once, never device values):
+        - ``targets`` is a ListTargets, PaddedTargets or PackedTargets; anything else, a plain tuple
+          included, is a TypeError naming ``targets``. A strategy takes only its ``layout`` (TypeError).
+        - Boxes: any integer or floating dtype, read in their own dtype; bool and complex: TypeError.
+        - Counts: [B], any integer dtype (uint8 included); bool and floating: TypeError.
+        - Counts outside [0, M] are CLAMPED to [0, M] by every strategy and by this reference: a GPU
+          cannot check them without a host synchronisation. A count of -3 means no box, M + 5 means M.
+        - Packed layout: image b's boxes are rows offset[b] <= i < offset[b + 1] of the [N, 4] boxes,
+          offset the prefix sums of the clamped counts, and N must equal their sum. Otherwise the loss
+          is undefined: the host-side checks (this reference, ``to_padded``) raise ValueError; device
+          kernels never read or write out of bounds.
+        - List layout: the per-image sizes n_i are host integers, so an image with more than M boxes
+          is refused (ValueError), not clamped.
+        - pred and every target tensor on one device, else ValueError naming the devices.
     """
     if isinstance(targets, Tensor):
         if counts is None:
             raise ValueError("counts is required when targets is a padded [B, M, 4] tensor")
+        check_padded(pred, targets, counts)
         boxes = targets
     else:
-        check_pred(pred, targets.batch_size)
+        check_targets(pred, targets)
         boxes, counts = to_padded(targets, pred.shape[1])
-    check_padded(pred, boxes, counts)
     max_boxes = pred.shape[1]
-    if counts.numel() and (int(counts.min()) < 0 or int(counts.max()) > max_boxes):
-        low, high = int(counts.min()), int(counts.max())
-        raise ValueError(f"counts must lie in [0, {max_boxes}] (the number of slots M), got [{low}, {high}]")
+    counts = counts.long().clamp(0, max_boxes)  # the contract's clamp (a GPU cannot check counts)
     valid = torch.arange(max_boxes, device=pred.device) < counts[:, None]  # [B, M]
     # Select (never multiply) so that NaN in padded slots cannot reach the loss or the gradient.
     safe_pred = torch.where(valid[..., None], pred, 0)
