@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 import statistics
 from dataclasses import dataclass
 
@@ -37,6 +38,7 @@ __all__ = [
     "build_loader",
     "collate_fn",
     "loader_for",
+    "resolve_workers",
     "to_device",
 ]
 
@@ -189,16 +191,28 @@ def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length:
     return loader_for(build_dataset(cfg, start, length), cfg, layout, device)
 
 
+def resolve_workers(num_workers: int) -> int:
+    """``num_workers``, or for -1 (auto) the cores this process may use less one (the training loop's),
+    split among the training processes of this host (torchrun's LOCAL_WORLD_SIZE), at most 16."""
+    if num_workers >= 0:
+        return num_workers
+    if num_workers != -1:
+        raise ValueError(f"num_workers must be >= 0, or -1 for one per free core; got {num_workers}")
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(16, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
+
+
 def loader_for(dataset, cfg, layout: str, device: torch.device):
     """The project's DataLoader settings over any dataset of (image, boxes) samples."""
+    workers = resolve_workers(cfg.num_workers)
     return torch.utils.data.DataLoader(
         dataset,
         batch_size=cfg.batch_size,
         shuffle=False,  # sample i is already random; sequential order makes runs resumable
         drop_last=True,  # static shapes for torch.compile and CUDA graphs
-        num_workers=cfg.num_workers,
+        num_workers=workers,
         collate_fn=collate_fn(layout, cfg.max_boxes),
         pin_memory=device.type == "cuda",
-        persistent_workers=cfg.num_workers > 0,
-        prefetch_factor=4 if cfg.num_workers > 0 else None,
+        persistent_workers=workers > 0,
+        prefetch_factor=4 if workers > 0 else None,
     )

@@ -1,5 +1,5 @@
 """The face sampler against the one it replaced: same counts and boxes, same kind of image, determinism
-across processes and worker counts."""
+across processes and worker counts; and the loader's worker count."""
 
 import os
 import subprocess
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import detector
-from detector.data import FaceSampler, SyntheticFaces, collate_fn
+from detector.data import FaceSampler, SyntheticFaces, collate_fn, resolve_workers
 
 
 def reference_sample(sampler: FaceSampler, index: int, background: bool = True) -> tuple[np.ndarray, np.ndarray]:
@@ -135,3 +135,15 @@ def test_batches_are_identical_with_0_and_2_workers():
     for (images, targets), (images2, targets2) in zip(batches(0), batches(2), strict=True):
         assert torch.equal(images, images2) and images2.shape == (4, 1, 48, 48)
         assert torch.equal(targets.boxes, targets2.boxes) and torch.equal(targets.counts, targets2.counts)
+
+
+def test_resolve_workers(monkeypatch):
+    assert resolve_workers(0) == 0 and resolve_workers(5) == 5
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(16)))
+    assert resolve_workers(-1) == 15  # one core for the training loop
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    assert resolve_workers(-1) == 3  # 4 processes of torchrun share 16 cores
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(2)))
+    assert resolve_workers(-1) == 1  # never 0: -1 asks for workers
+    with pytest.raises(ValueError, match="got -2"):
+        resolve_workers(-2)
