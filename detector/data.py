@@ -17,6 +17,7 @@ import functools
 import math
 import os
 import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "build_dataset",
     "build_loader",
     "collate_fn",
+    "images_per_second",
     "loader_for",
     "resolve_workers",
     "to_device",
@@ -216,3 +218,31 @@ def loader_for(dataset, cfg, layout: str, device: torch.device):
         persistent_workers=workers > 0,
         prefetch_factor=4 if workers > 0 else None,
     )
+
+
+# ----------------------------------------------------------------------------- measurement
+
+
+def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device: str = "cpu") -> dict[str, float]:
+    """Images/s of the data pipeline of ``cfg`` (a DataConfig), each rate timed for ~``seconds``.
+
+    ``sampler``: samples drawn one after another in this process. ``loader``: images of the batches of
+    ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers, collated, pinned
+    for a CUDA device), counted from its first batch on so that worker start-up is left out.
+    """
+    sampler = build_dataset(cfg).sampler
+    sampler(0)  # builds this process's noise bank
+    drawn, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sampler(drawn)
+        drawn += 1
+    rates = {"sampler": drawn / (time.perf_counter() - start)}
+    batches = iter(build_loader(cfg, layout, torch.device(device)))
+    next(batches)
+    loaded, start = 0, time.perf_counter()
+    for _ in batches:
+        loaded += cfg.batch_size
+        if time.perf_counter() - start >= seconds:
+            break
+    rates["loader"] = loaded / (time.perf_counter() - start)
+    return rates
