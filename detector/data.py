@@ -67,7 +67,7 @@ def background_lut() -> np.ndarray:
 @functools.cache
 def noise_bank(seed: int, width: int) -> np.ndarray:
     """[NOISE_WINDOWS, width] uint8 read-only view: row k is pixels[k : k + width] of one i.i.d. background
-    sequence, a pure function of ``seed`` (built once per process, ~10 ms)."""
+    sequence, a pure function of ``seed`` (built once per process: < 0.1 s)."""
     # spawn_key (1,) makes a 5-word seed: a stream no sample's [seed, index] (<= 4 words) can reach
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1,)))
     length = NOISE_WINDOWS + width - 1
