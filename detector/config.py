@@ -64,7 +64,6 @@ class DataConfig:
 class ModelConfig:
     channels: list[int] = ranged([4, 16, 64, 256], 1)  # 4 conv blocks, each pools by 2
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
-    tap_conv: bool = False  # the first (one-channel) convolution as a matrix product (detector/model.py TapConv)
 
 
 @dataclass
@@ -111,9 +110,13 @@ class TrainConfig:
     out_dir: str = "runs/train"  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
-    compile: bool = False  # torch.compile of the model and (static-shape layouts) the loss
-    cudnn_benchmark: bool = True  # cuDNN times its algorithms once for our fixed shapes and keeps the fastest
-    channels_last: bool = False  # NHWC activations: cuDNN's fast convolutions without NCHW<->NHWC conversions
+    # torch.compile of the model and (static-shape layouts) the loss: the seed-scale step 74.7 -> 56.3 ms on
+    # an H200 (fused pooling, ReLU and casts); its first steps pay the compilation (~1 min)
+    compile: bool = True
+    # cuDNN times its algorithms once for our fixed shapes and keeps the fastest (no loss measured at seed scale)
+    cudnn_benchmark: bool = True
+    # NHWC activations, cuDNN's NHWC convolutions without conversions: 74.7 -> 70.9 ms eager, 56.3 -> 55.5 compiled
+    channels_last: bool = True
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
     # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update
     nonfinite: str = ranged("stop", choices=("stop", "skip"))

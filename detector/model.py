@@ -13,36 +13,17 @@ numbers, which start as degenerate, inverted boxes near 0.)
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 
-class TapConv(nn.Conv2d):
-    """A 3x3 "same" convolution of a one-channel image as one matrix product over its 9 shifted copies.
-
-    The same parameters and the same function as ``nn.Conv2d(1, C, 3, padding="same")``, computed
-    differently: cuDNN has no fast kernel for a single input channel (on an H200 the weight gradient of
-    the first convolution alone took 13 ms of an 80 ms seed-scale step), while a [B*H*W, 9] x [9, C]
-    product and its gradient run at memory speed. Picked by ``model.tap_conv``.
-    """
-
-    def forward(self, x: Tensor) -> Tensor:
-        _, _, h, w = x.shape
-        padded = F.pad(x, (1, 1, 1, 1))  # [B, 1, H + 2, W + 2]
-        taps = torch.stack([padded[:, 0, i : i + h, j : j + w] for i in range(3) for j in range(3)], dim=-1)
-        out = F.linear(taps, self.weight.view(self.out_channels, 9), self.bias)  # [B, H, W, C]
-        return out.permute(0, 3, 1, 2)  # [B, C, H, W], channels-last memory
-
-
 class FaceDetector(nn.Module):
-    def __init__(self, image_size: int, max_boxes: int, channels: list[int], hidden: int, tap_conv: bool = False):
+    def __init__(self, image_size: int, max_boxes: int, channels: list[int], hidden: int):
         super().__init__()
         if image_size % 2 ** len(channels):
             raise ValueError(f"image_size {image_size} must be divisible by 2**{len(channels)} (one pool per block)")
         blocks, c_in = [], 1
         for c_out in channels:
-            conv = TapConv if tap_conv and c_in == 1 else nn.Conv2d
-            blocks += [conv(c_in, c_out, 3, padding="same"), nn.MaxPool2d(2), nn.ReLU()]
+            blocks += [nn.Conv2d(c_in, c_out, 3, padding="same"), nn.MaxPool2d(2), nn.ReLU()]
             c_in = c_out
         self.features = nn.Sequential(*blocks)
         side = image_size // 2 ** len(channels)
@@ -65,4 +46,4 @@ class FaceDetector(nn.Module):
 
 
 def build_model(cfg, data_cfg) -> FaceDetector:
-    return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden, cfg.tap_conv)
+    return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden)

@@ -5,7 +5,7 @@ import torch
 
 from detector.data import FaceSampler, SyntheticFaces, collate_fn
 from detector.losses import STRATEGIES
-from detector.model import FaceDetector, TapConv
+from detector.model import FaceDetector
 
 
 def test_output_is_m_proper_boxes_per_image():
@@ -36,19 +36,3 @@ def test_loss_falls_by_a_large_factor_on_one_fixed_batch():
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0] / 5, f"loss went from {losses[0]:.3f} to only {losses[-1]:.3f}"
-
-
-@pytest.mark.parametrize("size", [8, 13])
-def test_tap_conv_is_the_same_function_as_conv2d(size):
-    torch.manual_seed(0)
-    reference = torch.nn.Conv2d(1, 4, 3, padding="same").double()
-    taps = TapConv(1, 4, 3, padding="same").double()
-    taps.load_state_dict(reference.state_dict())  # the same parameters, so checkpoints carry over
-    x = torch.randn(3, 1, size, size + 2, dtype=torch.float64, requires_grad=True)
-    torch.testing.assert_close(taps(x), reference(x))
-    for got, want in zip(
-        torch.autograd.grad(taps(x).square().sum(), [x, taps.weight, taps.bias]),
-        torch.autograd.grad(reference(x).square().sum(), [x, reference.weight, reference.bias]),
-        strict=True,
-    ):
-        torch.testing.assert_close(got, want)

@@ -45,14 +45,6 @@ VARIANTS = {
     "+compile": ["train.compile=true", "train.cuda_graphs=false", "train.channels_last=false"],
     "+compile+channels_last": ["train.compile=true", "train.cuda_graphs=false", "train.channels_last=true"],
     "+compile+cuda_graphs": ["train.compile=true", "train.cuda_graphs=true", "train.channels_last=false"],
-    "+channels_last+tap_conv": ["train.compile=false", "train.channels_last=true", "model.tap_conv=true"],
-    "+compile+channels_last+tap_conv": ["train.compile=true", "train.channels_last=true", "model.tap_conv=true"],
-    "+compile+cuda_graphs+channels_last+tap_conv": [
-        "train.compile=true",
-        "train.cuda_graphs=true",
-        "train.channels_last=true",
-        "model.tap_conv=true",
-    ],
 }
 
 
