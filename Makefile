@@ -1,7 +1,7 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
-#   make bench [TARGET=losses|kernels|layers] [ARGS="bench.repeats=50"]
-#   make test | compare | tensorboard | train EXPERIMENT=... | lint | gpu-check
+#   make bench [TARGET=losses|kernels|layers|step] [ARGS="bench.repeats=50"]
+#   make compare [RUNS="runs/profile/padded/<time> ..."] | tensorboard | train EXPERIMENT=... | test | lint | gpu-check
 
 # The interpreter that creates the virtualenv (Python >= 3.10).
 PYTHON ?= python3
@@ -15,8 +15,11 @@ SYSTEM_TORCH ?=
 STRATEGY ?= padded
 MODE ?= train
 EXPERIMENT ?= cpu_smoke
-# bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by layer)
+# bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by
+# layer), step (the training step against the machine's floor)
 TARGET ?= losses
+# compare: profile run folders to compare (default: the latest run of each strategy and mode)
+RUNS ?=
 NPROC ?= 1
 ARGS ?=
 PYTEST_ARGS ?=
@@ -53,7 +56,7 @@ profile: $(SETUP)
 	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(ARGS)
 
 compare: $(SETUP)
-	$(PY) -m detector compare
+	$(PY) -m detector compare $(RUNS)
 
 tensorboard: $(SETUP)
 	$(PY) -m detector tensorboard
