@@ -75,7 +75,7 @@ class ProfileConfig:
     warmup: int = ranged(5, 0)
     active: int = ranged(10, 1)  # the steps recorded: at least one
     out_dir: str = "runs/profile"  # traces go to <out_dir>/<strategy>[-forward]/
-    profile_memory: bool = True
+    profile_memory: bool = False  # allocation events: not analysed, and they double a trace (loop: minutes to write)
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
 
 
