@@ -12,15 +12,13 @@
 namespace detector {
 namespace {
 
+#define DETECTOR_CASE_KERNEL_DTYPE(Name, AtName, Type, str) \
+  case at::ScalarType::AtName:                              \
+    return DType::k##Name;
+
 DType kernel_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    case at::kByte: return DType::kUInt8;
-    case at::kShort: return DType::kInt16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
+    DETECTOR_ALL_DTYPES(DETECTOR_CASE_KERNEL_DTYPE)
     default: TORCH_CHECK_TYPE(false, "no GIoU kernel for dtype ", t);  // check_giou_inputs rejects it first
   }
 }

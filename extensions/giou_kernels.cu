@@ -29,10 +29,8 @@ struct Workspace {
 
 // ----------------------------------------------------------------------------- loads and stores
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
+using half_t = __half;  // the 16-bit element types of giou_dtypes.h's lists, on the device
+using bfloat16_t = __nv_bfloat16;
 
 template <typename T>
 __device__ __forceinline__ float to_float(T v) {
@@ -87,10 +85,19 @@ __device__ __forceinline__ void store_box(T* __restrict__ row, const float g[4])
   *reinterpret_cast<Vec4<T>*>(row) = v;
 }
 
+#define DETECTOR_LOAD_COUNT(Name, AtName, Type, str)                                \
+  case DType::k##Name:                                                              \
+    c = static_cast<int64_t>(static_cast<const Type*>(counts.data)[b * counts.stride]); \
+    break;
+
 // counts[b] clamped to [0, slots]: the device never validates counts (that would synchronise).
+// The launchers accept only DETECTOR_COUNTS_DTYPES, so the switch is uniform across the grid.
 __device__ __forceinline__ int64_t load_count(const CountsArg& counts, int64_t b, int64_t slots) {
-  const int64_t c = counts.dtype == DType::kInt64 ? static_cast<const int64_t*>(counts.data)[b * counts.stride]
-                                                  : static_cast<const int32_t*>(counts.data)[b * counts.stride];
+  int64_t c = 0;
+  switch (counts.dtype) {
+    DETECTOR_COUNTS_DTYPES(DETECTOR_LOAD_COUNT)
+    default: break;
+  }
   return c < 0 ? 0 : (c > slots ? slots : c);
 }
 
@@ -397,31 +404,34 @@ bool contiguous_boxes(const BoxesArg& boxes, int64_t slots) {
   return box_access<T>(boxes).vec && boxes.stride_m == 4 && boxes.stride_b == 4 * slots;
 }
 
-template <typename F>
-bool dispatch_pred(DType dtype, F&& f) {
+// body(Tag<P>{}) for the element type P of a pred dtype and true; false (and no call) for other dtypes.
+template <typename Body>
+bool dispatch_pred(DType dtype, Body&& body) {
+  const auto f = [&](auto tag) { return body(tag), true; };
   switch (dtype) {
-    case DType::kFloat32: f(Tag<float>{}); return true;
-    case DType::kBFloat16: f(Tag<__nv_bfloat16>{}); return true;
-    case DType::kFloat16: f(Tag<__half>{}); return true;
+    DETECTOR_PRED_DTYPES(DETECTOR_CASE_DTYPE)
     default: return false;
   }
 }
 
-template <typename F>
-bool dispatch_target(DType dtype, F&& f) {
+template <typename Body>
+bool dispatch_target(DType dtype, Body&& body) {
+  const auto f = [&](auto tag) { return body(tag), true; };
   switch (dtype) {
-    case DType::kUInt8: f(Tag<uint8_t>{}); return true;
-    case DType::kInt16: f(Tag<int16_t>{}); return true;
-    case DType::kInt32: f(Tag<int32_t>{}); return true;
-    case DType::kFloat16: f(Tag<__half>{}); return true;
-    case DType::kBFloat16: f(Tag<__nv_bfloat16>{}); return true;
-    case DType::kFloat32: f(Tag<float>{}); return true;
+    DETECTOR_TARGET_DTYPES(DETECTOR_CASE_DTYPE)
     default: return false;
   }
 }
+
+#define DETECTOR_CASE_TRUE(Name, AtName, Type, str) \
+  case DType::k##Name:                              \
+    return true;
 
 bool valid_counts(const CountsArg& counts) {
-  return counts.dtype == DType::kInt32 || counts.dtype == DType::kInt64;
+  switch (counts.dtype) {
+    DETECTOR_COUNTS_DTYPES(DETECTOR_CASE_TRUE)
+    default: return false;
+  }
 }
 
 }  // namespace

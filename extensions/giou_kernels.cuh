@@ -20,9 +20,12 @@
 
 #include <cuda_runtime_api.h>
 
+#include "giou_dtypes.h"
+
 namespace detector {
 
-enum class DType : int { kFloat32, kBFloat16, kFloat16, kUInt8, kInt16, kInt32, kInt64 };
+// The element types of the kernels' inputs and outputs (giou_dtypes.h lists which each argument takes).
+enum class DType : int { DETECTOR_ALL_DTYPES(DETECTOR_ENUMERATOR) };
 
 // A strided [rows, 4] or [B, M, 4] tensor of boxes; strides in elements.
 struct BoxesArg {
@@ -34,7 +37,7 @@ struct BoxesArg {
 };
 
 struct CountsArg {
-  const void* data;  // [B] int32 or int64
+  const void* data;  // [B], an integer dtype of DETECTOR_COUNTS_DTYPES
   DType dtype;
   int64_t stride;
 };

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "giou.h"
+#include "giou_dtypes.h"
 #include "giou_op.h"
 
 #ifdef WITH_CUDA
@@ -38,31 +39,23 @@ namespace {
 
 constexpr int64_t kChunk = 4096;  // boxes per parallel task; fixed, so the sum order never depends on threads
 
-template <typename T>
-struct Tag {
-  using type = T;
-};
+using half_t = at::Half;  // the 16-bit element types of giou_dtypes.h's lists, on the CPU
+using bfloat16_t = at::BFloat16;
 
+// f(Tag<P>{}) for pred's element type P; check_giou_inputs has rejected any other dtype.
 template <typename F>
 void dispatch_pred(at::ScalarType t, F&& f) {
   switch (t) {
-    case at::kFloat: return f(Tag<float>{});
-    case at::kBFloat16: return f(Tag<at::BFloat16>{});
-    case at::kHalf: return f(Tag<at::Half>{});
-    default: TORCH_CHECK_TYPE(false, "pred must be float32, bfloat16 or float16, got ", t);
+    DETECTOR_PRED_DTYPES(DETECTOR_CASE_SCALAR_TYPE)
+    default: TORCH_CHECK_TYPE(false, "no GIoU CPU kernel for pred dtype ", t);
   }
 }
 
 template <typename F>
 void dispatch_target(at::ScalarType t, F&& f) {
   switch (t) {
-    case at::kByte: return f(Tag<uint8_t>{});
-    case at::kShort: return f(Tag<int16_t>{});
-    case at::kInt: return f(Tag<int32_t>{});
-    case at::kHalf: return f(Tag<at::Half>{});
-    case at::kBFloat16: return f(Tag<at::BFloat16>{});
-    case at::kFloat: return f(Tag<float>{});
-    default: TORCH_CHECK_TYPE(false, "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", t);
+    DETECTOR_TARGET_DTYPES(DETECTOR_CASE_SCALAR_TYPE)
+    default: TORCH_CHECK_TYPE(false, "no GIoU CPU kernel for target dtype ", t);
   }
 }
 
