@@ -67,6 +67,8 @@ const std::string kCountsDtypes = join({DETECTOR_COUNTS_DTYPES(DETECTOR_DTYPE_NA
 
 }  // namespace
 
+at::ScalarType compute_dtype(at::ScalarType pred) { return pred == at::kDouble ? at::kDouble : at::kFloat; }
+
 GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
                             bool packed) {
   TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", str(pred.sizes()));
@@ -95,14 +97,16 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count) {
   TORCH_CHECK(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", str(grad_output.sizes()));
-  TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
-                   grad_output.scalar_type());
   TORCH_CHECK(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
                     str(grad_sum.sizes()));
   TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be ", kPredDtypes, ", got ",
                    grad_sum.scalar_type());
+  const at::ScalarType scalar = compute_dtype(grad_sum.scalar_type());
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == scalar, "grad_output must be ", scalar, " (the loss's dtype for ",
+                   grad_sum.scalar_type(), " grad_sum), got ", grad_output.scalar_type());
   TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", str(inv_count.sizes()));
-  TORCH_CHECK_TYPE(inv_count.scalar_type() == at::kFloat, "inv_count must be float32, got ", inv_count.scalar_type());
+  TORCH_CHECK_TYPE(inv_count.scalar_type() == scalar, "inv_count must be ", scalar, ", got ",
+                   inv_count.scalar_type());
   TORCH_CHECK(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
                     "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
                     grad_sum.device(), ", ", inv_count.device());

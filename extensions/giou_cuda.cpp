@@ -34,14 +34,14 @@ CountsArg counts_arg(const at::Tensor& c) { return {c.const_data_ptr(), kernel_d
 struct Outputs {
   at::Tensor loss, grad_sum, inv_count, workspace;
   GiouOutputs pointers() {
-    return {grad_sum.mutable_data_ptr(), loss.mutable_data_ptr<float>(), inv_count.mutable_data_ptr<float>(),
+    return {grad_sum.mutable_data_ptr(), loss.mutable_data_ptr(), inv_count.mutable_data_ptr(),
             workspace.mutable_data_ptr()};
   }
 };
 
 Outputs empty_outputs(const at::Tensor& pred) {
-  const auto f32 = pred.options().dtype(at::kFloat);
-  return {at::empty({}, f32), at::empty(pred.sizes(), pred.options()), at::empty({}, f32),
+  const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
+  return {at::empty({}, scalar), at::empty(pred.sizes(), pred.options()), at::empty({}, scalar),
           at::empty({static_cast<int64_t>(giou_workspace_bytes())}, pred.options().dtype(at::kByte))};
 }
 
@@ -71,8 +71,8 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tens
   const c10::cuda::CUDAGuard guard(grad_sum.device());
   const at::Tensor saved = grad_sum.contiguous();  // a no-op for the forward's own output
   at::Tensor grad_pred = at::empty(saved.sizes(), saved.options());
-  C10_CUDA_CHECK(giou_loss_backward_launch(grad_output.const_data_ptr<float>(), saved.const_data_ptr(),
-                                           inv_count.const_data_ptr<float>(), kernel_dtype(saved.scalar_type()),
+  C10_CUDA_CHECK(giou_loss_backward_launch(grad_output.const_data_ptr(), saved.const_data_ptr(),
+                                           inv_count.const_data_ptr(), kernel_dtype(saved.scalar_type()),
                                            saved.numel(), grad_pred.mutable_data_ptr(),
                                            c10::cuda::getCurrentCUDAStream()));
   return grad_pred;

@@ -2,7 +2,7 @@
 //
 // Forward, one kernel per call: each thread takes one box pair per grid-stride step, loads pred and
 // target in their own dtypes (one vector load per box when the layout allows), computes the loss and
-// its gradient in fp32 (giou.h), stores the gradient in pred's dtype and accumulates its loss and
+// its gradient in the compute type (fp32, or fp64 for fp64 predictions: giou.h), stores the gradient in pred's dtype and accumulates its loss and
 // valid count in registers. Blocks then reduce, write one partial each, and the last block to take a
 // ticket adds the partials in block order and writes loss and 1 / max(n_valid, 1).
 #include "giou.h"
@@ -13,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <type_traits>
 
 namespace detector {
 namespace {
@@ -23,7 +24,7 @@ constexpr int kMaxBlocks = 16384;  // capacity of the workspace; grids are cappe
 struct Workspace {
   unsigned int ticket;                // zeroed before each launch; the last block takes kBlocks - 1
   unsigned int pad[3];
-  float loss[kMaxBlocks];             // per-block sums of the per-box losses
+  double loss[kMaxBlocks];            // per-block sums of the per-box losses
   unsigned int valid[kMaxBlocks];     // per-block numbers of valid boxes
 };
 
@@ -32,57 +33,48 @@ struct Workspace {
 using half_t = __half;  // the 16-bit element types of giou_dtypes.h's lists, on the device
 using bfloat16_t = __nv_bfloat16;
 
-template <typename T>
-__device__ __forceinline__ float to_float(T v) {
-  return static_cast<float>(v);
-}
-template <>
-__device__ __forceinline__ float to_float<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float to_float<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
+// An element of dtype T as the compute type C (float or double).
+template <typename C, typename T>
+__device__ __forceinline__ C to_compute(T v) {
+  if constexpr (std::is_same_v<T, __half>) return static_cast<C>(__half2float(v));
+  else if constexpr (std::is_same_v<T, __nv_bfloat16>) return static_cast<C>(__bfloat162float(v));
+  else return static_cast<C>(v);
 }
 
-template <typename T>
-__device__ __forceinline__ T from_float(float v) {
-  return static_cast<T>(v);
-}
-template <>
-__device__ __forceinline__ __half from_float<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
+// A compute-type value stored as P, rounded to nearest (16-bit P always comes with C = float).
+template <typename P, typename C>
+__device__ __forceinline__ P from_compute(C v) {
+  if constexpr (std::is_same_v<P, __half>) return __float2half_rn(v);
+  else if constexpr (std::is_same_v<P, __nv_bfloat16>) return __float2bfloat16_rn(v);
+  else return static_cast<P>(v);
 }
 
-// Four coordinates of one box in one load (16 B for fp32, 8 B for bf16, 4 B for uint8).
+// Four coordinates of one box in one load (16 B for fp32, 8 B for bf16, 4 B for uint8; 32 B, two loads,
+// for fp64 and int64).
 template <typename T>
 struct alignas(4 * sizeof(T)) Vec4 {
   T v[4];
 };
 
-// Coordinates of the box at `row` as fp32; `vec`: contiguous and aligned, so one vector load.
-template <typename T>
-__device__ __forceinline__ void load_box(const T* __restrict__ row, int64_t stride_c, bool vec, float out[4]) {
+// Coordinates of the box at `row` in the compute type C; `vec`: contiguous and aligned, so one vector load.
+template <typename C, typename T>
+__device__ __forceinline__ void load_box(const T* __restrict__ row, int64_t stride_c, bool vec, C out[4]) {
   if (vec) {
     const Vec4<T> v = *reinterpret_cast<const Vec4<T>*>(row);
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = to_float(v.v[k]);
+    for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(v.v[k]);
   } else {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = to_float(row[k * stride_c]);
+    for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(row[k * stride_c]);
   }
 }
 
-template <typename T>
-__device__ __forceinline__ void store_box(T* __restrict__ row, const float g[4]) {
-  Vec4<T> v;
+template <typename P, typename C>
+__device__ __forceinline__ void store_box(P* __restrict__ row, const C g[4]) {
+  Vec4<P> v;
 #pragma unroll
-  for (int k = 0; k < 4; ++k) v.v[k] = from_float<T>(g[k]);
-  *reinterpret_cast<Vec4<T>*>(row) = v;
+  for (int k = 0; k < 4; ++k) v.v[k] = from_compute<P>(g[k]);
+  *reinterpret_cast<Vec4<P>*>(row) = v;
 }
 
 #define DETECTOR_LOAD_COUNT(Name, AtName, Type, str)                                \
@@ -138,13 +130,15 @@ __device__ int64_t block_inclusive_scan(int64_t v, int64_t* scratch) {
   return v;
 }
 
-// Block partials, then the last block (by atomic ticket) adds them in block order: deterministic.
-__device__ void finish_loss(float loss_acc, unsigned int valid_acc, Workspace* ws, float* loss, float* inv_count) {
-  __shared__ float s_loss[kThreads / 32];
+// Block partials, then the last block (by atomic ticket) adds them in block order: deterministic. Partials
+// and the total are double (as the CPU kernel's chunk partials); loss and 1 / max(n, 1) are rounded once to C.
+template <typename C>
+__device__ void finish_loss(double loss_acc, unsigned int valid_acc, Workspace* ws, C* loss, C* inv_count) {
+  __shared__ double s_loss[kThreads / 32];
   __shared__ unsigned int s_valid[kThreads / 32];
   __shared__ unsigned long long s_total[kThreads / 32];
   __shared__ bool s_last;
-  const float block_loss = block_sum(loss_acc, s_loss);
+  const double block_loss = block_sum(loss_acc, s_loss);
   const unsigned int block_valid = block_sum(valid_acc, s_valid);
   if (threadIdx.x == 0) {
     ws->loss[blockIdx.x] = block_loss;
@@ -155,7 +149,7 @@ __device__ void finish_loss(float loss_acc, unsigned int valid_acc, Workspace* w
   __syncthreads();
   if (!s_last) return;
   __threadfence();
-  float total = 0.f;
+  double total = 0.0;
   unsigned long long n_valid = 0;
   for (int k = threadIdx.x; k < gridDim.x; k += kThreads) {
     total += __ldcg(&ws->loss[k]);  // L2, not a possibly stale L1 line
@@ -164,9 +158,9 @@ __device__ void finish_loss(float loss_acc, unsigned int valid_acc, Workspace* w
   total = block_sum(total, s_loss);
   n_valid = block_sum(n_valid, s_total);
   if (threadIdx.x == 0) {
-    const float denominator = n_valid > 0 ? static_cast<float>(n_valid) : 1.f;
-    *loss = total / denominator;
-    *inv_count = 1.f / denominator;
+    const double denominator = n_valid > 0 ? static_cast<double>(n_valid) : 1.0;
+    *loss = static_cast<C>(total / denominator);
+    *inv_count = static_cast<C>(1.0 / denominator);
   }
 }
 
@@ -190,17 +184,18 @@ __global__ void __launch_bounds__(kThreads)
                        int64_t batch,                   // B
                        int64_t slots,                   // M
                        P* __restrict__ grad_sum,        // [B, M, 4] contiguous, out
-                       float* loss,                     // 0-dim, out
-                       float* inv_count,                // 0-dim, out
+                       compute_t<P>* loss,              // 0-dim, out
+                       compute_t<P>* inv_count,         // 0-dim, out
                        Workspace* ws) {
+  using C = compute_t<P>;
   constexpr int kItems = 2;
   const int64_t total = batch * slots;
   const int64_t stride = int64_t(gridDim.x) * kThreads;
   const bool narrow = total <= 0xffffffffLL;  // 32-bit division is several times cheaper than 64-bit
-  float loss_acc = 0.f;
+  C loss_acc = 0;
   unsigned int valid_acc = 0;
   for (int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x; first < total; first += kItems * stride) {
-    float p[kItems][4], t[kItems][4];
+    C p[kItems][4], t[kItems][4];
     bool valid[kItems];
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
@@ -230,14 +225,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int k = 0; k < kItems; ++k) {
       const int64_t s = first + k * stride;
       if (s >= total) continue;
-      float g[4] = {0.f, 0.f, 0.f, 0.f};
+      C g[4] = {0, 0, 0, 0};
       if (!kSkipInvalid || valid[k]) {
-        float gv[4];
-        const float l = giou_loss_and_grad(p[k], t[k], gv);
+        C gv[4];
+        const C l = giou_loss_and_grad(p[k], t[k], gv);
         // Select, never multiply: a NaN in a padded slot must not reach the loss or the gradient.
-        loss_acc += valid[k] ? l : 0.f;
+        loss_acc += valid[k] ? l : C(0);
 #pragma unroll
-        for (int c = 0; c < 4; ++c) g[c] = valid[k] ? gv[c] : 0.f;
+        for (int c = 0; c < 4; ++c) g[c] = valid[k] ? gv[c] : C(0);
       }
       valid_acc += valid[k] ? 1u : 0u;
       store_box(grad_sum + s * 4, g);
@@ -273,15 +268,16 @@ __global__ void __launch_bounds__(kThreads)
                        int64_t slots,                   // M
                        int64_t tiles_per_block,         //
                        P* __restrict__ grad_sum,        // [B, M, 4] contiguous, zeroed, out
-                       float* loss,                     // 0-dim, out
-                       float* inv_count,                // 0-dim, out
+                       compute_t<P>* loss,              // 0-dim, out
+                       compute_t<P>* inv_count,         // 0-dim, out
                        Workspace* ws) {
+  using C = compute_t<P>;
   __shared__ int64_t s_incl[kThreads];
   __shared__ int64_t s_scan[kThreads / 32];
   const int64_t tiles = (num_boxes + kThreads - 1) / kThreads;
   const int64_t tile_begin = int64_t(blockIdx.x) * tiles_per_block;
   const int64_t tile_end = tile_begin + tiles_per_block < tiles ? tile_begin + tiles_per_block : tiles;
-  float loss_acc = 0.f;
+  C loss_acc = 0;
   unsigned int valid_acc = 0;
   int64_t first = 0;   // first image of the chunk in s_incl
   int64_t before = 0;  // boxes of the images before it
@@ -310,7 +306,7 @@ __global__ void __launch_bounds__(kThreads)
       end = load_chunk(counts, batch, slots, first, before, s_incl, s_scan);
     }
     if (found) {
-      float p[4], t[4], g[4];
+      C p[4], t[4], g[4];
       load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p);
       load_box(target + i * target_at.stride_b, target_at.stride_c, target_at.vec, t);
       loss_acc += giou_loss_and_grad(p, t, g);
@@ -324,15 +320,16 @@ __global__ void __launch_bounds__(kThreads)
 // grad_pred = grad_sum * (grad_output * inv_count), one box (4 values) per thread and step.
 template <typename P>
 __global__ void __launch_bounds__(kThreads)
-    giou_backward_kernel(const float* grad_output,         // 0-dim
+    giou_backward_kernel(const compute_t<P>* grad_output,  // 0-dim
                          const P* __restrict__ grad_sum,   // [rows, 4] contiguous
-                         const float* inv_count,           // 0-dim
+                         const compute_t<P>* inv_count,    // 0-dim
                          int64_t rows,                     //
                          bool vec,                         // both buffers 4-element aligned
                          P* __restrict__ grad_pred) {      // [rows, 4] contiguous, out
-  const float scale = grad_output[0] * inv_count[0];
+  using C = compute_t<P>;
+  const C scale = grad_output[0] * inv_count[0];
   for (int64_t r = int64_t(blockIdx.x) * kThreads + threadIdx.x; r < rows; r += int64_t(gridDim.x) * kThreads) {
-    float g[4];
+    C g[4];
     load_box(grad_sum + r * 4, 1, vec, g);
 #pragma unroll
     for (int k = 0; k < 4; ++k) g[k] *= scale;
@@ -340,7 +337,7 @@ __global__ void __launch_bounds__(kThreads)
       store_box(grad_pred + r * 4, g);
     } else {
 #pragma unroll
-      for (int k = 0; k < 4; ++k) grad_pred[r * 4 + k] = from_float<P>(g[k]);
+      for (int k = 0; k < 4; ++k) grad_pred[r * 4 + k] = from_compute<P>(g[k]);
     }
   }
 }
@@ -394,7 +391,8 @@ void launch_padded(const BoxesArg& pred, const BoxesArg& target, const CountsArg
   constexpr auto kernel = giou_padded_kernel<P, T, kSkipInvalid, kContig>;
   kernel<<<grid_for<kernel>(batch * slots), kThreads, 0, stream>>>(
       static_cast<const P*>(pred.data), box_access<P>(pred), static_cast<const T*>(target.data),
-      box_access<T>(target), counts, batch, slots, static_cast<P*>(out.grad_sum), out.loss, out.inv_count,
+      box_access<T>(target), counts, batch, slots, static_cast<P*>(out.grad_sum),
+      static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count),
       static_cast<Workspace*>(out.workspace));
 }
 
@@ -487,14 +485,15 @@ cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_
       kernel<<<grid, kThreads, 0, stream>>>(static_cast<const P*>(pred.data), box_access<P>(pred),
                                             static_cast<const T*>(target.data), box_access<T>(rows), num_boxes,
                                             counts, batch, slots, tiles_per_block, static_cast<P*>(out.grad_sum),
-                                            out.loss, out.inv_count, ws);
+                                            static_cast<compute_t<P>*>(out.loss),
+                                            static_cast<compute_t<P>*>(out.inv_count), ws);
     });
   });
   if (err != cudaSuccess) return err;
   return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
-cudaError_t giou_loss_backward_launch(const float* grad_output, const void* grad_sum, const float* inv_count,
+cudaError_t giou_loss_backward_launch(const void* grad_output, const void* grad_sum, const void* inv_count,
                                       DType dtype, int64_t numel, void* grad_pred, cudaStream_t stream) {
   const int64_t rows = numel / 4;
   const bool dtypes_ok = dispatch_pred(dtype, [&](auto p_tag) {
@@ -502,8 +501,11 @@ cudaError_t giou_loss_backward_launch(const float* grad_output, const void* grad
     constexpr auto kernel = giou_backward_kernel<P>;
     const bool vec = reinterpret_cast<uintptr_t>(grad_sum) % (4 * sizeof(P)) == 0 &&
                      reinterpret_cast<uintptr_t>(grad_pred) % (4 * sizeof(P)) == 0;
-    kernel<<<grid_for<kernel>(rows), kThreads, 0, stream>>>(grad_output, static_cast<const P*>(grad_sum), inv_count,
-                                                            rows, vec, static_cast<P*>(grad_pred));
+    using C = compute_t<P>;
+    kernel<<<grid_for<kernel>(rows), kThreads, 0, stream>>>(static_cast<const C*>(grad_output),
+                                                            static_cast<const P*>(grad_sum),
+                                                            static_cast<const C*>(inv_count), rows, vec,
+                                                            static_cast<P*>(grad_pred));
   });
   return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }

@@ -4,8 +4,9 @@
 // Every forward launcher runs ONE kernel (after a small cudaMemsetAsync of its workspace counter, plus,
 // for the packed layout, of the gradient buffer) that writes
 //   - grad_sum  [B, M, 4] in pred's dtype: d(sum of the per-box losses) / d pred, exactly 0 on padded slots;
-//   - loss      fp32 scalar: sum of the per-box losses / max(n_valid, 1);
-//   - inv_count fp32 scalar: 1 / max(n_valid, 1), so that backward is one elementwise scale
+//   - loss      scalar in the compute type (double for fp64 pred, else float): sum of the per-box losses
+//               / max(n_valid, 1);
+//   - inv_count scalar in the compute type: 1 / max(n_valid, 1), so that backward is one elementwise scale
 //     grad_pred = grad_sum * (grad_output * inv_count) and nothing ever synchronises with the host.
 // Blocks reduce their losses and valid counts; the last block to finish (atomic ticket) adds the
 // block partials in a fixed order, so the result is deterministic.
@@ -44,8 +45,8 @@ struct CountsArg {
 
 struct GiouOutputs {
   void* grad_sum;   // [B, M, 4] contiguous, pred's dtype
-  float* loss;      // 0-dim
-  float* inv_count; // 0-dim
+  void* loss;       // 0-dim, compute type (double for fp64 pred, else float)
+  void* inv_count;  // 0-dim, compute type
   void* workspace;  // giou_workspace_bytes() bytes
 };
 
@@ -64,8 +65,8 @@ cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_
                                     int64_t batch, int64_t slots, GiouOutputs out, cudaStream_t stream);
 
 // Backward: grad_pred = grad_sum * (grad_output[0] * inv_count[0]), elementwise over `numel` values
-// (a multiple of 4) of dtype `dtype`; grad_output and inv_count stay on the device.
-cudaError_t giou_loss_backward_launch(const float* grad_output, const void* grad_sum, const float* inv_count,
+// (a multiple of 4) of dtype `dtype`; grad_output and inv_count (compute type) stay on the device.
+cudaError_t giou_loss_backward_launch(const void* grad_output, const void* grad_sum, const void* inv_count,
                                       DType dtype, int64_t numel, void* grad_pred, cudaStream_t stream);
 
 }  // namespace detector
