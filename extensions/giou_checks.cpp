@@ -1,6 +1,6 @@
 // The input checks of the detector::giou_loss ops, in one place for the CPU (giou_op.cpp) and CUDA
-// (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Only the CPU kernel
-// validates count values (validated_counts, check_packed_counts_sum): on CUDA that would synchronise.
+// (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Count values are never
+// checked (on CUDA that would synchronise): both kernels clamp them to [0, M].
 // Messages carry numbers as strings made by std::to_string, never streamed: on the GPU machine (torch
 // 2.11, extension built there) streaming an integer or sizes() into the message's ostringstream crashed
 // the process (SIGSEGV in libstdc++'s number formatting), while streamed strings and dtype names were fine.
@@ -8,7 +8,6 @@
 
 #include <initializer_list>
 #include <string>
-#include <vector>
 
 #include "giou_dtypes.h"
 #include "giou_op.h"
@@ -110,21 +109,6 @@ void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor&
   TORCH_CHECK(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
                     "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
                     grad_sum.device(), ", ", inv_count.device());
-}
-
-std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots) {
-  const at::Tensor c = counts.to(at::kLong).contiguous();
-  std::vector<int64_t> values(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
-  for (size_t b = 0; b < values.size(); ++b) {
-    TORCH_CHECK(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", str(slots),
-                " (pred.size(1)), got counts[", str(static_cast<int64_t>(b)), "] = ", str(values[b]));
-  }
-  return values;
-}
-
-void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes) {
-  TORCH_CHECK(counts_sum == num_boxes, "counts must sum to the number of target boxes N = ", str(num_boxes),
-              " (target.size(0)), got ", str(counts_sum));
 }
 
 }  // namespace detector

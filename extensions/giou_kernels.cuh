@@ -11,9 +11,11 @@
 // Blocks reduce their losses and valid counts; the last block to finish (atomic ticket) adds the
 // block partials in a fixed order, so the result is deterministic.
 //
-// Counts are read on the device and never validated there (that would need a host synchronisation):
-// a count below 0 counts as 0, above M as M; for the packed layout, boxes past the sum of the (clamped)
-// counts are ignored. Nothing is ever read or written out of bounds.
+// Counts are read on the device and never validated (that would need a host synchronisation): a count
+// below 0 counts as 0, above M as M, as on the CPU. Packed layout: row i of the N target rows is box
+// i - C[b] of the image b with C[b] <= i < C[b + 1] (C: prefix sums of the clamped counts); rows at or past
+// C[B] are ignored, and when N < C[B] the boxes that would lie past row N are absent (the loss averages
+// over the min(N, C[B]) boxes present). Nothing is ever read or written out of bounds.
 #pragma once
 
 #include <cstddef>

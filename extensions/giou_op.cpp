@@ -60,6 +60,12 @@ void dispatch_target(at::ScalarType t, F&& f) {
   }
 }
 
+// counts[b] clamped to [0, slots], as the CUDA kernels clamp them: out-of-range counts are never an error.
+std::vector<int64_t> clamped_counts(const at::Tensor& counts, int64_t slots) {
+  const at::Tensor c = counts.to(at::kLong).clamp(0, slots).contiguous();
+  return std::vector<int64_t>(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
+}
+
 template <typename F>
 void dispatch_pred_target(const at::Tensor& pred, const at::Tensor& target, F&& f) {
   dispatch_pred(pred.scalar_type(), [&](auto p_tag) {
@@ -134,7 +140,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& p
   // skip_invalid changes nothing here: the CPU kernel never reads a padded slot.
   (void)skip_invalid;
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
-  const std::vector<int64_t> count = validated_counts(counts, n.slots);
+  const std::vector<int64_t> count = clamped_counts(counts, n.slots);
   Outputs out = empty_outputs(pred);
   const int64_t chunks = (n.batch * n.slots + kChunk - 1) / kChunk;
   Partials partials(chunks);
@@ -143,24 +149,26 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& p
     using T = typename decltype(t_tag)::type;
     P* grad = out.grad_sum.mutable_data_ptr<P>();
     at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) padded_chunk<P, T>(pred, target, count, n, chunk, grad, partials);
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        padded_chunk<P, T>(pred, target, count, n, chunk, grad, partials);
+      }
     });
   });
   finish_loss(partials, out);
   return {out.loss, out.grad_sum, out.inv_count};
 }
 
-// Packed layout: boxes [first, last) of chunk `chunk`; box i belongs to the image b with
+// Packed layout: boxes [first, last) of chunk `chunk`, below `rows`; box i belongs to the image b with
 // offset[b] <= i < offset[b + 1], slot j = i - offset[b]. grad_sum is zeroed beforehand.
 template <typename P, typename T>
 void packed_chunk(const at::Tensor& pred, const at::Tensor& target, const std::vector<int64_t>& offset,
-                  const GiouSizes& n, int64_t chunk, P* grad, Partials& partials) {
+                  const GiouSizes& n, int64_t rows, int64_t chunk, P* grad, Partials& partials) {
   using C = compute_t<P>;
   const P* p_data = pred.const_data_ptr<P>();
   const T* t_data = target.const_data_ptr<T>();
   const auto ps = pred.strides(), ts = target.strides();
   C loss_acc = 0;
-  const int64_t first = chunk * kChunk, last = std::min(n.boxes, first + kChunk);
+  const int64_t first = chunk * kChunk, last = std::min(rows, first + kChunk);
   // image of the chunk's first box: the last b with offset[b] <= first (skips empty images)
   int64_t b = std::upper_bound(offset.begin(), offset.end(), first) - offset.begin() - 1;
   for (int64_t i = first; i < last; ++i) {
@@ -179,20 +187,23 @@ void packed_chunk(const at::Tensor& pred, const at::Tensor& target, const std::v
 std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
                                                                     const at::Tensor& counts) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
-  const std::vector<int64_t> count = validated_counts(counts, n.slots);
+  const std::vector<int64_t> count = clamped_counts(counts, n.slots);
   std::vector<int64_t> offset(n.batch + 1, 0);  // box index of each image's first box
   for (int64_t b = 0; b < n.batch; ++b) offset[b + 1] = offset[b] + count[b];
-  check_packed_counts_sum(offset[n.batch], n.boxes);
+  // Rows past the counts' sum are ignored; with fewer rows than the sum, the boxes past row N are absent.
+  const int64_t rows = std::min(n.boxes, offset[n.batch]);
   Outputs out = empty_outputs(pred);
   out.grad_sum.zero_();
-  const int64_t chunks = (n.boxes + kChunk - 1) / kChunk;
+  const int64_t chunks = (rows + kChunk - 1) / kChunk;
   Partials partials(chunks);
   dispatch_pred_target(pred, target, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
     P* grad = out.grad_sum.mutable_data_ptr<P>();
     at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) packed_chunk<P, T>(pred, target, offset, n, chunk, grad, partials);
+      for (int64_t chunk = begin; chunk < end; ++chunk) {
+        packed_chunk<P, T>(pred, target, offset, n, rows, chunk, grad, partials);
+      }
     });
   });
   finish_loss(partials, out);

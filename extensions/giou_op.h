@@ -4,8 +4,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <vector>
-
 namespace detector {
 
 struct GiouSizes {
@@ -24,11 +22,5 @@ at::ScalarType compute_dtype(at::ScalarType pred);
 // grad_sum: pred-dtype [B, M, 4]; grad_output, inv_count: 0-dim in its compute dtype; all on one device.
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count);
-
-// CPU only (reading values is free there): counts as int64 on the host, each in [0, slots].
-std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots);
-
-// CPU only: the packed layout's counts must sum to the number of target rows.
-void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes);
 
 }  // namespace detector

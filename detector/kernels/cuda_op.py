@@ -18,11 +18,11 @@ Forward (one kernel on CUDA) returns ``(loss, grad_sum, inv_count)``:
 Backward (one elementwise kernel) is ``grad_sum * (grad_output * inv_count)``: the gradient is computed
 in the forward and only scaled afterwards; nothing reads a device value on the host.
 
-Counts. The CPU kernels validate them (0 <= counts[b] <= M, and for the packed layout
-sum(counts) == N) and raise ValueError naming ``counts``. The CUDA kernels cannot without a host
-synchronisation, so there counts are clamped to [0, M] and packed boxes past the sum of the clamped
-counts are ignored: out-of-range counts never read or write out of bounds, and the loss is the loss of
-the clamped counts.
+Counts outside [0, M] are clamped to [0, M], by the CPU and the CUDA kernels alike (the GPU cannot check
+them without a host synchronisation): the loss is the loss of the clamped counts. Packed layout: row i of
+the N target rows belongs to the image b with C[b] <= i < C[b + 1], C the prefix sums of the clamped
+counts. Rows at or past C[B] (N > sum) are ignored; when N < C[B] the boxes that would lie past row N are
+absent, and the loss averages over the min(N, C[B]) boxes present. Nothing reads past row N or slot M.
 """
 
 from __future__ import annotations
@@ -89,8 +89,8 @@ def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool =
 def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor) -> Tensor:
     """Mean GIoU loss, packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B].
 
-    Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts). Returns the 0-dim loss
-    (fp64 for fp64 pred, else fp32).
+    Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts), or see the module
+    docstring for other N. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
     """
     _require_extension()
     return torch.ops.detector.giou_loss_packed.default(pred, target, counts)[0]
