@@ -32,6 +32,11 @@ import warnings
 import torch
 from torch import Tensor
 
+DOUBLE_BACKWARD_ERROR = (
+    "double backward through detector::giou_loss (strategies cuda_fused, cuda_conditional, packed) is not "
+    "supported: its gradient is computed inside the forward kernel and only scaled in backward, so it has "
+    "no graph to differentiate again; use the 'padded' strategy for higher-order gradients"
+)
 BUILD_HINT = "the detector._C extension is not built: run `make setup` (or `pip install --no-build-isolation -e .`)"
 
 try:
@@ -121,6 +126,8 @@ if _C is not None:
         ctx.save_for_backward(grad_sum, inv_count)
 
     def _grad_pred(ctx, grad_loss):
+        if torch.is_grad_enabled():  # create_graph=True: grad_sum has no graph, a second derivative would be 0
+            raise RuntimeError(DOUBLE_BACKWARD_ERROR)
         if grad_loss is None:
             return None
         grad_sum, inv_count = ctx.saved_tensors
