@@ -1,6 +1,6 @@
 // The detector::giou_loss ops: schema (defined once, here) and the CPU implementation. The input checks
-// are giou_checks.cpp, the CUDA implementation giou_cuda.cpp; the Python wrappers, fake kernels and
-// autograd are detector/kernels/cuda_op.py, whose docstrings hold the contract.
+// are giou_checks.cpp, the CUDA implementation giou_cuda.cpp, the autograd giou_autograd.cpp; the Python
+// wrappers and fake kernels are detector/kernels/cuda_op.py, whose docstrings hold the contract.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -60,10 +60,27 @@ void dispatch_target(at::ScalarType t, F&& f) {
   }
 }
 
+template <typename F>
+void dispatch_counts(at::ScalarType t, F&& f) {
+  switch (t) {
+    DETECTOR_COUNTS_DTYPES(DETECTOR_CASE_SCALAR_TYPE)
+    default: TORCH_CHECK_TYPE(false, "no GIoU CPU kernel for counts dtype ", t);
+  }
+}
+
 // counts[b] clamped to [0, slots], as the CUDA kernels clamp them: out-of-range counts are never an error.
+// Read in place (no tensor op: this runs every step, and its host time is the CPU kernel's overhead).
 std::vector<int64_t> clamped_counts(const at::Tensor& counts, int64_t slots) {
-  const at::Tensor c = counts.to(at::kLong).clamp(0, slots).contiguous();
-  return std::vector<int64_t>(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
+  std::vector<int64_t> values(counts.size(0));
+  dispatch_counts(counts.scalar_type(), [&](auto c_tag) {
+    using I = typename decltype(c_tag)::type;
+    const I* data = counts.const_data_ptr<I>();
+    for (size_t b = 0; b < values.size(); ++b) {
+      const int64_t c = static_cast<int64_t>(data[b * counts.stride(0)]);
+      values[b] = c < 0 ? 0 : (c > slots ? slots : c);
+    }
+  });
+  return values;
 }
 
 template <typename F>
@@ -104,8 +121,11 @@ void finish_loss(const Partials& partials, Outputs& out) {
     n_valid += partials.valid[k];
   }
   const double denominator = n_valid > 0 ? static_cast<double>(n_valid) : 1.0;
-  out.loss.fill_(total / denominator);  // rounded once to the compute dtype
-  out.inv_count.fill_(1.0 / denominator);
+  // rounded once to the compute dtype; written in place (fill_ would be two more dispatcher calls)
+  AT_DISPATCH_FLOATING_TYPES(out.loss.scalar_type(), "giou_finish_loss", [&] {
+    *out.loss.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(total / denominator);
+    *out.inv_count.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(1.0 / denominator);
+  });
 }
 
 // Padded layout: slot s = b * M + j of chunk `chunk`; grad_sum is written on every slot (0 if padded).
@@ -218,7 +238,7 @@ at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tenso
   dispatch_pred(saved.scalar_type(), [&](auto p_tag) {
     using P = typename decltype(p_tag)::type;
     using C = compute_t<P>;
-    const C scale = grad_output.item<C>() * inv_count.item<C>();
+    const C scale = *grad_output.const_data_ptr<C>() * *inv_count.const_data_ptr<C>();  // CPU: read in place
     const P* in = saved.const_data_ptr<P>();
     P* result = grad_pred.mutable_data_ptr<P>();
     at::parallel_for(0, saved.numel(), kChunk, [&](int64_t begin, int64_t end) {
@@ -234,7 +254,7 @@ at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tenso
 // contiguous, d(sum of per-box losses) / d pred, 0 on padded slots), inv_count (0-dim, 1 / max(n, 1)); loss
 // and inv_count in the compute dtype (compute_dtype: fp64 for fp64 pred, else fp32).
 TORCH_LIBRARY(detector, m) {
-  m.set_python_module("detector.kernels.cuda_op");  // where register_fake and register_autograd live
+  m.set_python_module("detector.kernels.cuda_op");  // where register_fake lives
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
         "-> (Tensor loss, Tensor grad_sum, Tensor inv_count)");
   m.def("giou_loss_packed(Tensor pred, Tensor target, Tensor counts) "

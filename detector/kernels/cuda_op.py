@@ -1,8 +1,9 @@
-"""The ``detector::giou_loss`` custom ops (C++/CUDA in ``extensions/``): typed wrappers, fake kernels, autograd.
+"""The ``detector::giou_loss`` custom ops (C++/CUDA in ``extensions/``): typed wrappers and fake kernels.
 
 The schema is defined once, in C++ (``extensions/giou_op.cpp``); each op has a CPU kernel and, in a
-CUDA build, a CUDA kernel. Importing this module loads ``detector._C`` and registers the fake kernels
-(for ``torch.compile``) and the autograd formula. The loss is the contract of
+CUDA build, a CUDA kernel, and its autograd is C++ too (``extensions/giou_autograd.cpp``: no Python
+runs in forward or backward). Importing this module loads ``detector._C`` and registers the fake
+kernels (for ``torch.compile``). The loss is the contract of
 ``detector.losses.giou_loss_reference``. The wrappers trust their caller (``detector.losses.Strategy``
 checks the inputs once); a direct call of ``torch.ops.detector.*`` gets the op's own C++ checks.
 
@@ -16,7 +17,8 @@ Forward (one kernel on CUDA) returns ``(loss, grad_sum, inv_count)``:
                padded slots, whatever they hold (NaN included)
     inv_count  0-dim, compute dtype: 1 / max(n_valid, 1)
 Backward (one elementwise kernel) is ``grad_sum * (grad_output * inv_count)``: the gradient is computed
-in the forward and only scaled afterwards; nothing reads a device value on the host.
+in the forward and only scaled afterwards; nothing reads a device value on the host. A backward with
+``create_graph=True`` raises (grad_sum has no graph: a second derivative would silently be 0).
 
 Counts outside [0, M] are clamped to [0, M], by the CPU and the CUDA kernels alike (the GPU cannot check
 them without a host synchronisation): the loss is the loss of the clamped counts. Packed layout: row i of
@@ -32,11 +34,6 @@ import warnings
 import torch
 from torch import Tensor
 
-DOUBLE_BACKWARD_ERROR = (
-    "double backward through detector::giou_loss (strategies cuda_fused, cuda_conditional, packed) is not "
-    "supported: its gradient is computed inside the forward kernel and only scaled in backward, so it has "
-    "no graph to differentiate again; use the 'padded' strategy for higher-order gradients"
-)
 BUILD_HINT = "the detector._C extension is not built: run `make setup` (or `pip install --no-build-isolation -e .`)"
 
 try:
@@ -118,26 +115,3 @@ if _C is not None:
     def _forward_outputs(pred):
         scalar = pred.new_empty((), dtype=torch.promote_types(pred.dtype, torch.float32))  # the compute dtype
         return scalar, pred.new_empty(pred.shape), scalar.new_empty(())
-
-    def _setup_context(ctx, inputs, output):
-        _, grad_sum, inv_count = output
-        ctx.mark_non_differentiable(grad_sum, inv_count)
-        ctx.set_materialize_grads(False)  # no zero-filled gradients for the two non-differentiable outputs
-        ctx.save_for_backward(grad_sum, inv_count)
-
-    def _grad_pred(ctx, grad_loss):
-        if torch.is_grad_enabled():  # create_graph=True: grad_sum has no graph, a second derivative would be 0
-            raise RuntimeError(DOUBLE_BACKWARD_ERROR)
-        if grad_loss is None:
-            return None
-        grad_sum, inv_count = ctx.saved_tensors
-        return torch.ops.detector.giou_loss_backward.default(grad_loss, grad_sum, inv_count)
-
-    def _backward_padded(ctx, grad_loss, _grad_sum, _inv_count):
-        return _grad_pred(ctx, grad_loss), None, None, None  # pred, target, counts, skip_invalid
-
-    def _backward_packed(ctx, grad_loss, _grad_sum, _inv_count):
-        return _grad_pred(ctx, grad_loss), None, None  # pred, target, counts
-
-    torch.library.register_autograd("detector::giou_loss", _backward_padded, setup_context=_setup_context)
-    torch.library.register_autograd("detector::giou_loss_packed", _backward_packed, setup_context=_setup_context)
