@@ -39,17 +39,18 @@ struct Outputs {
   }
 };
 
-Outputs empty_outputs(const at::Tensor& pred) {
+// workspace_batch: B for the packed layout (its prefix sums live there), 0 for the padded one.
+Outputs empty_outputs(const at::Tensor& pred, int64_t workspace_batch) {
   const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
   return {at::empty({}, scalar), at::empty(pred.sizes(), pred.options()), at::empty({}, scalar),
-          at::empty({static_cast<int64_t>(giou_workspace_bytes())}, pred.options().dtype(at::kByte))};
+          at::empty({static_cast<int64_t>(giou_workspace_bytes(workspace_batch))}, pred.options().dtype(at::kByte))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred, const at::Tensor& target,
                                                               const at::Tensor& counts, bool skip_invalid) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
   const c10::cuda::CUDAGuard guard(pred.device());
-  Outputs out = empty_outputs(pred);
+  Outputs out = empty_outputs(pred, 0);
   C10_CUDA_CHECK(giou_loss_padded_launch(boxes_arg(pred), boxes_arg(target), counts_arg(counts), n.batch, n.slots,
                                          skip_invalid, out.pointers(), c10::cuda::getCurrentCUDAStream()));
   return {out.loss, out.grad_sum, out.inv_count};
@@ -59,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::T
                                                                      const at::Tensor& counts) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
   const c10::cuda::CUDAGuard guard(pred.device());
-  Outputs out = empty_outputs(pred);
+  Outputs out = empty_outputs(pred, n.batch);
   C10_CUDA_CHECK(giou_loss_packed_launch(boxes_arg(pred), boxes_arg(target), n.boxes, counts_arg(counts), n.batch,
                                          n.slots, out.pointers(), c10::cuda::getCurrentCUDAStream()));
   return {out.loss, out.grad_sum, out.inv_count};

@@ -1,8 +1,8 @@
 // Launchers of the GIoU loss CUDA kernels: raw pointers, sizes, strides and a stream; no torch headers,
 // so giou_kernels.cu compiles with a plain `nvcc -c` on a machine without a GPU or torch.
 //
-// Every forward launcher runs ONE kernel (after a small cudaMemsetAsync of its workspace counter, plus,
-// for the packed layout, of the gradient buffer) that writes
+// Every forward launcher runs ONE loss kernel (after a small cudaMemsetAsync of its workspace counter,
+// plus, for the packed layout, one of the gradient buffer and a prefix-sum scan of the counts) that writes
 //   - grad_sum  [B, M, 4] in pred's dtype: d(sum of the per-box losses) / d pred, exactly 0 on padded slots;
 //   - loss      scalar in the compute type (double for fp64 pred, else float): sum of the per-box losses
 //               / max(n_valid, 1);
@@ -49,11 +49,12 @@ struct GiouOutputs {
   void* grad_sum;   // [B, M, 4] contiguous, pred's dtype
   void* loss;       // 0-dim, compute type (double for fp64 pred, else float)
   void* inv_count;  // 0-dim, compute type
-  void* workspace;  // giou_workspace_bytes() bytes
+  void* workspace;  // giou_workspace_bytes(batch) bytes (padded layout: batch = 0)
 };
 
-// Bytes of scratch memory a forward launcher needs (block partials and the ticket counter).
-size_t giou_workspace_bytes();
+// Bytes of scratch memory a forward launcher needs: block partials and the ticket counter, plus, for the
+// packed layout (batch > 0), the prefix sums of the counts and the device scan's state. Padded: batch = 0.
+size_t giou_workspace_bytes(int64_t batch);
 
 // Padded layout: pred and target [B, M, 4]; slot j of image b is valid iff j < counts[b].
 // skip_invalid = false: every thread loads and computes its slot, then selects 0 for padded slots;
@@ -61,8 +62,9 @@ size_t giou_workspace_bytes();
 cudaError_t giou_loss_padded_launch(BoxesArg pred, BoxesArg target, CountsArg counts, int64_t batch,
                                     int64_t slots, bool skip_invalid, GiouOutputs out, cudaStream_t stream);
 
-// Packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B]; a grid over the N
-// boxes, each finding its image and slot from prefix sums of the counts computed on the device.
+// Packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B] (B < 2^31). A device
+// scan writes the prefix sums of the clamped counts once; then a grid over the N boxes, each finding its
+// image by a binary search over them (O(log B) per box, where each block used to walk all B counts).
 cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_boxes, CountsArg counts,
                                     int64_t batch, int64_t slots, GiouOutputs out, cudaStream_t stream);
 

@@ -3,7 +3,7 @@ cuda_fused, cuda_conditional and packed strategies against the reference on CPU 
 
 Here: torch.library.opcheck, the dtypes, strides and counts the grid does not draw, ties, bad input,
 the nvcc compile-only check of the kernels, and on a GPU the CUDA kernels against the CPU kernel at
-sizes where grid-stride loops and the packed chunk walk matter, torch.compile and CUDA graphs.
+sizes where grid-stride loops and the packed prefix sums matter, torch.compile and CUDA graphs.
 """
 
 import functools
@@ -408,7 +408,8 @@ def test_cuda_every_dtype_matches_cpu(pred_dtype, target_dtype):
     [
         (4096, 256, "seed"),  # more slots than resident threads: the grid-stride loop
         (2048, 256, "full"),  # 524k packed boxes: several tiles per block
-        (700, 40, "tail"),  # 3 chunks of 256 images in the packed prefix sums, empty images between
+        (700, 40, "tail"),  # empty images between full ones: the binary search over the prefix sums
+        (16384, 256, "seed"),  # the large batch where each packed block used to walk all B counts
         (1, 4096, "full"),  # one image, many slots
         (0, 8, "zero"),  # no image at all
     ],
