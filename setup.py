@@ -20,7 +20,7 @@ def cuda_buildable() -> bool:
     return torch.version.cuda is not None and CUDA_HOME is not None and nvcc.exists()
 
 
-CPU_SOURCES = ["giou_op.cpp", "giou_checks.cpp"]  # schema + CPU kernel, the one input-check helper
+CPU_SOURCES = ["giou_op.cpp", "giou_checks.cpp", "giou_autograd.cpp"]  # schema + CPU kernel, checks, autograd
 CUDA_SOURCES = ["giou_cuda.cpp", "giou_kernels.cu"]  # CUDA implementation, plain CUDA kernels
 
 

@@ -1,14 +1,15 @@
 // The input checks of the detector::giou_loss ops, in one place for the CPU (giou_op.cpp) and CUDA
-// (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Only the CPU kernel
-// validates count values (validated_counts, check_packed_counts_sum): on CUDA that would synchronise.
+// (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Count values are never
+// checked (on CUDA that would synchronise): both kernels clamp them to [0, M].
 // Messages carry numbers as strings made by std::to_string, never streamed: on the GPU machine (torch
 // 2.11, extension built there) streaming an integer or sizes() into the message's ostringstream crashed
 // the process (SIGSEGV in libstdc++'s number formatting), while streamed strings and dtype names were fine.
 #include <ATen/ATen.h>
 
+#include <initializer_list>
 #include <string>
-#include <vector>
 
+#include "giou_dtypes.h"
 #include "giou_op.h"
 
 namespace detector {
@@ -23,19 +24,54 @@ std::string str(at::IntArrayRef sizes) {
   return out + "]";
 }
 
-bool is_pred_dtype(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
-
-bool is_target_dtype(at::ScalarType t) {
-  return t == at::kByte || t == at::kShort || t == at::kInt || t == at::kHalf || t == at::kBFloat16 ||
-         t == at::kFloat;
+// "a, b or c" from the names of a dtype list of giou_dtypes.h.
+std::string join(std::initializer_list<const char*> names) {
+  std::string out;
+  size_t k = 0;
+  for (const char* name : names) {
+    out += (k == 0 ? "" : (k + 1 == names.size() ? " or " : ", ")) + std::string(name);
+    ++k;
+  }
+  return out;
 }
 
+#define DETECTOR_CASE_TRUE(Name, AtName, Type, str) \
+  case at::ScalarType::AtName:                       \
+    return true;
+
+bool is_pred_dtype(at::ScalarType t) {
+  switch (t) {
+    DETECTOR_PRED_DTYPES(DETECTOR_CASE_TRUE)
+    default: return false;
+  }
+}
+
+bool is_target_dtype(at::ScalarType t) {
+  switch (t) {
+    DETECTOR_TARGET_DTYPES(DETECTOR_CASE_TRUE)
+    default: return false;
+  }
+}
+
+bool is_counts_dtype(at::ScalarType t) {
+  switch (t) {
+    DETECTOR_COUNTS_DTYPES(DETECTOR_CASE_TRUE)
+    default: return false;
+  }
+}
+
+const std::string kPredDtypes = join({DETECTOR_PRED_DTYPES(DETECTOR_DTYPE_NAME)});
+const std::string kTargetDtypes = join({DETECTOR_TARGET_DTYPES(DETECTOR_DTYPE_NAME)});
+const std::string kCountsDtypes = join({DETECTOR_COUNTS_DTYPES(DETECTOR_DTYPE_NAME)});
+
 }  // namespace
+
+at::ScalarType compute_dtype(at::ScalarType pred) { return pred == at::kDouble ? at::kDouble : at::kFloat; }
 
 GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
                             bool packed) {
   TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", str(pred.sizes()));
-  TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be float32, bfloat16 or float16, got ",
+  TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be ", kPredDtypes, ", got ",
                    pred.scalar_type());
   const int64_t batch = pred.size(0), slots = pred.size(1);
   if (packed) {
@@ -46,11 +82,11 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
                       " like pred, got ", str(target.sizes()));
   }
   TORCH_CHECK_TYPE(is_target_dtype(target.scalar_type()),
-                   "target must be uint8, int16, int32, float16, bfloat16 or float32, got ", target.scalar_type());
+                   "target must be ", kTargetDtypes, ", got ", target.scalar_type());
   TORCH_CHECK(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", str(batch),
                     "] (the batch of pred), got ", str(counts.sizes()));
-  TORCH_CHECK_TYPE(counts.scalar_type() == at::kInt || counts.scalar_type() == at::kLong,
-                   "counts must be int32 or int64, got ", counts.scalar_type());
+  TORCH_CHECK_TYPE(is_counts_dtype(counts.scalar_type()), "counts must be ", kCountsDtypes, ", got ",
+                   counts.scalar_type());
   TORCH_CHECK(pred.device() == target.device() && pred.device() == counts.device(),
                     "pred, target and counts must be on one device, got ", pred.device(), ", ", target.device(),
                     ", ", counts.device());
@@ -60,32 +96,19 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count) {
   TORCH_CHECK(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", str(grad_output.sizes()));
-  TORCH_CHECK_TYPE(grad_output.scalar_type() == at::kFloat, "grad_output must be float32, got ",
-                   grad_output.scalar_type());
   TORCH_CHECK(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
                     str(grad_sum.sizes()));
-  TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be float32, bfloat16 or float16, got ",
+  TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be ", kPredDtypes, ", got ",
                    grad_sum.scalar_type());
+  const at::ScalarType scalar = compute_dtype(grad_sum.scalar_type());
+  TORCH_CHECK_TYPE(grad_output.scalar_type() == scalar, "grad_output must be ", scalar, " (the loss's dtype for ",
+                   grad_sum.scalar_type(), " grad_sum), got ", grad_output.scalar_type());
   TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", str(inv_count.sizes()));
-  TORCH_CHECK_TYPE(inv_count.scalar_type() == at::kFloat, "inv_count must be float32, got ", inv_count.scalar_type());
+  TORCH_CHECK_TYPE(inv_count.scalar_type() == scalar, "inv_count must be ", scalar, ", got ",
+                   inv_count.scalar_type());
   TORCH_CHECK(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
                     "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
                     grad_sum.device(), ", ", inv_count.device());
-}
-
-std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots) {
-  const at::Tensor c = counts.to(at::kLong).contiguous();
-  std::vector<int64_t> values(c.const_data_ptr<int64_t>(), c.const_data_ptr<int64_t>() + c.numel());
-  for (size_t b = 0; b < values.size(); ++b) {
-    TORCH_CHECK(values[b] >= 0 && values[b] <= slots, "counts must lie in [0, M] with M = ", str(slots),
-                " (pred.size(1)), got counts[", str(static_cast<int64_t>(b)), "] = ", str(values[b]));
-  }
-  return values;
-}
-
-void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes) {
-  TORCH_CHECK(counts_sum == num_boxes, "counts must sum to the number of target boxes N = ", str(num_boxes),
-              " (target.size(0)), got ", str(counts_sum));
 }
 
 }  // namespace detector

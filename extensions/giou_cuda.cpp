@@ -12,15 +12,13 @@
 namespace detector {
 namespace {
 
+#define DETECTOR_CASE_KERNEL_DTYPE(Name, AtName, Type, str) \
+  case at::ScalarType::AtName:                              \
+    return DType::k##Name;
+
 DType kernel_dtype(at::ScalarType t) {
   switch (t) {
-    case at::kFloat: return DType::kFloat32;
-    case at::kBFloat16: return DType::kBFloat16;
-    case at::kHalf: return DType::kFloat16;
-    case at::kByte: return DType::kUInt8;
-    case at::kShort: return DType::kInt16;
-    case at::kInt: return DType::kInt32;
-    case at::kLong: return DType::kInt64;
+    DETECTOR_ALL_DTYPES(DETECTOR_CASE_KERNEL_DTYPE)
     default: TORCH_CHECK_TYPE(false, "no GIoU kernel for dtype ", t);  // check_giou_inputs rejects it first
   }
 }
@@ -36,22 +34,23 @@ CountsArg counts_arg(const at::Tensor& c) { return {c.const_data_ptr(), kernel_d
 struct Outputs {
   at::Tensor loss, grad_sum, inv_count, workspace;
   GiouOutputs pointers() {
-    return {grad_sum.mutable_data_ptr(), loss.mutable_data_ptr<float>(), inv_count.mutable_data_ptr<float>(),
+    return {grad_sum.mutable_data_ptr(), loss.mutable_data_ptr(), inv_count.mutable_data_ptr(),
             workspace.mutable_data_ptr()};
   }
 };
 
-Outputs empty_outputs(const at::Tensor& pred) {
-  const auto f32 = pred.options().dtype(at::kFloat);
-  return {at::empty({}, f32), at::empty(pred.sizes(), pred.options()), at::empty({}, f32),
-          at::empty({static_cast<int64_t>(giou_workspace_bytes())}, pred.options().dtype(at::kByte))};
+// workspace_batch: B for the packed layout (its prefix sums live there), 0 for the padded one.
+Outputs empty_outputs(const at::Tensor& pred, int64_t workspace_batch) {
+  const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
+  return {at::empty({}, scalar), at::empty(pred.sizes(), pred.options()), at::empty({}, scalar),
+          at::empty({static_cast<int64_t>(giou_workspace_bytes(workspace_batch))}, pred.options().dtype(at::kByte))};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred, const at::Tensor& target,
                                                               const at::Tensor& counts, bool skip_invalid) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
   const c10::cuda::CUDAGuard guard(pred.device());
-  Outputs out = empty_outputs(pred);
+  Outputs out = empty_outputs(pred, 0);
   C10_CUDA_CHECK(giou_loss_padded_launch(boxes_arg(pred), boxes_arg(target), counts_arg(counts), n.batch, n.slots,
                                          skip_invalid, out.pointers(), c10::cuda::getCurrentCUDAStream()));
   return {out.loss, out.grad_sum, out.inv_count};
@@ -61,7 +60,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::T
                                                                      const at::Tensor& counts) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
   const c10::cuda::CUDAGuard guard(pred.device());
-  Outputs out = empty_outputs(pred);
+  Outputs out = empty_outputs(pred, n.batch);
   C10_CUDA_CHECK(giou_loss_packed_launch(boxes_arg(pred), boxes_arg(target), n.boxes, counts_arg(counts), n.batch,
                                          n.slots, out.pointers(), c10::cuda::getCurrentCUDAStream()));
   return {out.loss, out.grad_sum, out.inv_count};
@@ -73,8 +72,8 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tens
   const c10::cuda::CUDAGuard guard(grad_sum.device());
   const at::Tensor saved = grad_sum.contiguous();  // a no-op for the forward's own output
   at::Tensor grad_pred = at::empty(saved.sizes(), saved.options());
-  C10_CUDA_CHECK(giou_loss_backward_launch(grad_output.const_data_ptr<float>(), saved.const_data_ptr(),
-                                           inv_count.const_data_ptr<float>(), kernel_dtype(saved.scalar_type()),
+  C10_CUDA_CHECK(giou_loss_backward_launch(grad_output.const_data_ptr(), saved.const_data_ptr(),
+                                           inv_count.const_data_ptr(), kernel_dtype(saved.scalar_type()),
                                            saved.numel(), grad_pred.mutable_data_ptr(),
                                            c10::cuda::getCurrentCUDAStream()));
   return grad_pred;

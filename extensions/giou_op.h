@@ -4,8 +4,6 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <vector>
-
 namespace detector {
 
 struct GiouSizes {
@@ -18,14 +16,11 @@ struct GiouSizes {
 // counts [B]. Reads no tensor values, so it never synchronises with a device.
 GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts, bool packed);
 
-// grad_output: fp32 0-dim; grad_sum: pred-dtype [B, M, 4]; inv_count: fp32 0-dim; all on one device.
+// The dtype of the loss, inv_count and grad_output: fp64 for fp64 predictions, fp32 for the others.
+at::ScalarType compute_dtype(at::ScalarType pred);
+
+// grad_sum: pred-dtype [B, M, 4]; grad_output, inv_count: 0-dim in its compute dtype; all on one device.
 void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
                                 const at::Tensor& inv_count);
-
-// CPU only (reading values is free there): counts as int64 on the host, each in [0, slots].
-std::vector<int64_t> validated_counts(const at::Tensor& counts, int64_t slots);
-
-// CPU only: the packed layout's counts must sum to the number of target rows.
-void check_packed_counts_sum(int64_t counts_sum, int64_t num_boxes);
 
 }  // namespace detector

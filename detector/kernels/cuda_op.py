@@ -1,24 +1,30 @@
-"""The ``detector::giou_loss`` custom ops (C++/CUDA in ``extensions/``): typed wrappers, fake kernels, autograd.
+"""The ``detector::giou_loss`` custom ops (C++/CUDA in ``extensions/``): typed wrappers and fake kernels.
 
 The schema is defined once, in C++ (``extensions/giou_op.cpp``); each op has a CPU kernel and, in a
-CUDA build, a CUDA kernel. Importing this module loads ``detector._C`` and registers the fake kernels
-(for ``torch.compile``) and the autograd formula. The loss is the contract of
+CUDA build, a CUDA kernel, and its autograd is C++ too (``extensions/giou_autograd.cpp``: no Python
+runs in forward or backward). Importing this module loads ``detector._C`` and registers the fake
+kernels (for ``torch.compile``). The loss is the contract of
 ``detector.losses.giou_loss_reference``. The wrappers trust their caller (``detector.losses.Strategy``
 checks the inputs once); a direct call of ``torch.ops.detector.*`` gets the op's own C++ checks.
 
+Dtypes (one list, ``extensions/giou_dtypes.h``): pred fp64/fp32/bf16/fp16; target any of those or
+uint8/int8/int16/int32/int64; counts uint8/int8/int16/int32/int64; any strides. Arithmetic in the
+compute dtype: fp64 for fp64 predictions (exact to the fp64 reference but for rounding order), else fp32.
+
 Forward (one kernel on CUDA) returns ``(loss, grad_sum, inv_count)``:
-    loss       fp32 0-dim: sum over valid (b, j) of (1 - GIoU) / max(n_valid, 1)
+    loss       0-dim, compute dtype: sum over valid (b, j) of (1 - GIoU) / max(n_valid, 1)
     grad_sum   [B, M, 4] contiguous, pred's dtype: d(sum of the per-box losses) / d pred; exactly 0 on
                padded slots, whatever they hold (NaN included)
-    inv_count  fp32 0-dim: 1 / max(n_valid, 1)
+    inv_count  0-dim, compute dtype: 1 / max(n_valid, 1)
 Backward (one elementwise kernel) is ``grad_sum * (grad_output * inv_count)``: the gradient is computed
-in the forward and only scaled afterwards; nothing reads a device value on the host.
+in the forward and only scaled afterwards; nothing reads a device value on the host. A backward with
+``create_graph=True`` raises (grad_sum has no graph: a second derivative would silently be 0).
 
-Counts. The CPU kernels validate them (0 <= counts[b] <= M, and for the packed layout
-sum(counts) == N) and raise ValueError naming ``counts``. The CUDA kernels cannot without a host
-synchronisation, so there counts are clamped to [0, M] and packed boxes past the sum of the clamped
-counts are ignored: out-of-range counts never read or write out of bounds, and the loss is the loss of
-the clamped counts.
+Counts outside [0, M] are clamped to [0, M], by the CPU and the CUDA kernels alike (the GPU cannot check
+them without a host synchronisation): the loss is the loss of the clamped counts. Packed layout: row i of
+the N target rows belongs to the image b with C[b] <= i < C[b + 1], C the prefix sums of the clamped
+counts. Rows at or past C[B] (N > sum) are ignored; when N < C[B] the boxes that would lie past row N are
+absent, and the loss averages over the min(N, C[B]) boxes present. Nothing reads past row N or slot M.
 """
 
 from __future__ import annotations
@@ -74,9 +80,9 @@ def note_cpu_kernel(strategy: str) -> None:
 def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool = False) -> Tensor:
     """Mean GIoU loss, padded layout: pred, target [B, M, 4], counts [B]; slot j of image b valid iff j < counts[b].
 
-    pred fp32/bf16/fp16; target uint8/int16/int32/fp16/bf16/fp32; counts int32/int64; any strides.
-    ``skip_invalid``: on CUDA, threads of padded slots skip their loads and arithmetic (``cuda_conditional``)
-    instead of computing and selecting 0 (``cuda_fused``); same result. Returns the fp32 0-dim loss.
+    Dtypes as the module docstring lists. ``skip_invalid``: on CUDA, threads of padded slots skip their
+    loads and arithmetic (``cuda_conditional``) instead of computing and selecting 0 (``cuda_fused``); same
+    result. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
     """
     _require_extension()
     return torch.ops.detector.giou_loss.default(pred, target, counts, skip_invalid)[0]
@@ -85,7 +91,8 @@ def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool =
 def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor) -> Tensor:
     """Mean GIoU loss, packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B].
 
-    Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts). Returns the fp32 loss.
+    Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts), or see the module
+    docstring for other N. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
     """
     _require_extension()
     return torch.ops.detector.giou_loss_packed.default(pred, target, counts)[0]
@@ -106,26 +113,5 @@ if _C is not None:
         return grad_sum.new_empty(grad_sum.shape)
 
     def _forward_outputs(pred):
-        scalar = pred.new_empty((), dtype=torch.float32)
+        scalar = pred.new_empty((), dtype=torch.promote_types(pred.dtype, torch.float32))  # the compute dtype
         return scalar, pred.new_empty(pred.shape), scalar.new_empty(())
-
-    def _setup_context(ctx, inputs, output):
-        _, grad_sum, inv_count = output
-        ctx.mark_non_differentiable(grad_sum, inv_count)
-        ctx.set_materialize_grads(False)  # no zero-filled gradients for the two non-differentiable outputs
-        ctx.save_for_backward(grad_sum, inv_count)
-
-    def _grad_pred(ctx, grad_loss):
-        if grad_loss is None:
-            return None
-        grad_sum, inv_count = ctx.saved_tensors
-        return torch.ops.detector.giou_loss_backward.default(grad_loss, grad_sum, inv_count)
-
-    def _backward_padded(ctx, grad_loss, _grad_sum, _inv_count):
-        return _grad_pred(ctx, grad_loss), None, None, None  # pred, target, counts, skip_invalid
-
-    def _backward_packed(ctx, grad_loss, _grad_sum, _inv_count):
-        return _grad_pred(ctx, grad_loss), None, None  # pred, target, counts
-
-    torch.library.register_autograd("detector::giou_loss", _backward_padded, setup_context=_setup_context)
-    torch.library.register_autograd("detector::giou_loss_packed", _backward_packed, setup_context=_setup_context)

@@ -32,6 +32,11 @@ PROGRAMS_PER_SM = 4  # the persistent grid: enough resident programs per SM to h
 INTERPRETER_PROGRAMS = 2  # the interpreter runs programs one after another; a few keep it honest
 MAX_ELEMENTS = 2**31  # kernel offsets are int32
 EPS = 1e-7  # the contract's eps (detector.losses.geometry.EPS; tests/kernels checks they agree)
+DOUBLE_BACKWARD_ERROR = (
+    "double backward through 'triton' (detector::giou_loss_triton) is not supported: its gradient is "
+    "computed inside the forward kernel and only scaled in backward, so it has no graph to differentiate "
+    "again; use the 'padded' strategy for higher-order gradients"
+)
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -239,6 +244,8 @@ if triton is not None:
         ctx.save_for_backward(grad)
 
     def _backward(ctx, grad_loss, _grad_of_grad):
+        if torch.is_grad_enabled():  # create_graph=True: `grad` has no graph, a second derivative would be 0
+            raise RuntimeError(DOUBLE_BACKWARD_ERROR)
         (grad,) = ctx.saved_tensors
         return grad * grad_loss, None, None  # the gradient was computed in forward: only scale it
 

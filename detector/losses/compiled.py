@@ -1,7 +1,9 @@
 """``compiled``: ``torch.compile`` of the padded strategy, which fuses its elementwise kernels.
 
 Compiled lazily on the first call (the first step pays the compilation); static shapes, so a
-batch with other counts but the same [B, M] reuses the compiled code.
+batch with other counts but the same [B, M] reuses the compiled code. First-order gradients only:
+AOTAutograd's compiled backward cannot be differentiated again, and would give no second derivative
+without a word, so a backward with ``create_graph=True`` raises instead.
 """
 
 import functools
@@ -19,8 +21,25 @@ def _compiled_padded():
     return torch.compile(giou_loss_padded, dynamic=False)
 
 
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on the loss; its backward refuses ``create_graph=True`` with the reason."""
+
+    @staticmethod
+    def forward(ctx, loss: Tensor) -> Tensor:
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        if torch.is_grad_enabled():
+            raise RuntimeError(
+                "double backward through 'compiled' is not supported: torch.compile's (AOTAutograd's) backward "
+                "cannot be differentiated again; use the 'padded' strategy for higher-order gradients"
+            )
+        return grad
+
+
 def giou_loss_compiled(pred: Tensor, targets: PaddedTargets) -> Tensor:
-    return _compiled_padded()(pred, targets)
+    return _FirstOrderOnly.apply(_compiled_padded()(pred, targets))
 
 
 register(Strategy("compiled", "padded", giou_loss_compiled, "torch.compile of the padded strategy"))
