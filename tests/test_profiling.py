@@ -44,7 +44,9 @@ def test_a_profile_run_gets_its_own_folder_with_the_trace_alone_and_a_summary(tm
     assert list(summary["analysis"]["regions"]) == TRAIN_REGIONS
     assert len(summary["per_step"]) == 2 and summary["analysis"]["steps"] == 2
     step = summary["analysis"]["regions"]["step"]
-    assert step["wall_ms"]["median"] > 0 and step["launches"]["median"] == 0  # the CPU launches no kernels
+    assert step["wall_ms"]["median"] > 0
+    launched = step["launches"]["median"]
+    assert launched > 0 if summary["analysis"]["gpu"] else launched == 0  # a CPU step launches no kernels
     assert list(run_dir.glob("events.out.tfevents.*")), "TensorBoard events beside the trace"
 
     again = profile(tmp_path, "profile.strategy=padded")  # a re-run: a new folder, the old one kept
