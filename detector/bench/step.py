@@ -80,7 +80,7 @@ def device_batch(cfg: DictConfig, layout: str, device: torch.device):
 
 def step_stats(cfg: DictConfig, device: torch.device, batch, pieces: bool) -> dict:
     """The whole step's time (and, with ``pieces``, forward / forward+backward / optimizer) on ``batch``."""
-    step = TrainStep(cfg, device, say=lambda *a, **k: None)
+    step = TrainStep(cfg, device)
     timed = {"warmup": 5, "repeats": cfg.bench.repeats, "max_seconds": cfg.bench.max_seconds}
     out = {"step": event_ms(lambda: step(batch), device, **timed)}
     if pieces and step.graph is None:

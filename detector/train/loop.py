@@ -177,7 +177,7 @@ class Run:
 
     def go(self) -> dict:
         tcfg = self.tcfg
-        self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size, self.say)
+        self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
         saved = self.resume()
         self.step, self.resumed_at, self.evals = saved["step"], saved["step"], saved["evals"]
         self.log = Log(self.device, saved["losses"])

@@ -93,18 +93,10 @@ def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) 
     return None
 
 
-def compile_loss(strategy, say):
-    """torch.compile of the loss for static-shape layouts; the list layout's per-image loop stays eager."""
-    if strategy.layout == "list":
-        say(f"train.compile: the loss of {strategy.name!r} stays eager (its per-image shapes would recompile)")
-        return strategy
-    return torch.compile(strategy.fn, dynamic=strategy.layout == "packed")  # packed: N changes every batch
-
-
 class TrainStep:
     """The model, its optimizer and schedule, and one call per training step (see the module docstring)."""
 
-    def __init__(self, cfg: DictConfig, device: torch.device, world_size: int = 1, say=print):
+    def __init__(self, cfg: DictConfig, device: torch.device, world_size: int = 1):
         tcfg = cfg.train
         self.strategy = get_strategy(tcfg.strategy)
         reason = self.strategy.unavailable(device) or speed_option_refusal(self.strategy, tcfg, world_size, device)
@@ -126,10 +118,8 @@ class TrainStep:
         if world_size > 1:
             ids = [device] if device.type == "cuda" else None
             self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
-        self.loss_fn = self.strategy
-        if tcfg.compile:
+        if tcfg.compile:  # the model only: the loss stays the strategy under test (`compiled` is its own one)
             self.net = torch.compile(self.net)
-            self.loss_fn = compile_loss(self.strategy, say)
         # cache_enabled=False: required inside CUDA graph capture, and every weight is used once per forward anyway
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast), cache_enabled=False
@@ -155,7 +145,7 @@ class TrainStep:
             pred = self.net(images)  # [B, M, 4] xyxy
         with self.regions("calc loss"):
             n_local = count_valid(targets, self.device)
-            loss_backward, loss = global_mean(self.loss_fn(pred, targets), n_local, self.world_size)
+            loss_backward, loss = global_mean(self.strategy(pred, targets), n_local, self.world_size)
         with self.regions("backward"):
             loss_backward.backward()
         return loss
@@ -180,7 +170,7 @@ class TrainStep:
         with self.regions("forward"), self.autocast:
             pred = self.net(images)  # [B, M, 4] xyxy
         with self.regions("calc loss"):
-            return self.loss_fn(pred, targets)
+            return self.strategy(pred, targets)
 
 
 class GraphedStep:
