@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(command: str, args: argparse.Namespace) -> None:
     if command == "compare":
+        load_strategies()  # the registry's order of columns, with the interpreter switched on first
         from detector.compare import run_compare
 
         run_compare(args.dir, args.runs or None, args.out)

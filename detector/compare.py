@@ -29,6 +29,7 @@ from matplotlib.figure import Figure
 
 from detector.analysis import REGIONS
 from detector.errors import UserError
+from detector.losses import STRATEGIES
 from detector.timeline import REGION_COLORS, draw_steps
 
 BASELINE = "padded"
@@ -152,8 +153,6 @@ def new_folder(parent: Path) -> Path:
 def order_runs(runs: list[dict]) -> list[dict]:
     """padded first, then the registry's order, unknown names last; each run gets its column ``label``
     (the strategy, plus the run folder's name where a strategy appears twice)."""
-    from detector.losses import STRATEGIES
-
     names = list(STRATEGIES)
     rank = {name: i for i, name in enumerate(names)}
     runs = sorted(runs, key=lambda r: (r["strategy"] != BASELINE, rank.get(r["strategy"], len(names)), r["strategy"]))
