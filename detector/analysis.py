@@ -422,17 +422,16 @@ def markdown_table(summary: dict, measures=MEASURES, band: str = "range") -> str
         cells = []
         for m in measures:
             s = stats[m]
-            if s["n"] == 0:
-                cells.append("–")
-            elif s[low] == s[high] == s["median"]:
-                cells.append(_format(m, s["median"]))
-            else:
-                cells.append(f"{_format(m, s['median'])} [{_format(m, s[low])}–{_format(m, s[high])}]")
+            median, lo, hi = (format_measure(m, s[key]) for key in ("median", low, high))
+            cells.append(median if s["n"] == 0 or lo == hi == median else f"{median} [{lo}–{hi}]")
         lines.append(f"| {region} | {' | '.join(cells)} |")
     return "\n".join(lines)
 
 
-def _format(measure: str, value: float) -> str:
+def format_measure(measure: str, value: float | None) -> str:
+    """A measure's value in its unit: a share as %, bytes in kB/MB/GB, ms to 3 significant digits."""
+    if value is None:
+        return "–"
     if measure == "gpu_idle_share":
         return f"{value:.0%}"
     if measure.endswith("_bytes"):

@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from detector.analysis import REGIONS
+from detector.analysis import REGIONS, format_measure
 from detector.errors import UserError
 from detector.losses import STRATEGIES
 from detector.timeline import REGION_COLORS, draw_steps
@@ -184,24 +184,9 @@ def speedup(base: dict | None, other: dict | None) -> float | None:
     return None
 
 
-def fmt(measure: str, value) -> str:
-    if value is None:
-        return "–"
-    if measure == "gpu_idle_share":
-        return f"{value:.0%}"
-    if measure.endswith("_bytes"):
-        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-            if value >= size:
-                return f"{value / size:.3g} {unit}"
-        return f"{value:.0f} B"
-    if measure.endswith("_ms"):
-        return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
-    return f"{value:g}"
-
-
 def spread_text(s: dict, measure: str = "wall_ms") -> str:
     """``12.3 [11.9–13.0]``: median [min–max]; one value where they print the same."""
-    low, middle, high = (fmt(measure, s[key]) for key in ("min", "median", "max"))
+    low, middle, high = (format_measure(measure, s[key]) for key in ("min", "median", "max"))
     return middle if low == high else f"{middle} [{low}–{high}]"
 
 
@@ -251,7 +236,7 @@ def why_table(runs: list[dict]) -> str:
         for run in runs:
             if not stats(run, region, "wall_ms"):
                 continue
-            cells = [fmt(m, (stats(run, region, m) or {}).get("median")) for m in WHY_MEASURES]
+            cells = [format_measure(m, (stats(run, region, m) or {}).get("median")) for m in WHY_MEASURES]
             lines.append(f"| {region} | {run['label']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

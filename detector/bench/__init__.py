@@ -17,8 +17,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+from detector.config import resolve_device
 from detector.errors import UserError
 from detector.report import run_info, write_json
 
@@ -48,3 +50,16 @@ def run(cfg: DictConfig, target: str = "losses") -> list | dict | None:
     if target not in TARGETS:
         raise UnknownTargetError(f"unknown bench target {target!r}; valid targets: {', '.join(TARGETS)}")
     return importlib.import_module(TARGETS[target]).run_bench(cfg)
+
+
+def gpu_device(cfg: DictConfig, target: str, unavailable) -> torch.device | None:
+    """The CUDA device of a GPU-only target, or None after one line saying why it cannot run here;
+    ``unavailable(device)`` is the kernels' own reason (e.g. the extension is not built)."""
+    device = resolve_device(cfg)
+    if device.type != "cuda":
+        print(f"bench {target}: needs a CUDA device, and this run is on {device.type} (nothing to do)")
+        return None
+    reason = unavailable(device)
+    if reason:
+        raise UserError(f"bench {target}: {reason}")
+    return device

@@ -26,7 +26,6 @@ from omegaconf import DictConfig
 from detector import bench
 from detector.bench.cases import random_case, sample_counts
 from detector.bench.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
-from detector.config import resolve_device
 from detector.kernels import cuda_op
 from detector.losses import STRATEGIES, get_strategy
 from detector.report import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
@@ -249,13 +248,9 @@ def print_tables(results: dict, copy: dict) -> None:
 
 
 def run_bench(cfg: DictConfig) -> dict | None:
-    device = resolve_device(cfg)
-    if device.type != "cuda":
-        print(f"bench kernels: needs a CUDA device, and this run is on {device.type} (nothing to do)")
+    device = bench.gpu_device(cfg, "kernels", cuda_op.kernel_unavailable)
+    if device is None:
         return None
-    reason = cuda_op.kernel_unavailable(device)
-    if reason:
-        raise RuntimeError(f"bench kernels: {reason}")
     pred_dtype, timed = getattr(torch, cfg.bench.pred_dtype), budget(cfg.bench)
     dtypes = [pred_dtype] + ([torch.float32] if pred_dtype != torch.float32 else [])
     print(f"bench kernels on {run_header(device)}; median [quartiles] ms\n", flush=True)

@@ -17,7 +17,6 @@ from omegaconf import DictConfig
 from detector import bench
 from detector.bench.cases import random_case
 from detector.bench.timing import budget, event_ms, graph_ms
-from detector.config import resolve_device
 from detector.kernels import triton_giou
 from detector.losses import get_strategy
 from detector.report import markdown_table, ms, run_header, spread_cell
@@ -64,13 +63,9 @@ def layer_times(distribution: str, timed: dict) -> tuple[dict, object]:
 
 
 def run_bench(cfg: DictConfig) -> dict | None:
-    device = resolve_device(cfg)
-    if device.type != "cuda":
-        print(f"bench layers: needs a CUDA device, and this run is on {device.type} (nothing to do)")
+    device = bench.gpu_device(cfg, "layers", triton_giou.triton_unavailable)
+    if device is None:
         return None
-    reason = triton_giou.triton_unavailable(device)
-    if reason:
-        raise RuntimeError(f"bench layers: {reason}")
     timed = budget(cfg.bench)
     print(f"bench layers on {run_header(device)}, triton {triton_giou.triton.__version__}")
     print(f"triton strategy, batch {BATCH} x {SLOTS} slots, bf16 predictions, uint8 targets; median [quartiles] ms\n")
