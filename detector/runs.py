@@ -34,12 +34,6 @@ def new_run_dir(parent: Path) -> Path:
     raise UserError(f"{parent}: too many runs started in one second")
 
 
-def latest_run(parent: Path) -> Path | None:
-    """The newest run folder under ``parent`` (names sort by time), or None."""
-    runs = sorted(p for p in parent.iterdir() if p.is_dir() and p.name[:8].isdigit()) if parent.is_dir() else []
-    return runs[-1] if runs else None
-
-
 @contextlib.contextmanager
 def locked(run_dir: Path):
     """Hold ``<run_dir>.lock`` for the duration; refuse if another process holds it."""

@@ -1,6 +1,5 @@
 """End to end: `make profile` on a tiny config and `compare`; the presets."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -8,9 +7,8 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from detector.compare import run_compare
+from detector.compare import latest_runs, run_compare
 from detector.config import load_config
-from detector.runs import latest_run
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "data.batch_size=4 data.image_size=32 model.hidden=16 profile.wait=1 profile.warmup=1 profile.active=2"
@@ -22,8 +20,8 @@ def make_profile(strategy: str, mode: str, out_dir: Path) -> dict:
     result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "preset: cpu" in result.stdout or "preset: seed_scale" in result.stdout
-    folder = latest_run(out_dir / (strategy if mode == "train" else f"{strategy}-forward"))
-    return json.loads((folder / "summary.json").read_text()) | {"folder": folder}
+    (run,) = [r for r in latest_runs(out_dir) if (r["strategy"], r["mode"]) == (strategy, mode)]
+    return run["summary"] | {"folder": run["dir"]}
 
 
 @pytest.mark.slow
