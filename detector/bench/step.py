@@ -9,14 +9,13 @@
    train.*): median [quartiles] of the whole step (CUDA events over a fixed device batch, no data
    loading), its ratio to the floor, and for the config's own step its pieces: forward, forward +
    loss + backward, and clip + optimizer.
-3. The data pipeline: images/s of the configured DataLoader, against the images/s the step consumes.
+3. The data pipeline: images/s of the configured DataLoader (and of one process's sampler), against the
+   images/s the step consumes (``detector.data.images_per_second``).
 
 On the CPU it runs the config's step and the data pipeline only (the floors are a GPU's).
 """
 
 from __future__ import annotations
-
-import time
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -24,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 from detector import bench
 from detector.bench.timing import event_ms
 from detector.config import resolve_device
-from detector.data import build_loader, to_device
+from detector.data import build_loader, images_per_second, to_device
 from detector.model import build_model
 from detector.report import markdown_table, run_header, significant, spread_cell
 from detector.train.step import TrainStep
@@ -99,16 +98,6 @@ def step_stats(cfg: DictConfig, device: torch.device, batch, pieces: bool) -> di
     return out
 
 
-def data_rate(cfg: DictConfig, device: torch.device, batches: int = 20) -> float:
-    """Images/s the configured DataLoader delivers (after its first batch: worker start-up)."""
-    loader = iter(build_loader(cfg.data, "padded", device))
-    next(loader)
-    start = time.perf_counter()
-    for _ in range(batches):
-        next(loader)
-    return batches * cfg.data.batch_size / (time.perf_counter() - start)
-
-
 def run_bench(cfg: DictConfig) -> dict:
     device = resolve_device(cfg)
     print(f"bench step: {run_header(device)}, batch {cfg.data.batch_size} x {cfg.data.image_size}px")
@@ -123,7 +112,13 @@ def run_bench(cfg: DictConfig) -> dict:
     with torch.device("meta"):  # the shapes only: its layers' sizes give the floor
         model = build_model(cfg.model, cfg.data)
     floor = floors(cfg, model) if device.type == "cuda" else None
-    results = {"steps": steps, "floor": floor, "data_images_per_s": data_rate(cfg, device)}
+    rates = images_per_second(cfg.data, seconds=cfg.bench.max_seconds, device=device.type)
+    results = {
+        "steps": steps,
+        "floor": floor,
+        "data_images_per_s": rates["loader"],
+        "sampler_images_per_s": rates["sampler"],
+    }
     print_tables(results, cfg.data.batch_size)
     bench.save(cfg, "step", device, results)
     return results

@@ -58,13 +58,13 @@ def test_unknown_target_names_the_valid_ones(tmp_path):
 
 
 def test_step_times_the_configs_training_step_and_the_data_pipeline(tmp_path, capsys):
-    cfg = bench_config(tmp_path, "data.batch_size=4", "data.image_size=32", "model.channels=[4,8]", "model.hidden=16")
-    results = bench.run(cfg, "step")
+    tiny = ["data.batch_size=4", "data.image_size=32", "model.channels=[4,8]", "model.hidden=16"]
+    results = bench.run(bench_config(tmp_path, *tiny, "bench.max_seconds=1"), "step")
     assert list(results["steps"]) == ["config"]  # the speed-option variants and the floor are a GPU's
     pieces = results["steps"]["config"]
     assert list(pieces) == ["step", "forward", "forward+backward", "optimizer"]
     assert all(s.median > 0 for s in pieces.values()) and results["floor"] is None
-    assert results["data_images_per_s"] > 0
+    assert results["data_images_per_s"] > 0 and results["sampler_images_per_s"] > 0
     out = capsys.readouterr().out
     assert "| config | step |" in out and "images/s drawn" in out
     assert json.loads((tmp_path / "step.json").read_text())["target"] == "step"
