@@ -117,6 +117,11 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     # NHWC activations, cuDNN's NHWC convolutions without conversions: 74.7 -> 70.9 ms eager, 56.3 -> 55.5 compiled
     channels_last: bool = True
+    # the first 1 or 2 conv blocks (conv, pool, ReLU) as Triton kernels (detector/kernels/stem.py,
+    # conv_pool.py), CUDA only: cuDNN has no fast path for 1 or 4 input channels (the first block's forward
+    # 3.1 ms, its weight gradient 11 ms, an NCHW->NHWC conversion 2.8 ms; the second block's ~7 ms, at seed
+    # scale on an H200, for ~0.2 and ~1 GB of data); 0 = cuDNN's layers
+    fused_blocks: int = ranged(2, 0, 2)
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
     # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update
     nonfinite: str = ranged("stop", choices=("stop", "skip"))

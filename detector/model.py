@@ -15,6 +15,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from detector.kernels.conv_pool import conv_pool, conv_pool_unavailable
+from detector.kernels.stem import stem, stem_unavailable
+
 
 class FaceDetector(nn.Module):
     def __init__(self, image_size: int, max_boxes: int, channels: list[int], hidden: int):
@@ -35,14 +38,34 @@ class FaceDetector(nn.Module):
         )
         self.image_size, self.max_boxes = image_size, max_boxes
         self.channels_last = False  # NHWC activations (train.channels_last)
+        self.fused_blocks = 0  # the first blocks as Triton kernels (train.fused_blocks), same parameters
 
     def forward(self, images: Tensor) -> Tensor:
-        x = images.float() / 127.5 - 1  # [B, 1, S, S] uint8 -> [-1, 1]
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        raw = self.head(self.features(x)).view(-1, self.max_boxes, 4)  # [B, M, 4]
+        if self.fused_blocks:  # normalise + block 1 in one kernel (stem.py); block 2 in conv_pool.py's
+            first = self.features[0]
+            x = stem(images, first.weight, first.bias, self.channels_last)
+            if self.fused_blocks > 1:
+                second = self.features[3]
+                x = conv_pool(x, second.weight, second.bias)
+            x = self.features[3 * self.fused_blocks :](x)
+        else:
+            x = images.float() / 127.5 - 1  # [B, 1, S, S] uint8 -> [-1, 1]
+            if self.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            x = self.features(x)
+        raw = self.head(x).view(-1, self.max_boxes, 4)  # [B, M, 4]
         centre, size = (self.image_size * torch.sigmoid(raw)).split(2, dim=-1)  # [B, M, 2] each
         return torch.cat([centre - size / 2, centre + size / 2], dim=-1)  # [B, M, 4] xyxy
+
+
+def fused_blocks_unavailable(blocks: int, channels: list[int], device: torch.device) -> str | None:
+    """Why the first ``blocks`` conv blocks cannot run as Triton kernels here, or None."""
+    if blocks > len(channels):
+        return f"the model has {len(channels)} blocks"
+    reason = stem_unavailable(device, channels[0])
+    if reason is None and blocks > 1:
+        reason = conv_pool_unavailable(device, channels[0], channels[1])
+    return reason
 
 
 def build_model(cfg, data_cfg) -> FaceDetector:

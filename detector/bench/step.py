@@ -32,19 +32,34 @@ from detector.train.step import TrainStep
 # gradient for its norm and rescales it (12 B); autocast casts each weight to bf16 (6 B)
 OPTIMIZER_BYTES = 28 + 12 + 6
 ACTIVATION_PASSES = 6  # forward: write + read; backward: read the saved input, write and read the gradient
-VARIANTS = {
-    "eager": [
-        "train.compile=false",
-        "train.cuda_graphs=false",
-        "train.channels_last=false",
-        "train.cudnn_benchmark=false",
-    ],
-    "+cudnn.benchmark": ["train.compile=false", "train.cuda_graphs=false", "train.channels_last=false"],
-    "+channels_last": ["train.compile=false", "train.cuda_graphs=false", "train.channels_last=true"],
-    "+compile": ["train.compile=true", "train.cuda_graphs=false", "train.channels_last=false"],
-    "+compile+channels_last": ["train.compile=true", "train.cuda_graphs=false", "train.channels_last=true"],
-    "+compile+cuda_graphs": ["train.compile=true", "train.cuda_graphs=true", "train.channels_last=false"],
+# The speed options one at a time, each row adding one to the row above (train.* overrides); a row equal
+# to the configured step reuses its timing.
+OPTIONS = {
+    "cudnn_benchmark": "true",
+    "channels_last": "true",
+    "compile": "true",
+    "fused_blocks": "2",
+    "cuda_graphs": "true",
 }
+OFF = {
+    "cudnn_benchmark": "false",
+    "channels_last": "false",
+    "compile": "false",
+    "fused_blocks": "0",
+    "cuda_graphs": "false",
+}
+
+
+def ladder() -> dict[str, list[str]]:
+    """{"eager": every option off, "+cudnn_benchmark": the first on, ...}: train.* overrides per row."""
+    rows = {}
+    for k in range(len(OPTIONS) + 1):
+        on = list(OPTIONS)[:k]
+        rows["+" + on[-1] if on else "eager"] = [f"train.{o}={OPTIONS[o] if o in on else OFF[o]}" for o in OPTIONS]
+    return rows
+
+
+VARIANTS = ladder()
 
 
 def floors(cfg: DictConfig, model) -> dict:
@@ -105,10 +120,12 @@ def run_bench(cfg: DictConfig) -> dict:
     variants = {"config": []} | (VARIANTS if device.type == "cuda" else {})
     steps = {}
     for name, overrides in variants.items():
+        variant = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
+        if name != "config" and variant.train == cfg.train:
+            steps[name] = {"step": steps["config"]["step"]}  # the configured step: timed once
+            continue
         print(f"  timing {name} ...", flush=True)
-        steps[name] = step_stats(
-            OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides)), device, batch, name == "config"
-        )
+        steps[name] = step_stats(variant, device, batch, name == "config")
     with torch.device("meta"):  # the shapes only: its layers' sizes give the floor
         model = build_model(cfg.model, cfg.data)
     floor = floors(cfg, model) if device.type == "cuda" else None

@@ -23,7 +23,7 @@ MAGIC = b"detector-checkpoint v1"
 # Settings that change how a run is watched or how fast it goes, never its losses: a checkpoint
 # written under other values of these still resumes.
 RUN_CONTROL = {"resume", "stop_after", "log_every", "eval_every", "checkpoint_every", "out_dir", "profile"}
-RUN_CONTROL |= {"compile", "cuda_graphs", "channels_last", "cudnn_benchmark", "nonfinite"}
+RUN_CONTROL |= {"compile", "cuda_graphs", "channels_last", "cudnn_benchmark", "fused_blocks", "nonfinite"}
 
 
 class CheckpointError(UserError):

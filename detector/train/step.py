@@ -28,7 +28,7 @@ from torch.profiler import record_function
 from detector.data import to_device
 from detector.errors import UserError
 from detector.losses import get_strategy
-from detector.model import build_model
+from detector.model import build_model, fused_blocks_unavailable
 from detector.targets import PaddedTargets
 from detector.train.distributed import count_valid, global_mean
 
@@ -109,6 +109,13 @@ class TrainStep:
         if tcfg.channels_last:
             self.model.to(memory_format=torch.channels_last)
             self.model.channels_last = True
+        if tcfg.fused_blocks:
+            reason = fused_blocks_unavailable(tcfg.fused_blocks, cfg.model.channels, device)
+            if reason:
+                raise UserError(
+                    f"train.fused_blocks={tcfg.fused_blocks} cannot run here: {reason}; set train.fused_blocks=0"
+                )
+            self.model.fused_blocks = tcfg.fused_blocks
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(tcfg.cudnn_benchmark)
         self.optimizer = build_optimizer(self.model, tcfg, device)

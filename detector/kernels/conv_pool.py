@@ -1,0 +1,350 @@
+"""A detector block — 3x3 convolution (C_in >= 2 -> C_out >= 16 channels, zero "same" padding), 2x2 max-pool,
+ReLU — as Triton kernels: one forward, and two backward (the weight and bias gradients; the input's).
+
+Why: after the fused first block (stem.py), the second block (4 -> 16 channels at 128 px) costs ~7 ms of
+a seed-scale step on an H200 in cuDNN (forward 2.8 ms in a non-tensor-core engine, its input gradient
+1.8, its weight gradient 1.2, channel padding 0.5, the pool's backward 0.7), for ~1 GB of data (~0.25 ms).
+
+All three kernels build the convolution as tensor-core products of im2col tiles gathered on the fly:
+the K = 9 C_in products of one output pixel (tap-major, channel-minor, padded with zeros to a power of
+two KP) form one row of a [BLOCK, KP] tile, multiplied by the [KP, C_out] weights.
+
+- Forward, BLOCK pooled pixels per program: the 4 convolutions of each 2x2 window, their maximum (the
+  first in row-major order wins ties, as PyTorch's max_pool2d), the ReLU; it writes the output and, per
+  output value, which of the 4 positions won (``winner``, uint8; 255 where the ReLU blocked the gradient).
+- Weight gradient, BLOCK pooled pixels per program: sum over pixels of the output gradient routed to its
+  winning position times that position's patch, [C_out, KP] per program; one ``sum`` over programs.
+- Input gradient, BLOCK input pixels per program: each of the 9 taps reads the output gradient of the
+  pooled pixel whose window holds the convolution that tap feeds, keeps it where that convolution won,
+  and multiplies by the tap's [C_out, C_in] weights.
+
+Under bf16 autocast (bf16 input) the products take bf16 operands with fp32 sums and each convolution is
+rounded to bf16 before the pool, as the layers do. Runs on CUDA, or on the CPU in the Triton interpreter.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from detector.kernels.triton_giou import INTERPRETED, triton
+
+if triton is not None:
+    import triton.language as tl
+
+BLOCK = 64  # output (or input) pixels per program: a [64, KP] bf16 tile per position in registers
+INTERPRETER_BLOCK = 256
+NO_WINNER = 255  # `winner` where the ReLU passed no gradient
+
+
+def conv_pool_unavailable(device: torch.device, c_in: int, c_out: int) -> str | None:
+    """Why the fused block cannot run here, or None."""
+    if triton is None:
+        return "triton is not installed"
+    if device.type != "cuda" and not INTERPRETED:
+        return f"it is a Triton kernel and this run is on {device} (it needs CUDA)"
+    if not 2 <= c_in <= 16 or c_out & (c_out - 1) or not 16 <= c_out <= 64:
+        return f"a {c_in} -> {c_out} block: the kernel takes 2..16 input and 16, 32 or 64 output channels"
+    return None
+
+
+def _k_padded(c_in: int) -> int:
+    return max(16, triton.next_power_of_2(9 * c_in))
+
+
+# ----------------------------------------------------------------------------- kernels
+
+if triton is not None:
+
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _dot(a, b, UPCAST: tl.constexpr):
+        """a @ b with fp32 sums; UPCAST (the interpreter, whose dot misreads bf16): fp32 operands, the same
+        products (a bf16 x bf16 product is exact in fp32)."""
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        return tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
+
+    @triton.jit
+    def _round_bf16(v):
+        """fp32 -> the nearest bf16 (ties to even) -> fp32, by bits: the interpreter's cast truncates."""
+        bits = v.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _pooled_pixels(first, n_pooled, W2, BLOCK: tl.constexpr):
+        p = first + tl.arange(0, BLOCK)
+        return (p // (W2 * W2)).to(tl.int64), (p // W2) % W2, p % W2, p < n_pooled
+
+    @triton.jit
+    def _patch(x_ptr, b, cy, cx, live, S, sx_b, sx_c, sx_h, sx_w, C_IN: tl.constexpr, KP: tl.constexpr):
+        """[BLOCK, KP] im2col rows of the convolutions at (cy, cx): tap-major, channel-minor, zero padded."""
+        k = tl.arange(0, KP)
+        tap, ch = k // C_IN, k % C_IN
+        yy = cy[:, None] + (tap // 3)[None, :] - 1
+        xx = cx[:, None] + (tap % 3)[None, :] - 1
+        inside = live[:, None] & (tap < 9)[None, :] & (yy >= 0) & (yy < S) & (xx >= 0) & (xx < S)
+        offsets = b[:, None] * sx_b + (ch * sx_c)[None, :] + yy * sx_h + xx * sx_w
+        return tl.load(x_ptr + offsets, mask=inside, other=0)
+
+    @triton.jit
+    def _weights(w_ptr, C_IN: tl.constexpr, C_OUT: tl.constexpr, KP: tl.constexpr):
+        """[KP, C_OUT] weights in the patch's row order (w is [C_OUT, C_IN, 3, 3] contiguous)."""
+        k = tl.arange(0, KP)
+        o = tl.arange(0, C_OUT)
+        offsets = o[None, :] * (C_IN * 9) + ((k % C_IN) * 9 + k // C_IN)[:, None]
+        return tl.load(w_ptr + offsets, mask=(k < 9 * C_IN)[:, None], other=0).to(tl.float32)
+
+    @triton.jit
+    def _as_operand(w, dtype: tl.constexpr):
+        """fp32 weights as the other operand's dtype, rounded to nearest (the interpreter's cast truncates)."""
+        if dtype == tl.bfloat16:
+            w = _round_bf16(w)
+        return w.to(dtype)
+
+    @triton.jit
+    def _conv_pool_fwd_kernel(
+        x_ptr,
+        w_ptr,
+        b_ptr,
+        out_ptr,
+        winner_ptr,
+        n_pooled,
+        S,
+        W2,
+        sx_b,
+        sx_c,
+        sx_h,
+        sx_w,
+        so_b,
+        so_c,
+        so_h,
+        so_w,
+        C_IN: tl.constexpr,
+        C_OUT: tl.constexpr,
+        KP: tl.constexpr,
+        ROUND: tl.constexpr,
+        UPCAST: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        b, py, px, live = _pooled_pixels(tl.program_id(0) * BLOCK, n_pooled, W2, BLOCK)
+        w = _as_operand(_weights(w_ptr, C_IN, C_OUT, KP), x_ptr.dtype.element_ty)
+        o = tl.arange(0, C_OUT)
+        bias = tl.load(b_ptr + o).to(tl.float32)
+        if ROUND:
+            bias = _round_bf16(bias)
+        top = tl.full((BLOCK, C_OUT), float("-inf"), tl.float32)
+        winner = tl.full((BLOCK, C_OUT), 0, tl.int32)
+        for position in tl.static_range(4):
+            patch = _patch(
+                x_ptr, b, 2 * py + position // 2, 2 * px + position % 2, live, S, sx_b, sx_c, sx_h, sx_w, C_IN, KP
+            )
+            v = _dot(patch, w, UPCAST) + bias[None, :]
+            if ROUND:
+                v = _round_bf16(v)
+            better = v > top  # strictly: the first maximum keeps the gradient
+            winner = tl.where(better, position, winner)
+            top = tl.where(better, v, top)
+        out = tl.maximum(top, 0.0)
+        mask = live[:, None]
+        tl.store(
+            out_ptr + (b * so_b + py * so_h + px * so_w)[:, None] + (o * so_c)[None, :],
+            out.to(out_ptr.dtype.element_ty),
+            mask=mask,
+        )
+        winner = tl.where(top > 0, winner, 255)  # NO_WINNER: the ReLU passes no gradient
+        flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
+        tl.store(winner_ptr + flat, winner.to(tl.uint8), mask=mask)
+
+    @triton.jit
+    def _conv_pool_wgrad_kernel(
+        x_ptr,
+        gout_ptr,
+        winner_ptr,
+        partial_ptr,
+        n_pooled,
+        S,
+        W2,
+        sx_b,
+        sx_c,
+        sx_h,
+        sx_w,
+        sg_b,
+        sg_c,
+        sg_h,
+        sg_w,
+        C_IN: tl.constexpr,
+        C_OUT: tl.constexpr,
+        KP: tl.constexpr,
+        UPCAST: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        pid = tl.program_id(0)
+        b, py, px, live = _pooled_pixels(pid * BLOCK, n_pooled, W2, BLOCK)
+        o = tl.arange(0, C_OUT)
+        mask = live[:, None]
+        g = tl.load(gout_ptr + (b * sg_b + py * sg_h + px * sg_w)[:, None] + (o * sg_c)[None, :], mask=mask, other=0)
+        flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
+        winner = tl.load(winner_ptr + flat, mask=mask, other=255).to(tl.int32)
+        acc = tl.zeros((C_OUT, KP), dtype=tl.float32)
+        for position in tl.static_range(4):
+            patch = _patch(
+                x_ptr, b, 2 * py + position // 2, 2 * px + position % 2, live, S, sx_b, sx_c, sx_h, sx_w, C_IN, KP
+            )
+            routed = tl.where(winner == position, g, 0.0).to(patch.dtype)
+            acc += _dot(tl.trans(routed), patch, UPCAST)
+        base = partial_ptr + pid * C_OUT * (KP + 1) + o * (KP + 1)
+        k = tl.arange(0, KP)
+        tl.store(base[:, None] + k[None, :], acc)
+        passed = tl.where(winner != 255, g.to(tl.float32), 0.0)
+        tl.store(base + KP, tl.reduce(passed, 0, _add))
+
+    @triton.jit
+    def _conv_pool_dgrad_kernel(
+        w_ptr,
+        gout_ptr,
+        winner_ptr,
+        dx_ptr,
+        n_pixels,
+        S,
+        W2,
+        sg_b,
+        sg_c,
+        sg_h,
+        sg_w,
+        sd_b,
+        sd_c,
+        sd_h,
+        sd_w,
+        C_IN: tl.constexpr,
+        C_OUT: tl.constexpr,
+        CP: tl.constexpr,
+        UPCAST: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat input pixel (b, y, x)
+        live = i < n_pixels
+        b = (i // (S * S)).to(tl.int64)
+        y = (i // S) % S
+        x = i % S
+        o = tl.arange(0, C_OUT)
+        c = tl.arange(0, CP)
+        dx = tl.zeros((BLOCK, CP), dtype=tl.float32)
+        for tap in tl.static_range(9):
+            cy = y + 1 - tap // 3  # the convolution this tap of pixel (y, x) feeds
+            cx = x + 1 - tap % 3
+            feeds = live & (cy >= 0) & (cy < 2 * W2) & (cx >= 0) & (cx < 2 * W2)  # a pooled convolution
+            py, px = tl.where(feeds, cy // 2, 0), tl.where(feeds, cx // 2, 0)
+            position = (cy % 2) * 2 + cx % 2
+            mask = feeds[:, None]
+            g = tl.load(
+                gout_ptr + (b * sg_b + py * sg_h + px * sg_w)[:, None] + (o * sg_c)[None, :], mask=mask, other=0
+            )
+            flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
+            won = tl.load(winner_ptr + flat, mask=mask, other=255).to(tl.int32) == position[:, None]
+            routed = tl.where(won, g, 0.0).to(dx_ptr.dtype.element_ty)
+            w = tl.load(w_ptr + o[:, None] * (C_IN * 9) + (c * 9 + tap)[None, :], mask=(c < C_IN)[None, :], other=0)
+            dx += _dot(routed, _as_operand(w.to(tl.float32), routed.dtype), UPCAST)
+        offsets = (b * sd_b + y * sd_h + x * sd_w)[:, None] + (c * sd_c)[None, :]
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=live[:, None] & (c < C_IN)[None, :])
+
+
+# ----------------------------------------------------------------------------- launchers and the op
+
+
+def _block() -> int:
+    return INTERPRETER_BLOCK if INTERPRETED else BLOCK
+
+
+def _grid(items: int) -> tuple[int]:
+    if items + _block() >= 2**31:
+        raise ValueError(f"{items} pixels: the conv_pool kernels index pixels with int32 (< 2**31)")
+    return (triton.cdiv(items, _block()),)
+
+
+def _empty_like_output(x: Tensor, c_out: int, dtype: torch.dtype) -> Tensor:
+    batch, _, side, _ = x.shape
+    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1 else None
+    return torch.empty(
+        batch, c_out, side // 2, side // 2, dtype=dtype, device=x.device, memory_format=fmt or torch.contiguous_format
+    )
+
+
+if triton is not None:
+
+    @torch.library.custom_op("detector::conv_pool_forward", mutates_args=())
+    def conv_pool_forward(x: Tensor, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        """(relu(max_pool2d(conv2d(x, weight, bias, padding=1), 2)) in x's dtype and layout, winner uint8)."""
+        c_out, c_in = weight.shape[:2]
+        out = _empty_like_output(x, c_out, x.dtype)
+        batch, _, side, _ = x.shape
+        winner = torch.empty(batch, side // 2, side // 2, c_out, dtype=torch.uint8, device=x.device)
+        n_pooled = winner.numel() // c_out
+        if n_pooled:
+            _conv_pool_fwd_kernel[_grid(n_pooled)](
+                x, weight.contiguous(), bias, out, winner, n_pooled, side, side // 2, *x.stride(), *out.stride(),
+                C_IN=c_in, C_OUT=c_out, KP=_k_padded(c_in), ROUND=x.dtype == torch.bfloat16,
+                UPCAST=INTERPRETED, BLOCK=_block(),
+            )  # fmt: skip
+        return out, winner
+
+    @conv_pool_forward.register_fake
+    def _forward_fake(x: Tensor, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        batch, _, side, _ = x.shape
+        c_out = weight.shape[0]
+        winner = x.new_empty((batch, side // 2, side // 2, c_out), dtype=torch.uint8)
+        return _empty_like_output(x, c_out, x.dtype), winner
+
+    @torch.library.custom_op("detector::conv_pool_backward", mutates_args=())
+    def conv_pool_backward(
+        grad_out: Tensor, x: Tensor, weight: Tensor, winner: Tensor, needs_input_grad: bool
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(d x or an empty tensor, d weight, d bias) of conv_pool_forward."""
+        c_out, c_in = weight.shape[:2]
+        batch, _, side, _ = x.shape
+        kp = _k_padded(c_in)
+        n_pooled = winner.numel() // c_out
+        grid = _grid(n_pooled)
+        partial = torch.empty(grid[0], c_out, kp + 1, device=x.device, dtype=torch.float32)
+        d_x = torch.empty_like(x) if needs_input_grad else x.new_empty(0)
+        if n_pooled:
+            _conv_pool_wgrad_kernel[grid](
+                x, grad_out, winner, partial, n_pooled, side, side // 2, *x.stride(), *grad_out.stride(),
+                C_IN=c_in, C_OUT=c_out, KP=kp, UPCAST=INTERPRETED, BLOCK=_block(),
+            )  # fmt: skip
+        if needs_input_grad and x.numel():
+            _conv_pool_dgrad_kernel[_grid(batch * side * side)](
+                weight.contiguous(), grad_out, winner, d_x, batch * side * side, side, side // 2,
+                *grad_out.stride(), *d_x.stride(), C_IN=c_in, C_OUT=c_out, CP=max(16, triton.next_power_of_2(c_in)),
+                UPCAST=INTERPRETED, BLOCK=_block(),
+            )  # fmt: skip
+        total = partial.sum(0)  # [C_out, KP + 1]: the products in patch order (tap-major), then the bias
+        d_weight = total[:, : 9 * c_in].reshape(c_out, 3, 3, c_in).permute(0, 3, 1, 2)
+        # fresh tensors laid out as the fake's (weight may be channels_last): outputs may not be views
+        return d_x, torch.empty_like(weight).copy_(d_weight), weight.new_empty(c_out).copy_(total[:, kp])
+
+    @conv_pool_backward.register_fake
+    def _backward_fake(grad_out, x, weight, winner, needs_input_grad):
+        d_x = torch.empty_like(x) if needs_input_grad else x.new_empty(0)
+        return d_x, torch.empty_like(weight), weight.new_empty(weight.shape[0])
+
+    def _setup_context(ctx, inputs, output):
+        x, weight, _ = inputs
+        ctx.save_for_backward(x, weight, output[1])
+        ctx.bias_dtype = inputs[2].dtype
+
+    def _backward(ctx, grad_out, _grad_winner):
+        x, weight, winner = ctx.saved_tensors
+        d_x, d_weight, d_bias = conv_pool_backward(grad_out, x, weight, winner, ctx.needs_input_grad[0])
+        return (d_x if ctx.needs_input_grad[0] else None), d_weight, d_bias.to(ctx.bias_dtype)
+
+    conv_pool_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+def conv_pool(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """relu(max_pool2d(conv2d(x, weight, bias, padding=1), 2)) of x [B, C_in, S, S], in x's dtype and layout."""
+    return torch.ops.detector.conv_pool_forward(x, weight, bias)[0]

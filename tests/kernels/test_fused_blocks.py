@@ -1,0 +1,274 @@
+"""The fused blocks (detector/kernels/stem.py, conv_pool.py) against the layers they replace.
+
+References: conv2d -> max_pool2d -> relu in float64 (fp32 kernel: loss-free tolerance 1e-5 on outputs of
+magnitude ~1, gradients 1e-5 relative); the same layers under bf16 autocast (the kernel rounds as they do:
+equal outputs on the CPU, within one bf16 step where cuDNN sums in another order; gradients within 1 %,
+since the layers round their weight gradient to bf16 and the kernel does not). On the CPU the kernel runs
+in the Triton interpreter (tests/conftest.py).
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from detector.errors import UserError
+from detector.kernels import stem as stem_module
+from detector.kernels.conv_pool import conv_pool
+from detector.kernels.stem import stem, stem_unavailable
+from detector.model import FaceDetector, fused_blocks_unavailable
+
+pytestmark = pytest.mark.skipif(stem_module.triton is None, reason="triton is not installed")
+HAS_CUDA = torch.cuda.is_available()
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device here"))]
+
+
+def skip_if_unavailable(device: str) -> None:
+    reason = stem_unavailable(torch.device(device), 4)
+    if reason:
+        pytest.skip(f"stem on {device}: {reason}")
+
+
+def images_and_layer(device, batch=3, side=16, channels=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (batch, 1, side, side), dtype=torch.uint8, generator=generator)
+    if batch:
+        images[0] = 7  # a constant image: the 4 values of every window tie (away from the border)
+    torch.manual_seed(seed)
+    conv = torch.nn.Conv2d(1, channels, 3, padding="same")
+    return images.to(device), conv.to(device)
+
+
+def layers(images, weight, bias):
+    x = images.to(weight.dtype) / 127.5 - 1
+    return F.relu(F.max_pool2d(F.conv2d(x, weight, bias, padding=1), 2))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("side", [16, 15, 2])  # even, odd (the pool floors), one window
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_fp32_matches_float64_layers_forward_and_gradient(device, side, channels_last):
+    skip_if_unavailable(device)
+    images, conv = images_and_layer(device, side=side)
+    out = stem(images, conv.weight, conv.bias, channels_last)
+    w64, b64 = conv.weight.detach().double().requires_grad_(), conv.bias.detach().double().requires_grad_()
+    ref = layers(images, w64, b64)
+    assert out.dtype == torch.float32 and out.shape == ref.shape
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
+    d_weight, d_bias = torch.autograd.grad(out, (conv.weight, conv.bias), grad.float())
+    ref_weight, ref_bias = torch.autograd.grad(ref, (w64, b64), grad)
+    torch.testing.assert_close(d_weight.double(), ref_weight, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(d_bias.double(), ref_bias, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_autocast_rounds_as_the_layers_do(device):
+    """Against the layers under the CPU's bf16 autocast (a deterministic reference on every machine)."""
+    skip_if_unavailable(device)
+    images, conv = images_and_layer("cpu", batch=4, side=32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = layers(images, conv.weight, conv.bias)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2)).bfloat16()
+    theirs = torch.autograd.grad(ref, (conv.weight, conv.bias), grad)
+    conv.to(device)
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = stem(images.to(device), conv.weight, conv.bias)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert_same_bf16(out, ref)
+    mine = torch.autograd.grad(out, (conv.weight, conv.bias), grad.to(device))
+    for a, b in zip(mine, theirs, strict=True):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a.cpu(), b, rtol=0, atol=1e-2 * b.abs().max().item())
+
+
+def assert_same_bf16(out, ref):
+    """Equal on the CPU; on a GPU, whose compiler fuses multiply-adds (one rounding less), one bf16 step apart."""
+    if out.device.type == "cpu":
+        assert torch.equal(out, ref)
+    else:
+        torch.testing.assert_close(out.cpu().float(), ref.float(), rtol=2**-7, atol=1e-6)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_batch(device):
+    skip_if_unavailable(device)
+    images, conv = images_and_layer(device, batch=0)
+    out = stem(images, conv.weight, conv.bias)
+    assert out.shape == (0, 4, 8, 8)
+    d_weight, d_bias = torch.autograd.grad(out.sum(), (conv.weight, conv.bias))
+    assert torch.equal(d_weight, torch.zeros_like(d_weight)) and torch.equal(d_bias, torch.zeros_like(d_bias))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_model_with_and_without_the_fused_blocks_agrees(device, channels_last, monkeypatch):
+    """Same parameters, same outputs and gradients: train.fused_blocks changes speed, not the model."""
+    skip_if_unavailable(device)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the layers in full fp32, as the kernels
+    torch.manual_seed(0)
+    model = FaceDetector(image_size=32, max_boxes=8, channels=[4, 16, 8, 8], hidden=16).to(device)
+    if channels_last:
+        model.to(memory_format=torch.channels_last)
+        model.channels_last = True
+    images = torch.randint(0, 256, (2, 1, 32, 32), dtype=torch.uint8, device=device)
+    outputs, grads = [], []
+    for fused in (0, 1, 2):
+        model.fused_blocks = fused
+        model.zero_grad()
+        out = model(images)
+        out.square().sum().backward()
+        outputs.append(out.detach())
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for fused in (1, 2):
+        torch.testing.assert_close(outputs[fused], outputs[0], rtol=1e-5, atol=1e-4)
+        for fused_grad, layer_grad in zip(grads[fused], grads[0], strict=True):
+            torch.testing.assert_close(fused_grad, layer_grad, rtol=1e-4, atol=1e-4)
+
+
+def block_input(device, batch=2, c_in=4, side=8, channels_last=False, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, c_in, side, side, generator=generator)
+    if batch:
+        x[0, :, 2:6, 2:6] = 0.5  # equal inputs: ties in the pool windows
+    x = x.to(device).contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    return x.requires_grad_()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    ("c_in", "c_out", "side", "channels_last"), [(4, 16, 8, False), (4, 16, 9, True), (16, 32, 6, True)]
+)
+def test_conv_pool_fp32_matches_float64_layers(device, c_in, c_out, side, channels_last):
+    skip_if_unavailable(device)
+    x = block_input(device, c_in=c_in, side=side, channels_last=channels_last)
+    torch.manual_seed(1)
+    conv = torch.nn.Conv2d(c_in, c_out, 3, padding=1).to(device)
+    out = conv_pool(x, conv.weight, conv.bias)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, conv.weight, conv.bias))
+    ref = F.relu(F.max_pool2d(F.conv2d(x64, w64, b64, padding=1), 2))
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64).to(device)
+    mine = torch.autograd.grad(out, (x, conv.weight, conv.bias), grad.float())
+    theirs = torch.autograd.grad(ref, (x64, w64, b64), grad)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_pool_bf16_autocast_rounds_as_the_layers_do(device):
+    """Against the layers under the CPU's bf16 autocast, as the stem's test."""
+    skip_if_unavailable(device)
+    x = block_input("cpu", batch=3, side=16, channels_last=True).detach().bfloat16().requires_grad_()
+    conv = torch.nn.Conv2d(4, 16, 3, padding=1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = F.relu(F.max_pool2d(conv(x), 2))
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(3)).bfloat16()
+    theirs = torch.autograd.grad(ref, (x, conv.weight, conv.bias), grad)
+    conv.to(device)
+    x_here = x.detach().to(device).requires_grad_()
+    with torch.autocast(device, dtype=torch.bfloat16):
+        out = conv_pool(x_here, conv.weight, conv.bias)
+    assert out.dtype == ref.dtype == torch.bfloat16
+    assert_same_bf16(out, ref)
+    mine = torch.autograd.grad(out, (x_here, conv.weight, conv.bias), grad.to(device))
+    for a, b in zip(mine, theirs, strict=True):  # both round d x to bf16; the weights' sums differ in order
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.cpu().float(), b.float(), rtol=0, atol=2e-2 * b.float().abs().max().item())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_pool_without_input_gradient_and_empty_batch(device):
+    skip_if_unavailable(device)
+    conv = torch.nn.Conv2d(4, 16, 3, padding=1).to(device)
+    x = block_input(device).detach()
+    d_weight = torch.autograd.grad(conv_pool(x, conv.weight, conv.bias).sum(), conv.weight)[0]
+    x64, w64 = x.double(), conv.weight.detach().double().requires_grad_()
+    ref = F.relu(F.max_pool2d(F.conv2d(x64, w64, conv.bias.detach().double(), padding=1), 2)).sum()
+    torch.testing.assert_close(d_weight.double(), torch.autograd.grad(ref, w64)[0], rtol=1e-5, atol=1e-5)
+    empty = block_input(device, batch=0)
+    out = conv_pool(empty, conv.weight, conv.bias)
+    assert out.shape == (0, 16, 4, 4)
+    d_x, d_weight = torch.autograd.grad(out.sum(), (empty, conv.weight))
+    assert d_x.shape == empty.shape and torch.equal(d_weight, torch.zeros_like(d_weight))
+
+
+def test_unavailable_says_why(monkeypatch):
+    assert "power of two" in stem_unavailable(torch.device("cuda"), 6)
+    assert "power of two" in stem_unavailable(torch.device("cuda"), 128)
+    monkeypatch.setattr(stem_module, "INTERPRETED", False)
+    assert "needs CUDA" in stem_unavailable(torch.device("cpu"), 4)
+    monkeypatch.setattr(stem_module, "triton", None)
+    assert "triton is not installed" in stem_unavailable(torch.device("cuda"), 4)
+
+
+def test_train_step_refuses_it_in_one_line(monkeypatch):
+    from detector.config import load_config
+    from detector.train.step import TrainStep
+
+    monkeypatch.setattr(stem_module, "INTERPRETED", False)
+    cfg = load_config(["preset=cpu", "train.fused_blocks=2", "data.image_size=16", "model.hidden=8"], announce=None)
+    with pytest.raises(UserError, match="train.fused_blocks=2 cannot run here: .*needs CUDA.*train.fused_blocks=0"):
+        TrainStep(cfg, torch.device("cpu"))
+
+
+def test_fused_blocks_need_blocks_of_the_right_widths():
+    device = torch.device("cuda")
+    assert "has 1 blocks" in fused_blocks_unavailable(2, [4], device)
+    assert "2..16 input and 16, 32 or 64 output" in fused_blocks_unavailable(2, [4, 8, 64], device)
+    assert fused_blocks_unavailable(1, [4, 8, 64], device) is None or stem_module.triton is None
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="torch.compile and CUDA graphs of the kernel: CUDA only")
+def test_compiles_and_captures_in_a_cuda_graph():
+    images, conv = images_and_layer("cuda", batch=8, side=64)
+
+    second = torch.nn.Conv2d(4, 16, 3, padding=1).cuda()
+
+    def forward():
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return conv_pool(stem(images, conv.weight, conv.bias, True), second.weight, second.bias)
+
+    compiled_forward = torch.compile(forward, fullgraph=True)
+
+    def step(fn=forward):
+        out = fn()
+        out.float().square().sum().backward()
+        return out
+
+    eager = step().clone()
+    grad = conv.weight.grad.clone()
+    conv.weight.grad = None
+    torch.testing.assert_close(step(compiled_forward), eager)
+    torch.testing.assert_close(conv.weight.grad, grad)
+    graph = torch.cuda.CUDAGraph()
+    conv.weight.grad = None
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        step()  # warm-up outside the capture
+    torch.cuda.current_stream().wait_stream(side)
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.testing.assert_close(out, eager)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_ops_and_their_fakes_agree_for_channels_last_parameters(device):
+    """torch.compile runs the fakes: their layouts must be the kernels' (model.to(channels_last) included)."""
+    skip_if_unavailable(device)
+    images, conv = images_and_layer(device, batch=2, side=8)
+    second = torch.nn.Conv2d(4, 16, 3, padding=1).to(device)
+    for layer in (conv, second):
+        layer.to(memory_format=torch.channels_last)
+    x = stem(images, conv.weight, conv.bias, True).detach().requires_grad_()
+    torch.library.opcheck(torch.ops.detector.stem_forward, (images, conv.weight, conv.bias, False, True))
+    torch.library.opcheck(torch.ops.detector.conv_pool_forward, (x, second.weight, second.bias))
+    out, winner = torch.ops.detector.conv_pool_forward(x, second.weight, second.bias)
+    grad = torch.randn_like(out)
+    weights = second.weight.detach(), conv.weight.detach(), conv.bias.detach()  # the backward ops have no backward
+    torch.library.opcheck(torch.ops.detector.conv_pool_backward, (grad, x.detach(), weights[0], winner, True))
+    grad = torch.randn_like(x)
+    torch.library.opcheck(torch.ops.detector.stem_backward, (grad, images, *weights[1:], False))
