@@ -244,12 +244,13 @@ def test_compiles_and_captures_in_a_cuda_graph():
     torch.testing.assert_close(step(compiled_forward), eager)
     torch.testing.assert_close(conv.weight.grad, grad)
     graph = torch.cuda.CUDAGraph()
-    conv.weight.grad = None
     side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
-        step()  # warm-up outside the capture
+        for _ in range(3):  # warm-up outside the capture, as in PyTorch's whole-network example
+            step()
     torch.cuda.current_stream().wait_stream(side)
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph, capture_error_mode="thread_local"):
         out = step()
     graph.replay()
     torch.testing.assert_close(out, eager)
