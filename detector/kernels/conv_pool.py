@@ -32,8 +32,9 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-BLOCK = 64  # output (or input) pixels per program: a [64, KP] bf16 tile per position in registers
-INTERPRETER_BLOCK = 256
+# (pixels per program, warps) of each kernel; pixels: pooled for forward and wgrad, input for dgrad
+CONFIGS = {"forward": (64, 4), "wgrad": (64, 4), "dgrad": (64, 4)}
+INTERPRETER_BLOCK = 256  # each interpreted operation has a fixed cost: fewer, larger programs
 NO_WINNER = 255  # `winner` where the ReLU passed no gradient
 
 
@@ -256,14 +257,12 @@ if triton is not None:
 # ----------------------------------------------------------------------------- launchers and the op
 
 
-def _block() -> int:
-    return INTERPRETER_BLOCK if INTERPRETED else BLOCK
-
-
-def _grid(items: int) -> tuple[int]:
-    if items + _block() >= 2**31:
+def _launch(kernel: str, items: int) -> tuple[tuple[int], dict]:
+    """(grid, keyword arguments) of one of the CONFIGS kernels over ``items`` pixels."""
+    block, warps = (INTERPRETER_BLOCK, 1) if INTERPRETED else CONFIGS[kernel]
+    if items + block >= 2**31:
         raise ValueError(f"{items} pixels: the conv_pool kernels index pixels with int32 (< 2**31)")
-    return (triton.cdiv(items, _block()),)
+    return (triton.cdiv(items, block),), {"BLOCK": block, "num_warps": warps, "UPCAST": INTERPRETED}
 
 
 def _empty_like_output(x: Tensor, c_out: int, dtype: torch.dtype) -> Tensor:
@@ -285,10 +284,10 @@ if triton is not None:
         winner = torch.empty(batch, side // 2, side // 2, c_out, dtype=torch.uint8, device=x.device)
         n_pooled = winner.numel() // c_out
         if n_pooled:
-            _conv_pool_fwd_kernel[_grid(n_pooled)](
+            grid, launch = _launch("forward", n_pooled)
+            _conv_pool_fwd_kernel[grid](
                 x, weight.contiguous(), bias, out, winner, n_pooled, side, side // 2, *x.stride(), *out.stride(),
-                C_IN=c_in, C_OUT=c_out, KP=_k_padded(c_in), ROUND=x.dtype == torch.bfloat16,
-                UPCAST=INTERPRETED, BLOCK=_block(),
+                C_IN=c_in, C_OUT=c_out, KP=_k_padded(c_in), ROUND=x.dtype == torch.bfloat16, **launch,
             )  # fmt: skip
         return out, winner
 
@@ -308,19 +307,20 @@ if triton is not None:
         batch, _, side, _ = x.shape
         kp = _k_padded(c_in)
         n_pooled = winner.numel() // c_out
-        grid = _grid(n_pooled)
+        grid, launch = _launch("wgrad", n_pooled)
         partial = torch.empty(grid[0], c_out, kp + 1, device=x.device, dtype=torch.float32)
         d_x = torch.empty_like(x) if needs_input_grad else x.new_empty(0)
         if n_pooled:
             _conv_pool_wgrad_kernel[grid](
                 x, grad_out, winner, partial, n_pooled, side, side // 2, *x.stride(), *grad_out.stride(),
-                C_IN=c_in, C_OUT=c_out, KP=kp, UPCAST=INTERPRETED, BLOCK=_block(),
+                C_IN=c_in, C_OUT=c_out, KP=kp, **launch,
             )  # fmt: skip
         if needs_input_grad and x.numel():
-            _conv_pool_dgrad_kernel[_grid(batch * side * side)](
+            grid, launch = _launch("dgrad", batch * side * side)
+            _conv_pool_dgrad_kernel[grid](
                 weight.contiguous(), grad_out, winner, d_x, batch * side * side, side, side // 2,
                 *grad_out.stride(), *d_x.stride(), C_IN=c_in, C_OUT=c_out, CP=max(16, triton.next_power_of_2(c_in)),
-                UPCAST=INTERPRETED, BLOCK=_block(),
+                **launch,
             )  # fmt: skip
         total = partial.sum(0)  # [C_out, KP + 1]: the products in patch order (tap-major), then the bias
         d_weight = total[:, : 9 * c_in].reshape(c_out, 3, 3, c_in).permute(0, 3, 1, 2)

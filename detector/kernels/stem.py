@@ -33,7 +33,8 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-BLOCK = 256  # pooled pixels per program: with C = 4 channels, ~4 values per thread at 4 warps
+# (pooled pixels per program, warps) of each kernel
+CONFIGS = {"forward": (256, 4), "backward": (256, 4)}
 INTERPRETER_BLOCK = 1024  # each interpreted operation has a fixed cost: fewer, larger programs
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 
@@ -224,16 +225,14 @@ if triton is not None:
 # ----------------------------------------------------------------------------- launchers and the op
 
 
-def _block() -> int:
-    return INTERPRETER_BLOCK if INTERPRETED else BLOCK
-
-
-def _launch_shape(images: Tensor) -> tuple[int, int, int, int]:
-    batch, _, side, _ = images.shape
-    n_pooled = batch * (side // 2) ** 2
-    if n_pooled + _block() >= 2**31:
+def _launch_shape(images: Tensor, kernel: str) -> tuple[int, int, int, dict]:
+    """(side, pooled pixels, programs, launch keywords) of one of the CONFIGS kernels."""
+    _, _, side, _ = images.shape
+    block, warps = (INTERPRETER_BLOCK, 1) if INTERPRETED else CONFIGS[kernel]
+    n_pooled = images.shape[0] * (side // 2) ** 2
+    if n_pooled + block >= 2**31:
         raise ValueError(f"images {tuple(images.shape)}: the stem kernel indexes pooled pixels with int32 (< 2**31)")
-    return batch, side, n_pooled, triton.cdiv(n_pooled, _block())
+    return side, n_pooled, triton.cdiv(n_pooled, block), {"BLOCK": block, "num_warps": warps}
 
 
 if triton is not None:
@@ -242,13 +241,13 @@ if triton is not None:
     def stem_forward(images: Tensor, weight: Tensor, bias: Tensor, bf16: bool, channels_last: bool) -> Tensor:
         """relu(max_pool2d(conv2d(images / 127.5 - 1, weight, bias, padding=1), 2)), [B, C, S/2, S/2]."""
         images, weight, bias = images.contiguous(), weight.contiguous(), bias.contiguous()
-        batch, side, n_pooled, programs = _launch_shape(images)
+        side, n_pooled, programs, launch = _launch_shape(images, "forward")
         channels = weight.shape[0]
         out = _empty_output(images, channels, bf16, channels_last)
         if programs:
             _stem_fwd_kernel[(programs,)](
                 images, weight, bias, out, n_pooled, side, side // 2, *out.stride(),
-                C=channels, ROUND=bf16, BLOCK=_block(),
+                C=channels, ROUND=bf16, **launch,
             )  # fmt: skip
         return out
 
@@ -262,13 +261,13 @@ if triton is not None:
     ) -> tuple[Tensor, Tensor]:
         """[d weight, d bias] of stem_forward, in the parameters' dtypes."""
         images, weight, bias = images.contiguous(), weight.contiguous(), bias.contiguous()
-        batch, side, n_pooled, programs = _launch_shape(images)
+        side, n_pooled, programs, launch = _launch_shape(images, "backward")
         channels = weight.shape[0]
         partial = torch.empty(programs, channels, 10, device=images.device, dtype=torch.float32)
         if programs:
             _stem_bwd_kernel[(programs,)](
                 images, weight, bias, grad_out, partial, n_pooled, side, side // 2, *grad_out.stride(),
-                C=channels, ROUND=bf16, BLOCK=_block(),
+                C=channels, ROUND=bf16, **launch,
             )  # fmt: skip
         total = partial.sum(0)  # [C, 10]
         # copies: a custom op's outputs may not be views of one another
