@@ -677,8 +677,8 @@ WorkspaceLayout workspace_layout(bool forward, int64_t packed_batch, int64_t blo
 // scan into the workspace (`err` set on failure).
 const int64_t* prefix_sums(const GiouInputs& in, bool forward, int64_t block_scan_max_batch, void* workspace,
                            cudaStream_t stream, cudaError_t& err) {
+  if (in.batch <= 0 || !device_scan(in.batch, block_scan_max_batch)) return nullptr;
   const WorkspaceLayout layout = workspace_layout(forward, in.batch, block_scan_max_batch);
-  if (layout.state_bytes == 0) return nullptr;
   auto* bytes = static_cast<char*>(workspace);
   auto* incl = reinterpret_cast<int64_t*>(bytes + layout.incl_offset);
   size_t state_bytes = layout.state_bytes;
