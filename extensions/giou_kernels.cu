@@ -8,6 +8,10 @@
 // registers; block partials, then the last block to take a ticket adds them in block order and writes
 // loss and 1 / max(n_valid, 1). Backward: the gradient recomputed from pred and target for valid slots,
 // scaled by grad_output * inv_count and stored with zeros for the rest, 16 bytes at a time.
+// Packed kernels: the forward runs over the N target rows (K consecutive rows per thread, so uint8 rows
+// load 16 bytes at a time); the backward over all B * M slots as above, slot j of image b taking target row
+// C[b] + j. C, the prefix sums of the clamped counts, comes from every block's own scan in shared memory
+// (small batches: no second launch) or from one CUB scan before the kernel (large batches).
 #include "giou.h"
 #include "giou_kernels.cuh"
 

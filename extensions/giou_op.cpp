@@ -282,11 +282,14 @@ at::Tensor giou_loss_packed_backward_cpu(const at::Tensor& grad_output, const at
 // contiguous in pred's dtype, 0 on padded slots.
 //
 // block_scan_max_batch (packed, CUDA): batches of up to this many images (at most kBlockScanBatchLimit =
-// 4096) get the prefix sums of their counts from every block's own scan; larger ones from a separate CUB
-// scan launch. A launch costs ~5 us (packed was 0.6x cuda_fused at B = 1024 with it); a block's own scan
-// reads all B counts from L2, and the backward's grid of ~B * M / 1024 blocks reads blocks x B x 8 bytes
-// in all: 2 MB at B = 1024, 8 MB at 2048 (~1 us at L2 rates), 33 MB at 4096 (~4 us, a launch's worth).
-// Hence 2048. Tests lower it to run both paths at small B.
+// 4096, the shared memory of B int64) get the prefix sums of their counts from every block's own scan;
+// larger ones from a CUB scan launch before each kernel. Bytes per launch: the launch costs ~5 us of device
+// time (packed was 0.6x cuda_fused at B = 1024 with it), i.e. ~20 MB of copy traffic; a block's own scan
+// reads all B counts (8 B each, L2 hits after the first block) and adds one L2 round trip to the block.
+// The backward runs one wave of blocks over the B * M slots (~260-400 on an H200), which read
+// blocks x B x 8 B in all: 2 MB at B = 1024, 4-6 MB at 2048, 8-13 MB at 4096, then, past the limit,
+// more than the launch costs at L2 rates. 2048 keeps a margin; bench kernels times both paths at
+// 1024, 2048 and 4096. Tests pass 0 (CUB scan always) to run both paths at small B.
 TORCH_LIBRARY(detector, m) {
   m.set_python_module("detector.kernels.cuda_op");  // where register_fake lives
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
