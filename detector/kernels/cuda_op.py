@@ -84,9 +84,9 @@ def note_cpu_kernel(strategy: str) -> None:
 def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool = False) -> Tensor:
     """Mean GIoU loss, padded layout: pred, target [B, M, 4], counts [B]; slot j of image b valid iff j < counts[b].
 
-    Dtypes as the module docstring lists. ``skip_invalid``: on CUDA, threads of padded slots skip their
-    loads and arithmetic (``cuda_conditional``) instead of computing and selecting 0 (``cuda_fused``); same
-    result. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
+    Dtypes as the module docstring lists. ``skip_invalid``: on CUDA, the forward loads and computes the
+    valid slots only (``cuda_conditional``) instead of every slot, padded ones then selected to 0
+    (``cuda_fused``); same result, same backward. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
     """
     _require_extension()
     return torch.ops.detector.giou_loss.default(pred, target, counts, skip_invalid)[0]
