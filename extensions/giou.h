@@ -2,7 +2,7 @@
 // or fp64 for fp64 predictions (compute_t).
 //
 // Shared by the CPU implementation (giou_op.cpp) and the CUDA kernels (giou_kernels.cu): no torch,
-// no CUDA runtime, only arithmetic. The contract is detector/losses/reference.py (torchvision's
+// no CUDA runtime, only arithmetic. The contract is detector/losses/contract.py (torchvision's
 // formula, eps = 1e-7 on the union and enclosing denominators, strict overlap test).
 #pragma once
 
@@ -30,7 +30,7 @@ GIOU_HD S max_weight(S a, S b) { return a > b ? S(1) : (a == b ? S(0.5) : S(0));
 template <typename S>
 GIOU_HD S min_weight(S a, S b) { return a < b ? S(1) : (a == b ? S(0.5) : S(0)); }
 
-// Returns 1 - GIoU(p, t) for boxes xyxy and writes grad[k] = d(1 - GIoU) / d p[k].
+// Returns 1 - GIoU(p, t) for boxes xyxy and writes grad[k] = d(1 - GIoU) / d p[k] (the backward kernels).
 //
 //   inter = iw * ih if iw > 0 and ih > 0 else 0,  iw = min(x2, X2) - max(x1, X1), ih likewise
 //   U = union + eps,  E = enclose + eps,  GIoU = inter / U - (enclose - union) / E
@@ -77,6 +77,14 @@ GIOU_HD S giou_loss_and_grad(const S p[4], const S t[4], S grad[4]) {
   grad[2] = c_inter * (ih_o * min_weight(x2, X2)) + c_area * ph + c_enclose * (ch * max_weight(x2, X2));
   grad[3] = c_inter * (iw_o * min_weight(y2, Y2)) + c_area * pw + c_enclose * (cw * max_weight(y2, Y2));
   return loss;
+}
+
+// 1 - GIoU(p, t) alone (the forward kernels): the same arithmetic, so the same value to the bit; inlined,
+// the unused gradient is dead code that the compiler drops.
+template <typename S>
+GIOU_HD S giou_loss(const S p[4], const S t[4]) {
+  S unused[4];
+  return giou_loss_and_grad(p, t, unused);
 }
 
 }  // namespace detector

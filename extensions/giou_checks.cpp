@@ -93,22 +93,21 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
   return {batch, slots, packed ? target.size(0) : batch * slots};
 }
 
-void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
-                                const at::Tensor& inv_count) {
+void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& inv_count) {
+  const at::ScalarType scalar = compute_dtype(pred.scalar_type());
   TORCH_CHECK(grad_output.dim() == 0, "grad_output must be a 0-dim tensor, got ", str(grad_output.sizes()));
-  TORCH_CHECK(grad_sum.dim() == 3 && grad_sum.size(2) == 4, "grad_sum must have shape [B, M, 4], got ",
-                    str(grad_sum.sizes()));
-  TORCH_CHECK_TYPE(is_pred_dtype(grad_sum.scalar_type()), "grad_sum must be ", kPredDtypes, ", got ",
-                   grad_sum.scalar_type());
-  const at::ScalarType scalar = compute_dtype(grad_sum.scalar_type());
   TORCH_CHECK_TYPE(grad_output.scalar_type() == scalar, "grad_output must be ", scalar, " (the loss's dtype for ",
-                   grad_sum.scalar_type(), " grad_sum), got ", grad_output.scalar_type());
+                   pred.scalar_type(), " pred), got ", grad_output.scalar_type());
   TORCH_CHECK(inv_count.dim() == 0, "inv_count must be a 0-dim tensor, got ", str(inv_count.sizes()));
   TORCH_CHECK_TYPE(inv_count.scalar_type() == scalar, "inv_count must be ", scalar, ", got ",
                    inv_count.scalar_type());
-  TORCH_CHECK(grad_output.device() == grad_sum.device() && grad_sum.device() == inv_count.device(),
-                    "grad_output, grad_sum and inv_count must be on one device, got ", grad_output.device(), ", ",
-                    grad_sum.device(), ", ", inv_count.device());
+  TORCH_CHECK(grad_output.device() == pred.device() && inv_count.device() == pred.device(),
+              "grad_output and inv_count must be on pred's device ", pred.device(), ", got ", grad_output.device(),
+              ", ", inv_count.device());
+}
+
+void check_block_scan_max_batch(int64_t block_scan_max_batch) {
+  TORCH_CHECK(block_scan_max_batch >= 0, "block_scan_max_batch must be >= 0, got ", str(block_scan_max_batch));
 }
 
 }  // namespace detector

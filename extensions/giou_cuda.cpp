@@ -29,53 +29,73 @@ BoxesArg boxes_arg(const at::Tensor& t) {
   return {t.const_data_ptr(), kernel_dtype(t.scalar_type()), t.stride(0), 0, t.stride(1)};
 }
 
-CountsArg counts_arg(const at::Tensor& c) { return {c.const_data_ptr(), kernel_dtype(c.scalar_type()), c.stride(0)}; }
-
-struct Outputs {
-  at::Tensor loss, grad_sum, inv_count, workspace;
-  GiouOutputs pointers() {
-    return {grad_sum.mutable_data_ptr(), loss.mutable_data_ptr(), inv_count.mutable_data_ptr(),
-            workspace.mutable_data_ptr()};
-  }
-};
-
-// workspace_batch: B for the packed layout (its prefix sums live there), 0 for the padded one.
-Outputs empty_outputs(const at::Tensor& pred, int64_t workspace_batch) {
-  const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
-  return {at::empty({}, scalar), at::empty(pred.sizes(), pred.options()), at::empty({}, scalar),
-          at::empty({static_cast<int64_t>(giou_workspace_bytes(workspace_batch))}, pred.options().dtype(at::kByte))};
+GiouInputs inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts, const GiouSizes& n) {
+  const CountsArg counts_arg{counts.const_data_ptr(), kernel_dtype(counts.scalar_type()), counts.stride(0)};
+  return {boxes_arg(pred), boxes_arg(target), counts_arg, n.batch, n.slots, n.boxes};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred, const at::Tensor& target,
-                                                              const at::Tensor& counts, bool skip_invalid) {
+// Scratch memory of a launcher (see giou_workspace_bytes); an empty tensor when it needs none.
+at::Tensor workspace(const at::Tensor& pred, size_t bytes) {
+  return at::empty({static_cast<int64_t>(bytes)}, pred.options().dtype(at::kByte));
+}
+
+void* pointer(at::Tensor& t) { return t.numel() > 0 ? t.mutable_data_ptr() : nullptr; }
+
+std::tuple<at::Tensor, at::Tensor> loss_outputs(const at::Tensor& pred) {
+  const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
+  return {at::empty({}, scalar), at::empty({}, scalar)};
+}
+
+std::tuple<at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred, const at::Tensor& target,
+                                                  const at::Tensor& counts, bool skip_invalid) {
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
   const c10::cuda::CUDAGuard guard(pred.device());
-  Outputs out = empty_outputs(pred, 0);
-  C10_CUDA_CHECK(giou_loss_padded_launch(boxes_arg(pred), boxes_arg(target), counts_arg(counts), n.batch, n.slots,
-                                         skip_invalid, out.pointers(), c10::cuda::getCurrentCUDAStream()));
-  return {out.loss, out.grad_sum, out.inv_count};
+  auto [loss, inv_count] = loss_outputs(pred);
+  at::Tensor scratch = workspace(pred, giou_workspace_bytes(/*forward=*/true, 0, 0));
+  C10_CUDA_CHECK(giou_loss_padded_launch(inputs(pred, target, counts, n), skip_invalid,
+                                         {loss.mutable_data_ptr(), inv_count.mutable_data_ptr(), pointer(scratch)},
+                                         c10::cuda::getCurrentCUDAStream()));
+  return {loss, inv_count};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::Tensor& pred, const at::Tensor& target,
-                                                                     const at::Tensor& counts) {
+std::tuple<at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::Tensor& pred, const at::Tensor& target,
+                                                         const at::Tensor& counts, int64_t block_scan_max_batch) {
+  check_block_scan_max_batch(block_scan_max_batch);
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
   const c10::cuda::CUDAGuard guard(pred.device());
-  Outputs out = empty_outputs(pred, n.batch);
-  C10_CUDA_CHECK(giou_loss_packed_launch(boxes_arg(pred), boxes_arg(target), n.boxes, counts_arg(counts), n.batch,
-                                         n.slots, out.pointers(), c10::cuda::getCurrentCUDAStream()));
-  return {out.loss, out.grad_sum, out.inv_count};
+  auto [loss, inv_count] = loss_outputs(pred);
+  at::Tensor scratch = workspace(pred, giou_workspace_bytes(/*forward=*/true, n.batch, block_scan_max_batch));
+  C10_CUDA_CHECK(giou_loss_packed_launch(inputs(pred, target, counts, n), block_scan_max_batch,
+                                         {loss.mutable_data_ptr(), inv_count.mutable_data_ptr(), pointer(scratch)},
+                                         c10::cuda::getCurrentCUDAStream()));
+  return {loss, inv_count};
 }
 
-at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tensor& grad_sum,
-                                   const at::Tensor& inv_count) {
-  check_giou_backward_inputs(grad_output, grad_sum, inv_count);
-  const c10::cuda::CUDAGuard guard(grad_sum.device());
-  const at::Tensor saved = grad_sum.contiguous();  // a no-op for the forward's own output
-  at::Tensor grad_pred = at::empty(saved.sizes(), saved.options());
-  C10_CUDA_CHECK(giou_loss_backward_launch(grad_output.const_data_ptr(), saved.const_data_ptr(),
-                                           inv_count.const_data_ptr(), kernel_dtype(saved.scalar_type()),
-                                           saved.numel(), grad_pred.mutable_data_ptr(),
-                                           c10::cuda::getCurrentCUDAStream()));
+at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& target,
+                                   const at::Tensor& counts, const at::Tensor& inv_count) {
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
+  check_giou_backward_inputs(grad_output, pred, inv_count);
+  const c10::cuda::CUDAGuard guard(pred.device());
+  at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());  // contiguous, as the kernel writes it
+  const GradArgs args{grad_output.const_data_ptr(), inv_count.const_data_ptr(), grad_pred.mutable_data_ptr(),
+                      nullptr};
+  C10_CUDA_CHECK(giou_grad_padded_launch(inputs(pred, target, counts, n), args, c10::cuda::getCurrentCUDAStream()));
+  return grad_pred;
+}
+
+at::Tensor giou_loss_packed_backward_cuda(const at::Tensor& grad_output, const at::Tensor& pred,
+                                          const at::Tensor& target, const at::Tensor& counts,
+                                          const at::Tensor& inv_count, int64_t block_scan_max_batch) {
+  check_block_scan_max_batch(block_scan_max_batch);
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
+  check_giou_backward_inputs(grad_output, pred, inv_count);
+  const c10::cuda::CUDAGuard guard(pred.device());
+  at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());
+  at::Tensor scratch = workspace(pred, giou_workspace_bytes(/*forward=*/false, n.batch, block_scan_max_batch));
+  const GradArgs args{grad_output.const_data_ptr(), inv_count.const_data_ptr(), grad_pred.mutable_data_ptr(),
+                      pointer(scratch)};
+  C10_CUDA_CHECK(giou_grad_packed_launch(inputs(pred, target, counts, n), block_scan_max_batch, args,
+                                         c10::cuda::getCurrentCUDAStream()));
   return grad_pred;
 }
 
@@ -85,6 +105,7 @@ TORCH_LIBRARY_IMPL(detector, CUDA, m) {
   m.impl("giou_loss", &giou_loss_cuda);
   m.impl("giou_loss_packed", &giou_loss_packed_cuda);
   m.impl("giou_loss_backward", &giou_loss_backward_cuda);
+  m.impl("giou_loss_packed_backward", &giou_loss_packed_backward_cuda);
 }
 
 }  // namespace detector

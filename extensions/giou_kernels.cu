@@ -1,10 +1,17 @@
 // GIoU loss CUDA kernels and their launchers (see giou_kernels.cuh for the contract).
 //
-// Forward, one kernel per call: each thread takes one box pair per grid-stride step, loads pred and
-// target in their own dtypes (one vector load per box when the layout allows), computes the loss and
-// its gradient in the compute type (fp32, or fp64 for fp64 predictions: giou.h), stores the gradient in pred's dtype and accumulates its loss and
-// valid count in registers. Blocks then reduce, write one partial each, and the last block to take a
-// ticket adds the partials in block order and writes loss and 1 / max(n_valid, 1).
+// Padded kernels: each thread takes a chunk of K consecutive slots per grid-stride step, K chosen so that
+// one chunk of pred and one of target are whole 16-byte vectors (bf16 pred: 2 boxes per 16 B; uint8
+// targets: 4 boxes per 16 B; kBoxesPerThread). Contiguous, 16-byte-aligned tensors load a chunk in 16-byte
+// vectors; any other layout (strides, an offset view) and partly valid chunks load box by box.
+// Forward: per-box loss in the compute type (fp32, or fp64 for fp64 predictions: giou.h), accumulated in
+// registers; block partials, then the last block to take a ticket adds them in block order and writes
+// loss and 1 / max(n_valid, 1). Backward: the gradient recomputed from pred and target for valid slots,
+// scaled by grad_output * inv_count and stored with zeros for the rest, 16 bytes at a time.
+// Packed kernels: the forward runs over the N target rows (K consecutive rows per thread, so uint8 rows
+// load 16 bytes at a time); the backward over all B * M slots as above, slot j of image b taking target row
+// C[b] + j. C, the prefix sums of the clamped counts, comes from every block's own scan in shared memory
+// (small batches: no second launch) or from one CUB scan before the kernel (large batches).
 #include "giou.h"
 #include "giou_kernels.cuh"
 
@@ -23,9 +30,11 @@ namespace {
 
 constexpr int kThreads = 256;      // threads per block
 constexpr int kMaxBlocks = 16384;  // capacity of the workspace; grids are capped to it
+constexpr int kScanPerThread = int(kBlockScanBatchLimit / kThreads);  // counts each thread adds in a block scan
+constexpr size_t kScanSharedBytes = kBlockScanBatchLimit * sizeof(int64_t);
 
 struct Workspace {
-  unsigned int ticket;                // zeroed before each launch; the last block takes kBlocks - 1
+  unsigned int ticket;                // zeroed before each forward; the last block takes kBlocks - 1
   unsigned int pad[3];
   double loss[kMaxBlocks];            // per-block sums of the per-box losses
   unsigned int valid[kMaxBlocks];     // per-block numbers of valid boxes
@@ -52,32 +61,92 @@ __device__ __forceinline__ P from_compute(C v) {
   else return static_cast<P>(v);
 }
 
-// Four coordinates of one box in one load (16 B for fp32, 8 B for bf16, 4 B for uint8; 32 B, two loads,
-// for fp64 and int64).
+// Slots per thread and step: enough that the narrower of pred and target fills a 16-byte vector (4 bytes
+// per box for uint8, 8 for 16-bit types, 16 for 32-bit); the wider one then takes several vectors.
+template <typename P, typename T>
+constexpr int kBoxesPerThread = sizeof(P) >= 4 && sizeof(T) >= 4 ? 1 : int(4 / (sizeof(P) < sizeof(T) ? sizeof(P) : sizeof(T)));
+
+// N elements loaded or stored as whole 16-byte vectors (N * sizeof(T) is a multiple of 16).
+template <typename T, int N>
+struct alignas(16) Pack {
+  static_assert(N * sizeof(T) % 16 == 0, "a Pack is whole 16-byte vectors");
+  T v[N];
+};
+
+// One box's four coordinates as stored: one load of 4 B (uint8), 8 B (bf16) or 16 B (fp32); 16-byte
+// aligned at most, so fp64 and int64 boxes are two 16-byte loads.
 template <typename T>
-struct alignas(4 * sizeof(T)) Vec4 {
+struct alignas(4 * sizeof(T) < 16 ? 4 * sizeof(T) : 16) Vec4 {
   T v[4];
 };
 
-// Coordinates of the box at `row` in the compute type C; `vec`: contiguous and aligned, so one vector load.
+// How to find a box: element strides, and whether its 4 coordinates are one aligned Vec4.
+// Packed target rows use stride_b as the row stride and stride_m = 0.
+struct BoxAccess {
+  int64_t stride_b, stride_m, stride_c;
+  bool vec;
+};
+
+template <typename T>
+__device__ __forceinline__ Vec4<T> load_box(const T* __restrict__ box, int64_t stride_c, bool vec) {
+  if (vec) return *reinterpret_cast<const Vec4<T>*>(box);
+  Vec4<T> v;
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v.v[k] = box[k * stride_c];
+  return v;
+}
+
+// A stored box in the compute type C. Boxes stay in their stored dtype until used: fewer registers.
 template <typename C, typename T>
-__device__ __forceinline__ void load_box(const T* __restrict__ row, int64_t stride_c, bool vec, C out[4]) {
-  if (vec) {
-    const Vec4<T> v = *reinterpret_cast<const Vec4<T>*>(row);
+__device__ __forceinline__ void to_compute(const Vec4<T>& box, C out[4]) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(v.v[k]);
-  } else {
+  for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(box.v[k]);
+}
+
+// The K boxes of a chunk, box by box where wanted[k]: kFlat, at first + k (a contiguous tensor); else at
+// (major[k], minor[k]), (image, slot) of a [B, M, 4] tensor or (row, anything) of packed rows.
+template <bool kFlat, int K, typename T>
+__device__ __forceinline__ void load_each(const T* __restrict__ data, const BoxAccess& at, int64_t first,
+                                          const int64_t (&major)[K], const int64_t (&minor)[K],
+                                          const bool (&wanted)[K], Vec4<T> (&out)[K]) {
 #pragma unroll
-    for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(row[k * stride_c]);
+  for (int k = 0; k < K; ++k) {
+    if (!wanted[k]) continue;
+    if (kFlat) out[k] = load_box(data + (first + k) * 4, 1, true);
+    else out[k] = load_box(data + major[k] * at.stride_b + minor[k] * at.stride_m, at.stride_c, at.vec);
   }
 }
 
-template <typename P, typename C>
-__device__ __forceinline__ void store_box(P* __restrict__ row, const C g[4]) {
-  Vec4<P> v;
+// The same, but as 16-byte vectors when the chunk is `whole`: its K boxes are the contiguous,
+// 16-byte-aligned boxes first .. first + K - 1 of `data`.
+template <bool kFlat, int K, typename T>
+__device__ __forceinline__ void load_chunk(const T* __restrict__ data, const BoxAccess& at, bool whole,
+                                           int64_t first, const int64_t (&major)[K], const int64_t (&minor)[K],
+                                           const bool (&wanted)[K], Vec4<T> (&out)[K]) {
+  if (!whole) return load_each<kFlat>(data, at, first, major, minor, wanted, out);
+  const Pack<T, 4 * K> v = *reinterpret_cast<const Pack<T, 4 * K>*>(data + first * 4);
 #pragma unroll
-  for (int k = 0; k < 4; ++k) v.v[k] = from_compute<P>(g[k]);
-  *reinterpret_cast<Vec4<P>*>(row) = v;
+  for (int k = 0; k < K; ++k) {
+#pragma unroll
+    for (int c = 0; c < 4; ++c) out[k].v[c] = v.v[4 * k + c];
+  }
+}
+
+// The gradients g of slots first .. first + K - 1 into a contiguous [B, M, 4] output, as 16-byte vectors
+// when the chunk is whole (the output is freshly allocated, so aligned), else slot by slot where in[k].
+template <int K, typename P>
+__device__ __forceinline__ void store_chunk(P* __restrict__ out, bool whole, int64_t first, const bool (&in)[K],
+                                            const Pack<P, 4 * K>& g) {
+  if (whole) {
+    *reinterpret_cast<Pack<P, 4 * K>*>(out + first * 4) = g;
+    return;
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!in[k]) continue;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) out[(first + k) * 4 + c] = g.v[4 * k + c];
+  }
 }
 
 #define DETECTOR_LOAD_COUNT(Name, AtName, Type, str)                                \
@@ -103,7 +172,7 @@ struct ClampedCount {
   __device__ int64_t operator()(int64_t b) const { return load_count(counts, b, slots); }
 };
 
-// ----------------------------------------------------------------------------- block reductions
+// ----------------------------------------------------------------------------- block reductions and scans
 
 template <typename T>
 __device__ __forceinline__ T warp_sum(T v) {
@@ -159,155 +228,312 @@ __device__ void finish_loss(double loss_acc, unsigned int valid_acc, Workspace* 
   }
 }
 
-// ----------------------------------------------------------------------------- kernels
+// Exclusive prefix sum of v over the block's threads (every thread calls it).
+__device__ int64_t block_exclusive_scan(int64_t v) {
+  __shared__ int64_t warp_totals[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  int64_t x = v;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, x, offset);
+    if (lane >= offset) x += y;
+  }
+  if (lane == 31) warp_totals[warp] = x;
+  __syncthreads();
+  int64_t before = x - v;
+  for (int w = 0; w < warp; ++w) before += warp_totals[w];
+  return before;
+}
 
-struct BoxAccess {
-  int64_t stride_b, stride_m, stride_c;
-  bool vec;
+// incl[b] = clamped counts[0] + ... + counts[b] for b < batch <= kBlockScanBatchLimit, into shared memory,
+// by every block on its own (no second launch): thread t adds up a run of consecutive counts, all its
+// loads issued at once (L2 hits after the first block), then the runs are scanned over the block.
+__device__ void block_inclusive_scan(const CountsArg& counts, int64_t batch, int64_t slots, int64_t* incl) {
+  const int64_t per_thread = (batch + kThreads - 1) / kThreads;  // <= kScanPerThread
+  const int64_t first = threadIdx.x * per_thread;
+  int64_t v[kScanPerThread];
+  int64_t run = 0;
+#pragma unroll
+  for (int k = 0; k < kScanPerThread; ++k) {
+    v[k] = k < per_thread && first + k < batch ? load_count(counts, first + k, slots) : 0;
+    run += v[k];
+  }
+  int64_t before = block_exclusive_scan(run);
+#pragma unroll
+  for (int k = 0; k < kScanPerThread; ++k) {
+    before += v[k];
+    if (k < per_thread && first + k < batch) incl[first + k] = before;
+  }
+  __syncthreads();
+}
+
+// ----------------------------------------------------------------------------- images and chunks
+
+// Image b's valid slots: count, and (packed) the target row of its slot 0.
+struct Image {
+  int64_t count, first_row;
 };
 
-// Padded layout: one thread per slot (b, j) of the [B, M] grid, grid-stride, kItems slots per step
-// (all their loads issued before any arithmetic, so more bytes are in flight). kContig: pred and target
-// are contiguous [B, M, 4] and aligned, so slot s is at s * 4 (fewer registers than general strides).
+// Padded layout: the count read from counts[b], clamped.
+struct PaddedImages {
+  CountsArg counts;
+  int64_t slots;
+  __device__ Image operator()(int64_t b) const { return {load_count(counts, b, slots), 0}; }
+};
+
+// Packed layout: from the inclusive prefix sums of the clamped counts (shared or global memory); boxes that
+// would lie at or past row `rows` are absent.
+struct PackedImages {
+  const int64_t* incl;
+  int64_t rows;
+  __device__ Image operator()(int64_t b) const {
+    const int64_t first = b > 0 ? incl[b - 1] : 0;
+    const int64_t present = rows - first < incl[b] - first ? rows - first : incl[b] - first;
+    return {present > 0 ? present : 0, first};
+  }
+};
+
+// The K consecutive slots first .. first + K - 1 of the B * M slots, flattened image after image.
+template <int K>
+struct Chunk {
+  int64_t b[K], j[K];  // image and slot
+  int64_t row[K];      // packed: the target row of slot (b, j)
+  bool in[K];          // inside the B * M slots
+  bool valid[K];       // j below image b's count (implies in)
+  bool all_in, any_valid, all_valid;
+};
+
+template <int K, typename Images>
+__device__ __forceinline__ Chunk<K> chunk_at(int64_t first, int64_t total, int64_t slots, const Images& images) {
+  Chunk<K> c;
+  int64_t b, j;
+  if (total <= 0xffffffffLL) {  // 32-bit division is several times cheaper than 64-bit
+    const uint32_t s = uint32_t(first), m = uint32_t(slots), q = s / m;
+    b = q;
+    j = s - q * m;
+  } else {
+    b = first / slots;
+    j = first - b * slots;
+  }
+  Image image = images(b);  // first < total, so b < B
+  c.all_in = c.all_valid = true;
+  c.any_valid = false;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    c.in[k] = first + k < total;
+    if (k > 0 && ++j == slots) {  // the chunk crosses into the next image
+      j = 0;
+      ++b;
+      if (c.in[k]) image = images(b);
+    }
+    c.b[k] = b;
+    c.j[k] = j;
+    c.row[k] = image.first_row + j;
+    c.valid[k] = c.in[k] && j < image.count;
+    c.all_in = c.all_in && c.in[k];
+    c.all_valid = c.all_valid && c.valid[k];
+    c.any_valid = c.any_valid || c.valid[k];
+  }
+  return c;
+}
+
+// ----------------------------------------------------------------------------- forward kernels
+
+// Padded layout, loss only. kSkipInvalid = false (cuda_fused): every slot is loaded and computed, padded
+// ones selected away; true (cuda_conditional): chunks without a valid slot load nothing, partly valid ones
+// load their valid boxes only. kContig: pred and target contiguous [B, M, 4] and 16-byte aligned.
 template <typename P, typename T, bool kSkipInvalid, bool kContig>
 __global__ void __launch_bounds__(kThreads)
     giou_padded_kernel(const P* __restrict__ pred,      // [B, M, 4] xyxy, strided
                        BoxAccess pred_at,               //
                        const T* __restrict__ target,    // [B, M, 4] xyxy, strided
                        BoxAccess target_at,             //
-                       CountsArg counts,                // [B] integer
-                       int64_t batch,                   // B
+                       PaddedImages images,             // counts [B], clamped on load
+                       int64_t total,                   // B * M
                        int64_t slots,                   // M
-                       P* __restrict__ grad_sum,        // [B, M, 4] contiguous, out
                        compute_t<P>* loss,              // 0-dim, out
                        compute_t<P>* inv_count,         // 0-dim, out
                        Workspace* ws) {
   using C = compute_t<P>;
-  // 16-bit pred moves half the bytes per box for the same instructions (bf16 reached 34% of copy
-  // bandwidth against fp32's 61%): twice the boxes per step keep as many bytes in flight.
-  constexpr int kItems = sizeof(P) == 2 ? 4 : 2;
-  const int64_t total = batch * slots;
-  const int64_t stride = int64_t(gridDim.x) * kThreads;
-  const bool narrow = total <= 0xffffffffLL;  // 32-bit division is several times cheaper than 64-bit
+  constexpr int K = kBoxesPerThread<P, T>;
   C loss_acc = 0;
   unsigned int valid_acc = 0;
-  for (int64_t first = int64_t(blockIdx.x) * kThreads + threadIdx.x; first < total; first += kItems * stride) {
-    C p[kItems][4], t[kItems][4];
-    bool valid[kItems];
+  const int64_t step = int64_t(gridDim.x) * kThreads * K;
+  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * K; first < total; first += step) {
+    const Chunk<K> c = chunk_at<K>(first, total, slots, images);
+    if (kSkipInvalid && !c.any_valid) continue;
+    const bool(&wanted)[K] = kSkipInvalid ? c.valid : c.in;
+    const bool whole = kContig && (kSkipInvalid ? c.all_valid : c.all_in);
+    Vec4<P> p[K];
+    Vec4<T> t[K];
+    load_chunk<kContig>(pred, pred_at, whole, first, c.b, c.j, wanted, p);
+    load_chunk<kContig>(target, target_at, whole, first, c.b, c.j, wanted, t);
 #pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t s = first + k * stride;
-      valid[k] = false;
-      if (s >= total) continue;
-      int64_t b, j;
-      if (narrow) {
-        const uint32_t su = uint32_t(s), m = uint32_t(slots), bu = su / m;
-        b = bu;
-        j = su - bu * m;
-      } else {
-        b = s / slots;
-        j = s - b * slots;
-      }
-      valid[k] = j < load_count(counts, b, slots);
-      if (kSkipInvalid && !valid[k]) continue;
-      if (kContig) {
-        load_box(pred + s * 4, 1, true, p[k]);
-        load_box(target + s * 4, 1, true, t[k]);
-      } else {
-        load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p[k]);
-        load_box(target + b * target_at.stride_b + j * target_at.stride_m, target_at.stride_c, target_at.vec, t[k]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kItems; ++k) {
-      const int64_t s = first + k * stride;
-      if (s >= total) continue;
-      C g[4] = {0, 0, 0, 0};
-      if (!kSkipInvalid || valid[k]) {
-        C gv[4];
-        const C l = giou_loss_and_grad(p[k], t[k], gv);
-        // Select, never multiply: a NaN in a padded slot must not reach the loss or the gradient.
-        loss_acc += valid[k] ? l : C(0);
-#pragma unroll
-        for (int c = 0; c < 4; ++c) g[c] = valid[k] ? gv[c] : C(0);
-      }
-      valid_acc += valid[k] ? 1u : 0u;
-      store_box(grad_sum + s * 4, g);
+    for (int k = 0; k < K; ++k) {
+      if (!wanted[k]) continue;
+      C pk[4], tk[4];
+      to_compute(p[k], pk);
+      to_compute(t[k], tk);
+      const C l = giou_loss(pk, tk);
+      loss_acc += c.valid[k] ? l : C(0);  // select, never multiply: NaN in a padded slot must not leak
+      valid_acc += c.valid[k] ? 1u : 0u;
     }
   }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
 }
 
-// The image of packed box i: the first b with incl[b] > i, incl the inclusive prefix sums of the clamped
-// counts (i < incl[B - 1], so b < B). Consecutive threads search for consecutive boxes: the same cache lines.
-__device__ __forceinline__ int64_t image_of(const int64_t* __restrict__ incl, int64_t batch, int64_t i) {
+// The image of packed row i: the first b with incl[b] > i (i < incl[B - 1], so b < B).
+__device__ __forceinline__ int64_t image_of(const int64_t* incl, int64_t batch, int64_t i) {
   int64_t lo = 0, hi = batch - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi) >> 1;
-    if (__ldg(incl + mid) > i) hi = mid;
+    if (incl[mid] > i) hi = mid;
     else lo = mid + 1;
   }
   return lo;
 }
 
-// Packed layout: a grid-stride loop over the rows = min(N, incl[B - 1]) target boxes present (rows past
-// the counts' sum are ignored, none past N is read); box i finds its image b by a binary search over the
-// prefix sums (computed once, by the scan before this kernel) and its slot j = i - incl[b - 1].
+// Packed layout, loss only: a grid-stride loop over the rows = min(N, incl[B - 1]) target boxes present,
+// K consecutive rows per thread (one 16-byte load of uint8 rows). Each chunk finds the image of its first
+// row by a binary search over the prefix sums, then walks on; slot j = i - incl[b - 1]. incl == nullptr:
+// every block scans the counts into shared memory first (B <= kBlockScanBatchLimit).
 template <typename P, typename T>
 __global__ void __launch_bounds__(kThreads)
-    giou_packed_kernel(const P* __restrict__ pred,        // [B, M, 4] xyxy, strided
-                       BoxAccess pred_at,                 //
-                       const T* __restrict__ target,      // [N, 4] xyxy, strided (stride_m unused)
-                       BoxAccess target_at,               //
-                       int64_t num_boxes,                 // N
-                       const int64_t* __restrict__ incl,  // [B] inclusive prefix sums of the clamped counts
-                       int64_t batch,                     // B
-                       int64_t slots,                     // M
-                       P* __restrict__ grad_sum,          // [B, M, 4] contiguous, zeroed, out
-                       compute_t<P>* loss,                // 0-dim, out
-                       compute_t<P>* inv_count,           // 0-dim, out
+    giou_packed_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
+                       BoxAccess pred_at,             //
+                       const T* __restrict__ target,  // [N, 4] xyxy, strided (stride_m = 0)
+                       BoxAccess target_at,           //
+                       bool target_contig,            // target rows contiguous and 16-byte aligned
+                       int64_t num_rows,              // N
+                       CountsArg counts,              // [B] integer
+                       const int64_t* incl,           // [B] inclusive prefix sums of the clamped counts, or null
+                       int64_t batch,                 // B
+                       int64_t slots,                 // M
+                       compute_t<P>* loss,            // 0-dim, out
+                       compute_t<P>* inv_count,       // 0-dim, out
                        Workspace* ws) {
   using C = compute_t<P>;
-  const int64_t total = batch > 0 ? incl[batch - 1] : 0;
-  const int64_t rows = num_boxes < total ? num_boxes : total;
+  constexpr int K = kBoxesPerThread<T, T>;
+  extern __shared__ int64_t shared_incl[];
+  if (incl == nullptr) {
+    block_inclusive_scan(counts, batch, slots, shared_incl);
+    incl = shared_incl;
+  }
+  const int64_t sum = batch > 0 ? incl[batch - 1] : 0;
+  const int64_t rows = num_rows < sum ? num_rows : sum;
   C loss_acc = 0;
   unsigned int valid_acc = 0;
-  for (int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x; i < rows; i += int64_t(gridDim.x) * kThreads) {
-    const int64_t b = image_of(incl, batch, i);
-    const int64_t j = i - (b > 0 ? __ldg(incl + b - 1) : 0);
-    C p[4], t[4], g[4];
-    load_box(pred + b * pred_at.stride_b + j * pred_at.stride_m, pred_at.stride_c, pred_at.vec, p);
-    load_box(target + i * target_at.stride_b, target_at.stride_c, target_at.vec, t);
-    loss_acc += giou_loss_and_grad(p, t, g);
-    valid_acc += 1u;
-    store_box(grad_sum + (b * slots + j) * 4, g);
+  const int64_t step = int64_t(gridDim.x) * kThreads * K;
+  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * K; first < rows; first += step) {
+    int64_t b = image_of(incl, batch, first);
+    int64_t row[K], image[K], slot[K];
+    bool in[K];
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      row[k] = first + k;
+      in[k] = row[k] < rows;
+      while (in[k] && row[k] >= incl[b]) ++b;  // past empty images too
+      image[k] = b;
+      slot[k] = row[k] - (b > 0 ? incl[b - 1] : 0);
+    }
+    Vec4<P> p[K];
+    Vec4<T> t[K];
+    load_chunk<false>(target, target_at, target_contig && first + K <= rows, first, row, slot, in, t);
+    load_each<false>(pred, pred_at, first, image, slot, in, p);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      if (!in[k]) continue;
+      C pk[4], tk[4];
+      to_compute(p[k], pk);
+      to_compute(t[k], tk);
+      loss_acc += giou_loss(pk, tk);
+      valid_acc += 1u;
+    }
   }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
 }
 
-// grad_pred = grad_sum * (grad_output * inv_count), one box (4 values) per thread and step.
-template <typename P>
-__global__ void __launch_bounds__(kThreads)
-    giou_backward_kernel(const compute_t<P>* grad_output,  // 0-dim
-                         const P* __restrict__ grad_sum,   // [rows, 4] contiguous
-                         const compute_t<P>* inv_count,    // 0-dim
-                         int64_t rows,                     //
-                         bool vec,                         // both buffers 4-element aligned
-                         P* __restrict__ grad_pred) {      // [rows, 4] contiguous, out
+// ----------------------------------------------------------------------------- backward kernels
+
+// Every slot of grad_pred, K per thread and step: zeros where not valid (nothing read), else the
+// gradient of (1 - GIoU) recomputed from pred and the target box, times scale = grad_output * inv_count.
+// `contig`: pred (and padded targets) contiguous and 16-byte aligned, so fully valid chunks load as vectors.
+template <typename P, typename T, typename Images>
+__device__ __forceinline__ void grad_slots(const P* __restrict__ pred, const BoxAccess& pred_at,
+                                           const T* __restrict__ target, const BoxAccess& target_at,
+                                           const Images& images, int64_t total, int64_t slots, bool contig,
+                                           compute_t<P> scale, P* __restrict__ grad_pred) {
   using C = compute_t<P>;
-  const C scale = grad_output[0] * inv_count[0];
-  for (int64_t r = int64_t(blockIdx.x) * kThreads + threadIdx.x; r < rows; r += int64_t(gridDim.x) * kThreads) {
-    C g[4];
-    load_box(grad_sum + r * 4, 1, vec, g);
+  constexpr int K = kBoxesPerThread<P, T>;
+  constexpr bool kRows = std::is_same_v<Images, PackedImages>;  // targets are packed rows
+  const int64_t step = int64_t(gridDim.x) * kThreads * K;
+  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * K; first < total; first += step) {
+    const Chunk<K> c = chunk_at<K>(first, total, slots, images);
+    Pack<P, 4 * K> g;
 #pragma unroll
-    for (int k = 0; k < 4; ++k) g[k] *= scale;
-    if (vec) {
-      store_box(grad_pred + r * 4, g);
-    } else {
+    for (int i = 0; i < 4 * K; ++i) g.v[i] = from_compute<P>(C(0));
+    if (c.any_valid) {
+      const bool whole = contig && c.all_valid;
+      Vec4<P> p[K];
+      Vec4<T> t[K];
+      load_chunk<false>(pred, pred_at, whole, first, c.b, c.j, c.valid, p);
+      if constexpr (kRows) load_each<false>(target, target_at, first, c.row, c.j, c.valid, t);
+      else load_chunk<false>(target, target_at, whole, first, c.b, c.j, c.valid, t);
 #pragma unroll
-      for (int k = 0; k < 4; ++k) grad_pred[r * 4 + k] = from_compute<P>(g[k]);
+      for (int k = 0; k < K; ++k) {
+        if (!c.valid[k]) continue;
+        C pk[4], tk[4], gk[4];
+        to_compute(p[k], pk);
+        to_compute(t[k], tk);
+        giou_loss_and_grad(pk, tk, gk);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) g.v[4 * k + i] = from_compute<P>(gk[i] * scale);
+      }
     }
+    store_chunk<K>(grad_pred, c.all_in, first, c.in, g);
   }
+}
+
+template <typename P, typename T>
+__global__ void __launch_bounds__(kThreads)
+    giou_grad_padded_kernel(const compute_t<P>* grad_output,  // 0-dim
+                            const compute_t<P>* inv_count,    // 0-dim, the forward's
+                            const P* __restrict__ pred,       // [B, M, 4] xyxy, strided
+                            BoxAccess pred_at,                //
+                            const T* __restrict__ target,     // [B, M, 4] xyxy, strided
+                            BoxAccess target_at,              //
+                            PaddedImages images,              // counts [B], clamped on load
+                            int64_t total,                    // B * M
+                            int64_t slots,                    // M
+                            bool contig,                      // pred and target contiguous, 16-byte aligned
+                            P* __restrict__ grad_pred) {      // [B, M, 4] contiguous, out
+  const compute_t<P> scale = grad_output[0] * inv_count[0];
+  grad_slots(pred, pred_at, target, target_at, images, total, slots, contig, scale, grad_pred);
+}
+
+template <typename P, typename T>
+__global__ void __launch_bounds__(kThreads)
+    giou_grad_packed_kernel(const compute_t<P>* grad_output,  // 0-dim
+                            const compute_t<P>* inv_count,    // 0-dim, the forward's
+                            const P* __restrict__ pred,       // [B, M, 4] xyxy, strided
+                            BoxAccess pred_at,                //
+                            const T* __restrict__ target,     // [N, 4] xyxy, strided (stride_m = 0)
+                            BoxAccess target_at,              //
+                            int64_t num_rows,                 // N
+                            CountsArg counts,                 // [B] integer
+                            const int64_t* incl,              // [B] prefix sums of the clamped counts, or null
+                            int64_t batch,                    // B
+                            int64_t slots,                    // M
+                            bool contig,                      // pred contiguous, 16-byte aligned
+                            P* __restrict__ grad_pred) {      // [B, M, 4] contiguous, out
+  extern __shared__ int64_t shared_incl[];
+  if (incl == nullptr) {
+    block_inclusive_scan(counts, batch, slots, shared_incl);
+    incl = shared_incl;
+  }
+  const compute_t<P> scale = grad_output[0] * inv_count[0];
+  const PackedImages images{incl, num_rows};
+  grad_slots(pred, pred_at, target, target_at, images, batch * slots, slots, contig, scale, grad_pred);
 }
 
 // ----------------------------------------------------------------------------- host side
@@ -326,65 +552,70 @@ int multiprocessors() {
 }
 
 template <typename T>
+const T* typed(const BoxesArg& boxes) {
+  return static_cast<const T*>(boxes.data);
+}
+
+template <typename T>
 BoxAccess box_access(const BoxesArg& boxes) {
-  // One vector load per box needs the 4 coordinates contiguous and the box aligned to 4 elements.
+  // One vector load per box needs the 4 coordinates contiguous and every box aligned as Vec4<T>.
   const bool vec = boxes.stride_c == 1 && boxes.stride_m % 4 == 0 && boxes.stride_b % 4 == 0 &&
-                   reinterpret_cast<uintptr_t>(boxes.data) % (4 * sizeof(T)) == 0;
+                   reinterpret_cast<uintptr_t>(boxes.data) % alignof(Vec4<T>) == 0;
   return {boxes.stride_b, boxes.stride_m, boxes.stride_c, vec};
 }
 
-// Blocks of `Kernel` resident on one SM (registers decide), queried once per kernel.
-template <auto Kernel>
+// [B, M, 4] boxes one after another from a 16-byte-aligned start: chunks load as 16-byte vectors.
+template <typename T>
+bool contiguous_boxes(const BoxesArg& boxes, int64_t slots) {
+  return reinterpret_cast<uintptr_t>(boxes.data) % 16 == 0 && boxes.stride_c == 1 && boxes.stride_m == 4 &&
+         boxes.stride_b == 4 * slots;
+}
+
+// Packed [N, 4] rows likewise.
+template <typename T>
+bool contiguous_rows(const BoxesArg& rows) {
+  return reinterpret_cast<uintptr_t>(rows.data) % 16 == 0 && rows.stride_c == 1 && rows.stride_b == 4;
+}
+
+// Blocks of `Kernel` resident on one SM (registers and shared memory decide), queried once per kernel.
+template <auto Kernel, size_t kSharedBytes>
 int blocks_per_sm() {
   static const int blocks = [] {
     int b = 0;
-    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0);
+    cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, kSharedBytes);
     return b > 0 ? b : 1;
   }();
   return blocks;
 }
 
 // Enough blocks to fill the GPU once (grid-stride beyond), at least one so the loss is always written.
-template <auto Kernel>
-int grid_for(int64_t items) {
-  const int64_t wanted = (items + kThreads - 1) / kThreads;
-  int64_t cap = int64_t(multiprocessors()) * blocks_per_sm<Kernel>();
+// kSharedBytes: the dynamic shared memory of a block-scan launch, at its largest.
+template <auto Kernel, size_t kSharedBytes = 0>
+int grid_for(int64_t threads) {
+  const int64_t wanted = (threads + kThreads - 1) / kThreads;
+  int64_t cap = int64_t(multiprocessors()) * blocks_per_sm<Kernel, kSharedBytes>();
   if (cap > kMaxBlocks) cap = kMaxBlocks;
   return int(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
 }
 
-template <typename P, typename T, bool kSkipInvalid, bool kContig>
-void launch_padded(const BoxesArg& pred, const BoxesArg& target, const CountsArg& counts, int64_t batch,
-                   int64_t slots, const GiouOutputs& out, cudaStream_t stream) {
-  constexpr auto kernel = giou_padded_kernel<P, T, kSkipInvalid, kContig>;
-  kernel<<<grid_for<kernel>(batch * slots), kThreads, 0, stream>>>(
-      static_cast<const P*>(pred.data), box_access<P>(pred), static_cast<const T*>(target.data),
-      box_access<T>(target), counts, batch, slots, static_cast<P*>(out.grad_sum),
-      static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count),
-      static_cast<Workspace*>(out.workspace));
-}
-
-// Contiguous [B, M, 4] and aligned for one vector load per box.
-template <typename T>
-bool contiguous_boxes(const BoxesArg& boxes, int64_t slots) {
-  return box_access<T>(boxes).vec && boxes.stride_m == 4 && boxes.stride_b == 4 * slots;
-}
-
-// body(Tag<P>{}) for the element type P of a pred dtype and true; false (and no call) for other dtypes.
-template <typename Body>
-bool dispatch_pred(DType dtype, Body&& body) {
-  const auto f = [&](auto tag) { return body(tag), true; };
-  switch (dtype) {
-    DETECTOR_PRED_DTYPES(DETECTOR_CASE_DTYPE)
-    default: return false;
-  }
-}
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename Body>
 bool dispatch_target(DType dtype, Body&& body) {
   const auto f = [&](auto tag) { return body(tag), true; };
   switch (dtype) {
     DETECTOR_TARGET_DTYPES(DETECTOR_CASE_DTYPE)
+    default: return false;
+  }
+}
+
+// body(Tag<P>{}, Tag<T>{}) for the element types of a pred and a target dtype and true; false (and no
+// call) for other dtypes.
+template <typename Body>
+bool dispatch_pred_target(DType pred, DType target, Body&& body) {
+  const auto f = [&](auto p_tag) { return dispatch_target(target, [&](auto t_tag) { body(p_tag, t_tag); }); };
+  switch (pred) {
+    DETECTOR_PRED_DTYPES(DETECTOR_CASE_DTYPE)
     default: return false;
   }
 }
@@ -408,15 +639,9 @@ thrust::transform_iterator<ClampedCount, thrust::counting_iterator<int64_t>> cla
 constexpr size_t kAlign = 256;
 size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-// The packed launcher's part of the workspace, after the Workspace struct: the prefix sums [B], then
-// CUB's scan state (its size is a host-side query: no launch, no synchronisation).
-struct PackedLayout {
-  size_t incl_offset, scan_offset, scan_bytes;
-};
-
 // CUB's scan state for `batch` counts on the current device; the last answer is kept (one query per
 // new batch size, not two per step).
-size_t scan_bytes(int64_t batch) {
+size_t scan_state_bytes(int64_t batch) {
   thread_local int last_device = -1;
   thread_local int64_t last_batch = -1;
   thread_local size_t last_bytes = 0;
@@ -432,93 +657,141 @@ size_t scan_bytes(int64_t batch) {
   return last_bytes;
 }
 
-PackedLayout packed_layout(int64_t batch) {
-  const size_t scan_bytes_ = batch > 0 ? scan_bytes(batch) : 0;
-  const size_t incl_offset = align_up(sizeof(Workspace));
-  return {incl_offset, incl_offset + align_up(size_t(batch) * sizeof(int64_t)), scan_bytes_};
+// Whether a packed launch scans the counts with CUB (one launch more) instead of inside every block. Each
+// block's own scan reads all B counts (from L2 after the first block), so its cost grows as blocks x B; a
+// launch costs a fixed few microseconds. Default threshold: giou_op.cpp's schema, with the arithmetic.
+bool device_scan(int64_t batch, int64_t block_scan_max_batch) {
+  const int64_t limit = block_scan_max_batch < kBlockScanBatchLimit ? block_scan_max_batch : kBlockScanBatchLimit;
+  return batch > limit;
+}
+
+// The workspace: [Workspace, forward only][incl: B int64][CUB's scan state], the last two only for a device scan.
+struct WorkspaceLayout {
+  size_t incl_offset, state_offset, state_bytes;
+};
+
+WorkspaceLayout workspace_layout(bool forward, int64_t packed_batch, int64_t block_scan_max_batch) {
+  const size_t incl_offset = forward ? align_up(sizeof(Workspace)) : 0;
+  if (packed_batch <= 0 || !device_scan(packed_batch, block_scan_max_batch)) return {incl_offset, incl_offset, 0};
+  const size_t state_offset = incl_offset + align_up(size_t(packed_batch) * sizeof(int64_t));
+  return {incl_offset, state_offset, scan_state_bytes(packed_batch)};
+}
+
+// The packed launchers' prefix sums: null when every block scans by itself, else written by a CUB device
+// scan into the workspace (`err` set on failure).
+const int64_t* prefix_sums(const GiouInputs& in, bool forward, int64_t block_scan_max_batch, void* workspace,
+                           cudaStream_t stream, cudaError_t& err) {
+  if (in.batch <= 0 || !device_scan(in.batch, block_scan_max_batch)) return nullptr;
+  const WorkspaceLayout layout = workspace_layout(forward, in.batch, block_scan_max_batch);
+  auto* bytes = static_cast<char*>(workspace);
+  auto* incl = reinterpret_cast<int64_t*>(bytes + layout.incl_offset);
+  size_t state_bytes = layout.state_bytes;
+  err = cub::DeviceScan::InclusiveSum(bytes + layout.state_offset, state_bytes, clamped_counts(in.counts, in.slots),
+                                      incl, int(in.batch), stream);
+  return incl;
+}
+
+template <typename P, typename T, bool kSkipInvalid, bool kContig>
+void launch_padded(const GiouInputs& in, const LossOutputs& out, cudaStream_t stream) {
+  constexpr auto kernel = giou_padded_kernel<P, T, kSkipInvalid, kContig>;
+  const int64_t total = in.batch * in.slots;
+  kernel<<<grid_for<kernel>(ceil_div(total, kBoxesPerThread<P, T>)), kThreads, 0, stream>>>(
+      typed<P>(in.pred), box_access<P>(in.pred), typed<T>(in.target), box_access<T>(in.target),
+      PaddedImages{in.counts, in.slots}, total, in.slots, static_cast<compute_t<P>*>(out.loss),
+      static_cast<compute_t<P>*>(out.inv_count), static_cast<Workspace*>(out.workspace));
+}
+
+// Packed target rows: the row stride as stride_b and no slot dimension, so alignment depends on rows alone.
+BoxesArg as_rows(BoxesArg target) {
+  target.stride_m = 0;
+  return target;
 }
 
 }  // namespace
 
-size_t giou_workspace_bytes(int64_t batch) {
-  if (batch <= 0) return sizeof(Workspace);
-  const PackedLayout layout = packed_layout(batch);
-  return layout.scan_offset + layout.scan_bytes;
+size_t giou_workspace_bytes(bool forward, int64_t packed_batch, int64_t block_scan_max_batch) {
+  const WorkspaceLayout layout = workspace_layout(forward, packed_batch, block_scan_max_batch);
+  return layout.state_offset + layout.state_bytes;
 }
 
-cudaError_t giou_loss_padded_launch(BoxesArg pred, BoxesArg target, CountsArg counts, int64_t batch,
-                                    int64_t slots, bool skip_invalid, GiouOutputs out, cudaStream_t stream) {
-  if (!valid_counts(counts)) return cudaErrorInvalidValue;
-  auto* ws = static_cast<Workspace*>(out.workspace);
-  cudaError_t err = cudaMemsetAsync(&ws->ticket, 0, sizeof(ws->ticket), stream);
+cudaError_t giou_loss_padded_launch(const GiouInputs& in, bool skip_invalid, LossOutputs out, cudaStream_t stream) {
+  if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
+  cudaError_t err = cudaMemsetAsync(&static_cast<Workspace*>(out.workspace)->ticket, 0, sizeof(unsigned int), stream);
   if (err != cudaSuccess) return err;
-  bool dtypes_ok = false;
-  dispatch_pred(pred.dtype, [&](auto p_tag) {
+  const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
-    dtypes_ok = dispatch_target(target.dtype, [&](auto t_tag) {
-      using T = typename decltype(t_tag)::type;
-      const bool contig = contiguous_boxes<P>(pred, slots) && contiguous_boxes<T>(target, slots);
-      if (skip_invalid) {
-        contig ? launch_padded<P, T, true, true>(pred, target, counts, batch, slots, out, stream)
-               : launch_padded<P, T, true, false>(pred, target, counts, batch, slots, out, stream);
-      } else {
-        contig ? launch_padded<P, T, false, true>(pred, target, counts, batch, slots, out, stream)
-               : launch_padded<P, T, false, false>(pred, target, counts, batch, slots, out, stream);
-      }
-    });
+    using T = typename decltype(t_tag)::type;
+    const bool contig = contiguous_boxes<P>(in.pred, in.slots) && contiguous_boxes<T>(in.target, in.slots);
+    if (skip_invalid) {
+      contig ? launch_padded<P, T, true, true>(in, out, stream) : launch_padded<P, T, true, false>(in, out, stream);
+    } else {
+      contig ? launch_padded<P, T, false, true>(in, out, stream) : launch_padded<P, T, false, false>(in, out, stream);
+    }
   });
-  return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
+  return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
-cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_boxes, CountsArg counts,
-                                    int64_t batch, int64_t slots, GiouOutputs out, cudaStream_t stream) {
-  if (!valid_counts(counts)) return cudaErrorInvalidValue;
-  auto* ws = static_cast<Workspace*>(out.workspace);
-  cudaError_t err = cudaMemsetAsync(&ws->ticket, 0, sizeof(ws->ticket), stream);
-  const PackedLayout layout = packed_layout(batch);
-  auto* incl = reinterpret_cast<int64_t*>(static_cast<char*>(out.workspace) + layout.incl_offset);
-  if (err == cudaSuccess && batch > 0) {  // the prefix sums, once: a single-pass device scan, no host sync
-    size_t scan_bytes = layout.scan_bytes;
-    err = cub::DeviceScan::InclusiveSum(static_cast<char*>(out.workspace) + layout.scan_offset, scan_bytes,
-                                        clamped_counts(counts, slots), incl, int(batch), stream);
-  }
+cudaError_t giou_loss_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, LossOutputs out,
+                                    cudaStream_t stream) {
+  if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
+  cudaError_t err = cudaMemsetAsync(&static_cast<Workspace*>(out.workspace)->ticket, 0, sizeof(unsigned int), stream);
+  const int64_t* incl = err == cudaSuccess ? prefix_sums(in, true, block_scan_max_batch, out.workspace, stream, err)
+                                           : nullptr;
   if (err != cudaSuccess) return err;
-  bool dtypes_ok = false;
-  dispatch_pred(pred.dtype, [&](auto p_tag) {
+  const size_t shared = incl == nullptr ? size_t(in.batch) * sizeof(int64_t) : 0;
+  const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
-    const size_t grad_bytes = size_t(batch) * size_t(slots) * 4 * sizeof(P);
-    if (grad_bytes > 0) err = cudaMemsetAsync(out.grad_sum, 0, grad_bytes, stream);  // padded slots stay 0
-    if (err != cudaSuccess) return;
-    dtypes_ok = dispatch_target(target.dtype, [&](auto t_tag) {
-      using T = typename decltype(t_tag)::type;
-      constexpr auto kernel = giou_packed_kernel<P, T>;
-      BoxesArg rows = target;
-      rows.stride_m = 4;  // [N, 4] has no slot dimension: the row stride alone decides alignment
-      kernel<<<grid_for<kernel>(num_boxes), kThreads, 0, stream>>>(
-          static_cast<const P*>(pred.data), box_access<P>(pred), static_cast<const T*>(target.data),
-          box_access<T>(rows), num_boxes, incl, batch, slots, static_cast<P*>(out.grad_sum),
-          static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count), ws);
-    });
+    using T = typename decltype(t_tag)::type;
+    constexpr auto kernel = giou_packed_kernel<P, T>;
+    const BoxesArg rows = as_rows(in.target);
+    kernel<<<grid_for<kernel, kScanSharedBytes>(ceil_div(in.rows, kBoxesPerThread<T, T>)), kThreads, shared,
+             stream>>>(typed<P>(in.pred), box_access<P>(in.pred), typed<T>(rows), box_access<T>(rows),
+                       contiguous_rows<T>(rows), in.rows, in.counts, incl, in.batch, in.slots,
+                       static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count),
+                       static_cast<Workspace*>(out.workspace));
   });
-  if (err != cudaSuccess) return err;
-  return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
+  return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
-cudaError_t giou_loss_backward_launch(const void* grad_output, const void* grad_sum, const void* inv_count,
-                                      DType dtype, int64_t numel, void* grad_pred, cudaStream_t stream) {
-  const int64_t rows = numel / 4;
-  const bool dtypes_ok = dispatch_pred(dtype, [&](auto p_tag) {
+cudaError_t giou_grad_padded_launch(const GiouInputs& in, GradArgs args, cudaStream_t stream) {
+  if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
+  const int64_t total = in.batch * in.slots;
+  if (total == 0) return cudaSuccess;  // an empty gradient: nothing to write
+  const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
-    constexpr auto kernel = giou_backward_kernel<P>;
-    const bool vec = reinterpret_cast<uintptr_t>(grad_sum) % (4 * sizeof(P)) == 0 &&
-                     reinterpret_cast<uintptr_t>(grad_pred) % (4 * sizeof(P)) == 0;
+    using T = typename decltype(t_tag)::type;
     using C = compute_t<P>;
-    kernel<<<grid_for<kernel>(rows), kThreads, 0, stream>>>(static_cast<const C*>(grad_output),
-                                                            static_cast<const P*>(grad_sum),
-                                                            static_cast<const C*>(inv_count), rows, vec,
-                                                            static_cast<P*>(grad_pred));
+    constexpr auto kernel = giou_grad_padded_kernel<P, T>;
+    const bool contig = contiguous_boxes<P>(in.pred, in.slots) && contiguous_boxes<T>(in.target, in.slots);
+    kernel<<<grid_for<kernel>(ceil_div(total, kBoxesPerThread<P, T>)), kThreads, 0, stream>>>(
+        static_cast<const C*>(args.grad_output), static_cast<const C*>(args.inv_count), typed<P>(in.pred),
+        box_access<P>(in.pred), typed<T>(in.target), box_access<T>(in.target), PaddedImages{in.counts, in.slots},
+        total, in.slots, contig, static_cast<P*>(args.grad_pred));
   });
-  return dtypes_ok ? cudaGetLastError() : cudaErrorInvalidValue;
+  return ok ? cudaGetLastError() : cudaErrorInvalidValue;
+}
+
+cudaError_t giou_grad_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, GradArgs args,
+                                    cudaStream_t stream) {
+  if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
+  if (in.batch * in.slots == 0) return cudaSuccess;  // an empty gradient: nothing to write
+  cudaError_t err = cudaSuccess;
+  const int64_t* incl = prefix_sums(in, false, block_scan_max_batch, args.workspace, stream, err);
+  if (err != cudaSuccess) return err;
+  const size_t shared = incl == nullptr ? size_t(in.batch) * sizeof(int64_t) : 0;
+  const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
+    using P = typename decltype(p_tag)::type;
+    using T = typename decltype(t_tag)::type;
+    using C = compute_t<P>;
+    constexpr auto kernel = giou_grad_packed_kernel<P, T>;
+    const BoxesArg rows = as_rows(in.target);
+    const int64_t threads = ceil_div(in.batch * in.slots, kBoxesPerThread<P, T>);
+    kernel<<<grid_for<kernel, kScanSharedBytes>(threads), kThreads, shared, stream>>>(
+        static_cast<const C*>(args.grad_output), static_cast<const C*>(args.inv_count), typed<P>(in.pred),
+        box_access<P>(in.pred), typed<T>(rows), box_access<T>(rows), in.rows, in.counts, incl, in.batch, in.slots,
+        contiguous_boxes<P>(in.pred, in.slots), static_cast<P*>(args.grad_pred));
+  });
+  return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
 }  // namespace detector

@@ -1,15 +1,19 @@
 // Launchers of the GIoU loss CUDA kernels: raw pointers, sizes, strides and a stream; no torch headers,
 // so giou_kernels.cu compiles with a plain `nvcc -c` on a machine without a GPU or torch.
 //
-// Every forward launcher runs ONE loss kernel (after a small cudaMemsetAsync of its workspace counter,
-// plus, for the packed layout, one of the gradient buffer and a prefix-sum scan of the counts) that writes
-//   - grad_sum  [B, M, 4] in pred's dtype: d(sum of the per-box losses) / d pred, exactly 0 on padded slots;
+// Forward (one loss kernel, after a 4-byte cudaMemsetAsync of its workspace ticket; packed layout with
+// more than block_scan_max_batch images: a CUB scan of the counts first) writes only
 //   - loss      scalar in the compute type (double for fp64 pred, else float): sum of the per-box losses
 //               / max(n_valid, 1);
-//   - inv_count scalar in the compute type: 1 / max(n_valid, 1), so that backward is one elementwise scale
-//     grad_pred = grad_sum * (grad_output * inv_count) and nothing ever synchronises with the host.
-// Blocks reduce their losses and valid counts; the last block to finish (atomic ticket) adds the
-// block partials in a fixed order, so the result is deterministic.
+//   - inv_count scalar in the compute type: 1 / max(n_valid, 1).
+// Blocks reduce their losses and valid counts; the last block to finish (atomic ticket) adds the block
+// partials in a fixed order, so the result is deterministic. No gradient buffer: the forward moves only
+// the bytes it reads.
+//
+// Backward (one kernel over all B * M slots; the same CUB scan first for large packed batches) recomputes
+// the gradient from pred, target and counts and writes every slot of grad_pred [B, M, 4] (contiguous,
+// pred's dtype): exactly 0 in padded slots, which it never reads, and d(1 - GIoU) / d pred
+// * grad_output * inv_count in valid slots. Nothing ever synchronises with the host.
 //
 // Counts are read on the device and never validated (that would need a host synchronisation): a count
 // below 0 counts as 0, above M as M, as on the CPU. Packed layout: row i of the N target rows is box
@@ -45,32 +49,55 @@ struct CountsArg {
   int64_t stride;
 };
 
-struct GiouOutputs {
-  void* grad_sum;   // [B, M, 4] contiguous, pred's dtype
-  void* loss;       // 0-dim, compute type (double for fp64 pred, else float)
-  void* inv_count;  // 0-dim, compute type
-  void* workspace;  // giou_workspace_bytes(batch) bytes (padded layout: batch = 0)
+// The inputs of every launcher.
+struct GiouInputs {
+  BoxesArg pred;     // [B, M, 4] xyxy
+  BoxesArg target;   // [B, M, 4] (padded) or [N, 4] (packed, image 0's boxes first) xyxy
+  CountsArg counts;  // [B]
+  int64_t batch;     // B
+  int64_t slots;     // M
+  int64_t rows;      // N (packed); B * M (padded)
 };
 
-// Bytes of scratch memory a forward launcher needs: block partials and the ticket counter, plus, for the
-// packed layout (batch > 0), the prefix sums of the counts and the device scan's state. Padded: batch = 0.
-size_t giou_workspace_bytes(int64_t batch);
+struct LossOutputs {
+  void* loss;       // 0-dim, compute type (double for fp64 pred, else float)
+  void* inv_count;  // 0-dim, compute type
+  void* workspace;  // giou_workspace_bytes(true, ...) bytes
+};
+
+struct GradArgs {
+  const void* grad_output;  // 0-dim, compute type
+  const void* inv_count;    // 0-dim, compute type: the forward's
+  void* grad_pred;          // [B, M, 4] contiguous, pred's dtype, out
+  void* workspace;          // giou_workspace_bytes(false, ...) bytes (may be null when that is 0)
+};
+
+// Packed batches of up to this many images scan their counts inside every block (a shared-memory array of
+// B int64, 32 KiB at most, inside the 48 KiB a block gets without opting in); larger ones always use the
+// CUB scan, whatever block_scan_max_batch asks.
+constexpr int64_t kBlockScanBatchLimit = 4096;
+
+// Scratch bytes a launcher needs: the forward's block partials and ticket, plus, for the packed layout
+// (packed_batch = B > 0) when it uses the CUB scan, the prefix sums of the counts and the scan's state.
+// Padded layout: packed_batch = 0.
+size_t giou_workspace_bytes(bool forward, int64_t packed_batch, int64_t block_scan_max_batch);
 
 // Padded layout: pred and target [B, M, 4]; slot j of image b is valid iff j < counts[b].
-// skip_invalid = false: every thread loads and computes its slot, then selects 0 for padded slots;
-// skip_invalid = true: threads of padded slots skip all loads and arithmetic (they only store zeros).
-cudaError_t giou_loss_padded_launch(BoxesArg pred, BoxesArg target, CountsArg counts, int64_t batch,
-                                    int64_t slots, bool skip_invalid, GiouOutputs out, cudaStream_t stream);
+// skip_invalid = false (cuda_fused): every thread loads and computes all its slots, then selects 0 for the
+// padded ones; skip_invalid = true (cuda_conditional): only slots that are valid are loaded and computed.
+cudaError_t giou_loss_padded_launch(const GiouInputs& in, bool skip_invalid, LossOutputs out, cudaStream_t stream);
 
-// Packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B] (B < 2^31). A device
-// scan writes the prefix sums of the clamped counts once; then a grid over the N boxes, each finding its
-// image by a binary search over them (O(log B) per box, where each block used to walk all B counts).
-cudaError_t giou_loss_packed_launch(BoxesArg pred, BoxesArg target, int64_t num_boxes, CountsArg counts,
-                                    int64_t batch, int64_t slots, GiouOutputs out, cudaStream_t stream);
+// Packed layout: a grid over the N rows, each finding its image by a binary search over the prefix sums of
+// the clamped counts. With B <= block_scan_max_batch (and <= kBlockScanBatchLimit) every block computes
+// those sums itself in shared memory; otherwise one CUB device scan writes them first (one launch more).
+cudaError_t giou_loss_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, LossOutputs out,
+                                    cudaStream_t stream);
 
-// Backward: grad_pred = grad_sum * (grad_output[0] * inv_count[0]), elementwise over `numel` values
-// (a multiple of 4) of dtype `dtype`; grad_output and inv_count (compute type) stay on the device.
-cudaError_t giou_loss_backward_launch(const void* grad_output, const void* grad_sum, const void* inv_count,
-                                      DType dtype, int64_t numel, void* grad_pred, cudaStream_t stream);
+// Backward, padded layout: grad_pred as described above, one kernel.
+cudaError_t giou_grad_padded_launch(const GiouInputs& in, GradArgs args, cudaStream_t stream);
+
+// Backward, packed layout: slot j of image b takes target row C[b] + j; the prefix sums as in the forward.
+cudaError_t giou_grad_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, GradArgs args,
+                                    cudaStream_t stream);
 
 }  // namespace detector

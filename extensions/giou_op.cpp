@@ -38,7 +38,7 @@ namespace detector {
 
 namespace {
 
-constexpr int64_t kChunk = 4096;  // boxes per parallel task; fixed, so the sum order never depends on threads
+constexpr int64_t kChunk = 4096;  // slots per parallel task (whole images); fixed, so sums never depend on threads
 
 using half_t = at::Half;  // the 16-bit element types of giou_dtypes.h's lists, on the CPU
 using bfloat16_t = at::BFloat16;
@@ -83,6 +83,34 @@ std::vector<int64_t> clamped_counts(const at::Tensor& counts, int64_t slots) {
   return values;
 }
 
+// Which slots are valid and where their target boxes are, for either layout: slot j of image b is valid
+// iff j < present[b]; its target box is at element b * stride_b + j * stride_m + first_row[b] * stride_r.
+struct Slots {
+  GiouSizes n;
+  std::vector<int64_t> present;    // the clamped count; packed: only the boxes whose row is below N
+  std::vector<int64_t> first_row;  // packed: the target row of the image's slot 0 (C[b]); padded: 0
+  int64_t stride_b, stride_m, stride_r, stride_c;  // target strides in elements
+};
+
+Slots padded_slots(const at::Tensor& target, const at::Tensor& counts, const GiouSizes& n) {
+  const auto ts = target.strides();
+  return {n, clamped_counts(counts, n.slots), std::vector<int64_t>(n.batch, 0), ts[0], ts[1], 0, ts[2]};
+}
+
+// Packed: image b's boxes are rows C[b] .. C[b + 1] - 1 (C: prefix sums of the clamped counts); rows at or
+// past C[B] are ignored, and boxes whose row would be N or more are absent.
+Slots packed_slots(const at::Tensor& target, const at::Tensor& counts, const GiouSizes& n) {
+  const auto ts = target.strides();
+  Slots s{n, clamped_counts(counts, n.slots), std::vector<int64_t>(n.batch, 0), 0, ts[0], ts[0], ts[1]};
+  int64_t row = 0;
+  for (int64_t b = 0; b < n.batch; ++b) {
+    s.first_row[b] = row;
+    row += s.present[b];
+    s.present[b] = std::max<int64_t>(0, std::min(s.present[b], n.boxes - s.first_row[b]));
+  }
+  return s;
+}
+
 template <typename F>
 void dispatch_pred_target(const at::Tensor& pred, const at::Tensor& target, F&& f) {
   dispatch_pred(pred.scalar_type(), [&](auto p_tag) {
@@ -90,30 +118,56 @@ void dispatch_pred_target(const at::Tensor& pred, const at::Tensor& target, F&& 
   });
 }
 
-template <typename C, typename T>
-void load_box(const T* row, int64_t stride_c, C out[4]) {
-  for (int k = 0; k < 4; ++k) out[k] = static_cast<C>(row[k * stride_c]);
-}
+// The pred and target boxes of slot (b, j) as C.
+template <typename P, typename T>
+struct BoxReader {
+  const P* pred;
+  at::IntArrayRef ps;
+  const T* target;
+  const Slots& s;
 
-struct Outputs {
-  at::Tensor loss, grad_sum, inv_count;
+  BoxReader(const at::Tensor& p, const at::Tensor& t, const Slots& slots)
+      : pred(p.const_data_ptr<P>()), ps(p.strides()), target(t.const_data_ptr<T>()), s(slots) {}
+
+  template <typename C>
+  void operator()(int64_t b, int64_t j, C p[4], C t[4]) const {
+    const P* p_box = pred + b * ps[0] + j * ps[1];
+    const T* t_box = target + b * s.stride_b + j * s.stride_m + s.first_row[b] * s.stride_r;
+    for (int k = 0; k < 4; ++k) {
+      p[k] = static_cast<C>(p_box[k * ps[2]]);
+      t[k] = static_cast<C>(t_box[k * s.stride_c]);
+    }
+  }
 };
 
-Outputs empty_outputs(const at::Tensor& pred) {
-  const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
-  return {at::empty({}, scalar), at::empty(pred.sizes(), pred.options()), at::empty({}, scalar)};
+// Images [first, last) of a parallel task: a fixed number of slots per task, so the sum order never
+// depends on the number of threads.
+struct Task {
+  int64_t first, last;
+};
+
+int64_t images_per_task(const GiouSizes& n) { return std::max<int64_t>(1, kChunk / std::max<int64_t>(n.slots, 1)); }
+
+int64_t task_count(const GiouSizes& n) {
+  const int64_t per_task = images_per_task(n);
+  return (n.batch + per_task - 1) / per_task;
 }
 
-// Per-chunk sums of the losses (in the compute type, then widened) and of the valid boxes.
+Task task(const GiouSizes& n, int64_t k) {
+  const int64_t per_task = images_per_task(n);
+  return {k * per_task, std::min(n.batch, (k + 1) * per_task)};
+}
+
+// Per-task sums of the losses (in the compute type, then widened) and of the valid boxes.
 struct Partials {
   std::vector<double> loss;
   std::vector<int64_t> valid;
-  explicit Partials(int64_t chunks) : loss(chunks, 0.0), valid(chunks, 0) {}
+  explicit Partials(int64_t tasks) : loss(tasks, 0.0), valid(tasks, 0) {}
 };
 
-// Writes loss = sum / max(n, 1) and inv_count = 1 / max(n, 1), adding the partials in chunk order
-// (fixed whatever the threads) in double, as the CUDA kernels add their block partials.
-void finish_loss(const Partials& partials, Outputs& out) {
+// loss = sum / max(n, 1) and inv_count = 1 / max(n, 1) (0-dim, compute dtype), adding the partials in task
+// order (fixed whatever the threads) in double, as the CUDA kernels add their block partials.
+std::tuple<at::Tensor, at::Tensor> finish_loss(const at::Tensor& pred, const Partials& partials) {
   double total = 0.0;
   int64_t n_valid = 0;
   for (size_t k = 0; k < partials.loss.size(); ++k) {
@@ -121,151 +175,138 @@ void finish_loss(const Partials& partials, Outputs& out) {
     n_valid += partials.valid[k];
   }
   const double denominator = n_valid > 0 ? static_cast<double>(n_valid) : 1.0;
+  const auto scalar = pred.options().dtype(compute_dtype(pred.scalar_type()));
+  at::Tensor loss = at::empty({}, scalar), inv_count = at::empty({}, scalar);
   // rounded once to the compute dtype; written in place (fill_ would be two more dispatcher calls)
-  AT_DISPATCH_FLOATING_TYPES(out.loss.scalar_type(), "giou_finish_loss", [&] {
-    *out.loss.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(total / denominator);
-    *out.inv_count.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(1.0 / denominator);
+  AT_DISPATCH_FLOATING_TYPES(loss.scalar_type(), "giou_finish_loss", [&] {
+    *loss.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(total / denominator);
+    *inv_count.mutable_data_ptr<scalar_t>() = static_cast<scalar_t>(1.0 / denominator);
   });
+  return {loss, inv_count};
 }
 
-// Padded layout: slot s = b * M + j of chunk `chunk`; grad_sum is written on every slot (0 if padded).
-template <typename P, typename T>
-void padded_chunk(const at::Tensor& pred, const at::Tensor& target, const std::vector<int64_t>& count,
-                  const GiouSizes& n, int64_t chunk, P* grad, Partials& partials) {
-  using C = compute_t<P>;
-  const P* p_data = pred.const_data_ptr<P>();
-  const T* t_data = target.const_data_ptr<T>();
-  const auto ps = pred.strides(), ts = target.strides();
-  C loss_acc = 0;
-  int64_t valid_acc = 0;
-  const int64_t last = std::min(n.batch * n.slots, (chunk + 1) * kChunk);
-  for (int64_t s = chunk * kChunk; s < last; ++s) {
-    const int64_t b = s / n.slots, j = s % n.slots;
-    C g[4] = {0, 0, 0, 0};
-    if (j < count[b]) {
-      C p[4], t[4];
-      load_box(p_data + b * ps[0] + j * ps[1], ps[2], p);
-      load_box(t_data + b * ts[0] + j * ts[1], ts[2], t);
-      loss_acc += giou_loss_and_grad(p, t, g);
-      ++valid_acc;
-    }
-    for (int k = 0; k < 4; ++k) grad[s * 4 + k] = static_cast<P>(g[k]);
-  }
-  partials.loss[chunk] = loss_acc;
-  partials.valid[chunk] = valid_acc;
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& pred, const at::Tensor& target,
-                                                             const at::Tensor& counts, bool skip_invalid) {
-  // skip_invalid changes nothing here: the CPU kernel never reads a padded slot.
-  (void)skip_invalid;
-  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
-  const std::vector<int64_t> count = clamped_counts(counts, n.slots);
-  Outputs out = empty_outputs(pred);
-  const int64_t chunks = (n.batch * n.slots + kChunk - 1) / kChunk;
-  Partials partials(chunks);
+// Forward, either layout: the loss of the valid slots only (padded slots are never read).
+std::tuple<at::Tensor, at::Tensor> loss_cpu(const at::Tensor& pred, const at::Tensor& target, const Slots& s) {
+  Partials partials(task_count(s.n));
   dispatch_pred_target(pred, target, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    P* grad = out.grad_sum.mutable_data_ptr<P>();
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        padded_chunk<P, T>(pred, target, count, n, chunk, grad, partials);
+    using C = compute_t<P>;
+    const BoxReader<P, T> read(pred, target, s);
+    at::parallel_for(0, task_count(s.n), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const Task images = task(s.n, k);
+        C loss_acc = 0;
+        for (int64_t b = images.first; b < images.last; ++b) {
+          for (int64_t j = 0; j < s.present[b]; ++j) {
+            C p[4], t[4];
+            read(b, j, p, t);
+            loss_acc += giou_loss(p, t);
+          }
+          partials.valid[k] += s.present[b];
+        }
+        partials.loss[k] = loss_acc;
       }
     });
   });
-  finish_loss(partials, out);
-  return {out.loss, out.grad_sum, out.inv_count};
+  return finish_loss(pred, partials);
 }
 
-// Packed layout: boxes [first, last) of chunk `chunk`, below `rows`; box i belongs to the image b with
-// offset[b] <= i < offset[b + 1], slot j = i - offset[b]. grad_sum is zeroed beforehand.
-template <typename P, typename T>
-void packed_chunk(const at::Tensor& pred, const at::Tensor& target, const std::vector<int64_t>& offset,
-                  const GiouSizes& n, int64_t rows, int64_t chunk, P* grad, Partials& partials) {
-  using C = compute_t<P>;
-  const P* p_data = pred.const_data_ptr<P>();
-  const T* t_data = target.const_data_ptr<T>();
-  const auto ps = pred.strides(), ts = target.strides();
-  C loss_acc = 0;
-  const int64_t first = chunk * kChunk, last = std::min(rows, first + kChunk);
-  // image of the chunk's first box: the last b with offset[b] <= first (skips empty images)
-  int64_t b = std::upper_bound(offset.begin(), offset.end(), first) - offset.begin() - 1;
-  for (int64_t i = first; i < last; ++i) {
-    while (i >= offset[b + 1]) ++b;
-    const int64_t j = i - offset[b];
-    C p[4], t[4], g[4];
-    load_box(p_data + b * ps[0] + j * ps[1], ps[2], p);
-    load_box(t_data + i * ts[0], ts[1], t);
-    loss_acc += giou_loss_and_grad(p, t, g);
-    for (int k = 0; k < 4; ++k) grad[(b * n.slots + j) * 4 + k] = static_cast<P>(g[k]);
-  }
-  partials.loss[chunk] = loss_acc;
-  partials.valid[chunk] = last - first;
-}
-
-std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
-                                                                    const at::Tensor& counts) {
-  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
-  const std::vector<int64_t> count = clamped_counts(counts, n.slots);
-  std::vector<int64_t> offset(n.batch + 1, 0);  // box index of each image's first box
-  for (int64_t b = 0; b < n.batch; ++b) offset[b + 1] = offset[b] + count[b];
-  // Rows past the counts' sum are ignored; with fewer rows than the sum, the boxes past row N are absent.
-  const int64_t rows = std::min(n.boxes, offset[n.batch]);
-  Outputs out = empty_outputs(pred);
-  out.grad_sum.zero_();
-  const int64_t chunks = (rows + kChunk - 1) / kChunk;
-  Partials partials(chunks);
+// Backward, either layout: every slot of a contiguous grad_pred, 0 where not valid (nothing read), else the
+// gradient recomputed from pred and target times grad_output * inv_count, rounded once to pred's dtype.
+at::Tensor grad_cpu(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& target,
+                    const at::Tensor& inv_count, const Slots& s) {
+  check_giou_backward_inputs(grad_output, pred, inv_count);
+  at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());
   dispatch_pred_target(pred, target, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    P* grad = out.grad_sum.mutable_data_ptr<P>();
-    at::parallel_for(0, chunks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t chunk = begin; chunk < end; ++chunk) {
-        packed_chunk<P, T>(pred, target, offset, n, rows, chunk, grad, partials);
-      }
-    });
-  });
-  finish_loss(partials, out);
-  return {out.loss, out.grad_sum, out.inv_count};
-}
-
-at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tensor& grad_sum,
-                                  const at::Tensor& inv_count) {
-  check_giou_backward_inputs(grad_output, grad_sum, inv_count);
-  const at::Tensor saved = grad_sum.contiguous();
-  at::Tensor grad_pred = at::empty(saved.sizes(), saved.options());
-  dispatch_pred(saved.scalar_type(), [&](auto p_tag) {
-    using P = typename decltype(p_tag)::type;
     using C = compute_t<P>;
     const C scale = *grad_output.const_data_ptr<C>() * *inv_count.const_data_ptr<C>();  // CPU: read in place
-    const P* in = saved.const_data_ptr<P>();
-    P* result = grad_pred.mutable_data_ptr<P>();
-    at::parallel_for(0, saved.numel(), kChunk, [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) result[k] = static_cast<P>(static_cast<C>(in[k]) * scale);
+    const BoxReader<P, T> read(pred, target, s);
+    P* grad = grad_pred.mutable_data_ptr<P>();
+    at::parallel_for(0, task_count(s.n), 1, [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) {
+        const Task images = task(s.n, k);
+        for (int64_t b = images.first; b < images.last; ++b) {
+          for (int64_t j = 0; j < s.n.slots; ++j) {
+            C g[4] = {0, 0, 0, 0};
+            if (j < s.present[b]) {
+              C p[4], t[4];
+              read(b, j, p, t);
+              giou_loss_and_grad(p, t, g);
+              for (int c = 0; c < 4; ++c) g[c] *= scale;
+            }
+            for (int c = 0; c < 4; ++c) grad[(b * s.n.slots + j) * 4 + c] = static_cast<P>(g[c]);
+          }
+        }
+      }
     });
   });
   return grad_pred;
 }
 
+std::tuple<at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& pred, const at::Tensor& target,
+                                                 const at::Tensor& counts, bool skip_invalid) {
+  (void)skip_invalid;  // changes nothing here: the CPU kernel never reads a padded slot
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
+  return loss_cpu(pred, target, padded_slots(target, counts, n));
+}
+
+std::tuple<at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
+                                                        const at::Tensor& counts, int64_t block_scan_max_batch) {
+  check_block_scan_max_batch(block_scan_max_batch);  // a CUDA choice only: the CPU sums the counts on the host
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
+  return loss_cpu(pred, target, packed_slots(target, counts, n));
+}
+
+at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& target,
+                                  const at::Tensor& counts, const at::Tensor& inv_count) {
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
+  return grad_cpu(grad_output, pred, target, inv_count, padded_slots(target, counts, n));
+}
+
+at::Tensor giou_loss_packed_backward_cpu(const at::Tensor& grad_output, const at::Tensor& pred,
+                                         const at::Tensor& target, const at::Tensor& counts,
+                                         const at::Tensor& inv_count, int64_t block_scan_max_batch) {
+  check_block_scan_max_batch(block_scan_max_batch);
+  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
+  return grad_cpu(grad_output, pred, target, inv_count, packed_slots(target, counts, n));
+}
+
 }  // namespace
 
-// Outputs of the forward ops: loss (0-dim, mean over valid boxes), grad_sum (pred's dtype, [B, M, 4]
-// contiguous, d(sum of per-box losses) / d pred, 0 on padded slots), inv_count (0-dim, 1 / max(n, 1)); loss
-// and inv_count in the compute dtype (compute_dtype: fp64 for fp64 pred, else fp32).
+// Forward: loss (0-dim, mean over valid boxes) and inv_count (0-dim, 1 / max(n_valid, 1)), both in the
+// compute dtype (compute_dtype: fp64 for fp64 pred, else fp32). No gradient buffer: backward recomputes the
+// gradient from the same pred, target and counts (saved by reference) and writes grad_pred, [B, M, 4]
+// contiguous in pred's dtype, 0 on padded slots.
+//
+// block_scan_max_batch (packed, CUDA): batches of up to this many images (at most kBlockScanBatchLimit =
+// 4096, the shared memory of B int64) get the prefix sums of their counts from every block's own scan;
+// larger ones from a CUB scan launch before each kernel. Bytes per launch: the launch costs ~5 us of device
+// time (packed was 0.6x cuda_fused at B = 1024 with it), i.e. ~20 MB of copy traffic; a block's own scan
+// reads all B counts (8 B each, L2 hits after the first block) and adds one L2 round trip to the block.
+// The backward runs one wave of blocks over the B * M slots (~260-400 on an H200), which read
+// blocks x B x 8 B in all: 2 MB at B = 1024, 4-6 MB at 2048, 8-13 MB at 4096, then, past the limit,
+// more than the launch costs at L2 rates. 2048 keeps a margin; bench kernels times both paths at
+// 1024, 2048 and 4096. Tests pass 0 (CUB scan always) to run both paths at small B.
 TORCH_LIBRARY(detector, m) {
   m.set_python_module("detector.kernels.cuda_op");  // where register_fake lives
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
-        "-> (Tensor loss, Tensor grad_sum, Tensor inv_count)");
-  m.def("giou_loss_packed(Tensor pred, Tensor target, Tensor counts) "
-        "-> (Tensor loss, Tensor grad_sum, Tensor inv_count)");
-  m.def("giou_loss_backward(Tensor grad_output, Tensor grad_sum, Tensor inv_count) -> Tensor");
+        "-> (Tensor loss, Tensor inv_count)");
+  m.def("giou_loss_packed(Tensor pred, Tensor target, Tensor counts, int block_scan_max_batch=2048) "
+        "-> (Tensor loss, Tensor inv_count)");
+  m.def("giou_loss_backward(Tensor grad_output, Tensor pred, Tensor target, Tensor counts, Tensor inv_count) "
+        "-> Tensor");
+  m.def("giou_loss_packed_backward(Tensor grad_output, Tensor pred, Tensor target, Tensor counts, "
+        "Tensor inv_count, int block_scan_max_batch=2048) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(detector, CPU, m) {
   m.impl("giou_loss", &giou_loss_cpu);
   m.impl("giou_loss_packed", &giou_loss_packed_cpu);
   m.impl("giou_loss_backward", &giou_loss_backward_cpu);
+  m.impl("giou_loss_packed_backward", &giou_loss_packed_backward_cpu);
 }
 
 }  // namespace detector

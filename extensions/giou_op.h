@@ -19,8 +19,11 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
 // The dtype of the loss, inv_count and grad_output: fp64 for fp64 predictions, fp32 for the others.
 at::ScalarType compute_dtype(at::ScalarType pred);
 
-// grad_sum: pred-dtype [B, M, 4]; grad_output, inv_count: 0-dim in its compute dtype; all on one device.
-void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& grad_sum,
-                                const at::Tensor& inv_count);
+// grad_output and inv_count: 0-dim in pred's compute dtype, on pred's device (the forward's inputs are
+// checked again by check_giou_inputs).
+void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& inv_count);
+
+// The packed ops' block_scan_max_batch: >= 0 (0: always the separate device scan on CUDA).
+void check_block_scan_max_batch(int64_t block_scan_max_batch);
 
 }  // namespace detector

@@ -4,12 +4,17 @@
    synchronize: what any loss pays on this host before its own work.
 2. Headline: batch 1024, 256 slots, seed boxes; forward+backward of padded and the custom-op strategies,
    wall time (host clock), CUDA-event time and CUDA-graph replay (the kernels without the host).
-3. Byte floors: batch 16384, 256 slots, seed boxes, uint8 targets. For each kernel strategy the bytes its
-   forward must move (predictions read, gradient written, target boxes read, counts read), over the rate
-   of a 256 MiB device-to-device copy measured in the same run, is its floor; the table gives the forward
-   device time and its ratio to that floor. The floor counts every prediction slot, so a strategy that
-   skips padded slots (cuda_conditional, packed) may go below it (ratio < 1).
-4. packed against cuda_fused as the valid boxes grow from 1 to 100k (batch 1024 and 16384, 256 slots).
+3. Byte floors: batch 16384, 256 slots, seed boxes, uint8 targets. For each kernel strategy the bytes a
+   forward+backward must move (predictions read, gradient written, target boxes read, counts read: 2 x
+   pred + targets + counts), over the rate of a 256 MiB device-to-device copy measured in the same run,
+   is its floor; the table gives the forward+backward device time (CUDA-graph replays) and its ratio to
+   that floor, then the forward alone: its device time and its read rate, the bytes a forward reading
+   every slot must read (pred + targets + counts) over that time, as a % of the copy's rate. The floor
+   counts every prediction slot, so a strategy that skips padded slots (cuda_conditional, packed) may go
+   below it (ratio < 1, read rate > 100 %).
+4. packed against cuda_fused as the valid boxes grow from 1 to 100k (batch 1024 and 16384, 256 slots);
+   then packed's two ways to the prefix sums of the counts at batch 1024, 2048 and 4096 (seed boxes):
+   every block scanning the counts itself against one CUB scan launch (the default switches at 2048).
 5. cuda_conditional against cuda_fused forward at 256 and 4096 slots (batch 1024): does skipping pay?
 
 The case sizes above are fixed; ``bench.pred_dtype`` (sections 2–5; 2 and 3 also in float32) and the
@@ -37,6 +42,7 @@ FLOOR_BATCH = 16384
 SLOTS = 256
 COPY_BYTES = 256 * 2**20
 VALID_BOXES = (1, 10, 100, 1_000, 10_000, 100_000)
+SCAN_BATCHES = (1024, 2048, 4096)  # around the default block_scan_max_batch (2048) and its limit (4096)
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -129,31 +135,35 @@ def copy_rate(timed: dict) -> dict:
     return {"bytes": 2 * COPY_BYTES, "ms": copy, "bytes_per_ms": 2 * COPY_BYTES / copy.median}
 
 
-def bytes_moved(pred: torch.Tensor, targets) -> int:
-    """The least a forward that also writes the gradient moves: predictions read, gradient (pred's shape
-    and dtype) written, target boxes read, counts read."""
-    boxes, counts = targets  # [B, M, 4] or [N, 4], [B]
-    return 2 * pred.nbytes + boxes.nbytes + counts.nbytes
+def input_bytes(pred: torch.Tensor, targets) -> int:
+    """What a forward reading every slot reads: predictions, target boxes ([B, M, 4] or [N, 4]), counts."""
+    boxes, counts = targets
+    return pred.nbytes + boxes.nbytes + counts.nbytes
 
 
 def byte_floors(pred_dtype: torch.dtype, copy: dict, timed: dict) -> list[dict]:
-    """Each kernel strategy's forward (loss and saved gradient) device time against its byte floor."""
+    """Each kernel strategy's forward+backward device time against its byte floor (the inputs read and the
+    gradient written, over the copy's rate), and its forward's read rate."""
     pred, boxes_list = random_case(FLOOR_BATCH, SLOTS, "seed", pred_dtype, torch.uint8, seed=7, nan_padding=False)
     records = []
     for name in runnable(KERNEL_STRATEGIES):
         strategy, cuda_pred, targets = strategy_inputs(name, pred, boxes_list, SLOTS)
-        moved = bytes_moved(cuda_pred, targets)
+        forward, forward_backward = loss_closures(strategy, cuda_pred, targets)
+        read = input_bytes(cuda_pred, targets)
+        moved = read + cuda_pred.nbytes  # + the gradient written
         floor = moved / copy["bytes_per_ms"]
-        forward = device_ms(lambda: strategy(cuda_pred, targets), **timed)  # noqa: B023  (called right here)
+        both, alone = device_ms(forward_backward, **timed), device_ms(forward, **timed)
         records.append(
             {
                 "strategy": name,
                 "pred_dtype": dtype_name(pred_dtype),
                 "bytes": moved,
                 "floor_ms": floor,
-                "forward_ms": forward,
-                "vs_floor": forward.median / floor,
-                "GBps": moved / forward.median / 1e6,
+                "forward_backward_ms": both,
+                "vs_floor": both.median / floor,
+                "forward_read_bytes": read,
+                "forward_ms": alone,
+                "forward_read_of_copy": read / alone.median / copy["bytes_per_ms"],
             }
         )
     return records
@@ -170,6 +180,26 @@ def packed_scaling(pred_dtype: torch.dtype, batch: int, timed: dict) -> list[dic
             forward, forward_backward = loss_closures(*strategy_inputs(name, pred, boxes_list, SLOTS))
             row[f"{name}_forward_device_ms"] = device_ms(forward, **timed)
             row[f"{name}_forward_backward_graph_ms"] = graph_ms(forward_backward, label=name, **timed)
+        records.append(row)
+    return records
+
+
+def scan_paths(pred_dtype: torch.dtype, timed: dict) -> list[dict]:
+    """packed forward+backward device ms with every block scanning the counts itself (block_scan_max_batch =
+    B) against one CUB scan launch first (block_scan_max_batch = 0), seed boxes."""
+
+    def packed_op(limit: int):
+        return lambda pred, targets: cuda_op.giou_loss_packed(pred, *targets, limit)
+
+    records = []
+    for batch in SCAN_BATCHES:
+        pred, boxes_list = random_case(batch, SLOTS, "seed", pred_dtype, torch.uint8, seed=batch, nan_padding=False)
+        targets = make_targets(boxes_list, "packed", SLOTS).to("cuda")
+        cuda_pred = pred.to("cuda").requires_grad_()
+        row = {"batch": batch, "valid_boxes": sum(len(b) for b in boxes_list)}
+        for key, limit in (("block_scan_ms", batch), ("device_scan_ms", 0)):
+            _, forward_backward = loss_closures(packed_op(limit), cuda_pred, targets)
+            row[key] = device_ms(forward_backward, **timed)
         records.append(row)
     return records
 
@@ -215,14 +245,20 @@ def print_tables(results: dict, copy: dict) -> None:
 
     rate = copy["bytes_per_ms"] / 1e9  # TB/s
     print(f"## Byte floors, batch {FLOOR_BATCH}, {SLOTS} slots, seed boxes, uint8 targets")
-    print(f"(floor = bytes / the device-to-device copy's {significant(rate)} TB/s, {spread_cell(copy['ms'])} ms)\n")
-    headers = ["strategy", "pred", "MB moved", "floor ms", "forward device ms", "× floor", "GB/s"]
+    print(
+        f"(floor = 2 x pred + targets + counts over the device-to-device copy's {significant(rate)} TB/s, "
+        f"{spread_cell(copy['ms'])} ms; fwd read = pred + targets + counts over the forward's time)\n"
+    )
+    headers = ["strategy", "pred", "floor MB", "floor ms", "fwd+bwd device ms", "× floor"]
+    headers += ["fwd device ms", "fwd read GB/s", "fwd read % of copy"]
     rows = [
-        [r["strategy"], r["pred_dtype"], significant(r["bytes"] / 1e6), ms(r["floor_ms"]), spread_cell(r["forward_ms"])]
-        + [significant(r["vs_floor"]) + "×", significant(r["GBps"])]
+        [r["strategy"], r["pred_dtype"], significant(r["bytes"] / 1e6), ms(r["floor_ms"])]
+        + [spread_cell(r["forward_backward_ms"]), significant(r["vs_floor"]) + "×", spread_cell(r["forward_ms"])]
+        + [significant(r["forward_read_bytes"] / r["forward_ms"].median / 1e6)]
+        + [f"{significant(100 * r['forward_read_of_copy'])} %"]
         for r in results["byte_floors"]
     ]
-    print(markdown_table(headers, rows, align="llrrrrr") + "\n")
+    print(markdown_table(headers, rows, align="llrrrrrrr") + "\n")
 
     print("## packed vs cuda_fused as valid boxes grow (256 slots, device ms)\n")
     headers = ["batch", "valid", "cuda_fused fwd", "packed fwd", "packed fwd speed-up"]
@@ -234,6 +270,15 @@ def print_tables(results: dict, copy: dict) -> None:
             fused, packed = r[f"cuda_fused_{what}"], r[f"packed_{what}"]
             row += [spread_cell(fused), spread_cell(packed), speedup_cell(fused, packed)]
         rows.append(row)
+    print(markdown_table(headers, rows) + "\n")
+
+    print("## packed: prefix sums by every block itself vs one CUB scan launch (fwd+bwd device ms, seed boxes)\n")
+    headers = ["batch", "valid", "block scan", "CUB scan launch", "block scan speed-up"]
+    rows = [
+        [r["batch"], r["valid_boxes"], spread_cell(r["block_scan_ms"]), spread_cell(r["device_scan_ms"])]
+        + [speedup_cell(r["device_scan_ms"], r["block_scan_ms"])]
+        for r in results["scan_paths"]
+    ]
     print(markdown_table(headers, rows) + "\n")
 
     print("## cuda_conditional vs cuda_fused forward kernel, batch 1024 (device ms)\n")
@@ -261,6 +306,7 @@ def run_bench(cfg: DictConfig) -> dict | None:
         "copy": copy,
         "byte_floors": [r for d in dtypes for r in byte_floors(d, copy, timed)],
         "packed_scaling": packed_scaling(pred_dtype, 1024, timed) + packed_scaling(pred_dtype, FLOOR_BATCH, timed),
+        "scan_paths": scan_paths(pred_dtype, timed),
         "skipping": skipping(pred_dtype, timed),
     }
     print_tables(results, copy)

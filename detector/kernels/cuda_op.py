@@ -11,20 +11,24 @@ Dtypes (one list, ``extensions/giou_dtypes.h``): pred fp64/fp32/bf16/fp16; targe
 uint8/int8/int16/int32/int64; counts uint8/int8/int16/int32/int64; any strides. Arithmetic in the
 compute dtype: fp64 for fp64 predictions (exact to the fp64 reference but for rounding order), else fp32.
 
-Forward (one kernel on CUDA) returns ``(loss, grad_sum, inv_count)``:
+Forward (one kernel on CUDA) returns ``(loss, inv_count)`` and writes no gradient buffer:
     loss       0-dim, compute dtype: sum over valid (b, j) of (1 - GIoU) / max(n_valid, 1)
-    grad_sum   [B, M, 4] contiguous, pred's dtype: d(sum of the per-box losses) / d pred; exactly 0 on
-               padded slots, whatever they hold (NaN included)
     inv_count  0-dim, compute dtype: 1 / max(n_valid, 1)
-Backward (one elementwise kernel) is ``grad_sum * (grad_output * inv_count)``: the gradient is computed
-in the forward and only scaled afterwards; nothing reads a device value on the host. A backward with
-``create_graph=True`` raises (grad_sum has no graph: a second derivative would silently be 0).
+Backward (``giou_loss_backward`` / ``giou_loss_packed_backward``, one kernel on CUDA) recomputes the
+gradient from pred, target and counts, which the autograd saves by reference (no copies), and writes every
+slot of grad_pred ([B, M, 4] contiguous, pred's dtype): exactly 0 on padded slots, which it never reads
+(NaN there never leaks), ``d(1 - GIoU)/d pred * grad_output * inv_count`` on valid ones. Nothing reads a
+device value on the host. A backward with ``create_graph=True`` raises (the backward kernel's gradient has
+no graph: a second derivative would silently be 0).
 
 Counts outside [0, M] are clamped to [0, M], by the CPU and the CUDA kernels alike (the GPU cannot check
 them without a host synchronisation): the loss is the loss of the clamped counts. Packed layout: row i of
 the N target rows belongs to the image b with C[b] <= i < C[b + 1], C the prefix sums of the clamped
 counts. Rows at or past C[B] (N > sum) are ignored; when N < C[B] the boxes that would lie past row N are
 absent, and the loss averages over the min(N, C[B]) boxes present. Nothing reads past row N or slot M.
+On CUDA the prefix sums come from every block's own scan of the counts for batches of up to
+``block_scan_max_batch`` images (default 2048, at most 4096: the arithmetic is in extensions/giou_op.cpp),
+from one CUB scan launch before the kernel for larger ones; the CPU kernel ignores it.
 """
 
 from __future__ import annotations
@@ -80,38 +84,47 @@ def note_cpu_kernel(strategy: str) -> None:
 def giou_loss(pred: Tensor, target: Tensor, counts: Tensor, skip_invalid: bool = False) -> Tensor:
     """Mean GIoU loss, padded layout: pred, target [B, M, 4], counts [B]; slot j of image b valid iff j < counts[b].
 
-    Dtypes as the module docstring lists. ``skip_invalid``: on CUDA, threads of padded slots skip their
-    loads and arithmetic (``cuda_conditional``) instead of computing and selecting 0 (``cuda_fused``); same
-    result. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
+    Dtypes as the module docstring lists. ``skip_invalid``: on CUDA, the forward loads and computes the
+    valid slots only (``cuda_conditional``) instead of every slot, padded ones then selected to 0
+    (``cuda_fused``); same result, same backward. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
     """
     _require_extension()
     return torch.ops.detector.giou_loss.default(pred, target, counts, skip_invalid)[0]
 
 
-def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor) -> Tensor:
+def giou_loss_packed(pred: Tensor, target: Tensor, counts: Tensor, block_scan_max_batch: int | None = None) -> Tensor:
     """Mean GIoU loss, packed layout: pred [B, M, 4], target [N, 4] (image 0's boxes first), counts [B].
 
     Box i of image b (in target order) is compared with pred[b, i]; N = sum(counts), or see the module
-    docstring for other N. Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
+    docstring for other N. ``block_scan_max_batch``: the op's default unless given (tests pick each path of
+    the prefix sums with it). Returns the 0-dim loss (fp64 for fp64 pred, else fp32).
     """
     _require_extension()
-    return torch.ops.detector.giou_loss_packed.default(pred, target, counts)[0]
+    op = torch.ops.detector.giou_loss_packed.default
+    if block_scan_max_batch is None:
+        return op(pred, target, counts)[0]
+    return op(pred, target, counts, block_scan_max_batch)[0]
 
 
 if _C is not None:
+    # Trailing arguments left at the schema's default may be dropped before a fake kernel is called: *_.
 
     @torch.library.register_fake("detector::giou_loss")
-    def _giou_loss_fake(pred, target, counts, skip_invalid=False):
-        return _forward_outputs(pred)
+    def _giou_loss_fake(pred, target, counts, *_):
+        return _loss_outputs(pred)
 
     @torch.library.register_fake("detector::giou_loss_packed")
-    def _giou_loss_packed_fake(pred, target, counts):
-        return _forward_outputs(pred)
+    def _giou_loss_packed_fake(pred, target, counts, *_):
+        return _loss_outputs(pred)
 
     @torch.library.register_fake("detector::giou_loss_backward")
-    def _giou_loss_backward_fake(grad_output, grad_sum, inv_count):
-        return grad_sum.new_empty(grad_sum.shape)
+    def _giou_loss_backward_fake(grad_output, pred, target, counts, inv_count):
+        return pred.new_empty(pred.shape)  # contiguous, pred's dtype
 
-    def _forward_outputs(pred):
-        scalar = pred.new_empty((), dtype=torch.promote_types(pred.dtype, torch.float32))  # the compute dtype
-        return scalar, pred.new_empty(pred.shape), scalar.new_empty(())
+    @torch.library.register_fake("detector::giou_loss_packed_backward")
+    def _giou_loss_packed_backward_fake(grad_output, pred, target, counts, inv_count, *_):
+        return pred.new_empty(pred.shape)
+
+    def _loss_outputs(pred):
+        loss = pred.new_empty((), dtype=torch.promote_types(pred.dtype, torch.float32))  # the compute dtype
+        return loss, loss.new_empty(())

@@ -1,7 +1,8 @@
 """``cuda_conditional``: the ``cuda_fused`` kernel, but threads of padded slots skip loads and arithmetic.
 
-Same op (``skip_invalid=True``), same result; the question it answers is whether skipping the work of
-padded slots pays (it saves their reads, not their gradient writes). See detector/bench/kernels.py.
+Same op (``skip_invalid=True``), same result, same backward; the question it answers is whether skipping
+the work of padded slots pays: its forward reads only the valid boxes (and the counts), so it may run
+below the byte floor of detector/bench/kernels.py, which counts every slot.
 """
 
 from torch import Tensor

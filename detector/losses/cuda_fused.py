@@ -1,8 +1,10 @@
-"""``cuda_fused``: the ``detector::giou_loss`` custom op, one thread per slot, padded slots selected to 0.
+"""``cuda_fused``: the ``detector::giou_loss`` custom op over every slot, padded ones selected to 0.
 
-One kernel forward (loss, saved gradient and the reduction to the mean), one elementwise kernel
-backward, no host synchronisation. Every slot is loaded and computed; padded ones are discarded by
-selection, so NaN there never leaks. See detector/cuda_op.py and extensions/.
+One kernel forward (the loss and its reduction to the mean; no gradient buffer), one kernel backward, no
+host synchronisation. The forward loads and computes every slot, 16 bytes at a time (that is what this
+strategy measures); padded ones are discarded by selection, so NaN there never leaks. The backward, like
+every backward of the op, recomputes the gradient of the valid slots and writes zeros to the padded ones
+without reading them. See detector/kernels/cuda_op.py and extensions/.
 """
 
 from torch import Tensor
@@ -24,7 +26,7 @@ register(
         "cuda_fused",
         "padded",
         giou_loss_cuda_fused,
-        "custom C++/CUDA op: one fused kernel per slot + one backward scale",
+        "custom C++/CUDA op: one kernel over every slot forward, one backward",
         unavailable=cuda_op.kernel_unavailable,
     )
 )

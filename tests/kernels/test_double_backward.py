@@ -1,9 +1,9 @@
 """Second derivatives: every strategy either gives padded's (autograd all the way) or refuses clearly.
 
-The fused strategies (triton, cuda_fused, cuda_conditional, packed) compute their gradient inside the
-forward kernel and only scale it in backward, and torch.compile's backward cannot be differentiated
-again: a backward with create_graph=True must raise at once, never return a wrong (zero or missing)
-second derivative.
+The fused strategies compute their gradient in a kernel with no graph behind it (triton inside its
+forward kernel; cuda_fused, cuda_conditional and packed in one backward kernel), and torch.compile's
+backward cannot be differentiated again: a backward with create_graph=True must raise at once, never
+return a wrong (zero or missing) second derivative.
 """
 
 import warnings
