@@ -263,46 +263,57 @@ def _max_programs(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count * PROGRAMS_PER_SM
 
 
+def _cdiv(a: int, b: int) -> int:
+    return (a + b - 1) // b  # not triton.cdiv: a constexpr_function since triton 3.9, ~2 us a call on the host
+
+
 def _forward_grid(batch: int, device: torch.device):
     """The forward kernel's persistent grid: a program per tile of images, at most a few per SM."""
-    return lambda meta: (min(triton.cdiv(batch, meta["IMAGES"]), _max_programs(device)),)
+    return lambda meta: (min(_cdiv(batch, meta["IMAGES"]), _max_programs(device)),)
 
 
 def _backward_grid(batch: int, max_boxes: int):
     """The backward kernel's grid: a program per tile of IMAGES images x SLOTS slots."""
-    return lambda meta: (triton.cdiv(batch, meta["IMAGES"]) * triton.cdiv(max_boxes, meta["SLOTS"]),)
+    return lambda meta: (_cdiv(batch, meta["IMAGES"]) * _cdiv(max_boxes, meta["SLOTS"]),)
 
 
 TUNED = ("IMAGES", "SLOTS")  # the autotuned constexprs, last in both kernels' arguments
-# (kernel, device, M, each tensor argument's dtype and 16-byte alignment) -> (CompiledKernel, its config)
+# (kernel, device, M, dtype and 16-byte alignment of each tensor argument) -> (CompiledKernel, config,
+# the constexpr arguments EPS and TUNED's values)
 _COMPILED: dict[tuple, tuple] = {}
 
 
 def _launch(kernel, grid, *args) -> None:
-    """Eager launch of an autotuned kernel on ``grid`` (a function of its config); args end in (B, M).
+    """Eager launch of an autotuned kernel on ``grid`` (a function of its config); ``args`` are tensors, then B, M.
 
-    Triton's own launch path (Autotuner.run, then JITFunction.run: argument binding, specialisation key,
-    cache look-ups, in Python) costs tens of microseconds per call. Here the first call per key goes
-    through it (autotuning once per M, compiling once per specialisation) and keeps the CompiledKernel it
-    returns; later calls launch that directly. The kernels do not specialise on B and M, so besides M
-    (which picks the autotuned config) the key holds what Triton specialises on: each tensor argument's
-    dtype and 16-byte alignment, and the device the kernel was loaded on.
+    Triton's own launch (Autotuner.run, then JITFunction.run: argument binding, a specialisation key,
+    cache look-ups, launch hooks, all in Python) costs tens of microseconds per call. Here the first call
+    per key goes through it (autotuning once per M, compiling once per specialisation) and keeps the
+    CompiledKernel it returns; later calls hand their arguments to its launcher directly, as inductor's
+    generated launchers do, without Triton's launch hooks (its own profiler; torch.profiler still sees the
+    kernels). The kernels do not specialise on B and M, so besides M (which picks the autotuned config)
+    the key holds what Triton specialises on: each tensor's dtype and 16-byte alignment, and the device.
     """
-    device = args[0].device
     if INTERPRETED:  # numpy on the host: no launch cost worth caching
         kernel[grid](*args, EPS=EPS)
         return
-    if device.index != torch.cuda.current_device():  # Triton launches on the current device
+    device = args[0].get_device()
+    if device != torch.cuda.current_device():  # Triton launches on the current device
         with torch.cuda.device(device):
             return _launch(kernel, grid, *args)
-    key = (kernel, device, args[-1], *[(a.dtype, a.data_ptr() % 16 == 0) for a in args if isinstance(a, Tensor)])
+    key = (kernel, device, args[-1], *[(t.dtype, t.data_ptr() % 16 == 0) for t in args[:-2]])
     cached = _COMPILED.get(key)
     if cached is None:
         compiled = kernel[grid](*args, EPS=EPS)  # autotunes (once per M), compiles and launches
-        _COMPILED[key] = compiled, kernel.best_config.kwargs
+        config = kernel.best_config.kwargs
+        _COMPILED[key] = compiled, config, (EPS, *[config[name] for name in TUNED])
         return
-    compiled, meta = cached
-    compiled[(*grid(meta), 1, 1)](*args, EPS, *[meta[name] for name in TUNED])  # every argument, in order
+    compiled, config, constexprs = cached
+    stream = triton.runtime.driver.active.get_current_stream(device)
+    # the launcher's arguments: grid, stream, kernel, its metadata, launch metadata and hooks, every argument
+    compiled.run(
+        grid(config)[0], 1, 1, stream, compiled.function, compiled.packed_metadata, None, None, None, *args, *constexprs
+    )
 
 
 def _forward_outputs(pred: Tensor) -> tuple[Tensor, Tensor, Tensor | None]:

@@ -171,6 +171,57 @@ def test_eps_is_the_contracts():
     assert triton_strategy.EPS == EPS
 
 
+FAKE_DRIVER_SCRIPT = """
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.runtime import driver
+
+class Launcher:  # records what a launch would pass to the CUDA launcher
+    calls = []
+    def __init__(self, src, metadata): pass
+    def __call__(self, *launch): Launcher.calls.append(launch)
+
+class Utils:
+    def load_binary(self, name, kernel, shared, device): return 1, 2, 32, 0, 1024
+    def get_device_properties(self, device): return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+class FakeCudaDriver:  # what JITFunction.run and CompiledKernel need; kernels really compile (ptxas)
+    utils, launcher_cls = Utils(), Launcher
+    def get_current_device(self): return -1
+    def get_current_stream(self, device=None): return 7
+    def get_current_target(self): return GPUTarget("cuda", 90, 32)
+    def get_benchmarker(self): return lambda fn, quantiles=None, **kw: (fn(), [1.0, 1.0, 1.0])[1]
+
+driver.set_active(FakeCudaDriver())
+torch.cuda.current_device = lambda: -1  # CPU tensors: get_device() is -1
+import detector.kernels.triton_giou as tg
+B, M = 5, 13
+pred, boxes, counts = torch.rand(B, M, 4).bfloat16(), torch.zeros(B, M, 4, dtype=torch.uint8), torch.ones(B).long()
+loss, inv_count, work = tg._forward_outputs(pred)
+launches = [
+    (tg._giou_loss_forward_kernel, tg._forward_grid(B, pred.device), (pred, boxes, counts, work, loss, inv_count)),
+    (tg._giou_loss_backward_kernel, tg._backward_grid(B, M), (pred, boxes, counts, torch.ones(()), inv_count, pred)),
+]
+for kernel, grid, tensors in launches:
+    tg._launch(kernel, grid, *tensors, B, M)  # through Triton's launcher: autotunes, compiles
+    tg._launch(kernel, grid, *tensors, B, M)  # the cached CompiledKernel
+    first, cached = Launcher.calls[-2:]
+    # grid, stream, function, kernel metadata; then (launch metadata and hooks differ) every argument
+    assert first[:6] == cached[:6], (first[:6], cached[:6])
+    assert len(first) == len(cached) and all(a is b or a == b for a, b in zip(first[9:], cached[9:]))
+print("ok", len(tg._COMPILED))
+"""
+
+
+@pytest.mark.skipif(HAS_CUDA, reason="the gpu tests launch the real kernels")
+def test_cached_launch_passes_what_triton_passes():
+    # The eager path's launch of a cached CompiledKernel is only exercised with CUDA. Here Triton compiles
+    # for sm_90 under a fake driver whose launcher records its arguments: the cached launch must pass what
+    # Triton's own launch (JITFunction.run) passes, in the same order, constexprs included.
+    done = run_fresh(FAKE_DRIVER_SCRIPT)
+    assert done.returncode == 0 and done.stdout.strip() == "ok 2", done.stderr[-3000:]
+
+
 # ----------------------------------------------------------------------------- kernel behaviour
 
 
