@@ -37,6 +37,7 @@ from torch.library import wrap_triton
 try:
     import triton
     import triton.language as tl
+    import triton.testing
 except ImportError:  # e.g. macOS or Windows: the strategy stays listed, with the reason it cannot run
     triton = None
 
@@ -247,7 +248,12 @@ if triton is not None:
         triton.Config({"IMAGES": 8, "SLOTS": 128}, num_warps=8),
     ]
     _INTERPRETER_CONFIGS = [triton.Config({"IMAGES": 8, "SLOTS": 32})]
-    _autotune = functools.partial(triton.autotune, configs=_INTERPRETER_CONFIGS if INTERPRETED else _CONFIGS, key=["M"])
+    # The kernels run for microseconds: 20 ms of repetitions per config are thousands of runs, and a new
+    # M costs ~0.2 s of autotuning instead of the default 125 ms x 4 configs x 2 kernels.
+    _bench = functools.partial(triton.testing.do_bench, warmup=5, rep=20)
+    _autotune = functools.partial(
+        triton.autotune, configs=_INTERPRETER_CONFIGS if INTERPRETED else _CONFIGS, key=["M"], do_bench=_bench
+    )
     # autotuning reruns the forward kernel, whose sums accumulate atomically
     _giou_loss_forward_kernel = _autotune(reset_to_zero=["work_ptr"])(_giou_loss_forward_kernel)
     _giou_loss_backward_kernel = _autotune()(_giou_loss_backward_kernel)
