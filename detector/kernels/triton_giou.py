@@ -5,9 +5,10 @@ so padded slots are never read; it sums the loss and counts the valid boxes on t
 last program to finish writes the mean loss and ``inv_count`` = 1 / max(n_valid, 1). Backward launches
 one kernel that recomputes the gradient from pred, the targets and the counts, scales it by
 grad_output * inv_count (both read from device memory: nothing waits for the host) and writes every
-slot of d loss / d pred, exactly 0 in padded ones. The predictions are read once each way and the
-gradient written once: 2 x pred + targets + counts bytes for forward and backward (saving a gradient
-in forward and scaling it backward moved 4 x pred + targets).
+slot of d loss / d pred, exactly 0 in padded ones. Both read pred and the targets in valid slots only,
+so forward+backward moves the gradient plus twice the valid boxes' bytes (saving a gradient in forward
+and scaling it in backward moved 4 x pred + targets whatever the boxes): with the seed boxes (~2 of 256
+slots valid) that is little more than the gradient itself.
 
 Two entries, one pair of kernels:
 - eager: ``_GiouLossTriton``, a torch.autograd.Function that launches the kernels itself, reusing the
@@ -21,8 +22,8 @@ TRITON_INTERPRET=1 is set before this module is imported: the CLI and the tests'
 (and say so) where there is no GPU; importing this module sets nothing.
 
 Order, as in Liger-Kernel: the @triton.jit kernels, the host launchers, the autograd Function and the
-ops at the bottom. Everything below ``giou_loss_triton`` trusts its caller (``detector.losses.Strategy``
-checks the inputs once).
+ops, with the public ``giou_loss_triton`` at the bottom. What it calls trusts its caller
+(``detector.losses.Strategy`` checks the inputs once).
 """
 
 from __future__ import annotations
