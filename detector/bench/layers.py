@@ -1,12 +1,13 @@
 """``bench layers``: where the time of the ``triton`` strategy goes, layer by layer, on a GPU.
 
 One case, the article's: batch 1024 x 256 slots, bf16 predictions, uint8 targets, ``seed`` and ``tail``
-box counts (fixed here; compare strategies with ``bench losses``). For each: the op alone (no autograd),
-the strategy's forward while autograd records, forward + backward, and forward + backward replayed from
-a CUDA graph (the device time without the host); then, for the ``seed`` case, each kernel's device time
-from the profiler and the autotuned kernel configurations. Timing budget: ``bench.warmup``,
-``bench.repeats``, ``bench.max_seconds``. CUDA only: on a machine without one it says so in one line and
-returns (the Triton interpreter would time numpy, not the kernel).
+box counts (fixed here; compare strategies with ``bench losses``). For each: the forward op alone (the
+path torch.compile traces, no autograd), the strategy's forward while autograd records, forward +
+backward, and forward + backward replayed from a CUDA graph (the device time without the host); then,
+for the ``seed`` case, each kernel's device time from the profiler and the autotuned configurations of
+both kernels. ``python -m detector.bench.triton_host`` breaks the eager host path down further. Timing
+budget: ``bench.warmup``, ``bench.repeats``, ``bench.max_seconds``. CUDA only: on a machine without one
+it says so in one line and returns (the Triton interpreter would time numpy, not the kernel).
 """
 
 from __future__ import annotations
