@@ -271,7 +271,7 @@ def _max_programs(device: torch.device) -> int:
 
 
 def _cdiv(a: int, b: int) -> int:
-    return (a + b - 1) // b  # not triton.cdiv: a constexpr_function since triton 3.9, ~2 us a call on the host
+    return (a + b - 1) // b  # not triton.cdiv: a constexpr_function (triton 3.6, 3.9), ~2 us a call on the host
 
 
 def _forward_grid(batch: int, device: torch.device):
