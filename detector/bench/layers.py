@@ -1,12 +1,13 @@
 """``bench layers``: where the time of the ``triton`` strategy goes, layer by layer, on a GPU.
 
 One case, the article's: batch 1024 x 256 slots, bf16 predictions, uint8 targets, ``seed`` and ``tail``
-box counts (fixed here; compare strategies with ``bench losses``). For each: the op alone (no autograd),
-the strategy's forward while autograd records, forward + backward, and forward + backward replayed from
-a CUDA graph (the device time without the host); then, for the ``seed`` case, each kernel's device time
-from the profiler and the autotuned kernel configurations. Timing budget: ``bench.warmup``,
-``bench.repeats``, ``bench.max_seconds``. CUDA only: on a machine without one it says so in one line and
-returns (the Triton interpreter would time numpy, not the kernel).
+box counts (fixed here; compare strategies with ``bench losses``). For each: the forward op alone (the
+path torch.compile traces, no autograd), the strategy's forward while autograd records, forward +
+backward, and forward + backward replayed from a CUDA graph (the device time without the host); then,
+for the ``seed`` case, each kernel's device time from the profiler and the autotuned configurations of
+both kernels. ``python -m detector.bench.triton_host`` breaks the eager host path down further. Timing
+budget: ``bench.warmup``, ``bench.repeats``, ``bench.max_seconds``. CUDA only: on a machine without one
+it says so in one line and returns (the Triton interpreter would time numpy, not the kernel).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def layer_times(distribution: str, timed: dict) -> tuple[dict, object]:
         strategy(pred, targets).backward()
 
     layers = {
-        "op alone, no autograd": event_ms(lambda: op(detached, boxes, counts), "cuda", **timed),
+        "forward op (compile's path), no autograd": event_ms(lambda: op(detached, boxes, counts), "cuda", **timed),
         "strategy forward, autograd recording": event_ms(lambda: strategy(pred, targets), "cuda", **timed),
         "strategy forward + backward": event_ms(forward_backward, "cuda", **timed),
         "forward + backward, CUDA graph": graph_ms(forward_backward, label="triton", **timed),
@@ -80,7 +81,8 @@ def run_bench(cfg: DictConfig) -> dict | None:
     print(markdown_table(headers, rows) + "\n")
     print(f"## Kernels of one forward + backward, {DISTRIBUTIONS[0]} boxes (profiler, mean of {PROFILED_CALLS})\n")
     print(markdown_table(["kernel", "device ms"], [[k["kernel"], ms(k["device_ms"])] for k in kernels]) + "\n")
-    autotuned = {str(key): str(config) for key, config in triton_giou._giou_loss_fwd_bwd_kernel.cache.items()}
+    tuned = {"forward": triton_giou._giou_loss_forward_kernel, "backward": triton_giou._giou_loss_backward_kernel}
+    autotuned = {f"{name} {key}": str(config) for name, kernel in tuned.items() for key, config in kernel.cache.items()}
     print("autotuned configs (key: M, dtypes):\n" + "\n".join(f"  {k}: {v}" for k, v in autotuned.items()))
     results = {"cases": cases, "kernels": kernels, "autotuned": autotuned}
     bench.save(cfg, "layers", device, results)

@@ -1,8 +1,9 @@
-"""``triton``: one Triton kernel computes the loss, its gradient and the mean, in a single launch.
+"""``triton``: two Triton kernels, the loss and its mean forward, the gradient recomputed backward.
 
-Forward is one launch over padded targets; it also writes d loss / d pred, so backward is one multiply
-by ``grad_output``. Nothing waits for the host. The kernel, its launcher and its ``triton_op`` are in
-detector/kernels/triton_giou.py; without a GPU it runs in the Triton interpreter (TRITON_INTERPRET=1).
+Forward is one launch over padded targets (the loss and 1 / n_valid); backward is one launch that
+recomputes d loss / d pred and scales it by grad_output. Nothing waits for the host. The kernels, their
+launchers, the eager autograd.Function and the ``triton_op``s torch.compile traces are in
+detector/kernels/triton_giou.py; without a GPU they run in the Triton interpreter (TRITON_INTERPRET=1).
 """
 
 from torch import Tensor
@@ -22,7 +23,7 @@ register(
         "triton",
         "padded",
         giou_loss_triton_fused,
-        "one Triton kernel: loss, gradient and mean in one launch",
+        "Triton kernels: loss and mean forward, gradient recomputed backward",
         unavailable=triton_unavailable,
     )
 )
