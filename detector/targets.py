@@ -98,11 +98,14 @@ def make_targets(boxes_list: Sequence, layout: str, max_boxes: int) -> Targets:
     if layout == "list":
         return ListTargets(boxes_list)
     counts = torch.tensor([b.shape[0] for b in boxes_list], dtype=torch.int64)
+    packed = torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype)  # [N, 4]
     if layout == "packed":
-        return PackedTargets(torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype), counts)
+        return PackedTargets(packed, counts)
+    # one scatter of all boxes to (image, slot): a loop over images costs ~5 us each, 5 ms for B = 1024
+    image = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [N]
+    slot = torch.arange(len(packed)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [N]
     padded = torch.zeros(len(boxes_list), max_boxes, 4, dtype=dtype)
-    for i, boxes in enumerate(boxes_list):
-        padded[i, : boxes.shape[0]] = boxes
+    padded[image, slot] = packed
     return PaddedTargets(padded, counts)
 
 
