@@ -65,14 +65,15 @@ def background_lut() -> np.ndarray:
 
 
 @functools.cache
-def noise_bank(seed: int, width: int) -> np.ndarray:
-    """[NOISE_WINDOWS, width] uint8 read-only view: row k is pixels[k : k + width] of one i.i.d. background
-    sequence, a pure function of ``seed`` (built once per process: < 0.1 s)."""
+def noise_bank(seed: int, width: int) -> Tensor:
+    """[NOISE_WINDOWS, width] uint8 view: row k is pixels[k : k + width] of one i.i.d. background sequence,
+    a pure function of ``seed`` (built once per process: < 0.1 s). A tensor, so that ``index_select``
+    gathers a whole batch's rows into a slot in one call (~5x faster than numpy's fancy indexing here)."""
     # spawn_key (1,) makes a 5-word seed: a stream no sample's [seed, index] (<= 4 words) can reach
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1,)))
     length = NOISE_WINDOWS + width - 1
     quantiles = rng.bit_generator.random_raw(length // 4 + 1).view(np.uint16)[:length]
-    return np.lib.stride_tricks.sliding_window_view(np.take(background_lut(), quantiles), width)
+    return torch.from_numpy(np.take(background_lut(), quantiles)).unfold(0, width, 1)
 
 
 @functools.lru_cache(maxsize=8192)  # every w, h of a 256 px image (<= 82 x 82 of ~2 KB): <= 15 MB per process
@@ -126,15 +127,36 @@ class FaceSampler:
         boxes = boxes[np.lexsort((boxes[:, 1] + boxes[:, 3], boxes[:, 0] + boxes[:, 2]))]  # by 2 * centre x, y
         return boxes, rng.uniform(170, 250, size=n).astype(np.uint8)  # truncated, as the old uint8 cast did
 
-    def __call__(self, index: int) -> tuple[Tensor, Tensor]:
-        rng = np.random.default_rng([self.seed, index])
+    def draw_batch(self, indices, out: np.ndarray) -> list[np.ndarray]:
+        """Draw samples ``indices`` into ``out`` [len(indices), S, S] uint8 (C-contiguous, e.g. a shared-memory
+        slot); returns their boxes, [n_i, 4] xyxy each (uint8 up to 256 px, int16 beyond). Image k is
+        pixel for pixel the image of ``self(indices[k])``."""
         size = self.image_size
-        boxes, levels = self.faces(rng, self.count(rng))
-        rows = rng.bit_generator.random_raw(size) >> np.uint64(64 - NOISE_BITS)  # [S] in [0, NOISE_WINDOWS)
-        image = noise_bank(self.seed, size)[rows]  # [S, S] uint8, a fresh array
-        for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
-            np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
-        boxes = boxes.astype(np.uint8 if size <= 256 else np.int16)  # numpy's cast: ~20x cheaper than torch's here
+        rows = np.empty((len(indices), size), np.uint64)  # each image's background rows, in [0, NOISE_WINDOWS)
+        faces = []
+        for k, index in enumerate(indices):  # the per-sample generator stays: sample i is a function of (seed, i)
+            rng = np.random.default_rng([self.seed, index])
+            faces.append(self.faces(rng, self.count(rng)))
+            rows[k] = rng.bit_generator.random_raw(size) >> np.uint64(64 - NOISE_BITS)
+        bank = noise_bank(self.seed, size)
+        if len(indices) == 1:  # torch would start its thread pool to gather 64 KiB; numpy's ~15 us is cheaper
+            out[0] = bank.numpy()[rows[0]]
+        else:  # one gather of every row of the batch, written in place: ~5 us an image, no per-image array
+            index = torch.from_numpy(rows.view(np.int64)).flatten()  # [B * S]
+            torch.index_select(bank, 0, index, out=torch.from_numpy(out).view(-1, size))
+        for image, (boxes, levels) in zip(out, faces, strict=True):
+            for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
+                np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
+        box_dtype = np.uint8 if size <= 256 else np.int16  # numpy's cast: ~20x cheaper than torch's here
+        return [boxes.astype(box_dtype) for boxes, _ in faces]
+
+    def draw(self, index: int, out: np.ndarray) -> np.ndarray:
+        """Draw sample ``index`` into ``out`` [S, S] uint8; returns its boxes [n, 4] xyxy."""
+        return self.draw_batch([index], out[None])[0]
+
+    def __call__(self, index: int) -> tuple[Tensor, Tensor]:
+        image = np.empty((self.image_size, self.image_size), np.uint8)
+        boxes = self.draw(index, image)
         return torch.from_numpy(image)[None], torch.from_numpy(boxes)  # [1, S, S] uint8, [n, 4] xyxy
 
 
