@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detector.loader import BatchLoader
 from detector.targets import LAYOUTS, ListTargets, PackedTargets, PaddedTargets, Targets, make_targets
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "build_dataset",
     "build_loader",
     "collate_fn",
+    "data_wait_ms",
+    "draw_batch",
     "images_per_second",
     "loader_for",
     "resolve_workers",
@@ -170,30 +173,58 @@ class SyntheticFaces(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.sampler(self.sample_index(i))
+
+    def sample_index(self, i: int) -> int:
+        """The sampler's index of item i (loaders draw whole batches of items through the sampler)."""
         if not 0 <= i < self.length:
             raise IndexError(f"sample {i} out of range for a dataset of {self.length}")
-        return self.sampler(self.start + i)
+        return self.start + i
 
 
 # ----------------------------------------------------------------------------- batching and transfer
 
 
 def collate(samples: list[tuple[Tensor, Tensor]], layout: str, max_boxes: int) -> tuple[Tensor, Targets]:
-    # default_collate stacks straight into shared memory in a worker; torch.stack would leave a batch
-    # that is copied once more (64 MB at B=1024) when it is sent to the main process.
+    """Samples batched one by one, as a torch DataLoader would: the reference of the loader's batches."""
     images = torch.utils.data.default_collate([image for image, _ in samples])  # [B, 1, S, S] uint8
     return images, make_targets([boxes for _, boxes in samples], layout, max_boxes)
 
 
 def collate_fn(layout: str, max_boxes: int):
     """The collate function of a layout (picklable, so DataLoader workers can use it)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown target layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
+    check_layout(layout)
     return functools.partial(collate, layout=layout, max_boxes=max_boxes)
 
 
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown target layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
+
+
+def draw_batch(dataset, batch_size: int, layout: str, max_boxes: int, b: int, images: Tensor) -> Targets:
+    """Batch b of ``dataset`` (items b*B .. b*B + B - 1) drawn into ``images`` [B, 1, S, S] uint8; its targets.
+
+    A dataset with a ``sampler`` and ``sample_index`` (SyntheticFaces, RankBlocks) is drawn straight into
+    ``images``, the background of the whole batch in one gather; any other dataset item by item.
+    """
+    items = range(b * batch_size, (b + 1) * batch_size)
+    if getattr(dataset, "sampler", None) is not None:
+        boxes = dataset.sampler.draw_batch([dataset.sample_index(i) for i in items], images[:, 0].numpy())
+        # make_targets converts numpy arrays one by one (~4 us each); one split gives it tensors at once
+        boxes = torch.split(torch.from_numpy(np.concatenate(boxes)), [len(x) for x in boxes])
+    else:
+        boxes = []
+        for image, i in zip(images, items, strict=True):
+            item_image, item_boxes = dataset[i]
+            image.copy_(item_image)
+            boxes.append(item_boxes)
+    return make_targets(boxes, layout, max_boxes)
+
+
 def to_device(batch: tuple[Tensor, Targets], device: torch.device) -> tuple[Tensor, Targets]:
-    """Copy a (pinned) batch to the device; asynchronous when the host memory is pinned."""
+    """Copy a batch to the device: asynchronous from pinned memory, a no-op for a batch already there
+    (the loader's batches when it was built for ``device``)."""
     images, targets = batch
     return images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
@@ -210,8 +241,8 @@ def build_dataset(cfg, start: int = 0, length: int | None = None) -> SyntheticFa
     return SyntheticFaces(sampler, cfg.length if length is None else length, start)
 
 
-def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length: int | None = None):
-    """A DataLoader over the synthetic faces, batched in ``layout`` and pinned for a CUDA device."""
+def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length: int | None = None) -> BatchLoader:
+    """The loader of the synthetic faces from sample ``start`` on, batched in ``layout``, on ``device``."""
     return loader_for(build_dataset(cfg, start, length), cfg, layout, device)
 
 
@@ -226,19 +257,17 @@ def resolve_workers(num_workers: int) -> int:
     return max(1, min(16, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
 
 
-def loader_for(dataset, cfg, layout: str, device: torch.device):
-    """The project's DataLoader settings over any dataset of (image, boxes) samples."""
-    workers = resolve_workers(cfg.num_workers)
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=cfg.batch_size,
-        shuffle=False,  # sample i is already random; sequential order makes runs resumable
-        drop_last=True,  # static shapes for torch.compile and CUDA graphs
-        num_workers=workers,
-        collate_fn=collate_fn(layout, cfg.max_boxes),
-        pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0,
-        prefetch_factor=4 if workers > 0 else None,
+def loader_for(dataset, cfg, layout: str, device: torch.device) -> BatchLoader:
+    """The project's loader over any dataset of (image [1, S, S] uint8, boxes) samples (detector/loader.py):
+    whole batches only (static shapes for torch.compile and CUDA graphs), in index order (sample i is
+    already random; sequential order makes runs resumable), resolve_workers(cfg.num_workers) workers."""
+    check_layout(layout)
+    return BatchLoader(
+        draw=functools.partial(draw_batch, dataset, cfg.batch_size, layout, cfg.max_boxes),
+        batches=len(dataset) // cfg.batch_size,
+        batch_shape=(cfg.batch_size, 1, cfg.image_size, cfg.image_size),
+        workers=resolve_workers(cfg.num_workers),
+        device=torch.device(device),
     )
 
 
@@ -249,8 +278,9 @@ def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device:
     """Images/s of the data pipeline of ``cfg`` (a DataConfig), each rate timed for ~``seconds``.
 
     ``sampler``: samples drawn one after another in this process. ``loader``: images of the batches of
-    ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers, collated, pinned
-    for a CUDA device), counted from its first batch on so that worker start-up is left out.
+    ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers; on a CUDA device
+    copied there, so the host-to-device copy counts), counted from its first batch on so that worker
+    start-up is left out.
     """
     sampler = build_dataset(cfg).sampler
     sampler(0)  # builds this process's noise bank
@@ -266,5 +296,21 @@ def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device:
         loaded += cfg.batch_size
         if time.perf_counter() - start >= seconds:
             break
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # the last batch's copy
     rates["loader"] = loaded / (time.perf_counter() - start)
     return rates
+
+
+def data_wait_ms(cfg, step_seconds: float, steps: int, layout: str = "padded", device: str = "cpu") -> dict:
+    """The wait for each batch (ms: median, mean, max over ``steps`` batches) of a consumer whose step
+    takes ``step_seconds`` on the host, after ``steps // 4`` batches of warm-up (worker start-up)."""
+    batches = iter(build_loader(cfg, layout, torch.device(device)))
+    waits = []
+    for step in range(steps + steps // 4):
+        start = time.perf_counter()
+        next(batches)
+        if step >= steps // 4:
+            waits.append((time.perf_counter() - start) * 1e3)
+        time.sleep(step_seconds)
+    return {"median": statistics.median(waits), "mean": statistics.fmean(waits), "max": max(waits)}
