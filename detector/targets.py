@@ -101,11 +101,9 @@ def make_targets(boxes_list: Sequence, layout: str, max_boxes: int) -> Targets:
     packed = torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype)  # [N, 4]
     if layout == "packed":
         return PackedTargets(packed, counts)
-    # one scatter of all boxes to (image, slot): a loop over images costs ~5 us each, 5 ms for B = 1024
-    image = torch.repeat_interleave(torch.arange(len(counts)), counts)  # [N]
-    slot = torch.arange(len(packed)) - torch.repeat_interleave(counts.cumsum(0) - counts, counts)  # [N]
     padded = torch.zeros(len(boxes_list), max_boxes, 4, dtype=dtype)
-    padded[image, slot] = packed
+    # the valid slots in row-major order are the packed order: one assignment instead of one per image (5 ms at B=1024)
+    padded[torch.arange(max_boxes) < counts[:, None]] = packed
     return PaddedTargets(padded, counts)
 
 
