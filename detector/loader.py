@@ -96,17 +96,15 @@ def host_arrays(targets: Targets) -> tuple[type, list[np.ndarray]]:
     return type(targets), [t.numpy() for t in targets]
 
 
-def host_tensors(message: tuple[type, list[np.ndarray]]) -> Targets:
-    """The targets of ``host_arrays``'s message, as tensors sharing its arrays."""
+def unpack_targets(message: tuple[type, list[np.ndarray]], device: torch.device) -> tuple[Targets, list[Tensor]]:
+    """The targets of ``host_arrays``'s message on ``device``, and the tensors that hold them."""
     kind, arrays = message
     tensors = [torch.from_numpy(a) for a in arrays]
-    if kind is ListTargets:
-        return ListTargets(list(torch.split(tensors[0], tensors[1].tolist())))
-    return kind(*tensors)
-
-
-def tensors_of(targets: Targets) -> list[Tensor]:
-    return list(targets.boxes) if isinstance(targets, ListTargets) else list(targets)
+    if device.type == "cuda":  # from pinned memory: a copy from pageable memory first waits for the stream
+        tensors = [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+    if kind is ListTargets:  # views of one copy, split by the host's counts
+        return ListTargets(list(torch.split(tensors[0], arrays[1].tolist()))), tensors
+    return kind(*tensors), tensors
 
 
 def worker_loop(draw, slots: Tensor, tasks, results, stop, parent: int) -> None:
@@ -138,8 +136,8 @@ class Ring:
         count = loader.slots or 2 * loader.workers + 2  # each worker finds a free slot while earlier batches wait
         self.slots = shared_slots(count, loader.batch_shape)  # [K, B, 1, S, S] uint8
         self.free = deque(range(count))  # slots no batch holds
-        self.drawn = {}  # batch -> (slot, host targets): drawn, not yet handed to the device
-        self.staged = {}  # batch -> (images, targets, copy event or None): ready for the consumer
+        self.drawn = {}  # batch -> (slot, host_arrays message): drawn, not yet handed to the device
+        self.staged = {}  # batch -> (images, targets, copy event, device tensors) ready for the consumer
         self.copying = deque()  # (event, slot): a slot goes back to `free` once its copy has finished
         self.next_task = 0  # the next batch to hand to a worker
         self.stream, self.locked, self.processes = None, False, []
@@ -176,7 +174,7 @@ class Ring:
             self.recycle()
             if b not in self.staged:
                 self.stage(b, *self.wait_for(b))
-            images, targets, event = self.staged.pop(b)
+            images, targets, event, tensors = self.staged.pop(b)
             if self.stream is not None:
                 if self.processes:
                     self.receive(block=False)
@@ -184,18 +182,18 @@ class Ring:
                     self.stage(b + 1, *self.drawn.pop(b + 1))
                 consumer = torch.cuda.current_stream(self.device)
                 consumer.wait_event(event)
-                for t in [images, *tensors_of(targets)]:
+                for t in tensors:
                     t.record_stream(consumer)  # allocated on the copy stream, used on the consumer's
             return images, targets
 
-    def wait_for(self, b: int) -> tuple[int, Targets]:
-        """(slot, host targets) of batch b, drawn in this process (0 workers) or waited for."""
+    def wait_for(self, b: int) -> tuple[int, tuple]:
+        """(slot, host_arrays message) of batch b, drawn in this process (0 workers) or waited for."""
         while b not in self.drawn:
             if not self.free and (not self.processes or self.next_task <= b):
                 self.release(*self.copying.popleft())  # every slot waits for a copy: wait for the oldest
             if not self.processes:
                 slot = self.free.popleft()
-                return slot, self.loader.draw(b, self.slots[slot])
+                return slot, host_arrays(self.loader.draw(b, self.slots[slot]))
             self.submit()
             self.receive(block=True)
         return self.drawn.pop(b)
@@ -217,24 +215,24 @@ class Ring:
             batch, slot, targets, error = message
             if error is not None:
                 raise RuntimeError(f"data worker failed drawing batch {batch}:\n{error}")
-            self.drawn[batch] = (slot, host_tensors(targets))
+            self.drawn[batch] = (slot, targets)
             if block:
                 return
 
-    def stage(self, b: int, slot: int, targets: Targets) -> None:
+    def stage(self, b: int, slot: int, message: tuple) -> None:
         """Batch b's images and targets as the consumer gets them: copied to the device, or out of the slot."""
         if self.stream is None:
-            self.staged[b] = (self.slots[slot].clone(), targets, None)
+            self.staged[b] = (self.slots[slot].clone(), unpack_targets(message, self.device)[0], None, [])
             self.free.append(slot)
             self.submit()
             return
         with torch.cuda.stream(self.stream):
             images = self.slots[slot].to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+            targets, tensors = unpack_targets(message, self.device)
             event = torch.cuda.Event()
             event.record(self.stream)
         self.copying.append((event, slot))
-        self.staged[b] = (images, targets, event)
+        self.staged[b] = (images, targets, event, [images, *tensors])
 
     def recycle(self) -> None:
         """Give back the slots whose copies have finished, without waiting."""
