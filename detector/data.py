@@ -274,13 +274,16 @@ def loader_for(dataset, cfg, layout: str, device: torch.device) -> BatchLoader:
 # ----------------------------------------------------------------------------- measurement
 
 
+WARMUP_SECONDS = 1.0  # the loader's start (fork the workers, page-lock the ring) and the ring's first fill
+
+
 def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device: str = "cpu") -> dict[str, float]:
     """Images/s of the data pipeline of ``cfg`` (a DataConfig), each rate timed for ~``seconds``.
 
     ``sampler``: samples drawn one after another in this process. ``loader``: images of the batches of
     ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers; on a CUDA device
-    copied there, so the host-to-device copy counts), counted from its first batch on so that worker
-    start-up is left out.
+    copied there, so the host-to-device copy counts), counted after WARMUP_SECONDS so that worker
+    start-up and the batches drawn meanwhile into the ring's free slots are left out.
     """
     sampler = build_dataset(cfg).sampler
     sampler(0)  # builds this process's noise bank
@@ -290,7 +293,10 @@ def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device:
         drawn += 1
     rates = {"sampler": drawn / (time.perf_counter() - start)}
     batches = iter(build_loader(cfg, layout, torch.device(device)))
-    next(batches)
+    start = time.perf_counter()
+    for _ in batches:
+        if time.perf_counter() - start >= WARMUP_SECONDS:
+            break
     loaded, start = 0, time.perf_counter()
     for _ in batches:
         loaded += cfg.batch_size
@@ -304,13 +310,13 @@ def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device:
 
 def data_wait_ms(cfg, step_seconds: float, steps: int, layout: str = "padded", device: str = "cpu") -> dict:
     """The wait for each batch (ms: median, mean, max over ``steps`` batches) of a consumer whose step
-    takes ``step_seconds`` on the host, after ``steps // 4`` batches of warm-up (worker start-up)."""
+    takes ``step_seconds`` on the host (the training loop's ``data wait``), after WARMUP_SECONDS of steps."""
     batches = iter(build_loader(cfg, layout, torch.device(device)))
-    waits = []
-    for step in range(steps + steps // 4):
+    waits, warmup = [], int(WARMUP_SECONDS / step_seconds) + 1
+    for step in range(warmup + steps):
         start = time.perf_counter()
         next(batches)
-        if step >= steps // 4:
+        if step >= warmup:
             waits.append((time.perf_counter() - start) * 1e3)
         time.sleep(step_seconds)
     return {"median": statistics.median(waits), "mean": statistics.fmean(waits), "max": max(waits)}
