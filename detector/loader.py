@@ -112,12 +112,10 @@ def worker_loop(draw, slots: Tensor, tasks, results, stop, parent: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the main process stops us
     torch.set_num_threads(1)  # one core per worker, as DataLoader's workers
     results.cancel_join_thread()  # exit without waiting for the main process to read what is left
-    while not stop.is_set():
+    while not stop.is_set() and os.getppid() == parent:  # else the main process died without closing us
         try:
             task = tasks.get(timeout=WATCHDOG_SECONDS)
         except queue.Empty:
-            if os.getppid() != parent:  # the main process died without closing us
-                return
             continue
         if task is None or stop.is_set():  # queued tasks are dropped once we are stopped
             return
@@ -142,12 +140,12 @@ class Ring:
         self.next_task = 0  # the next batch to hand to a worker
         self.stream, self.locked, self.processes = None, False, []
         try:
+            if loader.workers:  # before page-locking: a driver may keep locked pages out of a forked child
+                self.start_workers()
             if self.device.type == "cuda":
                 self.stream = torch.cuda.Stream(self.device)
                 page_lock(self.slots)
                 self.locked = True
-            if loader.workers:
-                self.start_workers()
         except BaseException:
             self.close()  # the workers started so far
             raise
