@@ -40,7 +40,7 @@ __all__ = [
     "build_loader",
     "collate_fn",
     "data_wait_ms",
-    "draw_batch",
+    "draw_dataset_batch",
     "images_per_second",
     "loader_for",
     "resolve_workers",
@@ -207,7 +207,7 @@ def check_layout(layout: str) -> None:
         raise ValueError(f"unknown target layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
 
 
-def draw_batch(dataset, batch_size: int, layout: str, max_boxes: int, b: int, images: Tensor) -> Targets:
+def draw_dataset_batch(dataset, batch_size: int, layout: str, max_boxes: int, b: int, images: Tensor) -> Targets:
     """Batch b of ``dataset`` (items b*B .. b*B + B - 1) drawn into ``images`` [B, 1, S, S] uint8; its targets.
 
     A dataset with a ``sampler`` and ``sample_index`` (SyntheticFaces, RankBlocks) is drawn straight into
@@ -268,7 +268,7 @@ def loader_for(dataset, cfg, layout: str, device: torch.device) -> BatchLoader:
     already random; sequential order makes runs resumable), resolve_workers(cfg.num_workers) workers."""
     check_layout(layout)
     return BatchLoader(
-        draw=functools.partial(draw_batch, dataset, cfg.batch_size, layout, cfg.max_boxes),
+        draw=functools.partial(draw_dataset_batch, dataset, cfg.batch_size, layout, cfg.max_boxes),
         batches=len(dataset) // cfg.batch_size,
         batch_shape=(cfg.batch_size, 1, cfg.image_size, cfg.image_size),
         workers=resolve_workers(cfg.num_workers),
