@@ -77,7 +77,8 @@ def shared_slots(count: int, shape: tuple[int, ...]) -> Tensor:
 def page_lock(slots: Tensor) -> None:
     """Page-lock ``slots`` in place (what pin_memory() does with a copy), so host-to-device copies are
     asynchronous DMA; undone by ``page_unlock``."""
-    err = int(torch.cuda.cudart().cudaHostRegister(slots.data_ptr(), slots.numel(), 0))
+    portable = 1  # cudaHostRegisterPortable: page-locked for every CUDA context, as torch's own pin_memory
+    err = int(torch.cuda.cudart().cudaHostRegister(slots.data_ptr(), slots.numel(), portable))
     if err:
         raise RuntimeError(f"cudaHostRegister of {slots.numel() >> 20} MiB of batch slots failed: cudaError {err}")
 
