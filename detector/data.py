@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detector.loader import BatchLoader
 from detector.targets import LAYOUTS, ListTargets, PackedTargets, PaddedTargets, Targets, make_targets
 
 __all__ = [
@@ -38,6 +39,8 @@ __all__ = [
     "build_dataset",
     "build_loader",
     "collate_fn",
+    "data_wait_ms",
+    "draw_dataset_batch",
     "images_per_second",
     "loader_for",
     "resolve_workers",
@@ -65,14 +68,21 @@ def background_lut() -> np.ndarray:
 
 
 @functools.cache
-def noise_bank(seed: int, width: int) -> np.ndarray:
-    """[NOISE_WINDOWS, width] uint8 read-only view: row k is pixels[k : k + width] of one i.i.d. background
-    sequence, a pure function of ``seed`` (built once per process: < 0.1 s)."""
+def noise_bank(seed: int, width: int) -> Tensor:
+    """[NOISE_WINDOWS, width] uint8 view: row k is pixels[k : k + width] of one i.i.d. background sequence,
+    a pure function of ``seed`` (built once per process: < 0.1 s). A tensor, so that ``index_select``
+    gathers a whole batch's rows into a slot in one call (~5x faster than numpy's fancy indexing here)."""
     # spawn_key (1,) makes a 5-word seed: a stream no sample's [seed, index] (<= 4 words) can reach
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1,)))
     length = NOISE_WINDOWS + width - 1
     quantiles = rng.bit_generator.random_raw(length // 4 + 1).view(np.uint16)[:length]
-    return np.lib.stride_tricks.sliding_window_view(np.take(background_lut(), quantiles), width)
+    return torch.from_numpy(np.take(background_lut(), quantiles)).unfold(0, width, 1)
+
+
+@functools.cache
+def noise_bank_array(seed: int, width: int) -> np.ndarray:
+    """``noise_bank`` as a numpy view, for one image's rows (Tensor.numpy() costs ~5 us a call)."""
+    return noise_bank(seed, width).numpy()
 
 
 @functools.lru_cache(maxsize=8192)  # every w, h of a 256 px image (<= 82 x 82 of ~2 KB): <= 15 MB per process
@@ -126,15 +136,35 @@ class FaceSampler:
         boxes = boxes[np.lexsort((boxes[:, 1] + boxes[:, 3], boxes[:, 0] + boxes[:, 2]))]  # by 2 * centre x, y
         return boxes, rng.uniform(170, 250, size=n).astype(np.uint8)  # truncated, as the old uint8 cast did
 
-    def __call__(self, index: int) -> tuple[Tensor, Tensor]:
-        rng = np.random.default_rng([self.seed, index])
+    def draw_batch(self, indices, out: np.ndarray) -> list[np.ndarray]:
+        """Draw samples ``indices`` into ``out`` [len(indices), S, S] uint8 (C-contiguous, e.g. a shared-memory
+        slot); returns their boxes, [n_i, 4] xyxy each (uint8 up to 256 px, int16 beyond). Image k is
+        pixel for pixel the image of ``self(indices[k])``."""
         size = self.image_size
-        boxes, levels = self.faces(rng, self.count(rng))
-        rows = rng.bit_generator.random_raw(size) >> np.uint64(64 - NOISE_BITS)  # [S] in [0, NOISE_WINDOWS)
-        image = noise_bank(self.seed, size)[rows]  # [S, S] uint8, a fresh array
-        for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
-            np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
-        boxes = boxes.astype(np.uint8 if size <= 256 else np.int16)  # numpy's cast: ~20x cheaper than torch's here
+        rows = np.empty((len(indices), size), np.uint64)  # each image's background rows, in [0, NOISE_WINDOWS)
+        faces = []
+        for k, index in enumerate(indices):  # the per-sample generator stays: sample i is a function of (seed, i)
+            rng = np.random.default_rng([self.seed, index])
+            faces.append(self.faces(rng, self.count(rng)))
+            rows[k] = rng.bit_generator.random_raw(size) >> np.uint64(64 - NOISE_BITS)
+        if len(indices) == 1:  # torch would start its thread pool to gather 64 KiB; numpy's ~15 us is cheaper
+            out[0] = noise_bank_array(self.seed, size)[rows[0]]
+        else:  # one gather of every row of the batch, written in place: ~5 us an image, no per-image array
+            index = torch.from_numpy(rows.view(np.int64)).flatten()  # [B * S]
+            torch.index_select(noise_bank(self.seed, size), 0, index, out=torch.from_numpy(out).view(-1, size))
+        for image, (boxes, levels) in zip(out, faces, strict=True):
+            for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
+                np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
+        box_dtype = np.uint8 if size <= 256 else np.int16  # numpy's cast: ~20x cheaper than torch's here
+        return [boxes.astype(box_dtype) for boxes, _ in faces]
+
+    def draw(self, index: int, out: np.ndarray) -> np.ndarray:
+        """Draw sample ``index`` into ``out`` [S, S] uint8; returns its boxes [n, 4] xyxy."""
+        return self.draw_batch([index], out[None])[0]
+
+    def __call__(self, index: int) -> tuple[Tensor, Tensor]:
+        image = np.empty((self.image_size, self.image_size), np.uint8)
+        boxes = self.draw(index, image)
         return torch.from_numpy(image)[None], torch.from_numpy(boxes)  # [1, S, S] uint8, [n, 4] xyxy
 
 
@@ -148,30 +178,58 @@ class SyntheticFaces(torch.utils.data.Dataset):
         return self.length
 
     def __getitem__(self, i: int) -> tuple[Tensor, Tensor]:
+        return self.sampler(self.sample_index(i))
+
+    def sample_index(self, i: int) -> int:
+        """The sampler's index of item i (loaders draw whole batches of items through the sampler)."""
         if not 0 <= i < self.length:
             raise IndexError(f"sample {i} out of range for a dataset of {self.length}")
-        return self.sampler(self.start + i)
+        return self.start + i
 
 
 # ----------------------------------------------------------------------------- batching and transfer
 
 
 def collate(samples: list[tuple[Tensor, Tensor]], layout: str, max_boxes: int) -> tuple[Tensor, Targets]:
-    # default_collate stacks straight into shared memory in a worker; torch.stack would leave a batch
-    # that is copied once more (64 MB at B=1024) when it is sent to the main process.
+    """Samples batched one by one, as a torch DataLoader would: the reference of the loader's batches."""
     images = torch.utils.data.default_collate([image for image, _ in samples])  # [B, 1, S, S] uint8
     return images, make_targets([boxes for _, boxes in samples], layout, max_boxes)
 
 
 def collate_fn(layout: str, max_boxes: int):
     """The collate function of a layout (picklable, so DataLoader workers can use it)."""
-    if layout not in LAYOUTS:
-        raise ValueError(f"unknown target layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
+    check_layout(layout)
     return functools.partial(collate, layout=layout, max_boxes=max_boxes)
 
 
+def check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown target layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
+
+
+def draw_dataset_batch(dataset, batch_size: int, layout: str, max_boxes: int, b: int, images: Tensor) -> Targets:
+    """Batch b of ``dataset`` (items b*B .. b*B + B - 1) drawn into ``images`` [B, 1, S, S] uint8; its targets.
+
+    A dataset with a ``sampler`` and ``sample_index`` (SyntheticFaces, RankBlocks) is drawn straight into
+    ``images``, the background of the whole batch in one gather; any other dataset item by item.
+    """
+    items = range(b * batch_size, (b + 1) * batch_size)
+    if getattr(dataset, "sampler", None) is not None:
+        boxes = dataset.sampler.draw_batch([dataset.sample_index(i) for i in items], images[:, 0].numpy())
+        # make_targets converts numpy arrays one by one (~4 us each); one split gives it tensors at once
+        boxes = torch.split(torch.from_numpy(np.concatenate(boxes)), [len(x) for x in boxes])
+    else:
+        boxes = []
+        for image, i in zip(images, items, strict=True):
+            item_image, item_boxes = dataset[i]
+            image.copy_(item_image)
+            boxes.append(item_boxes)
+    return make_targets(boxes, layout, max_boxes)
+
+
 def to_device(batch: tuple[Tensor, Targets], device: torch.device) -> tuple[Tensor, Targets]:
-    """Copy a (pinned) batch to the device; asynchronous when the host memory is pinned."""
+    """Copy a batch to the device: asynchronous from pinned memory, a no-op for a batch already there
+    (the loader's batches when it was built for ``device``)."""
     images, targets = batch
     return images.to(device, non_blocking=True), targets.to(device, non_blocking=True)
 
@@ -188,8 +246,8 @@ def build_dataset(cfg, start: int = 0, length: int | None = None) -> SyntheticFa
     return SyntheticFaces(sampler, cfg.length if length is None else length, start)
 
 
-def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length: int | None = None):
-    """A DataLoader over the synthetic faces, batched in ``layout`` and pinned for a CUDA device."""
+def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length: int | None = None) -> BatchLoader:
+    """The loader of the synthetic faces from sample ``start`` on, batched in ``layout``, on ``device``."""
     return loader_for(build_dataset(cfg, start, length), cfg, layout, device)
 
 
@@ -204,31 +262,33 @@ def resolve_workers(num_workers: int) -> int:
     return max(1, min(16, cores // int(os.environ.get("LOCAL_WORLD_SIZE", "1")) - 1))
 
 
-def loader_for(dataset, cfg, layout: str, device: torch.device):
-    """The project's DataLoader settings over any dataset of (image, boxes) samples."""
-    workers = resolve_workers(cfg.num_workers)
-    return torch.utils.data.DataLoader(
-        dataset,
-        batch_size=cfg.batch_size,
-        shuffle=False,  # sample i is already random; sequential order makes runs resumable
-        drop_last=True,  # static shapes for torch.compile and CUDA graphs
-        num_workers=workers,
-        collate_fn=collate_fn(layout, cfg.max_boxes),
-        pin_memory=device.type == "cuda",
-        persistent_workers=workers > 0,
-        prefetch_factor=4 if workers > 0 else None,
+def loader_for(dataset, cfg, layout: str, device: torch.device) -> BatchLoader:
+    """The project's loader over any dataset of (image [1, S, S] uint8, boxes) samples (detector/loader.py):
+    whole batches only (static shapes for torch.compile and CUDA graphs), in index order (sample i is
+    already random; sequential order makes runs resumable), resolve_workers(cfg.num_workers) workers."""
+    check_layout(layout)
+    return BatchLoader(
+        draw=functools.partial(draw_dataset_batch, dataset, cfg.batch_size, layout, cfg.max_boxes),
+        batches=len(dataset) // cfg.batch_size,
+        batch_shape=(cfg.batch_size, 1, cfg.image_size, cfg.image_size),
+        workers=resolve_workers(cfg.num_workers),
+        device=torch.device(device),
     )
 
 
 # ----------------------------------------------------------------------------- measurement
 
 
+WARMUP_SECONDS = 1.0  # the loader's start (fork the workers, page-lock the ring) and the ring's first fill
+
+
 def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device: str = "cpu") -> dict[str, float]:
     """Images/s of the data pipeline of ``cfg`` (a DataConfig), each rate timed for ~``seconds``.
 
     ``sampler``: samples drawn one after another in this process. ``loader``: images of the batches of
-    ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers, collated, pinned
-    for a CUDA device), counted from its first batch on so that worker start-up is left out.
+    ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers; on a CUDA device
+    copied there, so the host-to-device copy counts), counted after WARMUP_SECONDS so that worker
+    start-up and the batches drawn meanwhile into the ring's free slots are left out.
     """
     sampler = build_dataset(cfg).sampler
     sampler(0)  # builds this process's noise bank
@@ -238,11 +298,30 @@ def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device:
         drawn += 1
     rates = {"sampler": drawn / (time.perf_counter() - start)}
     batches = iter(build_loader(cfg, layout, torch.device(device)))
-    next(batches)
+    start = time.perf_counter()
+    for _ in batches:
+        if time.perf_counter() - start >= WARMUP_SECONDS:
+            break
     loaded, start = 0, time.perf_counter()
     for _ in batches:
         loaded += cfg.batch_size
         if time.perf_counter() - start >= seconds:
             break
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # the last batch's copy
     rates["loader"] = loaded / (time.perf_counter() - start)
     return rates
+
+
+def data_wait_ms(cfg, step_seconds: float, steps: int, layout: str = "padded", device: str = "cpu") -> dict:
+    """The wait for each batch (ms: median, mean, max over ``steps`` batches) of a consumer whose step
+    takes ``step_seconds`` on the host (the training loop's ``data wait``), after WARMUP_SECONDS of steps."""
+    batches = iter(build_loader(cfg, layout, torch.device(device)))
+    waits, warmup = [], int(WARMUP_SECONDS / step_seconds) + 1
+    for step in range(warmup + steps):
+        start = time.perf_counter()
+        next(batches)
+        if step >= warmup:
+            waits.append((time.perf_counter() - start) * 1e3)
+        time.sleep(step_seconds)
+    return {"median": statistics.median(waits), "mean": statistics.fmean(waits), "max": max(waits)}

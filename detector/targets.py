@@ -98,11 +98,12 @@ def make_targets(boxes_list: Sequence, layout: str, max_boxes: int) -> Targets:
     if layout == "list":
         return ListTargets(boxes_list)
     counts = torch.tensor([b.shape[0] for b in boxes_list], dtype=torch.int64)
+    packed = torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype)  # [N, 4]
     if layout == "packed":
-        return PackedTargets(torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype), counts)
+        return PackedTargets(packed, counts)
     padded = torch.zeros(len(boxes_list), max_boxes, 4, dtype=dtype)
-    for i, boxes in enumerate(boxes_list):
-        padded[i, : boxes.shape[0]] = boxes
+    # the valid slots in row-major order are the packed order: one assignment instead of one per image (5 ms at B=1024)
+    padded[torch.arange(max_boxes) < counts[:, None]] = packed
     return PaddedTargets(padded, counts)
 
 

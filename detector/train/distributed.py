@@ -76,8 +76,19 @@ class RankBlocks(torch.utils.data.Dataset):
         return len(self.dataset) // self.world_size
 
     def __getitem__(self, i: int):
+        return self.dataset[self.dataset_index(i)]
+
+    def dataset_index(self, i: int) -> int:
         step, j = divmod(i, self.batch)
-        return self.dataset[(step * self.world_size + self.rank) * self.batch + j]
+        return (step * self.world_size + self.rank) * self.batch + j
+
+    @property
+    def sampler(self):
+        return self.dataset.sampler
+
+    def sample_index(self, i: int) -> int:
+        """The sampler's index of item i, so that the loader draws whole batches through the sampler."""
+        return self.dataset.sample_index(self.dataset_index(i))
 
 
 def rank_loader(data_cfg, layout: str, device: torch.device, env: DistEnv, start: int, steps: int):

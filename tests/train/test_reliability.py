@@ -134,13 +134,13 @@ def test_a_fresh_run_keeps_the_older_run_until_it_has_finished(tmp_path, nan_fro
 
 
 def test_throughput_is_wall_clock_with_the_device_time_beside_it(tmp_path, monkeypatch):
-    draw = data.FaceSampler.__call__
+    draw = data.FaceSampler.draw_batch  # what the loader calls
 
-    def slow(self, index):
-        time.sleep(0.01)  # a data pipeline that cannot keep up
-        return draw(self, index)
+    def slow(self, indices, out):
+        time.sleep(0.01 * len(indices))  # a data pipeline that cannot keep up
+        return draw(self, indices, out)
 
-    monkeypatch.setattr(data.FaceSampler, "__call__", slow)
+    monkeypatch.setattr(data.FaceSampler, "draw_batch", slow)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=0", "data.num_workers=0"))[0]
     assert summary["data_wait_ms"] > 30  # 4 images x 10 ms
     assert summary["step_ms"] >= summary["device_step_ms"] + summary["data_wait_ms"] * 0.9

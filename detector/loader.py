@@ -1,0 +1,265 @@
+"""Batches drawn by worker processes straight into a ring of reusable shared-memory slots.
+
+Why not torch's DataLoader: a batch of 1024 images of 256 px is 64 MiB. The DataLoader collates it
+(~42 ms), into a fresh shared-memory file per batch that the main process maps and unmaps, and its
+pin-memory thread copies it once more into pinned memory: ~15 batches/s per worker at most, whatever
+the sampler's speed. Here the main process allocates K image slots once ([K, B, 1, S, S] uint8,
+anonymous shared memory that forked workers inherit) and, for a CUDA device, page-locks them in place,
+so a slot is copied to the device directly and asynchronously.
+
+Flow: the main process hands (batch b, free slot k) to a task queue; a worker (forked; workers never
+touch CUDA) draws batch b into slot k, builds its targets and sends back (b, k, targets). The main
+process yields batches in order. For a CUDA device it copies a batch on a side stream (the next
+batch's copy is issued while the consumer's step runs), makes the consumer's stream wait for the copy
+and gives slot k back only once the copy has finished. On the CPU it yields a copy of the slot (a
+consumer may keep batches, e.g. ``list(loader)``). With 0 workers batches are drawn in this process.
+
+A batch is a pure function of its index (``draw``): the same whatever the number of workers.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import queue
+import signal
+import traceback
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from detector.targets import ListTargets, Targets
+
+WATCHDOG_SECONDS = 1.0  # how often a waiting worker checks its parent, and the main process its workers
+# torch.profiler's name for a DataLoader's wait: detector.analysis reads it as "data wait"
+PROFILE_NAME = "enumerate(DataLoader)#BatchLoader.__next__"
+
+
+@dataclass(frozen=True)
+class BatchLoader:
+    """``batches`` batches: ``draw(b, images)`` fills ``images`` [B, 1, S, S] uint8 with batch b and returns
+    its targets. Iterating yields (images, targets) in batch order, on ``device``; each iteration starts
+    its own ``workers`` processes and ring of ``slots`` (default: two per worker, and two more), and
+    stops them when it ends, fails or is dropped."""
+
+    draw: Callable[[int, Tensor], Targets]
+    batches: int
+    batch_shape: tuple[int, ...]  # [B, 1, S, S]
+    workers: int
+    device: torch.device
+    slots: int | None = None
+
+    def __len__(self) -> int:
+        return self.batches
+
+    def __iter__(self) -> Iterator[tuple[Tensor, Targets]]:
+        if not self.batches:
+            return
+        ring = Ring(self)
+        try:  # a generator's finally also runs when the consumer drops it half-way
+            for b in range(self.batches):
+                yield ring.take(b)
+        finally:
+            ring.close()
+
+
+def shared_slots(count: int, shape: tuple[int, ...]) -> Tensor:
+    """[count, *shape] uint8 in anonymous shared memory: forked workers write where the main process reads,
+    and it is freed with the last reference (no file in /dev/shm to leak or to outgrow)."""
+    return torch.frombuffer(mmap.mmap(-1, count * int(np.prod(shape))), dtype=torch.uint8).view(count, *shape)
+
+
+def page_lock(slots: Tensor) -> None:
+    """Page-lock ``slots`` in place (what pin_memory() does with a copy), so host-to-device copies are
+    asynchronous DMA; undone by ``page_unlock``."""
+    portable = 1  # cudaHostRegisterPortable: page-locked for every CUDA context, as torch's own pin_memory
+    err = int(torch.cuda.cudart().cudaHostRegister(slots.data_ptr(), slots.numel(), portable))
+    if err:
+        raise RuntimeError(f"cudaHostRegister of {slots.numel() >> 20} MiB of batch slots failed: cudaError {err}")
+
+
+def page_unlock(slots: Tensor) -> None:
+    err = int(torch.cuda.cudart().cudaHostUnregister(slots.data_ptr()))
+    if err:
+        raise RuntimeError(f"cudaHostUnregister of the batch slots failed: cudaError {err}")
+
+
+def host_arrays(targets: Targets) -> tuple[type, list[np.ndarray]]:
+    """Targets as (their type, numpy arrays) for the result queue: arrays are pickled by value (a torch tensor
+    would go through a shared-memory file of its own); list targets travel packed (B arrays pickle slowly)."""
+    if isinstance(targets, ListTargets):
+        return ListTargets, [torch.cat(targets.boxes).numpy(), np.array([len(b) for b in targets.boxes])]
+    return type(targets), [t.numpy() for t in targets]
+
+
+def unpack_targets(message: tuple[type, list[np.ndarray]], device: torch.device) -> tuple[Targets, list[Tensor]]:
+    """The targets of ``host_arrays``'s message on ``device``, and the tensors that hold them."""
+    kind, arrays = message
+    tensors = [torch.from_numpy(a) for a in arrays]
+    if device.type == "cuda":  # from pinned memory: a copy from pageable memory first waits for the stream
+        tensors = [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+    if kind is ListTargets:  # views of one copy, split by the host's counts
+        return ListTargets(list(torch.split(tensors[0], arrays[1].tolist()))), tensors
+    return kind(*tensors), tensors
+
+
+def worker_loop(draw, slots: Tensor, tasks, results, stop, parent: int) -> None:
+    """A worker: draws the batches of ``tasks`` into their slots until told to stop or orphaned."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the main process stops us
+    torch.set_num_threads(1)  # one core per worker, as DataLoader's workers
+    results.cancel_join_thread()  # exit without waiting for the main process to read what is left
+    while not stop.is_set() and os.getppid() == parent:  # else the main process died without closing us
+        try:
+            task = tasks.get(timeout=WATCHDOG_SECONDS)
+        except queue.Empty:
+            continue
+        if task is None or stop.is_set():  # queued tasks are dropped once we are stopped
+            return
+        batch, slot = task
+        try:
+            results.put((batch, slot, host_arrays(draw(batch, slots[slot])), None))
+        except Exception:  # reported, and we go on: returning now could drop the report with our queue
+            results.put((batch, slot, None, traceback.format_exc()))
+
+
+class Ring:
+    """One iteration's slots, workers and copies (see the module docstring)."""
+
+    def __init__(self, loader: BatchLoader):
+        self.loader, self.device = loader, loader.device
+        count = loader.slots or 2 * loader.workers + 2  # each worker finds a free slot while earlier batches wait
+        self.slots = shared_slots(count, loader.batch_shape)  # [K, B, 1, S, S] uint8
+        self.free = deque(range(count))  # slots no batch holds
+        self.drawn = {}  # batch -> (slot, host_arrays message): drawn, not yet handed to the device
+        self.staged = {}  # batch -> (images, targets, copy event, device tensors) ready for the consumer
+        self.copying = deque()  # (event, slot): a slot goes back to `free` once its copy has finished
+        self.next_task = 0  # the next batch to hand to a worker
+        self.stream, self.locked, self.processes = None, False, []
+        try:
+            if loader.workers:  # before page-locking: a driver may keep locked pages out of a forked child
+                self.start_workers()
+            if self.device.type == "cuda":
+                self.stream = torch.cuda.Stream(self.device)
+                page_lock(self.slots)
+                self.locked = True
+        except BaseException:
+            self.close()  # the workers started so far
+            raise
+
+    def start_workers(self) -> None:
+        context = multiprocessing.get_context("fork")  # workers inherit the slots and `draw`, nothing is pickled
+        self.tasks, self.results, self.stop = context.Queue(), context.Queue(), context.Event()
+        args = (self.loader.draw, self.slots, self.tasks, self.results, self.stop, os.getpid())
+        for _ in range(self.loader.workers):
+            process = context.Process(target=worker_loop, args=args, daemon=True)  # daemon: killed at our exit
+            process.start()
+            self.processes.append(process)
+        self.submit()
+
+    def submit(self) -> None:
+        """Hand every free slot to the workers, with the next batches in order."""
+        while self.processes and self.free and self.next_task < self.loader.batches:
+            self.tasks.put((self.next_task, self.free.popleft()))
+            self.next_task += 1
+
+    def take(self, b: int) -> tuple[Tensor, Targets]:
+        """Batch b (the caller asks in order), on the device; the next batch's copy is issued meanwhile."""
+        with torch.profiler.record_function(PROFILE_NAME):
+            self.recycle()
+            if b not in self.staged:
+                self.stage(b, *self.wait_for(b))
+            images, targets, event, tensors = self.staged.pop(b)
+            if self.stream is not None:
+                if self.processes:
+                    self.receive(block=False)
+                if b + 1 in self.drawn:  # prefetch: its copy overlaps the consumer's step
+                    self.stage(b + 1, *self.drawn.pop(b + 1))
+                consumer = torch.cuda.current_stream(self.device)
+                consumer.wait_event(event)
+                for t in tensors:
+                    t.record_stream(consumer)  # allocated on the copy stream, used on the consumer's
+            return images, targets
+
+    def wait_for(self, b: int) -> tuple[int, tuple]:
+        """(slot, host_arrays message) of batch b, drawn in this process (0 workers) or waited for."""
+        while b not in self.drawn:
+            if not self.free and (not self.processes or self.next_task <= b):
+                self.release(*self.copying.popleft())  # every slot waits for a copy: wait for the oldest
+            if not self.processes:
+                slot = self.free.popleft()
+                return slot, host_arrays(self.loader.draw(b, self.slots[slot]))
+            self.submit()
+            self.receive(block=True)
+        return self.drawn.pop(b)
+
+    def receive(self, block: bool) -> None:
+        """Collect drawn batches from the workers; raise a worker's error, or on a worker's death."""
+        while True:
+            try:
+                message = self.results.get(timeout=WATCHDOG_SECONDS) if block else self.results.get_nowait()
+            except queue.Empty:
+                dead = [p for p in self.processes if not p.is_alive()]
+                if dead:
+                    raise RuntimeError(
+                        f"data worker (pid {dead[0].pid}) exited unexpectedly with code {dead[0].exitcode}"
+                    ) from None
+                if block:
+                    continue
+                return
+            batch, slot, targets, error = message
+            if error is not None:
+                raise RuntimeError(f"data worker failed drawing batch {batch}:\n{error}")
+            self.drawn[batch] = (slot, targets)
+            if block:
+                return
+
+    def stage(self, b: int, slot: int, message: tuple) -> None:
+        """Batch b's images and targets as the consumer gets them: copied to the device, or out of the slot."""
+        if self.stream is None:
+            self.staged[b] = (self.slots[slot].clone(), unpack_targets(message, self.device)[0], None, [])
+            self.free.append(slot)
+            self.submit()
+            return
+        with torch.cuda.stream(self.stream):
+            images = self.slots[slot].to(self.device, non_blocking=True)
+            targets, tensors = unpack_targets(message, self.device)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self.copying.append((event, slot))
+        self.staged[b] = (images, targets, event, [images, *tensors])
+
+    def recycle(self) -> None:
+        """Give back the slots whose copies have finished, without waiting."""
+        while self.copying and self.copying[0][0].query():
+            self.release(*self.copying.popleft())
+        self.submit()
+
+    def release(self, event, slot: int) -> None:
+        event.synchronize()
+        self.free.append(slot)
+
+    def close(self) -> None:
+        """Stop the workers (at once: a batch half drawn is dropped), then unlock the slots once no copy reads them."""
+        if self.processes:
+            self.stop.set()
+            for _ in self.processes:
+                self.tasks.put(None)  # wakes a waiting worker at once
+            for process in self.processes:
+                process.join(timeout=WATCHDOG_SECONDS)
+            for process in self.processes:
+                if process.is_alive():
+                    process.terminate()  # still drawing a batch: nothing of it is needed
+                    process.join()
+            for q in (self.tasks, self.results):
+                q.cancel_join_thread()  # do not block our exit on items nobody will read
+                q.close()
+            self.processes = []
+        if self.locked:
+            self.stream.synchronize()
+            page_unlock(self.slots)
+            self.locked = False

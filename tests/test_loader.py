@@ -1,0 +1,244 @@
+"""The batch loader (detector/loader.py): the same batches as the per-sample path whatever the number of
+workers, order, resume and rank blocks, errors that surface, and nothing left behind (processes, memory)."""
+
+import dataclasses
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import detector
+from detector import analysis
+from detector.config import DataConfig
+from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, to_device
+from detector.loader import PROFILE_NAME, page_unlock
+from detector.train.distributed import DistEnv, rank_loader
+
+ROOT = Path(detector.__file__).resolve().parent.parent  # this checkout, not an installed copy
+
+
+def data_cfg(**overrides):
+    # crowded images (tail) and a prime size: every layout gets images with 0, few and many boxes
+    base = {"image_size": 37, "batch_size": 4, "length": 22, "tail_fraction": 0.3, "num_workers": 0}
+    return OmegaConf.merge(OmegaConf.structured(DataConfig), base | overrides)
+
+
+@pytest.fixture(autouse=True)
+def no_hang():
+    """A hang fails the test after 60 s instead of blocking the suite."""
+
+    def hung(signum, frame):
+        raise TimeoutError("the test hung for 60 s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+def assert_same_batch(batch, expected, layout):
+    (images, targets), (images2, targets2) = batch, expected
+    assert images.dtype == torch.uint8 and torch.equal(images, images2)
+    assert targets.layout == layout and type(targets) is type(targets2)
+    fields, fields2 = (targets.boxes, targets2.boxes) if layout == "list" else (targets, targets2)
+    assert len(fields) == len(fields2)
+    for a, b in zip(fields, fields2, strict=True):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+def per_sample_batches(cfg, layout, start=0):
+    """The old path: sample by sample, collated as the torch DataLoader did, whole batches only."""
+    dataset, b = build_dataset(cfg, start), cfg.batch_size
+    return [
+        collate_fn(layout, cfg.max_boxes)([dataset[i] for i in range(k * b, k * b + b)])
+        for k in range(len(dataset) // b)
+    ]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batches_match_the_per_sample_path_for_0_1_and_3_workers(layout):
+    cfg = data_cfg()
+    expected = per_sample_batches(cfg, layout, start=1000)
+    assert len(expected) == 5  # 22 samples: 5 whole batches of 4, the last 2 samples dropped
+    for workers in (0, 1, 3):
+        loader = build_loader(data_cfg(num_workers=workers), layout, torch.device("cpu"), start=1000)
+        batches = list(loader)
+        assert len(loader) == len(batches) == 5, f"{workers} workers"
+        for batch, reference in zip(batches, expected, strict=True):
+            assert_same_batch(batch, reference, layout)
+
+
+def test_resume_from_start_and_more_slots_than_batches():
+    full = list(build_loader(data_cfg(num_workers=2, length=40), "padded", torch.device("cpu")))
+    resumed = list(build_loader(data_cfg(num_workers=2, length=28), "padded", torch.device("cpu"), start=12))
+    assert len(full) == 10 and len(resumed) == 7
+    for batch, expected in zip(resumed, full[3:], strict=True):
+        assert_same_batch(batch, expected, "padded")
+
+
+def test_few_slots_many_batches_keep_the_order():
+    cfg = data_cfg(num_workers=3, length=64, image_size=16)
+    loader = build_loader(cfg, "packed", torch.device("cpu"))
+    loader = dataclasses.replace(loader, slots=2)  # fewer slots than workers: they take turns
+    for batch, expected in zip(loader, per_sample_batches(cfg, "packed"), strict=True):
+        assert_same_batch(batch, expected, "packed")
+
+
+def test_rank_loaders_read_the_blocks_of_the_global_batch():
+    cfg = data_cfg(num_workers=1, length=24)  # 3 global batches of 2 x 4
+    ranks = [list(rank_loader(cfg, "list", torch.device("cpu"), DistEnv(r, 2), start=8, steps=2)) for r in (0, 1)]
+    global_batches = per_sample_batches(data_cfg(batch_size=8, length=16), "list", start=8)
+    for step, (images, targets) in enumerate(global_batches):
+        for r in (0, 1):
+            block = (images[4 * r : 4 * r + 4], type(targets)(targets.boxes[4 * r : 4 * r + 4]))
+            assert_same_batch(ranks[r][step], block, "list")
+
+
+def test_a_generic_dataset_is_loaded_item_by_item():
+    items = [
+        (torch.full((1, 8, 8), i, dtype=torch.uint8), torch.tensor([[0, 0, i, i]], dtype=torch.uint8)) for i in range(9)
+    ]
+    batches = list(loader_for(items, data_cfg(image_size=8, num_workers=2), "padded", torch.device("cpu")))
+    assert len(batches) == 2
+    assert batches[1][0][:, 0, 0, 0].tolist() == [4, 5, 6, 7] and batches[1][1].boxes[:, 0, 2].tolist() == [4, 5, 6, 7]
+
+
+class Failing:
+    """Items 0-4 of a dataset; item 5 raises, or kills its worker."""
+
+    def __init__(self, how: str):
+        self.how = how
+
+    def __len__(self):
+        return 12
+
+    def __getitem__(self, i):
+        if i == 5 and self.how == "raise":
+            raise ValueError("sample 5 is broken")
+        if i == 5 and self.how == "exit":
+            os._exit(3)
+        return torch.zeros(1, 8, 8, dtype=torch.uint8), torch.zeros(0, 4, dtype=torch.uint8)
+
+
+def worker_processes():
+    return multiprocessing.active_children()  # the loader's workers are this process's only children
+
+
+def test_a_worker_error_surfaces_with_its_traceback():
+    loader = loader_for(Failing("raise"), data_cfg(image_size=8, num_workers=2), "packed", torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="(?s)data worker failed drawing batch 1.*ValueError: sample 5 is broken"):
+        list(loader)
+    assert not worker_processes()
+
+
+def test_a_dead_worker_is_reported_not_waited_for():
+    loader = loader_for(Failing("exit"), data_cfg(image_size=8, num_workers=2), "packed", torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="exited unexpectedly with code 3"):
+        list(loader)
+    assert not worker_processes()
+
+
+def test_an_error_without_workers_is_the_error_itself():
+    loader = loader_for(Failing("raise"), data_cfg(image_size=8), "packed", torch.device("cpu"))
+    with pytest.raises(ValueError, match="sample 5 is broken"):
+        list(loader)
+
+
+def shared_mappings() -> int:
+    """Anonymous shared mappings of this process: the loader's slots show as '/dev/zero (deleted)'."""
+    return Path("/proc/self/maps").read_text().count("/dev/zero")
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+def test_early_stop_returns_at_once_and_releases_everything():
+    shm_before, maps_before = set(os.listdir("/dev/shm")), shared_mappings()
+    loader = build_loader(data_cfg(num_workers=3, length=4000, image_size=64, batch_size=64), "padded", "cpu")
+    batches = iter(loader)
+    next(batches)  # then dropped, as bench step's device_batch does
+    pids = [p.pid for p in worker_processes()]
+    assert len(pids) == 3 and shared_mappings() == maps_before + 1
+    start = time.perf_counter()
+    del batches
+    assert time.perf_counter() - start < 5.0 and not worker_processes()
+    assert shared_mappings() == maps_before
+    leftover = set(os.listdir("/dev/shm")) - shm_before  # other test runs may share /dev/shm: only ours count
+    assert not [name for name in leftover if any(f"_{pid}_" in name for pid in [os.getpid(), *pids])]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()  # a zombie has exited
+    except FileNotFoundError:
+        return False
+
+
+CHILD = """
+import os, signal, sys, time, torch
+from omegaconf import OmegaConf
+from detector.config import DataConfig
+from detector.data import build_loader
+cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {{"image_size": 32, "batch_size": 8, "num_workers": 2}})
+batches = iter(build_loader(cfg, "padded", torch.device("cpu")))
+next(batches)
+import multiprocessing
+print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=True)
+{ending}
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="needs Linux's /proc")
+@pytest.mark.parametrize(
+    "ending",
+    [
+        "os.kill(os.getpid(), signal.SIGKILL)",  # no clean-up at all: the workers notice they are orphans
+        "while True: next(batches); time.sleep(0.01)",  # stopped by Ctrl-C (SIGINT to the process group)
+    ],
+)
+def test_workers_do_not_outlive_the_main_process(ending):
+    code = textwrap.dedent(CHILD.format(ending=ending))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, cwd=ROOT, start_new_session=True
+    )
+    pids = [int(p) for p in child.stdout.readline().split()]
+    assert len(pids) == 2
+    if "SIGKILL" not in ending:
+        os.killpg(child.pid, signal.SIGINT)
+    assert child.wait(timeout=30) != 0
+    deadline = time.monotonic() + 10  # the workers' watchdog looks every second
+    while any(map(alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(alive, pids))
+
+
+def test_the_wait_is_profiled_as_data_wait():
+    assert PROFILE_NAME.startswith(analysis.DATA_WAIT_PREFIX)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="the page-locked slots and the copy stream need a CUDA device"
+)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_cuda_batches_are_copied_from_page_locked_slots(workers, monkeypatch):
+    cfg = data_cfg(num_workers=workers)
+    cuda = torch.device("cuda")
+    registered = []
+    monkeypatch.setattr(
+        "detector.loader.page_unlock", lambda slots: registered.append(slots.is_pinned()) or page_unlock(slots)
+    )
+    for layout in LAYOUTS:
+        batches = list(build_loader(cfg, layout, cuda, start=1000))
+        torch.cuda.synchronize()
+        for batch, expected in zip(batches, per_sample_batches(cfg, layout, start=1000), strict=True):
+            assert batch[0].is_cuda and to_device(batch, cuda)[0] is batch[0]  # to_device: nothing left to copy
+            assert_same_batch((batch[0].cpu(), batch[1].to("cpu")), expected, layout)
+    assert registered == [True] * len(LAYOUTS)  # page-locked in place until the iteration ended
