@@ -449,7 +449,7 @@ def test_autotune_caches_one_config_per_slot_count_on_cuda():
 def test_eager_launches_reuse_the_compiled_kernel_per_alignment_on_cuda():
     # The second call launches the CompiledKernel kept by the first; a pred that is not 16-byte aligned
     # is another specialisation, so it gets its own entry (and the right answer).
-    pred, boxes, counts = case(9, 37, "tail", device="cuda", seed=31)
+    pred, boxes, counts = case(9, 53, "tail", device="cuda", seed=31)  # no other test uses M = 53: fresh entries
     first = loss_and_grad(giou_loss_triton, pred, boxes, counts)
     entries = len(triton_strategy._COMPILED)
     second = loss_and_grad(giou_loss_triton, pred, boxes, counts)

@@ -25,7 +25,6 @@ def step_losses(*overrides, steps=6) -> list[float]:
     [
         ["train.fused_blocks=2"],
         ["train.fused_blocks=2", "train.channels_last=true"],
-        ["train.fused_blocks=2", "train.channels_last=true", "train.cuda_graphs=true"],
         ["train.cuda_graphs=true"],
     ],
 )
