@@ -128,7 +128,11 @@ class TrainStep:
         self.net = self.model
         if world_size > 1:
             ids = [device] if device.type == "cuda" else None
-            self.net = torch.nn.parallel.DistributedDataParallel(self.model, device_ids=ids)
+            # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them at
+            # seed scale are not copied into the buckets and back every step (~4 ms of an H200's step)
+            self.net = torch.nn.parallel.DistributedDataParallel(
+                self.model, device_ids=ids, gradient_as_bucket_view=True
+            )
         if tcfg.compile:  # the model only: the loss stays the strategy under test (`compiled` is its own one)
             self.net = torch.compile(self.net)
         # cache_enabled=False: required inside CUDA graph capture, and every weight is used once per forward anyway
