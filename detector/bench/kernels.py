@@ -67,8 +67,9 @@ def even_boxes(boxes_list: list, valid: int) -> list:
     return [boxes[:n] for boxes, n in zip(boxes_list, per_image, strict=True)]
 
 
-class _Double(torch.autograd.Function):
-    """The smallest Python autograd.Function: one kernel forward, one backward (a Python backward node)."""
+class Double(torch.autograd.Function):
+    """The smallest Python autograd.Function: one kernel forward, one backward (a Python backward node);
+    the shell the eager triton path pays for (bench.triton_host)."""
 
     @staticmethod
     def forward(ctx, x):
@@ -101,7 +102,7 @@ def host_floors(timed: dict) -> dict:
     fns = {
         "tiny kernel + synchronize": lambda: x.detach().add_(1),
         "C++ autograd fwd+bwd": backward(lambda t: t * 2),
-        "Python autograd.Function fwd+bwd": backward(_Double.apply),
+        "Python autograd.Function fwd+bwd": backward(Double.apply),
         "op forward below autograd": op_below_autograd,
         "op forward, no autograd recording": lambda: op(pred, boxes, counts, False),
     }

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from detector.bench.cases import random_case
+from detector.bench.kernels import Double
 from detector.bench.timing import device_ms, graph_ms, wall_ms
 from detector.kernels import triton_giou
 from detector.losses import get_strategy
@@ -31,18 +32,6 @@ def strategy_case(batch: int, distribution: str, pred_dtype: torch.dtype):
     """(pred [B, M, 4] requiring grad, PaddedTargets) on the GPU; uint8 targets, no NaN padding."""
     pred, boxes_list = random_case(batch, SLOTS, distribution, pred_dtype, torch.uint8, seed=batch, nan_padding=False)
     return pred.cuda().requires_grad_(), make_targets(boxes_list, "padded", SLOTS).to("cuda")
-
-
-class _Double(torch.autograd.Function):
-    """The smallest Python autograd.Function: the shell the eager triton path pays for."""
-
-    @staticmethod
-    def forward(ctx, x):
-        return x * 2
-
-    @staticmethod
-    def backward(ctx, grad):
-        return grad * 2
 
 
 def backward_of(loss_fn, leaf: torch.Tensor):
@@ -79,7 +68,7 @@ def host_path() -> list[list[str]]:
     fns = {
         "tiny CUDA kernel + synchronize": lambda: tiny.detach().add_(1),
         "C++ autograd fwd+bwd (p.sum().backward())": backward_of(lambda: tiny.sum(), tiny),
-        "Python autograd.Function fwd+bwd": backward_of(lambda: _Double.apply(tiny), tiny),
+        "Python autograd.Function fwd+bwd": backward_of(lambda: Double.apply(tiny), tiny),
         "forward kernel, Triton's launcher (autotuner + JITFunction.run)": triton_launcher,
         "forward kernel, the eager path's launch (cached CompiledKernel)": eager_launch,
         "triton strategy forward (no grad)": forward_no_grad,

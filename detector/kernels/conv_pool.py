@@ -32,6 +32,8 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
+    from detector.kernels.stem import _add, _round_bf16  # the same helpers: round as autocast, sum
+
 # (pixels per program, warps) of each kernel; pixels: pooled for forward and wgrad, input for dgrad
 CONFIGS = {"forward": (64, 4), "wgrad": (64, 4), "dgrad": (64, 4)}
 INTERPRETER_BLOCK = 256  # each interpreted operation has a fixed cost: fewer, larger programs
@@ -58,23 +60,12 @@ def _k_padded(c_in: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _add(a, b):
-        return a + b
-
-    @triton.jit
     def _dot(a, b, UPCAST: tl.constexpr):
         """a @ b with fp32 sums; UPCAST (the interpreter, whose dot misreads bf16): fp32 operands, the same
         products (a bf16 x bf16 product is exact in fp32)."""
         if UPCAST:
             a, b = a.to(tl.float32), b.to(tl.float32)
         return tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
-
-    @triton.jit
-    def _round_bf16(v):
-        """fp32 -> the nearest bf16 (ties to even) -> fp32, by bits: the interpreter's cast truncates."""
-        bits = v.to(tl.uint32, bitcast=True)
-        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-        return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
     def _pooled_pixels(first, n_pooled, W2, BLOCK: tl.constexpr):
