@@ -91,8 +91,10 @@ def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) 
     if world_size > 1:
         return "train.cuda_graphs=true runs on one GPU: capturing DDP's gradient all-reduce is not supported here"
     if tcfg.fused_blocks:
-        # found on an H200 (torch 2.11, triton 3.6): the capture of their backward fails with "operation would
-        # make the legacy stream depend on a capturing blocking stream"; not yet understood
+        # on an H200 (torch 2.11, triton 3.6) a capture of their forward and backward under autocast, after a
+        # torch.compile in the same process, failed with "operation would make the legacy stream depend on a
+        # capturing blocking stream", while the kernels alone capture (docs/gpu-runs.md, runs K and N):
+        # refused until the full step is shown to capture
         return "train.cuda_graphs=true cannot capture the fused blocks' Triton kernels yet: set train.fused_blocks=0"
     return None
 
