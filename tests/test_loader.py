@@ -207,7 +207,14 @@ def test_workers_do_not_outlive_the_main_process(ending):
     code = textwrap.dedent(CHILD.format(ending=ending))
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     child = subprocess.Popen(
-        [sys.executable, "-c", code], stdout=subprocess.PIPE, env=env, cwd=ROOT, start_new_session=True
+        [sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+        start_new_session=True,
+        # a Ctrl-C reaches a program started from a terminal; a shell's background job (e.g. a CI step run
+        # with `&`) ignores SIGINT, and an ignored signal is inherited: give the child the terminal's default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     pids = [int(p) for p in child.stdout.readline().split()]
     assert len(pids) == 2
