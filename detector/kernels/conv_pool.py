@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from detector.kernels.stem import kernels_unavailable, launch
 from detector.kernels.triton_giou import INTERPRETED, triton
 
 if triton is not None:
@@ -35,17 +36,14 @@ if triton is not None:
     from detector.kernels.stem import _add, _round_bf16  # the same helpers: round as autocast, sum
 
 # (pixels per program, warps) of each kernel; pixels: pooled for forward and wgrad, input for dgrad
-CONFIGS = {"forward": (64, 4), "wgrad": (64, 4), "dgrad": (64, 4)}
-INTERPRETER_BLOCK = 256  # each interpreted operation has a fixed cost: fewer, larger programs
+CONFIGS = {"forward": (64, 4), "wgrad": (64, 4), "dgrad": (64, 4), "interpreted": (256, 1)}
 NO_WINNER = 255  # `winner` where the ReLU passed no gradient
 
 
 def conv_pool_unavailable(device: torch.device, c_in: int, c_out: int) -> str | None:
     """Why the fused block cannot run here, or None."""
-    if triton is None:
-        return "triton is not installed"
-    if device.type != "cuda" and not INTERPRETED:
-        return f"it is a Triton kernel and this run is on {device} (it needs CUDA)"
+    if reason := kernels_unavailable(device):
+        return reason
     if not 2 <= c_in <= 16 or c_out & (c_out - 1) or not 16 <= c_out <= 64:
         return f"a {c_in} -> {c_out} block: the kernel takes 2..16 input and 16, 32 or 64 output channels"
     return None
@@ -250,10 +248,8 @@ if triton is not None:
 
 def _launch(kernel: str, items: int) -> tuple[tuple[int], dict]:
     """(grid, keyword arguments) of one of the CONFIGS kernels over ``items`` pixels."""
-    block, warps = (INTERPRETER_BLOCK, 1) if INTERPRETED else CONFIGS[kernel]
-    if items + block >= 2**31:
-        raise ValueError(f"{items} pixels: the conv_pool kernels index pixels with int32 (< 2**31)")
-    return (triton.cdiv(items, block),), {"BLOCK": block, "num_warps": warps, "UPCAST": INTERPRETED}
+    programs, keywords = launch(CONFIGS, kernel, items)
+    return (programs,), keywords | {"UPCAST": INTERPRETED}
 
 
 def _empty_like_output(x: Tensor, c_out: int, dtype: torch.dtype) -> Tensor:

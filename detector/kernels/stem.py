@@ -33,18 +33,34 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-# (pooled pixels per program, warps) of each kernel
-CONFIGS = {"forward": (256, 4), "backward": (256, 4)}
-INTERPRETER_BLOCK = 1024  # each interpreted operation has a fixed cost: fewer, larger programs
+# (pooled pixels per program, warps) of each kernel; in the interpreter each operation has a fixed cost:
+# fewer, larger programs
+CONFIGS = {"forward": (256, 4), "backward": (256, 4), "interpreted": (1024, 1)}
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 
 
-def stem_unavailable(device: torch.device, channels: int) -> str | None:
-    """Why the fused first block cannot run here, or None."""
+def kernels_unavailable(device: torch.device) -> str | None:
+    """Why the fused blocks' Triton kernels (this module's and conv_pool.py's) cannot run on ``device``."""
     if triton is None:
         return "triton is not installed"
     if device.type != "cuda" and not INTERPRETED:
         return f"it is a Triton kernel and this run is on {device} (it needs CUDA)"
+    return None
+
+
+def launch(configs: dict, kernel: str, items: int) -> tuple[int, dict]:
+    """(programs, launch keywords) of ``configs[kernel]`` (``configs["interpreted"]`` in the interpreter)
+    over ``items`` pixels, which the fused blocks' kernels index with int32."""
+    block, warps = configs["interpreted" if INTERPRETED else kernel]
+    if items + block >= 2**31:
+        raise ValueError(f"{items} pixels: the fused blocks' kernels index pixels with int32 (< 2**31)")
+    return triton.cdiv(items, block), {"BLOCK": block, "num_warps": warps}
+
+
+def stem_unavailable(device: torch.device, channels: int) -> str | None:
+    """Why the fused first block cannot run here, or None."""
+    if reason := kernels_unavailable(device):
+        return reason
     if channels & (channels - 1) or not 1 <= channels <= MAX_CHANNELS:
         return f"model.channels[0] is {channels}; the kernel needs a power of two <= {MAX_CHANNELS}"
     return None
@@ -227,12 +243,9 @@ if triton is not None:
 
 def _launch_shape(images: Tensor, kernel: str) -> tuple[int, int, int, dict]:
     """(side, pooled pixels, programs, launch keywords) of one of the CONFIGS kernels."""
-    _, _, side, _ = images.shape
-    block, warps = (INTERPRETER_BLOCK, 1) if INTERPRETED else CONFIGS[kernel]
+    side = images.shape[2]
     n_pooled = images.shape[0] * (side // 2) ** 2
-    if n_pooled + block >= 2**31:
-        raise ValueError(f"images {tuple(images.shape)}: the stem kernel indexes pooled pixels with int32 (< 2**31)")
-    return side, n_pooled, triton.cdiv(n_pooled, block), {"BLOCK": block, "num_warps": warps}
+    return side, n_pooled, *launch(CONFIGS, kernel, n_pooled)
 
 
 if triton is not None:
