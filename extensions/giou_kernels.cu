@@ -339,6 +339,22 @@ __device__ __forceinline__ Chunk<K> chunk_at(int64_t first, int64_t total, int64
 
 // ----------------------------------------------------------------------------- forward kernels
 
+// Adds the losses of a chunk's `wanted` boxes to loss_acc, selected by `valid`, and counts the valid ones.
+template <int K, typename C, typename P, typename T>
+__device__ __forceinline__ void add_chunk_losses(const Vec4<P> (&p)[K], const Vec4<T> (&t)[K], const bool (&wanted)[K],
+                                                 const bool (&valid)[K], C& loss_acc, unsigned int& valid_acc) {
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!wanted[k]) continue;
+    C pk[4], tk[4];
+    to_compute(p[k], pk);
+    to_compute(t[k], tk);
+    const C l = giou_loss(pk, tk);
+    loss_acc += valid[k] ? l : C(0);  // select, never multiply: NaN in a padded slot must not leak
+    valid_acc += valid[k] ? 1u : 0u;
+  }
+}
+
 // Padded layout, loss only. kSkipInvalid = false (cuda_fused): every slot is loaded and computed, padded
 // ones selected away; true (cuda_conditional): chunks without a valid slot load nothing, partly valid ones
 // load their valid boxes only. kContig: pred and target contiguous [B, M, 4] and 16-byte aligned.
@@ -368,16 +384,7 @@ __global__ void __launch_bounds__(kThreads)
     Vec4<T> t[K];
     load_chunk<kContig>(pred, pred_at, whole, first, c.b, c.j, wanted, p);
     load_chunk<kContig>(target, target_at, whole, first, c.b, c.j, wanted, t);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (!wanted[k]) continue;
-      C pk[4], tk[4];
-      to_compute(p[k], pk);
-      to_compute(t[k], tk);
-      const C l = giou_loss(pk, tk);
-      loss_acc += c.valid[k] ? l : C(0);  // select, never multiply: NaN in a padded slot must not leak
-      valid_acc += c.valid[k] ? 1u : 0u;
-    }
+    add_chunk_losses(p, t, wanted, c.valid, loss_acc, valid_acc);
   }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
 }
@@ -440,15 +447,7 @@ __global__ void __launch_bounds__(kThreads)
     Vec4<T> t[K];
     load_chunk<false>(target, target_at, target_contig && first + K <= rows, first, row, slot, in, t);
     load_each<false>(pred, pred_at, first, image, slot, in, p);
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      if (!in[k]) continue;
-      C pk[4], tk[4];
-      to_compute(p[k], pk);
-      to_compute(t[k], tk);
-      loss_acc += giou_loss(pk, tk);
-      valid_acc += 1u;
-    }
+    add_chunk_losses(p, t, in, in, loss_acc, valid_acc);  // every row present is a valid box
   }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
 }
