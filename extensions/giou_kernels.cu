@@ -1,17 +1,18 @@
 // GIoU loss CUDA kernels and their launchers (see giou_kernels.cuh for the contract).
 //
-// Padded kernels: each thread takes a chunk of K consecutive slots per grid-stride step, K chosen so that
-// one chunk of pred and one of target are whole 16-byte vectors (bf16 pred: 2 boxes per 16 B; uint8
-// targets: 4 boxes per 16 B; kBoxesPerThread). Contiguous, 16-byte-aligned tensors load a chunk in 16-byte
-// vectors; any other layout (strides, an offset view) and partly valid chunks load box by box.
+// One forward kernel (loss only) and one backward kernel, each for both layouts. Each warp takes whole
+// images (a grid-stride loop over b; lane l reads the count of the warp's l-th image up front, one load
+// latency for 32 images), and lane l the K consecutive slots j0 = l * K + 32 * K * i of an image: for
+// 16-bit predictions two boxes, one 16-byte vector of pred (kLaneBoxes). A warp past its image's count
+// stops (forward that skips padded slots) or only stores zeros (backward): no division per slot, no count
+// per slot, which is where the time of a flat grid over the B * M slots went (measured on an H200).
 // Forward: per-box loss in the compute type (fp32, or fp64 for fp64 predictions: giou.h), accumulated in
 // registers; block partials, then the last block to take a ticket adds them in block order and writes
 // loss and 1 / max(n_valid, 1). Backward: the gradient recomputed from pred and target for valid slots,
 // scaled by grad_output * inv_count and stored with zeros for the rest, 16 bytes at a time.
-// Packed kernels: the forward runs over the N target rows (K consecutive rows per thread, so uint8 rows
-// load 16 bytes at a time); the backward over all B * M slots as above, slot j of image b taking target row
-// C[b] + j. C, the prefix sums of the clamped counts, comes from every block's own scan in shared memory
-// (small batches: no second launch) or from one CUB scan before the kernel (large batches).
+// Packed layout: the same kernels, slot j of image b taking target row C[b] + j. C, the prefix sums of the
+// clamped counts, comes from every block's own scan in shared memory (small batches: no second launch)
+// or from one CUB scan before the kernel (large batches).
 #include "giou.h"
 #include "giou_kernels.cuh"
 
@@ -61,11 +62,6 @@ __device__ __forceinline__ P from_compute(C v) {
   else return static_cast<P>(v);
 }
 
-// Slots per thread and step: enough that the narrower of pred and target fills a 16-byte vector (4 bytes
-// per box for uint8, 8 for 16-bit types, 16 for 32-bit); the wider one then takes several vectors.
-template <typename P, typename T>
-constexpr int kBoxesPerThread = sizeof(P) >= 4 && sizeof(T) >= 4 ? 1 : int(4 / (sizeof(P) < sizeof(T) ? sizeof(P) : sizeof(T)));
-
 // N elements loaded or stored as whole 16-byte vectors (N * sizeof(T) is a multiple of 16).
 template <typename T, int N>
 struct alignas(16) Pack {
@@ -101,52 +97,6 @@ template <typename C, typename T>
 __device__ __forceinline__ void to_compute(const Vec4<T>& box, C out[4]) {
 #pragma unroll
   for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(box.v[k]);
-}
-
-// The K boxes of a chunk, box by box where wanted[k]: kFlat, at first + k (a contiguous tensor); else at
-// (major[k], minor[k]), (image, slot) of a [B, M, 4] tensor or (row, anything) of packed rows.
-template <bool kFlat, int K, typename T>
-__device__ __forceinline__ void load_each(const T* __restrict__ data, const BoxAccess& at, int64_t first,
-                                          const int64_t (&major)[K], const int64_t (&minor)[K],
-                                          const bool (&wanted)[K], Vec4<T> (&out)[K]) {
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (!wanted[k]) continue;
-    if (kFlat) out[k] = load_box(data + (first + k) * 4, 1, true);
-    else out[k] = load_box(data + major[k] * at.stride_b + minor[k] * at.stride_m, at.stride_c, at.vec);
-  }
-}
-
-// The same, but as 16-byte vectors when the chunk is `whole`: its K boxes are the contiguous,
-// 16-byte-aligned boxes first .. first + K - 1 of `data`.
-template <bool kFlat, int K, typename T>
-__device__ __forceinline__ void load_chunk(const T* __restrict__ data, const BoxAccess& at, bool whole,
-                                           int64_t first, const int64_t (&major)[K], const int64_t (&minor)[K],
-                                           const bool (&wanted)[K], Vec4<T> (&out)[K]) {
-  if (!whole) return load_each<kFlat>(data, at, first, major, minor, wanted, out);
-  const Pack<T, 4 * K> v = *reinterpret_cast<const Pack<T, 4 * K>*>(data + first * 4);
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-#pragma unroll
-    for (int c = 0; c < 4; ++c) out[k].v[c] = v.v[4 * k + c];
-  }
-}
-
-// The gradients g of slots first .. first + K - 1 into a contiguous [B, M, 4] output, as 16-byte vectors
-// when the chunk is whole (the output is freshly allocated, so aligned), else slot by slot where in[k].
-template <int K, typename P>
-__device__ __forceinline__ void store_chunk(P* __restrict__ out, bool whole, int64_t first, const bool (&in)[K],
-                                            const Pack<P, 4 * K>& g) {
-  if (whole) {
-    *reinterpret_cast<Pack<P, 4 * K>*>(out + first * 4) = g;
-    return;
-  }
-#pragma unroll
-  for (int k = 0; k < K; ++k) {
-    if (!in[k]) continue;
-#pragma unroll
-    for (int c = 0; c < 4; ++c) out[(first + k) * 4 + c] = g.v[4 * k + c];
-  }
 }
 
 #define DETECTOR_LOAD_COUNT(Name, AtName, Type, str)                                \
@@ -293,56 +243,91 @@ struct PackedImages {
   }
 };
 
-// The K consecutive slots first .. first + K - 1 of the B * M slots, flattened image after image.
+// ----------------------------------------------------------------------------- warps over images
+
+// Every kernel below gives each warp whole images (a grid-stride loop over b), so a count is read once per
+// warp and image, never divided for, and the warp stops, or only stores zeros, past it. Lane l takes the
+// kLaneBoxes consecutive slots j0 = l * K + 32 * K * i: for 16-bit predictions two boxes, one 16-byte vector.
+template <typename P>
+constexpr int kLaneBoxes = sizeof(P) == 2 ? 2 : 1;
+
+// A lane's K slots j0 .. j0 + K - 1 of one image: which exist and which are valid.
 template <int K>
-struct Chunk {
-  int64_t b[K], j[K];  // image and slot
-  int64_t row[K];      // packed: the target row of slot (b, j)
-  bool in[K];          // inside the B * M slots
-  bool valid[K];       // j below image b's count (implies in)
-  bool all_in, any_valid, all_valid;
+struct Lane {
+  bool in[K];     // j < M
+  bool valid[K];  // j < the image's count (implies in)
+  bool all_in, all_valid, any_valid;
 };
 
-template <int K, typename Images>
-__device__ __forceinline__ Chunk<K> chunk_at(int64_t first, int64_t total, int64_t slots, const Images& images) {
-  Chunk<K> c;
-  int64_t b, j;
-  if (total <= 0xffffffffLL) {  // 32-bit division is several times cheaper than 64-bit
-    const uint32_t s = uint32_t(first), m = uint32_t(slots), q = s / m;
-    b = q;
-    j = s - q * m;
-  } else {
-    b = first / slots;
-    j = first - b * slots;
-  }
-  Image image = images(b);  // first < total, so b < B
-  c.all_in = c.all_valid = true;
-  c.any_valid = false;
+template <int K>
+__device__ __forceinline__ Lane<K> lane_at(int64_t j0, int64_t slots, int64_t count) {
+  Lane<K> l;
+  l.all_in = l.all_valid = true;
+  l.any_valid = false;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    c.in[k] = first + k < total;
-    if (k > 0 && ++j == slots) {  // the chunk crosses into the next image
-      j = 0;
-      ++b;
-      if (c.in[k]) image = images(b);
-    }
-    c.b[k] = b;
-    c.j[k] = j;
-    c.row[k] = image.first_row + j;
-    c.valid[k] = c.in[k] && j < image.count;
-    c.all_in = c.all_in && c.in[k];
-    c.all_valid = c.all_valid && c.valid[k];
-    c.any_valid = c.any_valid || c.valid[k];
+    l.in[k] = j0 + k < slots;
+    l.valid[k] = j0 + k < count;
+    l.all_in = l.all_in && l.in[k];
+    l.all_valid = l.all_valid && l.valid[k];
+    l.any_valid = l.any_valid || l.valid[k];
   }
-  return c;
+  return l;
 }
 
-// ----------------------------------------------------------------------------- forward kernels
+// body(b, image) for the images of this warp, b = w, w + W, ... (W warps in the grid): lane l reads the
+// count (or prefix sums) of the warp's l-th image up front, so 32 images cost one load latency, not 32.
+template <typename Images, typename Body>
+__device__ __forceinline__ void for_warp_images(int64_t batch, const Images& images, Body&& body) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32; first < batch; first += 32 * warps) {
+    const int64_t mine = first + lane * warps;
+    const Image my_image = mine < batch ? images(mine) : Image{0, 0};
+    for (int i = 0; i < 32 && first + i * warps < batch; ++i) {
+      const Image image{__shfl_sync(0xffffffffu, my_image.count, i), __shfl_sync(0xffffffffu, my_image.first_row, i)};
+      body(first + i * warps, image);
+    }
+  }
+}
 
-// Adds the losses of a chunk's `wanted` boxes to loss_acc, selected by `valid`, and counts the valid ones.
+// Where a kernel finds image b's boxes: pred [B, M, 4] and the targets [B, M, 4] or (packed) [N, 4] rows.
+// `vectors`: pred contiguous with 16-byte-aligned images, so a lane's K whole boxes are one 16-byte load.
+struct Boxes {
+  BoxAccess pred, target;
+  bool vectors;
+};
+
+// The pred and target boxes of a lane's slots where wanted[k]; pred as one vector when `whole`.
+template <bool kRows, int K, typename P, typename T>
+__device__ __forceinline__ void load_lane(const P* __restrict__ pred, const T* __restrict__ target, const Boxes& at,
+                                          int64_t b, int64_t j0, int64_t first_row, const bool (&wanted)[K],
+                                          bool whole, Vec4<P> (&p)[K], Vec4<T> (&t)[K]) {
+  const P* pred_image = pred + b * at.pred.stride_b;
+  if (whole) {
+    const Pack<P, 4 * K> v = *reinterpret_cast<const Pack<P, 4 * K>*>(pred_image + j0 * 4);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) p[k].v[c] = v.v[4 * k + c];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (!wanted[k]) continue;
+    if (!whole) p[k] = load_box(pred_image + (j0 + k) * at.pred.stride_m, at.pred.stride_c, at.pred.vec);
+    const int64_t t_offset = kRows ? (first_row + j0 + k) * at.target.stride_b
+                                   : b * at.target.stride_b + (j0 + k) * at.target.stride_m;
+    t[k] = load_box(target + t_offset, at.target.stride_c, at.target.vec);
+  }
+}
+
+// ----------------------------------------------------------------------------- forward kernel
+
+// Adds the losses of a lane's `wanted` boxes to loss_acc, selected by `valid`, and counts the valid ones.
 template <int K, typename C, typename P, typename T>
-__device__ __forceinline__ void add_chunk_losses(const Vec4<P> (&p)[K], const Vec4<T> (&t)[K], const bool (&wanted)[K],
-                                                 const bool (&valid)[K], C& loss_acc, unsigned int& valid_acc) {
+__device__ __forceinline__ void add_lane_losses(const Vec4<P> (&p)[K], const Vec4<T> (&t)[K], const bool (&wanted)[K],
+                                                const bool (&valid)[K], C& loss_acc, unsigned int& valid_acc) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     if (!wanted[k]) continue;
@@ -355,184 +340,115 @@ __device__ __forceinline__ void add_chunk_losses(const Vec4<P> (&p)[K], const Ve
   }
 }
 
-// Padded layout, loss only. kSkipInvalid = false (cuda_fused): every slot is loaded and computed, padded
-// ones selected away; true (cuda_conditional): chunks without a valid slot load nothing, partly valid ones
-// load their valid boxes only. kContig: pred and target contiguous [B, M, 4] and 16-byte aligned.
-template <typename P, typename T, bool kSkipInvalid, bool kContig>
+// Loss only. kSkipInvalid = false (cuda_fused, padded layout): every slot is loaded and computed, padded
+// ones selected away; true (cuda_conditional, and packed): a warp stops at its image's count and loads only
+// valid boxes. Packed (PackedImages): slot j of image b takes target row C[b] + j; incl == nullptr there
+// makes every block scan the counts into shared memory first (B <= kBlockScanBatchLimit).
+template <typename P, typename T, bool kSkipInvalid, typename Images>
 __global__ void __launch_bounds__(kThreads)
-    giou_padded_kernel(const P* __restrict__ pred,      // [B, M, 4] xyxy, strided
-                       BoxAccess pred_at,               //
-                       const T* __restrict__ target,    // [B, M, 4] xyxy, strided
-                       BoxAccess target_at,             //
-                       PaddedImages images,             // counts [B], clamped on load
-                       int64_t total,                   // B * M
-                       int64_t slots,                   // M
-                       compute_t<P>* loss,              // 0-dim, out
-                       compute_t<P>* inv_count,         // 0-dim, out
-                       Workspace* ws) {
+    giou_loss_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
+                     const T* __restrict__ target,  // [B, M, 4] or [N, 4] xyxy, strided
+                     Boxes at,                      //
+                     Images images,                 // counts, clamped on load; packed: prefix sums
+                     CountsArg counts,              // [B] (packed block scan only)
+                     int64_t batch,                 // B
+                     int64_t slots,                 // M
+                     compute_t<P>* loss,            // 0-dim, out
+                     compute_t<P>* inv_count,       // 0-dim, out
+                     Workspace* ws) {
   using C = compute_t<P>;
-  constexpr int K = kBoxesPerThread<P, T>;
-  C loss_acc = 0;
-  unsigned int valid_acc = 0;
-  const int64_t step = int64_t(gridDim.x) * kThreads * K;
-  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * K; first < total; first += step) {
-    const Chunk<K> c = chunk_at<K>(first, total, slots, images);
-    if (kSkipInvalid && !c.any_valid) continue;
-    const bool(&wanted)[K] = kSkipInvalid ? c.valid : c.in;
-    const bool whole = kContig && (kSkipInvalid ? c.all_valid : c.all_in);
-    Vec4<P> p[K];
-    Vec4<T> t[K];
-    load_chunk<kContig>(pred, pred_at, whole, first, c.b, c.j, wanted, p);
-    load_chunk<kContig>(target, target_at, whole, first, c.b, c.j, wanted, t);
-    add_chunk_losses(p, t, wanted, c.valid, loss_acc, valid_acc);
-  }
-  finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
-}
-
-// The image of packed row i: the first b with incl[b] > i (i < incl[B - 1], so b < B).
-__device__ __forceinline__ int64_t image_of(const int64_t* incl, int64_t batch, int64_t i) {
-  int64_t lo = 0, hi = batch - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) >> 1;
-    if (incl[mid] > i) hi = mid;
-    else lo = mid + 1;
-  }
-  return lo;
-}
-
-// Packed layout, loss only: a grid-stride loop over the rows = min(N, incl[B - 1]) target boxes present,
-// K consecutive rows per thread (one 16-byte load of uint8 rows). Each chunk finds the image of its first
-// row by a binary search over the prefix sums, then walks on; slot j = i - incl[b - 1]. incl == nullptr:
-// every block scans the counts into shared memory first (B <= kBlockScanBatchLimit).
-template <typename P, typename T>
-__global__ void __launch_bounds__(kThreads)
-    giou_packed_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
-                       BoxAccess pred_at,             //
-                       const T* __restrict__ target,  // [N, 4] xyxy, strided (stride_m = 0)
-                       BoxAccess target_at,           //
-                       bool target_contig,            // target rows contiguous and 16-byte aligned
-                       int64_t num_rows,              // N
-                       CountsArg counts,              // [B] integer
-                       const int64_t* incl,           // [B] inclusive prefix sums of the clamped counts, or null
-                       int64_t batch,                 // B
-                       int64_t slots,                 // M
-                       compute_t<P>* loss,            // 0-dim, out
-                       compute_t<P>* inv_count,       // 0-dim, out
-                       Workspace* ws) {
-  using C = compute_t<P>;
-  constexpr int K = kBoxesPerThread<T, T>;
+  constexpr int K = kLaneBoxes<P>;
+  constexpr bool kRows = std::is_same_v<Images, PackedImages>;
   extern __shared__ int64_t shared_incl[];
-  if (incl == nullptr) {
-    block_inclusive_scan(counts, batch, slots, shared_incl);
-    incl = shared_incl;
+  if constexpr (kRows) {
+    if (images.incl == nullptr) {
+      block_inclusive_scan(counts, batch, slots, shared_incl);
+      images.incl = shared_incl;
+    }
   }
-  const int64_t sum = batch > 0 ? incl[batch - 1] : 0;
-  const int64_t rows = num_rows < sum ? num_rows : sum;
+  const int lane = threadIdx.x & 31;
   C loss_acc = 0;
   unsigned int valid_acc = 0;
-  const int64_t step = int64_t(gridDim.x) * kThreads * K;
-  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * K; first < rows; first += step) {
-    int64_t b = image_of(incl, batch, first);
-    int64_t row[K], image[K], slot[K];
-    bool in[K];
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-      row[k] = first + k;
-      in[k] = row[k] < rows;
-      while (in[k] && row[k] >= incl[b]) ++b;  // past empty images too
-      image[k] = b;
-      slot[k] = row[k] - (b > 0 ? incl[b - 1] : 0);
-    }
-    Vec4<P> p[K];
-    Vec4<T> t[K];
-    load_chunk<false>(target, target_at, target_contig && first + K <= rows, first, row, slot, in, t);
-    load_each<false>(pred, pred_at, first, image, slot, in, p);
-    add_chunk_losses(p, t, in, in, loss_acc, valid_acc);  // every row present is a valid box
-  }
-  finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
-}
-
-// ----------------------------------------------------------------------------- backward kernels
-
-// Every slot of grad_pred, K per thread and step: zeros where not valid (nothing read), else the
-// gradient of (1 - GIoU) recomputed from pred and the target box, times scale = grad_output * inv_count.
-// `contig`: pred (and padded targets) contiguous and 16-byte aligned, so fully valid chunks load as vectors.
-template <typename P, typename T, typename Images>
-__device__ __forceinline__ void grad_slots(const P* __restrict__ pred, const BoxAccess& pred_at,
-                                           const T* __restrict__ target, const BoxAccess& target_at,
-                                           const Images& images, int64_t total, int64_t slots, bool contig,
-                                           compute_t<P> scale, P* __restrict__ grad_pred) {
-  using C = compute_t<P>;
-  constexpr int K = kBoxesPerThread<P, T>;
-  constexpr bool kRows = std::is_same_v<Images, PackedImages>;  // targets are packed rows
-  const int64_t step = int64_t(gridDim.x) * kThreads * K;
-  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) * K; first < total; first += step) {
-    const Chunk<K> c = chunk_at<K>(first, total, slots, images);
-    Pack<P, 4 * K> g;
-#pragma unroll
-    for (int i = 0; i < 4 * K; ++i) g.v[i] = from_compute<P>(C(0));
-    if (c.any_valid) {
-      const bool whole = contig && c.all_valid;
+  for_warp_images(batch, images, [&](int64_t b, const Image& image) {
+    for (int64_t j0 = lane * K; j0 < slots; j0 += 32 * K) {
+      if (kSkipInvalid && j0 - lane * K >= image.count) break;  // the warp's first slot is past the count
+      const Lane<K> l = lane_at<K>(j0, slots, image.count);
+      if (kSkipInvalid && !l.any_valid) continue;
+      const bool(&wanted)[K] = kSkipInvalid ? l.valid : l.in;
+      const bool whole = at.vectors && (kSkipInvalid ? l.all_valid : l.all_in);
       Vec4<P> p[K];
       Vec4<T> t[K];
-      load_chunk<false>(pred, pred_at, whole, first, c.b, c.j, c.valid, p);
-      if constexpr (kRows) load_each<false>(target, target_at, first, c.row, c.j, c.valid, t);
-      else load_chunk<false>(target, target_at, whole, first, c.b, c.j, c.valid, t);
+      load_lane<kRows>(pred, target, at, b, j0, image.first_row, wanted, whole, p, t);
+      add_lane_losses(p, t, wanted, l.valid, loss_acc, valid_acc);
+    }
+  });
+  finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
+}
+
+// ----------------------------------------------------------------------------- backward kernel
+
+// Every slot of grad_pred: zeros where not valid (nothing read; a warp past its image's count only stores),
+// else the gradient of (1 - GIoU) recomputed from pred and the target box, times scale = grad_output *
+// inv_count. Images, targets and incl as in the forward.
+template <typename P, typename T, typename Images>
+__global__ void __launch_bounds__(kThreads)
+    giou_grad_kernel(const compute_t<P>* grad_output,  // 0-dim
+                     const compute_t<P>* inv_count,    // 0-dim, the forward's
+                     const P* __restrict__ pred,       // [B, M, 4] xyxy, strided
+                     const T* __restrict__ target,     // [B, M, 4] or [N, 4] xyxy, strided
+                     Boxes at,                         //
+                     Images images,                    // counts, clamped on load; packed: prefix sums
+                     CountsArg counts,                 // [B] (packed block scan only)
+                     int64_t batch,                    // B
+                     int64_t slots,                    // M
+                     bool grad_vectors,                // M * 4 * sizeof(P) % 16 == 0: a lane stores one vector
+                     P* __restrict__ grad_pred) {      // [B, M, 4] contiguous, out
+  using C = compute_t<P>;
+  constexpr int K = kLaneBoxes<P>;
+  constexpr bool kRows = std::is_same_v<Images, PackedImages>;
+  extern __shared__ int64_t shared_incl[];
+  if constexpr (kRows) {
+    if (images.incl == nullptr) {
+      block_inclusive_scan(counts, batch, slots, shared_incl);
+      images.incl = shared_incl;
+    }
+  }
+  const C scale = grad_output[0] * inv_count[0];
+  const int lane = threadIdx.x & 31;
+  for_warp_images(batch, images, [&](int64_t b, const Image& image) {
+    P* grad_image = grad_pred + b * slots * 4;
+    for (int64_t j0 = lane * K; j0 < slots; j0 += 32 * K) {
+      const Lane<K> l = lane_at<K>(j0, slots, image.count);
+      Pack<P, 4 * K> g;
 #pragma unroll
-      for (int k = 0; k < K; ++k) {
-        if (!c.valid[k]) continue;
-        C pk[4], tk[4], gk[4];
-        to_compute(p[k], pk);
-        to_compute(t[k], tk);
-        giou_loss_and_grad(pk, tk, gk);
+      for (int i = 0; i < 4 * K; ++i) g.v[i] = from_compute<P>(C(0));
+      if (l.any_valid) {
+        Vec4<P> p[K];
+        Vec4<T> t[K];
+        load_lane<kRows>(pred, target, at, b, j0, image.first_row, l.valid, at.vectors && l.all_valid, p, t);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) g.v[4 * k + i] = from_compute<P>(gk[i] * scale);
+        for (int k = 0; k < K; ++k) {
+          if (!l.valid[k]) continue;
+          C pk[4], tk[4], gk[4];
+          to_compute(p[k], pk);
+          to_compute(t[k], tk);
+          giou_loss_and_grad(pk, tk, gk);
+#pragma unroll
+          for (int c = 0; c < 4; ++c) g.v[4 * k + c] = from_compute<P>(gk[c] * scale);
+        }
+      }
+      if (grad_vectors && l.all_in) {
+        *reinterpret_cast<Pack<P, 4 * K>*>(grad_image + j0 * 4) = g;
+      } else {
+#pragma unroll
+        for (int k = 0; k < K; ++k) {
+          if (!l.in[k]) continue;
+#pragma unroll
+          for (int c = 0; c < 4; ++c) grad_image[(j0 + k) * 4 + c] = g.v[4 * k + c];
+        }
       }
     }
-    store_chunk<K>(grad_pred, c.all_in, first, c.in, g);
-  }
-}
-
-template <typename P, typename T>
-__global__ void __launch_bounds__(kThreads)
-    giou_grad_padded_kernel(const compute_t<P>* grad_output,  // 0-dim
-                            const compute_t<P>* inv_count,    // 0-dim, the forward's
-                            const P* __restrict__ pred,       // [B, M, 4] xyxy, strided
-                            BoxAccess pred_at,                //
-                            const T* __restrict__ target,     // [B, M, 4] xyxy, strided
-                            BoxAccess target_at,              //
-                            PaddedImages images,              // counts [B], clamped on load
-                            int64_t total,                    // B * M
-                            int64_t slots,                    // M
-                            bool contig,                      // pred and target contiguous, 16-byte aligned
-                            P* __restrict__ grad_pred) {      // [B, M, 4] contiguous, out
-  const compute_t<P> scale = grad_output[0] * inv_count[0];
-  grad_slots(pred, pred_at, target, target_at, images, total, slots, contig, scale, grad_pred);
-}
-
-template <typename P, typename T>
-__global__ void __launch_bounds__(kThreads)
-    giou_grad_packed_kernel(const compute_t<P>* grad_output,  // 0-dim
-                            const compute_t<P>* inv_count,    // 0-dim, the forward's
-                            const P* __restrict__ pred,       // [B, M, 4] xyxy, strided
-                            BoxAccess pred_at,                //
-                            const T* __restrict__ target,     // [N, 4] xyxy, strided (stride_m = 0)
-                            BoxAccess target_at,              //
-                            int64_t num_rows,                 // N
-                            CountsArg counts,                 // [B] integer
-                            const int64_t* incl,              // [B] prefix sums of the clamped counts, or null
-                            int64_t batch,                    // B
-                            int64_t slots,                    // M
-                            bool contig,                      // pred contiguous, 16-byte aligned
-                            P* __restrict__ grad_pred) {      // [B, M, 4] contiguous, out
-  extern __shared__ int64_t shared_incl[];
-  if (incl == nullptr) {
-    block_inclusive_scan(counts, batch, slots, shared_incl);
-    incl = shared_incl;
-  }
-  const compute_t<P> scale = grad_output[0] * inv_count[0];
-  const PackedImages images{incl, num_rows};
-  grad_slots(pred, pred_at, target, target_at, images, batch * slots, slots, contig, scale, grad_pred);
+  });
 }
 
 // ----------------------------------------------------------------------------- host side
@@ -563,17 +479,13 @@ BoxAccess box_access(const BoxesArg& boxes) {
   return {boxes.stride_b, boxes.stride_m, boxes.stride_c, vec};
 }
 
-// [B, M, 4] boxes one after another from a 16-byte-aligned start: chunks load as 16-byte vectors.
-template <typename T>
-bool contiguous_boxes(const BoxesArg& boxes, int64_t slots) {
-  return reinterpret_cast<uintptr_t>(boxes.data) % 16 == 0 && boxes.stride_c == 1 && boxes.stride_m == 4 &&
-         boxes.stride_b == 4 * slots;
-}
-
-// Packed [N, 4] rows likewise.
-template <typename T>
-bool contiguous_rows(const BoxesArg& rows) {
-  return reinterpret_cast<uintptr_t>(rows.data) % 16 == 0 && rows.stride_c == 1 && rows.stride_b == 4;
+// The kernels' view of pred and targets (kRows: packed [N, 4] target rows, no slot dimension).
+template <typename P, typename T>
+Boxes boxes_of(const GiouInputs& in) {
+  const BoxesArg& p = in.pred;
+  const bool vectors = p.stride_c == 1 && p.stride_m == 4 && (p.stride_b * sizeof(P)) % 16 == 0 &&
+                       reinterpret_cast<uintptr_t>(p.data) % 16 == 0;
+  return {box_access<P>(p), box_access<T>(in.target), vectors};
 }
 
 // Blocks of `Kernel` resident on one SM (registers and shared memory decide), queried once per kernel.
@@ -587,17 +499,15 @@ int blocks_per_sm() {
   return blocks;
 }
 
-// Enough blocks to fill the GPU once (grid-stride beyond), at least one so the loss is always written.
-// kSharedBytes: the dynamic shared memory of a block-scan launch, at its largest.
+// One warp per image up to one full wave of blocks (grid-stride beyond), at least one block so the loss is
+// always written. kSharedBytes: the dynamic shared memory of a block-scan launch, at its largest.
 template <auto Kernel, size_t kSharedBytes = 0>
-int grid_for(int64_t threads) {
-  const int64_t wanted = (threads + kThreads - 1) / kThreads;
+int grid_for(int64_t images) {
+  const int64_t wanted = (images + kThreads / 32 - 1) / (kThreads / 32);
   int64_t cap = int64_t(multiprocessors()) * blocks_per_sm<Kernel, kSharedBytes>();
   if (cap > kMaxBlocks) cap = kMaxBlocks;
   return int(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
 }
-
-int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 template <typename Body>
 bool dispatch_target(DType dtype, Body&& body) {
@@ -690,20 +600,40 @@ const int64_t* prefix_sums(const GiouInputs& in, bool forward, int64_t block_sca
   return incl;
 }
 
-template <typename P, typename T, bool kSkipInvalid, bool kContig>
-void launch_padded(const GiouInputs& in, const LossOutputs& out, cudaStream_t stream) {
-  constexpr auto kernel = giou_padded_kernel<P, T, kSkipInvalid, kContig>;
-  const int64_t total = in.batch * in.slots;
-  kernel<<<grid_for<kernel>(ceil_div(total, kBoxesPerThread<P, T>)), kThreads, 0, stream>>>(
-      typed<P>(in.pred), box_access<P>(in.pred), typed<T>(in.target), box_access<T>(in.target),
-      PaddedImages{in.counts, in.slots}, total, in.slots, static_cast<compute_t<P>*>(out.loss),
-      static_cast<compute_t<P>*>(out.inv_count), static_cast<Workspace*>(out.workspace));
-}
-
 // Packed target rows: the row stride as stride_b and no slot dimension, so alignment depends on rows alone.
 BoxesArg as_rows(BoxesArg target) {
   target.stride_m = 0;
   return target;
+}
+
+// The shared memory of a block scan: B int64 when incl is null (packed, small batches), else none.
+template <typename Images>
+size_t scan_shared_bytes(const GiouInputs& in, const Images& images) {
+  if constexpr (std::is_same_v<Images, PackedImages>) return images.incl == nullptr ? size_t(in.batch) * sizeof(int64_t) : 0;
+  else return 0;
+}
+
+template <typename Images>
+constexpr size_t kMaxSharedBytes = std::is_same_v<Images, PackedImages> ? kScanSharedBytes : 0;
+
+template <typename P, typename T, bool kSkipInvalid, typename Images>
+void launch_loss(const GiouInputs& in, const Images& images, const LossOutputs& out, cudaStream_t stream) {
+  constexpr auto kernel = giou_loss_kernel<P, T, kSkipInvalid, Images>;
+  kernel<<<grid_for<kernel, kMaxSharedBytes<Images>>(in.batch), kThreads, scan_shared_bytes(in, images), stream>>>(
+      typed<P>(in.pred), typed<T>(in.target), boxes_of<P, T>(in), images, in.counts, in.batch, in.slots,
+      static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count),
+      static_cast<Workspace*>(out.workspace));
+}
+
+template <typename P, typename T, typename Images>
+void launch_grad(const GiouInputs& in, const Images& images, const GradArgs& args, cudaStream_t stream) {
+  using C = compute_t<P>;
+  constexpr auto kernel = giou_grad_kernel<P, T, Images>;
+  const bool grad_vectors = (in.slots * 4 * sizeof(P)) % 16 == 0;  // grad_pred is freshly allocated: aligned
+  kernel<<<grid_for<kernel, kMaxSharedBytes<Images>>(in.batch), kThreads, scan_shared_bytes(in, images), stream>>>(
+      static_cast<const C*>(args.grad_output), static_cast<const C*>(args.inv_count), typed<P>(in.pred),
+      typed<T>(in.target), boxes_of<P, T>(in), images, in.counts, in.batch, in.slots, grad_vectors,
+      static_cast<P*>(args.grad_pred));
 }
 
 }  // namespace
@@ -720,12 +650,8 @@ cudaError_t giou_loss_padded_launch(const GiouInputs& in, bool skip_invalid, Los
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    const bool contig = contiguous_boxes<P>(in.pred, in.slots) && contiguous_boxes<T>(in.target, in.slots);
-    if (skip_invalid) {
-      contig ? launch_padded<P, T, true, true>(in, out, stream) : launch_padded<P, T, true, false>(in, out, stream);
-    } else {
-      contig ? launch_padded<P, T, false, true>(in, out, stream) : launch_padded<P, T, false, false>(in, out, stream);
-    }
+    const PaddedImages images{in.counts, in.slots};
+    skip_invalid ? launch_loss<P, T, true>(in, images, out, stream) : launch_loss<P, T, false>(in, images, out, stream);
   });
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -737,35 +663,23 @@ cudaError_t giou_loss_packed_launch(const GiouInputs& in, int64_t block_scan_max
   const int64_t* incl = err == cudaSuccess ? prefix_sums(in, true, block_scan_max_batch, out.workspace, stream, err)
                                            : nullptr;
   if (err != cudaSuccess) return err;
-  const size_t shared = incl == nullptr ? size_t(in.batch) * sizeof(int64_t) : 0;
+  GiouInputs rows = in;
+  rows.target = as_rows(in.target);
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    constexpr auto kernel = giou_packed_kernel<P, T>;
-    const BoxesArg rows = as_rows(in.target);
-    kernel<<<grid_for<kernel, kScanSharedBytes>(ceil_div(in.rows, kBoxesPerThread<T, T>)), kThreads, shared,
-             stream>>>(typed<P>(in.pred), box_access<P>(in.pred), typed<T>(rows), box_access<T>(rows),
-                       contiguous_rows<T>(rows), in.rows, in.counts, incl, in.batch, in.slots,
-                       static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count),
-                       static_cast<Workspace*>(out.workspace));
+    launch_loss<P, T, true>(rows, PackedImages{incl, in.rows}, out, stream);
   });
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
 cudaError_t giou_grad_padded_launch(const GiouInputs& in, GradArgs args, cudaStream_t stream) {
   if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
-  const int64_t total = in.batch * in.slots;
-  if (total == 0) return cudaSuccess;  // an empty gradient: nothing to write
+  if (in.batch * in.slots == 0) return cudaSuccess;  // an empty gradient: nothing to write
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    using C = compute_t<P>;
-    constexpr auto kernel = giou_grad_padded_kernel<P, T>;
-    const bool contig = contiguous_boxes<P>(in.pred, in.slots) && contiguous_boxes<T>(in.target, in.slots);
-    kernel<<<grid_for<kernel>(ceil_div(total, kBoxesPerThread<P, T>)), kThreads, 0, stream>>>(
-        static_cast<const C*>(args.grad_output), static_cast<const C*>(args.inv_count), typed<P>(in.pred),
-        box_access<P>(in.pred), typed<T>(in.target), box_access<T>(in.target), PaddedImages{in.counts, in.slots},
-        total, in.slots, contig, static_cast<P*>(args.grad_pred));
+    launch_grad<P, T>(in, PaddedImages{in.counts, in.slots}, args, stream);
   });
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
@@ -777,18 +691,12 @@ cudaError_t giou_grad_packed_launch(const GiouInputs& in, int64_t block_scan_max
   cudaError_t err = cudaSuccess;
   const int64_t* incl = prefix_sums(in, false, block_scan_max_batch, args.workspace, stream, err);
   if (err != cudaSuccess) return err;
-  const size_t shared = incl == nullptr ? size_t(in.batch) * sizeof(int64_t) : 0;
+  GiouInputs rows = in;
+  rows.target = as_rows(in.target);
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    using C = compute_t<P>;
-    constexpr auto kernel = giou_grad_packed_kernel<P, T>;
-    const BoxesArg rows = as_rows(in.target);
-    const int64_t threads = ceil_div(in.batch * in.slots, kBoxesPerThread<P, T>);
-    kernel<<<grid_for<kernel, kScanSharedBytes>(threads), kThreads, shared, stream>>>(
-        static_cast<const C*>(args.grad_output), static_cast<const C*>(args.inv_count), typed<P>(in.pred),
-        box_access<P>(in.pred), typed<T>(rows), box_access<T>(rows), in.rows, in.counts, incl, in.batch, in.slots,
-        contiguous_boxes<P>(in.pred, in.slots), static_cast<P*>(args.grad_pred));
+    launch_grad<P, T>(rows, PackedImages{incl, in.rows}, args, stream);
   });
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }

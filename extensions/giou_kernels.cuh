@@ -87,8 +87,8 @@ size_t giou_workspace_bytes(bool forward, int64_t packed_batch, int64_t block_sc
 // padded ones; skip_invalid = true (cuda_conditional): only slots that are valid are loaded and computed.
 cudaError_t giou_loss_padded_launch(const GiouInputs& in, bool skip_invalid, LossOutputs out, cudaStream_t stream);
 
-// Packed layout: a grid over the N rows, each finding its image by a binary search over the prefix sums of
-// the clamped counts. With B <= block_scan_max_batch (and <= kBlockScanBatchLimit) every block computes
+// Packed layout: slot j of image b takes target row C[b] + j, C the prefix sums of the clamped counts;
+// only valid slots are loaded and computed. With B <= block_scan_max_batch (and <= kBlockScanBatchLimit) every block computes
 // those sums itself in shared memory; otherwise one CUB device scan writes them first (one launch more).
 cudaError_t giou_loss_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, LossOutputs out,
                                     cudaStream_t stream);
