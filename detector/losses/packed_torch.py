@@ -3,7 +3,8 @@
 As fla keeps ``naive.py`` beside its fused kernels: the same layout and the same search, obviously right.
 Each target row finds its image and slot on the device, from the counts: the prefix sums of the clamped
 counts and a binary search per row (``searchsorted``; the kernel walks the other way, each warp taking
-image b and its rows C[b] + j) — no host synchronisation, no Python loop. Then one GIoU call over the N rows, summed and divided by max(n, 1).
+image b and its rows C[b] + j) — no host synchronisation, no Python loop. Then one GIoU call over the N
+rows, summed and divided by max(n, 1).
 
 Counts follow the op's rule (detector/kernels/cuda_op.py): clamped to [0, M]; rows past their sum are
 ignored; with fewer rows than their sum, the boxes past row N are absent. ``repeat_interleave`` would

@@ -17,7 +17,8 @@ Guarantees:
 - A non-finite loss stops the run at the next log line, naming the first bad step, with the last
   good checkpoint kept (train.nonfinite=skip skips such steps' updates instead).
 - One process per run folder (a lock); a fresh run keeps the folder's older run until it finishes.
-- Throughput is reported by the wall clock (data waits included), with the device time beside it.
+- Throughput is reported by the wall clock (data waits included), with the device time beside it and the
+  device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
 Multi-GPU: under torchrun each rank reads its own block of every global batch and the loss is the
 global mean over valid boxes (detector/train/distributed.py); rank 0 evaluates, logs and checkpoints.
@@ -67,11 +68,16 @@ def format_eta(seconds: float) -> str:
 
 
 class StepClock:
-    """Each step's device time (CUDA events, read only when the host waits anyway) or host time (CPU)."""
+    """Each step's device time (CUDA events, read only when the host waits anyway) or host time (CPU), and
+    the time the device sat idle since the previous step ended: the only part of a host-side wait (data,
+    Python) that costs throughput. The host runs ahead of the GPU, so it may wait for data a long time
+    while the GPU is still busy with earlier steps; the idle time says whether that wait reached the GPU.
+    """
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks: list = []
+        self.last_stop = None  # the previous step's end mark
 
     def _now(self):
         if not self.cuda:
@@ -86,11 +92,18 @@ class StepClock:
     def stop(self) -> None:
         self.marks[-1].append(self._now())
 
-    def read(self) -> list[float]:
-        """ms of each step since the last read."""
-        out = [a.elapsed_time(b) if self.cuda else (b - a) * 1e3 for a, b in self.marks]
+    def read(self) -> list[tuple[float, float]]:
+        """(ms of the step, ms idle before it) of each step since the last read; the first step has no idle time."""
+        out = []
+        for start, stop in self.marks:
+            idle = 0.0 if self.last_stop is None else self._ms(self.last_stop, start)
+            out.append((self._ms(start, stop), idle))
+            self.last_stop = stop
         self.marks = []
         return out
+
+    def _ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
 
 class Log:
@@ -100,7 +113,7 @@ class Log:
         self.clock = StepClock(device)
         self.losses = losses  # loss of step s at index s - 1, restored on resume
         self.pending: list[torch.Tensor] = []
-        self.timings: list[dict] = []  # per step: step, wall_ms, device_ms, data_ms
+        self.timings: list[dict] = []  # per step: step, wall_ms, device_ms, idle_ms, data_ms
         self.window_start, self.window_data = time.perf_counter(), []
 
     def add(self, loss: torch.Tensor, data_seconds: float) -> None:
@@ -114,8 +127,10 @@ class Log:
         values = torch.stack(self.pending).float().tolist()
         wall_ms = (time.perf_counter() - self.window_start) * 1e3 / len(values)
         first = step - len(values) + 1
-        for i, (ms, data_ms) in enumerate(zip(self.clock.read(), self.window_data, strict=True)):
-            self.timings.append({"step": first + i, "wall_ms": wall_ms, "device_ms": ms, "data_ms": data_ms})
+        for i, ((ms, idle_ms), data_ms) in enumerate(zip(self.clock.read(), self.window_data, strict=True)):
+            self.timings.append(
+                {"step": first + i, "wall_ms": wall_ms, "device_ms": ms, "idle_ms": idle_ms, "data_ms": data_ms}
+            )
         self.losses += values
         self.pending, self.window_data, self.window_start = [], [], time.perf_counter()
         return [first + i for i, v in enumerate(values) if not math.isfinite(v)]
@@ -134,14 +149,17 @@ def throughput(timings: list[dict], global_batch: int, skip_until: int) -> dict:
     """Median step times and images/s, by the wall clock and by the device, past the first steps."""
     timed = [t for t in timings if t["step"] > skip_until] or timings
     if not timed:
-        keys = ("step_ms", "device_step_ms", "data_wait_ms", "images_per_s", "device_images_per_s")
+        keys = ("step_ms", "device_step_ms", "device_idle_ms", "data_wait_ms", "images_per_s", "device_images_per_s")
         return dict.fromkeys(keys) | {"timed_steps": 0}
     wall = statistics.median(t["wall_ms"] for t in timed)
     device = statistics.median(t["device_ms"] for t in timed)
     return {
         "step_ms": wall,  # wall clock per step, data wait included
         "device_step_ms": device,
-        "data_wait_ms": statistics.median(t["data_ms"] for t in timed),
+        "device_idle_ms": statistics.median(t["idle_ms"] for t in timed),  # between steps: what data and host cost
+        "data_wait_ms": statistics.median(
+            t["data_ms"] for t in timed
+        ),  # the host's wait; overlapped when the host is ahead
         "images_per_s": global_batch / wall * 1e3,
         "device_images_per_s": global_batch / device * 1e3,
         "timed_steps": len(timed),
@@ -297,13 +315,15 @@ class Run:
         lr = self.step_fn.scheduler.get_last_lr()[0]
         self.say(
             f"step {step:6d}/{tcfg.steps}  loss {loss:.4f}  lr {float(lr):.2e}  step {rate['step_ms']:8.1f} ms "
-            f"(device {rate['device_step_ms']:.1f}, data wait {rate['data_wait_ms']:.1f})  "
+            f"(device {rate['device_step_ms']:.1f}, idle {rate['device_idle_ms']:.1f}; host data wait "
+            f"{rate['data_wait_ms']:.1f})  "
             f"{rate['images_per_s']:9.0f} img/s  eta {format_eta(eta)}",
             flush=True,
         )
         if self.writer:
             scalars = {"train/loss": loss, "train/lr": float(lr), "time/step_ms": rate["step_ms"]}
             scalars |= {"time/device_step_ms": rate["device_step_ms"], "time/data_wait_ms": rate["data_wait_ms"]}
+            scalars |= {"time/device_idle_ms": rate["device_idle_ms"]}
             scalars |= {"time/images_per_s": rate["images_per_s"]}
             if self.device.type == "cuda":
                 scalars["memory/peak_gib"] = torch.cuda.max_memory_allocated(self.device) / 2**30
@@ -374,7 +394,8 @@ class Run:
             self.say(
                 f"done: {self.run_dir}  final loss {summary['final_loss']:.4f}  median step "
                 f"{summary['step_ms']:.1f} ms  {summary['images_per_s']:.0f} img/s by the wall clock "
-                f"({summary['device_images_per_s']:.0f} by device time)"
+                f"({summary['device_images_per_s']:.0f} by device time; device idle between steps "
+                f"{summary['device_idle_ms']:.1f} ms)"
             )
         return summary
 

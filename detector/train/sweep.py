@@ -18,7 +18,16 @@ from detector.train.step import speed_option_refusal
 def sweep_table(summaries: list[dict], skipped: dict[str, str]) -> str:
     """A markdown table of a sweep; loss gap = largest |loss difference| from the first run's curve."""
     reference = dict(summaries[0]["history"]) if summaries else {}
-    headers = ["strategy", "final loss", "max loss gap", "eval mIoU", "mean-box mIoU", "step ms", "data wait ms"]
+    headers = [
+        "strategy",
+        "final loss",
+        "max loss gap",
+        "eval mIoU",
+        "mean-box mIoU",
+        "step ms",
+        "device idle ms",
+        "host data wait ms",
+    ]
     headers += ["images/s (wall)", "images/s (device)"]
     rows = []
     for s in summaries:
@@ -26,7 +35,12 @@ def sweep_table(summaries: list[dict], skipped: dict[str, str]) -> str:
         metrics = s["eval"]
         rows.append(
             [s["run"], f"{s['final_loss']:.4f}", f"{gap:.1e}", f"{metrics.get('mean_iou', math.nan):.3f}"]
-            + [f"{metrics.get('trivial_mean_iou', math.nan):.3f}", f"{s['step_ms']:.1f}", f"{s['data_wait_ms']:.1f}"]
+            + [
+                f"{metrics.get('trivial_mean_iou', math.nan):.3f}",
+                f"{s['step_ms']:.1f}",
+                f"{s['device_idle_ms']:.1f}",
+                f"{s['data_wait_ms']:.1f}",
+            ]
             + [f"{s['images_per_s']:.0f}", f"{s['device_images_per_s']:.0f}"]
         )
     rows += [[name, f"skipped: {reason}"] + [""] * (len(headers) - 2) for name, reason in skipped.items()]

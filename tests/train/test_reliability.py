@@ -12,7 +12,7 @@ from detector import data, runs
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
 from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.loop import NonFiniteLoss, run_training
+from detector.train.loop import NonFiniteLoss, StepClock, run_training
 
 RUN = ["train.steps=6", "train.checkpoint_every=3"]
 
@@ -145,3 +145,19 @@ def test_throughput_is_wall_clock_with_the_device_time_beside_it(tmp_path, monke
     assert summary["data_wait_ms"] > 30  # 4 images x 10 ms
     assert summary["step_ms"] >= summary["device_step_ms"] + summary["data_wait_ms"] * 0.9
     assert summary["images_per_s"] < summary["device_images_per_s"]
+    # on the CPU nothing runs ahead: the whole wait is idle time between steps
+    assert summary["device_idle_ms"] >= summary["data_wait_ms"] * 0.9
+
+
+def test_the_step_clock_reports_the_idle_time_between_steps():
+    clock = StepClock(torch.device("cpu"))
+    for pause in (0.0, 0.03, 0.0):
+        time.sleep(pause)
+        clock.start()
+        clock.stop()
+    (_, first), (_, after_pause), (_, back_to_back) = clock.read()
+    assert first == 0.0  # nothing before the first step
+    assert after_pause >= 30 > back_to_back
+    clock.start()
+    clock.stop()
+    assert clock.read()[0][1] < 30  # measured from the last step of the previous read
