@@ -291,6 +291,20 @@ __device__ __forceinline__ void for_warp_images(int64_t batch, const Images& ima
   }
 }
 
+// Packed images whose prefix sums are not given (incl == nullptr, B <= kBlockScanBatchLimit) get them
+// from this block's own scan into `shared` (every thread calls this); padded images pass through.
+template <typename Images>
+__device__ __forceinline__ Images scanned(Images images, const CountsArg& counts, int64_t batch, int64_t slots,
+                                          int64_t* shared) {
+  if constexpr (std::is_same_v<Images, PackedImages>) {
+    if (images.incl == nullptr) {
+      block_inclusive_scan(counts, batch, slots, shared);
+      images.incl = shared;
+    }
+  }
+  return images;
+}
+
 // Where a kernel finds image b's boxes: pred [B, M, 4] and the targets [B, M, 4] or (packed) [N, 4] rows.
 // `vectors`: pred contiguous with 16-byte-aligned images, so a lane's K whole boxes are one 16-byte load.
 struct Boxes {
@@ -360,12 +374,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int K = kLaneBoxes<P>;
   constexpr bool kRows = std::is_same_v<Images, PackedImages>;
   extern __shared__ int64_t shared_incl[];
-  if constexpr (kRows) {
-    if (images.incl == nullptr) {
-      block_inclusive_scan(counts, batch, slots, shared_incl);
-      images.incl = shared_incl;
-    }
-  }
+  images = scanned(images, counts, batch, slots, shared_incl);
   const int lane = threadIdx.x & 31;
   C loss_acc = 0;
   unsigned int valid_acc = 0;
@@ -407,12 +416,7 @@ __global__ void __launch_bounds__(kThreads)
   constexpr int K = kLaneBoxes<P>;
   constexpr bool kRows = std::is_same_v<Images, PackedImages>;
   extern __shared__ int64_t shared_incl[];
-  if constexpr (kRows) {
-    if (images.incl == nullptr) {
-      block_inclusive_scan(counts, batch, slots, shared_incl);
-      images.incl = shared_incl;
-    }
-  }
+  images = scanned(images, counts, batch, slots, shared_incl);
   const C scale = grad_output[0] * inv_count[0];
   const int lane = threadIdx.x & 31;
   for_warp_images(batch, images, [&](int64_t b, const Image& image) {
