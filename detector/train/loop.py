@@ -151,15 +151,16 @@ def throughput(timings: list[dict], global_batch: int, skip_until: int) -> dict:
     if not timed:
         keys = ("step_ms", "device_step_ms", "device_idle_ms", "data_wait_ms", "images_per_s", "device_images_per_s")
         return dict.fromkeys(keys) | {"timed_steps": 0}
-    wall = statistics.median(t["wall_ms"] for t in timed)
-    device = statistics.median(t["device_ms"] for t in timed)
+
+    def median(key: str) -> float:
+        return statistics.median(t[key] for t in timed)
+
+    wall, device = median("wall_ms"), median("device_ms")
     return {
         "step_ms": wall,  # wall clock per step, data wait included
         "device_step_ms": device,
-        "device_idle_ms": statistics.median(t["idle_ms"] for t in timed),  # between steps: what data and host cost
-        "data_wait_ms": statistics.median(
-            t["data_ms"] for t in timed
-        ),  # the host's wait; overlapped when the host is ahead
+        "device_idle_ms": median("idle_ms"),  # between steps: what data and host cost the GPU
+        "data_wait_ms": median("data_ms"),  # the host's wait; overlapped when the host is ahead
         "images_per_s": global_batch / wall * 1e3,
         "device_images_per_s": global_batch / device * 1e3,
         "timed_steps": len(timed),
