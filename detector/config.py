@@ -64,6 +64,9 @@ class DataConfig:
 class ModelConfig:
     channels: list[int] = ranged([4, 16, 64, 256], 1)  # 4 conv blocks, each pools by 2
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
+    # that Linear as 4 Linear layers over slices of its outputs (model.BlockedLinear): under DDP, the first
+    # block's 1.1 GB gradient all-reduce starts while the backward computes the others' (1 = one Linear)
+    head_blocks: int = ranged(4, 1)
 
 
 @dataclass
@@ -250,6 +253,9 @@ def check_values(
             torch.device(cfg.device)
         except RuntimeError:
             raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N") from None
+    if schema is Config and cfg.model.head_blocks > cfg.model.hidden:
+        allowed = f"1 to model.hidden ({cfg.model.hidden}), one output slice per block"
+        raise ConfigError(f"model.head_blocks={cfg.model.head_blocks} is out of range: allowed {allowed}")
 
 
 def out_of_range(value, low, high, choices, strategies) -> str | None:

@@ -5,7 +5,7 @@ import torch
 
 from detector.data import FaceSampler, SyntheticFaces, collate_fn
 from detector.losses import STRATEGIES
-from detector.model import FaceDetector
+from detector.model import BlockedLinear, FaceDetector
 
 
 def test_output_is_m_proper_boxes_per_image():
@@ -20,6 +20,35 @@ def test_output_is_m_proper_boxes_per_image():
 def test_image_size_must_survive_the_pooling():
     with pytest.raises(ValueError, match="divisible by 2\\*\\*4"):
         FaceDetector(image_size=40, max_boxes=8, channels=[4, 16, 64, 256], hidden=8)
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 10])
+def test_blocked_linear_is_the_linear_it_was_sliced_from(blocks):
+    """Same values as nn.Linear(8, 10) under the same seed (and the same draws after it), the same output
+    and input gradient, and each block's weight gradient is its rows of the whole weight's (3 blocks:
+    uneven slices of 4, 3, 3 rows)."""
+    torch.manual_seed(0)
+    whole = torch.nn.Linear(8, 10).double()
+    next_draws = torch.rand(4)
+    torch.manual_seed(0)
+    blocked = BlockedLinear(8, 10, blocks).double()
+    assert torch.equal(torch.rand(4), next_draws), "the blocks drew random numbers of their own"
+    assert len(blocked.blocks) == blocks
+    x = torch.randn(5, 8, dtype=torch.float64, requires_grad=True)
+    x2 = x.detach().clone().requires_grad_()
+    y, y2 = whole(x), blocked(x2)
+    torch.testing.assert_close(y2, y, rtol=1e-14, atol=0)
+    dy = torch.randn_like(y)
+    y.backward(dy)
+    y2.backward(dy)
+    torch.testing.assert_close(x2.grad, x.grad, rtol=1e-14, atol=1e-15)
+    torch.testing.assert_close(torch.cat([b.weight.grad for b in blocked.blocks]), whole.weight.grad, rtol=0, atol=0)
+    torch.testing.assert_close(torch.cat([b.bias.grad for b in blocked.blocks]), whole.bias.grad, rtol=0, atol=0)
+
+
+def test_blocked_linear_refuses_more_blocks_than_outputs():
+    with pytest.raises(ValueError, match="head_blocks=11: expected 1 to 10"):
+        BlockedLinear(8, 10, 11)
 
 
 def test_loss_falls_by_a_large_factor_on_one_fixed_batch():

@@ -62,6 +62,23 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
+def average_gradients(process_group, bucket):  # -> Future[Tensor]; DDP checks a real annotation, not a string
+    """DDP comm hook: a bucket of gradients averaged over the ranks, in place.
+
+    DDP's own hook divides the bucket by the world size in a kernel of its own before a summing all-reduce:
+    a full read and write of the 4.3 GB of gradients at seed scale (~1 ms of an H200) on the compute stream,
+    and in front of the all-reduce. NCCL averages inside the all-reduce (ReduceOp.AVG); gloo (the CPU) has
+    no AVG, so there the sum is divided afterwards.
+    """
+    group = process_group or dist.group.WORLD
+    buffer = bucket.buffer()
+    if dist.get_backend(group) == dist.Backend.NCCL:
+        work = dist.all_reduce(buffer, op=dist.ReduceOp.AVG, group=group, async_op=True)
+        return work.get_future().then(lambda fut: fut.value()[0])
+    work = dist.all_reduce(buffer, group=group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0].div_(dist.get_world_size(group)))
+
+
 class RankBlocks(torch.utils.data.Dataset):
     """Rank r's view of a dataset: of each global batch of ``world_size * batch`` samples, block r."""
 

@@ -30,7 +30,7 @@ from detector.errors import UserError
 from detector.losses import get_strategy
 from detector.model import build_model, fused_blocks_unavailable
 from detector.targets import PaddedTargets
-from detector.train.distributed import count_valid, global_mean
+from detector.train.distributed import average_gradients, count_valid, global_mean
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {
@@ -135,6 +135,7 @@ class TrainStep:
             self.net = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=ids, gradient_as_bucket_view=True
             )
+            self.net.register_comm_hook(None, average_gradients)
         if tcfg.compile:  # the model only: the loss stays the strategy under test (`compiled` is its own one)
             self.net = torch.compile(self.net)
         # cache_enabled=False: required inside CUDA graph capture, and every weight is used once per forward anyway
