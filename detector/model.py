@@ -44,6 +44,11 @@ class BlockedLinear(nn.Module):
             self.blocks.append(block)
         self.in_features, self.out_features = in_features, out_features
 
+    # Not compiled: under torch.compile the whole head's backward would be one autograd node, and all the
+    # blocks' gradients would arrive together at its end. Eager, each block's gradient is ready (and its
+    # all-reduce can start) before the next block's backward runs. A Linear has nothing to fuse anyway
+    # beyond its bf16 cast.
+    @torch.compiler.disable
     def forward(self, x: Tensor) -> Tensor:
         if len(self.blocks) == 1:
             return self.blocks[0](x)

@@ -28,9 +28,9 @@ from torch.profiler import record_function
 from detector.data import to_device
 from detector.errors import UserError
 from detector.losses import get_strategy
-from detector.model import build_model, fused_blocks_unavailable
+from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
 from detector.targets import PaddedTargets
-from detector.train.distributed import average_gradients, count_valid, global_mean
+from detector.train.distributed import EarlyAllReduce, average_gradients, count_valid, global_mean
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {
@@ -128,7 +128,11 @@ class TrainStep:
         schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
         self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
         self.net = self.model
+        self.early = None
         if world_size > 1:
+            blocked = [m for m in self.model.modules() if isinstance(m, BlockedLinear) and len(m.blocks) > 1]
+            names = {id(p): n for n, p in self.model.named_parameters()}
+            self.early = EarlyAllReduce(self.model, [names[id(p)] for m in blocked for p in m.parameters()])
             ids = [device] if device.type == "cuda" else None
             # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them at
             # seed scale are not copied into the buckets and back every step (~4 ms of an H200's step)
@@ -170,6 +174,8 @@ class TrainStep:
 
     def optimizer_step(self, loss: Tensor) -> None:
         with self.regions("optimizer step"):
+            if self.early is not None:
+                self.early.wait()
             if self.tcfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
             if self.tcfg.nonfinite == "skip":
