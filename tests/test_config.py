@@ -42,6 +42,7 @@ OUT_OF_RANGE = [
     ("profile.mode=fwd", "one of train, forward"),
     ("bench.pred_dtype=int8", "one of float32, bfloat16, float16"),
     ("device=gpu", "auto, cpu, cuda or cuda:N"),
+    ("model.head_blocks=0", ">= 1"),
 ]
 
 
@@ -51,6 +52,13 @@ def test_values_out_of_range_are_refused_at_load(override, allowed):
     with pytest.raises(ConfigError) as err:
         load(override)
     assert_one_line(err, field, value.split(",")[-1].strip("]"), allowed)
+
+
+def test_more_head_blocks_than_hidden_units_are_refused():
+    with pytest.raises(ConfigError) as err:
+        load("model.hidden=8", "model.head_blocks=9")
+    assert_one_line(err, "model.head_blocks=9", "1 to model.hidden (8)")
+    assert load("model.hidden=8", "model.head_blocks=8").model.head_blocks == 8
 
 
 def test_values_out_of_range_in_an_experiment_file_are_refused(tmp_path):
