@@ -64,9 +64,10 @@ class DataConfig:
 class ModelConfig:
     channels: list[int] = ranged([4, 16, 64, 256], 1)  # 4 conv blocks, each pools by 2
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
-    # that Linear as 4 Linear layers over slices of its outputs (model.BlockedLinear): under DDP, the first
-    # block's 1.1 GB gradient all-reduce starts while the backward computes the others' (1 = one Linear)
-    head_blocks: int = ranged(4, 1)
+    # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: 4 under DDP,
+    # where the first block's 1.1 GB gradient all-reduce starts while the backward computes the others'
+    # (2-H200 step 45.3 -> 44.6 ms), and 1 on one process, where the blocks cost 0.8 ms (docs/gpu-runs.md, run U)
+    head_blocks: int = ranged(0, 0)
 
 
 @dataclass
@@ -253,7 +254,7 @@ def check_values(
             torch.device(cfg.device)
         except RuntimeError:
             raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N") from None
-    if schema is Config and cfg.model.head_blocks > cfg.model.hidden:
+    if schema is Config and cfg.model.head_blocks > cfg.model.hidden:  # 0 (auto) never is
         allowed = f"1 to model.hidden ({cfg.model.hidden}), one output slice per block"
         raise ConfigError(f"model.head_blocks={cfg.model.head_blocks} is out of range: allowed {allowed}")
 

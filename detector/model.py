@@ -104,5 +104,9 @@ def fused_blocks_unavailable(blocks: int, channels: list[int], device: torch.dev
     return reason
 
 
-def build_model(cfg, data_cfg) -> FaceDetector:
-    return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden, cfg.head_blocks)
+DDP_HEAD_BLOCKS = 4  # model.head_blocks=0 (auto) under DDP
+
+
+def build_model(cfg, data_cfg, world_size: int = 1) -> FaceDetector:
+    blocks = cfg.head_blocks or min(DDP_HEAD_BLOCKS if world_size > 1 else 1, cfg.hidden)
+    return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden, blocks)

@@ -42,7 +42,7 @@ OUT_OF_RANGE = [
     ("profile.mode=fwd", "one of train, forward"),
     ("bench.pred_dtype=int8", "one of float32, bfloat16, float16"),
     ("device=gpu", "auto, cpu, cuda or cuda:N"),
-    ("model.head_blocks=0", ">= 1"),
+    ("model.head_blocks=-1", ">= 0"),
 ]
 
 

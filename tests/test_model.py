@@ -2,10 +2,11 @@
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 
 from detector.data import FaceSampler, SyntheticFaces, collate_fn
 from detector.losses import STRATEGIES
-from detector.model import BlockedLinear, FaceDetector
+from detector.model import BlockedLinear, FaceDetector, build_model
 
 
 def test_output_is_m_proper_boxes_per_image():
@@ -49,6 +50,13 @@ def test_blocked_linear_is_the_linear_it_was_sliced_from(blocks):
 def test_blocked_linear_refuses_more_blocks_than_outputs():
     with pytest.raises(ValueError, match="head_blocks=11: expected 1 to 10"):
         BlockedLinear(8, 10, 11)
+
+
+@pytest.mark.parametrize("head_blocks,world_size,blocks", [(0, 1, 1), (0, 2, 4), (3, 1, 3), (3, 2, 3), (0, 8, 4)])
+def test_head_blocks_auto_is_one_on_one_process_and_four_under_ddp(head_blocks, world_size, blocks):
+    model_cfg = OmegaConf.create({"channels": [4, 8], "hidden": 16, "head_blocks": head_blocks})
+    data_cfg = OmegaConf.create({"image_size": 32, "max_boxes": 4})
+    assert len(build_model(model_cfg, data_cfg, world_size).head[1].blocks) == blocks
 
 
 def test_loss_falls_by_a_large_factor_on_one_fixed_batch():

@@ -111,7 +111,7 @@ class TrainStep:
         self.device, self.world_size, self.tcfg = device, world_size, tcfg
         torch.manual_seed(tcfg.seed)  # the same seed gives every strategy the same initial model
         with device:  # initialise on the device: a 1.1 B-parameter model initialises in a blink there
-            self.model = build_model(cfg.model, cfg.data)
+            self.model = build_model(cfg.model, cfg.data, world_size)
         if tcfg.channels_last:
             self.model.to(memory_format=torch.channels_last)
             self.model.channels_last = True

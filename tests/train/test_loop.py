@@ -98,11 +98,11 @@ def _ddp_worker(rank: int, out: str) -> None:
     torch.set_num_threads(1)
     # a file rendezvous: no TCP port to race for with other test runs on the machine
     dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
-    cfg = tiny_cfg(out, "train.steps=3", "train.checkpoint_every=0")
+    cfg = tiny_cfg(out, "device=cpu", "train.steps=3", "train.checkpoint_every=0")
     env, device = distributed.setup(cfg)  # the group above: rank, world size 2, the CPU
     # one backward of the real loss path: this rank's block of the first global batch, globally normalised
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, cfg.data)
+    model = build_model(cfg.model, cfg.data, env.world_size)  # the head in blocks, as TrainStep builds it
     ddp = nn.parallel.DistributedDataParallel(model)
     images, targets = next(iter(rank_loader(cfg.data, "padded", device, env, start=0, steps=1)))
     local = get_strategy("padded")(ddp(images), targets)
@@ -122,9 +122,9 @@ def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
     mp.spawn(_ddp_worker, args=(str(tmp_path),), nprocs=2, join=True)
 
     # one process, batch 2 x 4: the same 8 images (indices 0-7) as the two ranks together
-    cfg = tiny_cfg(tmp_path / "single", "data.batch_size=8", "train.steps=3", "train.checkpoint_every=0")
+    cfg = tiny_cfg(tmp_path / "single", "device=cpu", "data.batch_size=8", "train.steps=3", "train.checkpoint_every=0")
     torch.manual_seed(cfg.train.seed)
-    model = build_model(cfg.model, cfg.data)
+    model = build_model(cfg.model, cfg.data, world_size=2)  # the ranks' blocked head, parameter for parameter
     images, targets = next(iter(build_loader(cfg.data, "padded", torch.device("cpu"))))
     loss = get_strategy("padded")(model(images), targets)
     loss.backward()
