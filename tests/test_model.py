@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from detector.data import FaceSampler, SyntheticFaces, collate_fn
 from detector.losses import STRATEGIES
-from detector.model import BlockedLinear, FaceDetector, build_model
+from detector.model import BlockedLinear, FaceDetector, build_model, linear
 
 
 def test_output_is_m_proper_boxes_per_image():
@@ -57,6 +57,33 @@ def test_head_blocks_auto_is_one_on_one_process_and_four_under_ddp(head_blocks, 
     model_cfg = OmegaConf.create({"channels": [4, 8], "hidden": 16, "head_blocks": head_blocks})
     data_cfg = OmegaConf.create({"image_size": 32, "max_boxes": 4})
     assert len(build_model(model_cfg, data_cfg, world_size).head[1].blocks) == blocks
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fp32-gradient linear is the CUDA autocast path")
+def test_autocast_linear_matches_autocast_forward_and_has_fp32_gradients():
+    """Forward: autocast's own linear, bit for bit. Gradients: the input's as autocast's (bf16), the weight's
+    and bias's fp32 and at least as close to the float64 products of the same bf16 operands as autocast's."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(512, 96, device="cuda")
+    x = torch.randn(64, 512, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dy = torch.randn(64, 96, device="cuda", dtype=torch.bfloat16)
+    grads = []
+    for fn in (layer, lambda t: linear(t, layer)):
+        layer.zero_grad(set_to_none=True)
+        x.grad = None
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            y = fn(x)
+        y.backward(dy)
+        grads.append((y.detach(), x.grad, layer.weight.grad, layer.bias.grad))
+    (y_ref, dx_ref, dw_ref, db_ref), (y, dx, dw, db) = grads
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y_ref)
+    torch.testing.assert_close(dx, dx_ref, rtol=0, atol=0)
+    assert dw.dtype == db.dtype == torch.float32
+    exact_dw = dy.double().t() @ x.detach().double()
+    exact_db = dy.double().sum(0)
+    assert (dw.double() - exact_dw).abs().max() <= (dw_ref.double() - exact_dw).abs().max()
+    torch.testing.assert_close(dw.double(), exact_dw, rtol=1e-5, atol=1e-5)  # fp32 accumulation of bf16 products
+    torch.testing.assert_close(db.double(), exact_db, rtol=1e-5, atol=1e-5)
 
 
 def test_loss_falls_by_a_large_factor_on_one_fixed_batch():
