@@ -66,7 +66,7 @@ class ModelConfig:
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
     # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: 4 under DDP,
     # where the first block's 1.1 GB gradient all-reduce starts while the backward computes the others'
-    # (2-H200 step 45.3 -> 44.6 ms), and 1 on one process, where the blocks cost 0.8 ms (docs/gpu-runs.md, run U)
+    # (2-H200 step 45.3 -> 44.6 ms, run U), and 1 on one process, where 4 cost 0.8 ms (docs/gpu-runs.md, run V)
     head_blocks: int = ranged(0, 0)
 
 
