@@ -19,6 +19,7 @@ batch. ``n`` comes from one all-reduce of ``[n_r, S_r]`` on the device; the host
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 
@@ -58,6 +59,9 @@ def setup(cfg) -> tuple[DistEnv, torch.device]:
 
 def teardown(env: DistEnv) -> None:
     if env.owns_group:
+        # a DDP reducer left in a reference cycle holds the group: freed after its destruction, with the GIL
+        # held, it would destroy the gloo group while a gloo thread waits for the GIL. Free it while it lives.
+        gc.collect()
         dist.barrier()
         dist.destroy_process_group()
 
