@@ -64,9 +64,9 @@ class DataConfig:
 class ModelConfig:
     channels: list[int] = ranged([4, 16, 64, 256], 1)  # 4 conv blocks, each pools by 2
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
-    # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: 4 under DDP,
-    # where the first block's 1.1 GB gradient all-reduce starts while the backward computes the others'
-    # (2-H200 step 45.3 -> 44.6 ms, run U), and 1 on one process, where 4 cost 0.8 ms (docs/gpu-runs.md, run V)
+    # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: 2 under DDP,
+    # where the first block's gradient all-reduce starts while the backward computes the other's (2-H200
+    # step 41.2 ms with 2 blocks, 43.3 with 4, 43.8 with 8: docs/gpu-runs.md, run Z), 1 on one process
     head_blocks: int = ranged(0, 0)
 
 

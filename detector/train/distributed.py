@@ -94,8 +94,8 @@ class EarlyAllReduce:
     """Averages some parameters' gradients over the ranks outside DDP: each in place, the moment the
     backward has accumulated it (a post-accumulate-grad hook). DDP ignores these parameters.
 
-    Why: DDP first copies each gradient into its bucket. For the head's 4 blocks at seed scale that is
-    4 copies of 1.1 GB, 0.6 ms each on an H200, on the compute stream (docs/gpu-runs.md, run U). Here
+    Why: DDP first copies each gradient into its bucket. For the head's blocks at seed scale that is
+    0.6 ms per 1.1 GB on an H200, on the compute stream (docs/gpu-runs.md, run U). Here
     each block's gradient is all-reduced where autograd put it. Call ``wait`` before reading the
     gradients: it makes the current stream wait for the all-reduces, without blocking the host on NCCL.
     """
