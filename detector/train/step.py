@@ -130,9 +130,9 @@ class TrainStep:
         self.net = self.model
         self.early = None
         if world_size > 1:
-            blocked = [m for m in self.model.modules() if isinstance(m, BlockedLinear) and len(m.blocks) > 1]
-            names = {id(p): n for n, p in self.model.named_parameters()}
-            self.early = EarlyAllReduce(self.model, [names[id(p)] for m in blocked for p in m.parameters()])
+            modules = self.model.named_modules()
+            blocked = [(n, m) for n, m in modules if isinstance(m, BlockedLinear) and len(m.blocks) > 1]
+            self.early = EarlyAllReduce(self.model, [f"{n}.{p}" for n, m in blocked for p, _ in m.named_parameters()])
             ids = [device] if device.type == "cuda" else None
             # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them at
             # seed scale are not copied into the buckets and back every step (~4 ms of an H200's step)
