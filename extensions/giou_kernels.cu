@@ -1,15 +1,20 @@
 // GIoU loss CUDA kernels and their launchers (see giou_kernels.cuh for the contract).
 //
-// One forward kernel (loss only) and one backward kernel, each for both layouts. Each warp takes whole
-// images (a grid-stride loop over b; lane l reads the count of the warp's l-th image up front, one load
-// latency for 32 images), and lane l the K consecutive slots j0 = l * K + 32 * K * i of an image: for
-// 16-bit predictions two boxes, one 16-byte vector of pred (kLaneBoxes). A warp past its image's count
-// stops (forward that skips padded slots) or only stores zeros (backward): no division per slot, no count
-// per slot, which is where the time of a flat grid over the B * M slots went (measured on an H200).
+// One forward kernel (loss only) and one backward kernel, each for both layouts. Warps take runs of up to
+// 32 images (a grid-stride loop over b; lane l reads the count of the run's l-th image up front, one load
+// latency for 32 images). Two ways to cover a run, each where it pays (measured on an H200):
+//   - a lane per valid box (for_run_boxes): the run's valid boxes numbered image after image, lane l taking
+//     boxes l, l + 32, ... and finding its image by a binary search over the run's prefix sums in the
+//     lanes. The forwards that skip padded slots (cuda_conditional, packed) and the backward's valid boxes:
+//     every lane works while there are boxes, and the run's loads are issued together, where a warp per
+//     image left most lanes idle (a few boxes per image) and waited one load latency per image.
+//   - a warp per image (for_warp_images), lane l taking the K consecutive slots j0 = l * K + 32 * K * i:
+//     for 16-bit predictions two boxes, one 16-byte vector of pred (kLaneBoxes). The forward that reads
+//     every slot (cuda_fused), and the backward's zeros (stores only, nothing read, 16 bytes at a time).
 // Forward: per-box loss in the compute type (fp32, or fp64 for fp64 predictions: giou.h), accumulated in
 // registers; block partials, then the last block to take a ticket adds them in block order and writes
-// loss and 1 / max(n_valid, 1). Backward: the gradient recomputed from pred and target for valid slots,
-// scaled by grad_output * inv_count and stored with zeros for the rest, 16 bytes at a time.
+// loss and 1 / max(n_valid, 1). Backward: zeros in every padded slot, then the gradient recomputed from
+// pred and target for the valid slots, scaled by grad_output * inv_count; no slot is written twice.
 // Packed layout: the same kernels, slot j of image b taking target row C[b] + j. C, the prefix sums of the
 // clamped counts, comes from every block's own scan in shared memory (small batches: no second launch)
 // or from one CUB scan before the kernel (large batches).
@@ -31,7 +36,6 @@ namespace {
 
 constexpr int kThreads = 256;      // threads per block
 constexpr int kMaxBlocks = 16384;  // capacity of the workspace; grids are capped to it
-constexpr int kScanPerThread = int(kBlockScanBatchLimit / kThreads);  // counts each thread adds in a block scan
 constexpr size_t kScanSharedBytes = kBlockScanBatchLimit * sizeof(int64_t);
 
 struct Workspace {
@@ -104,7 +108,25 @@ __device__ __forceinline__ void to_compute(const Vec4<T>& box, C out[4]) {
     c = static_cast<int64_t>(static_cast<const Type*>(counts.data)[b * counts.stride]); \
     break;
 
-// counts[b] clamped to [0, slots]: the device never validates counts (that would synchronise).
+// A count clamped to [0, slots]: the device never validates counts (that would synchronise).
+__device__ __forceinline__ int64_t clamp_count(int64_t c, int64_t slots) { return c < 0 ? 0 : (c > slots ? slots : c); }
+
+#define DETECTOR_TYPED_COUNTS(Name, AtName, Type, str) \
+  case DType::k##Name:                                 \
+    f(static_cast<const Type*>(counts.data));          \
+    break;
+
+// f(data): the counts as a pointer to their element type, for loops whose loads must not wait on a switch
+// per count (DETECTOR_COUNTS_DTYPES; uniform across the grid).
+template <typename F>
+__device__ __forceinline__ void with_typed_counts(const CountsArg& counts, F&& f) {
+  switch (counts.dtype) {
+    DETECTOR_COUNTS_DTYPES(DETECTOR_TYPED_COUNTS)
+    default: break;
+  }
+}
+
+// counts[b] clamped to [0, slots].
 // The launchers accept only DETECTOR_COUNTS_DTYPES, so the switch is uniform across the grid.
 __device__ __forceinline__ int64_t load_count(const CountsArg& counts, int64_t b, int64_t slots) {
   int64_t c = 0;
@@ -112,7 +134,7 @@ __device__ __forceinline__ int64_t load_count(const CountsArg& counts, int64_t b
     DETECTOR_COUNTS_DTYPES(DETECTOR_LOAD_COUNT)
     default: break;
   }
-  return c < 0 ? 0 : (c > slots ? slots : c);
+  return clamp_count(c, slots);
 }
 
 // counts[b] clamped, as the input of the prefix-sum scan (thrust::transform_iterator over b = 0, 1, ...).
@@ -178,42 +200,42 @@ __device__ void finish_loss(double loss_acc, unsigned int valid_acc, Workspace* 
   }
 }
 
-// Exclusive prefix sum of v over the block's threads (every thread calls it).
-__device__ int64_t block_exclusive_scan(int64_t v) {
-  __shared__ int64_t warp_totals[kThreads / 32];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int64_t x = v;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int64_t y = __shfl_up_sync(0xffffffffu, x, offset);
-    if (lane >= offset) x += y;
-  }
-  if (lane == 31) warp_totals[warp] = x;
-  __syncthreads();
-  int64_t before = x - v;
-  for (int w = 0; w < warp; ++w) before += warp_totals[w];
-  return before;
-}
-
 // incl[b] = clamped counts[0] + ... + counts[b] for b < batch <= kBlockScanBatchLimit, into shared memory,
-// by every block on its own (no second launch): thread t adds up a run of consecutive counts, all its
-// loads issued at once (L2 hits after the first block), then the runs are scanned over the block.
+// by every block on its own (no second launch). Warp w takes the w-th eighth of the batch: it adds up its
+// counts, the warps' sums give each warp the counts before its part, then the warp scans its part 32
+// counts at a time (a shuffle scan and a carry) and writes the sums. Lanes read consecutive counts, so
+// each load is one coalesced access (L2 hits after the first block; the second pass hits L1). A thread
+// per run of consecutive counts would have its lanes read 32 lines per load, and the blocks x B loads of
+// a large batch would take the L1's time.
 __device__ void block_inclusive_scan(const CountsArg& counts, int64_t batch, int64_t slots, int64_t* incl) {
-  const int64_t per_thread = (batch + kThreads - 1) / kThreads;  // <= kScanPerThread
-  const int64_t first = threadIdx.x * per_thread;
-  int64_t v[kScanPerThread];
-  int64_t run = 0;
+  __shared__ int64_t warp_sums[kThreads / 32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t per_warp = (batch + kThreads / 32 - 1) / (kThreads / 32);
+  const int64_t begin = warp * per_warp < batch ? warp * per_warp : batch;
+  const int64_t end = begin + per_warp < batch ? begin + per_warp : batch;
+  int64_t sum = 0;
+  with_typed_counts(counts, [&](const auto* data) {
+#pragma unroll 4
+    for (int64_t b = begin + lane; b < end; b += 32) sum += clamp_count(int64_t(data[b * counts.stride]), slots);
+  });
+  sum = warp_sum(sum);
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  int64_t carry = 0;  // the counts before this warp's part
+  for (int w = 0; w < warp; ++w) carry += warp_sums[w];
+  with_typed_counts(counts, [&](const auto* data) {
+    for (int64_t b0 = begin; b0 < end; b0 += 32) {
+      const int64_t b = b0 + lane;
+      int64_t x = b < end ? clamp_count(int64_t(data[b * counts.stride]), slots) : 0;
 #pragma unroll
-  for (int k = 0; k < kScanPerThread; ++k) {
-    v[k] = k < per_thread && first + k < batch ? load_count(counts, first + k, slots) : 0;
-    run += v[k];
-  }
-  int64_t before = block_exclusive_scan(run);
-#pragma unroll
-  for (int k = 0; k < kScanPerThread; ++k) {
-    before += v[k];
-    if (k < per_thread && first + k < batch) incl[first + k] = before;
-  }
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int64_t y = __shfl_up_sync(0xffffffffu, x, offset);
+        if (lane >= offset) x += y;
+      }
+      if (b < end) incl[b] = carry + x;
+      carry += __shfl_sync(0xffffffffu, x, 31);
+    }
+  });
   __syncthreads();
 }
 
@@ -245,9 +267,10 @@ struct PackedImages {
 
 // ----------------------------------------------------------------------------- warps over images
 
-// Every kernel below gives each warp whole images (a grid-stride loop over b), so a count is read once per
-// warp and image, never divided for, and the warp stops, or only stores zeros, past it. Lane l takes the
-// kLaneBoxes consecutive slots j0 = l * K + 32 * K * i: for 16-bit predictions two boxes, one 16-byte vector.
+// Every kernel below gives each warp runs of whole images (a grid-stride loop over b), so a count is read
+// once per warp and image and never divided for. Where a warp covers an image slot by slot, lane l takes
+// the kLaneBoxes consecutive slots j0 = l * K + 32 * K * i: for 16-bit predictions two boxes, one 16-byte
+// vector.
 template <typename P>
 constexpr int kLaneBoxes = sizeof(P) == 2 ? 2 : 1;
 
@@ -256,27 +279,37 @@ template <int K>
 struct Lane {
   bool in[K];     // j < M
   bool valid[K];  // j < the image's count (implies in)
-  bool all_in, all_valid, any_valid;
+  bool all_in;
 };
 
 template <int K>
 __device__ __forceinline__ Lane<K> lane_at(int64_t j0, int64_t slots, int64_t count) {
   Lane<K> l;
-  l.all_in = l.all_valid = true;
-  l.any_valid = false;
+  l.all_in = true;
 #pragma unroll
   for (int k = 0; k < K; ++k) {
     l.in[k] = j0 + k < slots;
     l.valid[k] = j0 + k < count;
     l.all_in = l.all_in && l.in[k];
-    l.all_valid = l.all_valid && l.valid[k];
-    l.any_valid = l.any_valid || l.valid[k];
   }
   return l;
 }
 
-// body(b, image) for the images of this warp, b = w, w + W, ... (W warps in the grid): lane l reads the
-// count (or prefix sums) of the warp's l-th image up front, so 32 images cost one load latency, not 32.
+// run_body(first, stride, n, mine) for each run of up to 32 images of this warp: images b = first + i * stride
+// for i < n (a grid-stride loop over b, W warps in the grid: stride W). Lane l holds `mine`, the count (and
+// packed: first row) of the run's l-th image, read up front: 32 images cost one load latency, not 32.
+template <typename Images, typename RunBody>
+__device__ __forceinline__ void for_warp_image_runs(int64_t batch, const Images& images, RunBody&& run_body) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = int64_t(gridDim.x) * (kThreads / 32);
+  for (int64_t first = (int64_t(blockIdx.x) * kThreads + threadIdx.x) / 32; first < batch; first += 32 * warps) {
+    const int64_t left = (batch - first + warps - 1) / warps;
+    const int n = left < 32 ? int(left) : 32;
+    run_body(first, warps, n, lane < n ? images(first + lane * warps) : Image{0, 0});
+  }
+}
+
+// body(b, image) for the images of this warp, one after another, given to the whole warp.
 template <typename Images, typename Body>
 __device__ __forceinline__ void for_warp_images(int64_t batch, const Images& images, Body&& body) {
   const int lane = threadIdx.x & 31;
@@ -289,6 +322,46 @@ __device__ __forceinline__ void for_warp_images(int64_t batch, const Images& ima
       body(first + i * warps, image);
     }
   }
+}
+
+// body(b, j, first_row) for every valid box of a run (slot j < count of image b; first_row: the image's
+// packed row 0), one box per lane: the run's boxes are numbered image after image, lane l takes boxes l,
+// l + 32, ..., and finds its box's image by a binary search over the run's prefix sums, one per lane. So
+// every lane works while there are boxes, and a run's loads are issued together: most images hold a few
+// boxes, and a warp per image would leave most lanes idle and wait one load latency per image.
+template <typename Body>
+__device__ __forceinline__ void for_run_boxes(int64_t first, int64_t stride, int n, const Image& mine, Body&& body) {
+  const int lane = threadIdx.x & 31;
+  const int64_t count = lane < n ? mine.count : 0;
+  int64_t incl = count;  // the run's inclusive prefix sums, image `lane`'s in lane `lane`
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, incl, offset);
+    if (lane >= offset) incl += y;
+  }
+  const int64_t excl = incl - count;
+  const int64_t total = __shfl_sync(0xffffffffu, incl, 31);
+  for (int64_t g0 = 0; g0 < total; g0 += 32) {
+    const int64_t g = g0 + lane;
+    int i = 0;  // the number of images whose boxes all come before box g: its image
+#pragma unroll
+    for (int step = 16; step > 0; step >>= 1) {
+      if (__shfl_sync(0xffffffffu, incl, i + step - 1) <= g) i += step;
+    }
+    const int64_t j = g - __shfl_sync(0xffffffffu, excl, i);
+    const int64_t first_row = __shfl_sync(0xffffffffu, mine.first_row, i);
+    if (g < total) body(first + i * stride, j, first_row);
+  }
+}
+
+// A box of pred and its target box, slot j of image b (packed: target row first_row + j), loaded.
+template <bool kRows, typename P, typename T>
+__device__ __forceinline__ void load_box_pair(const P* __restrict__ pred, const T* __restrict__ target, const BoxAccess& pa,
+                                              const BoxAccess& ta, int64_t b, int64_t j, int64_t first_row, Vec4<P>& p,
+                                              Vec4<T>& t) {
+  p = load_box(pred + b * pa.stride_b + j * pa.stride_m, pa.stride_c, pa.vec);
+  const int64_t t_offset = kRows ? (first_row + j) * ta.stride_b : b * ta.stride_b + j * ta.stride_m;
+  t = load_box(target + t_offset, ta.stride_c, ta.vec);
 }
 
 // Packed images whose prefix sums are not given (incl == nullptr, B <= kBlockScanBatchLimit) get them
@@ -306,17 +379,18 @@ __device__ __forceinline__ Images scanned(Images images, const CountsArg& counts
 }
 
 // Where a kernel finds image b's boxes: pred [B, M, 4] and the targets [B, M, 4] or (packed) [N, 4] rows.
-// `vectors`: pred contiguous with 16-byte-aligned images, so a lane's K whole boxes are one 16-byte load.
+// `vectors`: pred contiguous with 16-byte-aligned images, so a lane's K whole slots are one 16-byte load.
 struct Boxes {
   BoxAccess pred, target;
   bool vectors;
 };
 
-// The pred and target boxes of a lane's slots where wanted[k]; pred as one vector when `whole`.
-template <bool kRows, int K, typename P, typename T>
+// The pred and target boxes of a lane's slots of image b that exist (padded layout); pred as one vector when
+// `whole`.
+template <int K, typename P, typename T>
 __device__ __forceinline__ void load_lane(const P* __restrict__ pred, const T* __restrict__ target, const Boxes& at,
-                                          int64_t b, int64_t j0, int64_t first_row, const bool (&wanted)[K],
-                                          bool whole, Vec4<P> (&p)[K], Vec4<T> (&t)[K]) {
+                                          int64_t b, int64_t j0, const Lane<K>& l, bool whole, Vec4<P> (&p)[K],
+                                          Vec4<T> (&t)[K]) {
   const P* pred_image = pred + b * at.pred.stride_b;
   if (whole) {
     const Pack<P, 4 * K> v = *reinterpret_cast<const Pack<P, 4 * K>*>(pred_image + j0 * 4);
@@ -328,36 +402,36 @@ __device__ __forceinline__ void load_lane(const P* __restrict__ pred, const T* _
   }
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    if (!wanted[k]) continue;
+    if (!l.in[k]) continue;
     if (!whole) p[k] = load_box(pred_image + (j0 + k) * at.pred.stride_m, at.pred.stride_c, at.pred.vec);
-    const int64_t t_offset = kRows ? (first_row + j0 + k) * at.target.stride_b
-                                   : b * at.target.stride_b + (j0 + k) * at.target.stride_m;
-    t[k] = load_box(target + t_offset, at.target.stride_c, at.target.vec);
+    t[k] = load_box(target + b * at.target.stride_b + (j0 + k) * at.target.stride_m, at.target.stride_c,
+                    at.target.vec);
   }
 }
 
 // ----------------------------------------------------------------------------- forward kernel
 
-// Adds the losses of a lane's `wanted` boxes to loss_acc, selected by `valid`, and counts the valid ones.
+// Adds the losses of a lane's loaded slots to loss_acc, selected by validity, and counts the valid ones.
 template <int K, typename C, typename P, typename T>
-__device__ __forceinline__ void add_lane_losses(const Vec4<P> (&p)[K], const Vec4<T> (&t)[K], const bool (&wanted)[K],
-                                                const bool (&valid)[K], C& loss_acc, unsigned int& valid_acc) {
+__device__ __forceinline__ void add_lane_losses(const Vec4<P> (&p)[K], const Vec4<T> (&t)[K], const Lane<K>& l,
+                                                C& loss_acc, unsigned int& valid_acc) {
 #pragma unroll
   for (int k = 0; k < K; ++k) {
-    if (!wanted[k]) continue;
+    if (!l.in[k]) continue;
     C pk[4], tk[4];
     to_compute(p[k], pk);
     to_compute(t[k], tk);
-    const C l = giou_loss(pk, tk);
-    loss_acc += valid[k] ? l : C(0);  // select, never multiply: NaN in a padded slot must not leak
-    valid_acc += valid[k] ? 1u : 0u;
+    const C loss = giou_loss(pk, tk);
+    loss_acc += l.valid[k] ? loss : C(0);  // select, never multiply: NaN in a padded slot must not leak
+    valid_acc += l.valid[k] ? 1u : 0u;
   }
 }
 
 // Loss only. kSkipInvalid = false (cuda_fused, padded layout): every slot is loaded and computed, padded
-// ones selected away; true (cuda_conditional, and packed): a warp stops at its image's count and loads only
-// valid boxes. Packed (PackedImages): slot j of image b takes target row C[b] + j; incl == nullptr there
-// makes every block scan the counts into shared memory first (B <= kBlockScanBatchLimit).
+// ones selected away, a warp per image; true (cuda_conditional, and packed): only valid boxes are loaded
+// and computed, one per lane (for_run_boxes). Packed (PackedImages): slot j of image b takes target row
+// C[b] + j; incl == nullptr there makes every block scan the counts into shared memory first
+// (B <= kBlockScanBatchLimit).
 template <typename P, typename T, bool kSkipInvalid, typename Images>
 __global__ void __launch_bounds__(kThreads)
     giou_loss_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
@@ -373,32 +447,64 @@ __global__ void __launch_bounds__(kThreads)
   using C = compute_t<P>;
   constexpr int K = kLaneBoxes<P>;
   constexpr bool kRows = std::is_same_v<Images, PackedImages>;
+  static_assert(kSkipInvalid || !kRows, "the packed layout reads valid boxes only");
   extern __shared__ int64_t shared_incl[];
   images = scanned(images, counts, batch, slots, shared_incl);
   const int lane = threadIdx.x & 31;
   C loss_acc = 0;
   unsigned int valid_acc = 0;
-  for_warp_images(batch, images, [&](int64_t b, const Image& image) {
-    for (int64_t j0 = lane * K; j0 < slots; j0 += 32 * K) {
-      if (kSkipInvalid && j0 - lane * K >= image.count) break;  // the warp's first slot is past the count
-      const Lane<K> l = lane_at<K>(j0, slots, image.count);
-      if (kSkipInvalid && !l.any_valid) continue;
-      const bool(&wanted)[K] = kSkipInvalid ? l.valid : l.in;
-      const bool whole = at.vectors && (kSkipInvalid ? l.all_valid : l.all_in);
-      Vec4<P> p[K];
-      Vec4<T> t[K];
-      load_lane<kRows>(pred, target, at, b, j0, image.first_row, wanted, whole, p, t);
-      add_lane_losses(p, t, wanted, l.valid, loss_acc, valid_acc);
-    }
-  });
+  if constexpr (kSkipInvalid) {
+    for_warp_image_runs(batch, images, [&](int64_t first, int64_t stride, int n, const Image& mine) {
+      for_run_boxes(first, stride, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
+        Vec4<P> p;
+        Vec4<T> t;
+        load_box_pair<kRows>(pred, target, at.pred, at.target, b, j, first_row, p, t);
+        C pk[4], tk[4];
+        to_compute(p, pk);
+        to_compute(t, tk);
+        loss_acc += giou_loss(pk, tk);
+        valid_acc += 1u;
+      });
+    });
+  } else {
+    for_warp_images(batch, images, [&](int64_t b, const Image& image) {
+      for (int64_t j0 = lane * K; j0 < slots; j0 += 32 * K) {
+        const Lane<K> l = lane_at<K>(j0, slots, image.count);
+        Vec4<P> p[K];
+        Vec4<T> t[K];
+        load_lane(pred, target, at, b, j0, l, at.vectors && l.all_in, p, t);
+        add_lane_losses(p, t, l, loss_acc, valid_acc);
+      }
+    });
+  }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
 }
 
 // ----------------------------------------------------------------------------- backward kernel
 
-// Every slot of grad_pred: zeros where not valid (nothing read; a warp past its image's count only stores),
-// else the gradient of (1 - GIoU) recomputed from pred and the target box, times scale = grad_output *
-// inv_count. Images, targets and incl as in the forward.
+// Zeros into slots count .. M - 1 of one image's gradient (the whole warp calls it): 16-byte vectors where
+// whole ones lie past the count, single boxes in the vector the count ends in (16-bit pred: at most one box).
+template <int K, typename P>
+__device__ __forceinline__ void store_padded_zeros(P* __restrict__ grad_image, int64_t count, int64_t slots,
+                                                   bool grad_vectors) {
+  const int lane = threadIdx.x & 31;
+  Vec4<P> zero_box;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) zero_box.v[c] = from_compute<P>(compute_t<P>(0));
+  const int64_t head_end = grad_vectors ? ((count + K - 1) / K * K < slots ? (count + K - 1) / K * K : slots) : slots;
+  for (int64_t j = count + lane; j < head_end; j += 32) *reinterpret_cast<Vec4<P>*>(grad_image + j * 4) = zero_box;
+  if (!grad_vectors) return;
+  Pack<P, 4 * K> zeros;
+#pragma unroll
+  for (int i = 0; i < 4 * K; ++i) zeros.v[i] = zero_box.v[0];
+  for (int64_t v = head_end / K + lane; v < slots / K; v += 32)
+    *reinterpret_cast<Pack<P, 4 * K>*>(grad_image + v * K * 4) = zeros;
+}
+
+// Every slot of grad_pred: for each run of a warp's images, first zeros in every slot past its image's count
+// (stores only, nothing read), then the valid boxes one per lane (for_run_boxes): the gradient of
+// (1 - GIoU) recomputed from pred and the target box, times scale = grad_output * inv_count. Valid and
+// padded slots are disjoint, so no slot is written twice. Images, targets and incl as in the forward.
 template <typename P, typename T, typename Images>
 __global__ void __launch_bounds__(kThreads)
     giou_grad_kernel(const compute_t<P>* grad_output,  // 0-dim
@@ -410,7 +516,7 @@ __global__ void __launch_bounds__(kThreads)
                      CountsArg counts,                 // [B] (packed block scan only)
                      int64_t batch,                    // B
                      int64_t slots,                    // M
-                     bool grad_vectors,                // M * 4 * sizeof(P) % 16 == 0: a lane stores one vector
+                     bool grad_vectors,                // M * 4 * sizeof(P) % 16 == 0: whole 16-byte vectors
                      P* __restrict__ grad_pred) {      // [B, M, 4] contiguous, out
   using C = compute_t<P>;
   constexpr int K = kLaneBoxes<P>;
@@ -418,40 +524,24 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ int64_t shared_incl[];
   images = scanned(images, counts, batch, slots, shared_incl);
   const C scale = grad_output[0] * inv_count[0];
-  const int lane = threadIdx.x & 31;
-  for_warp_images(batch, images, [&](int64_t b, const Image& image) {
-    P* grad_image = grad_pred + b * slots * 4;
-    for (int64_t j0 = lane * K; j0 < slots; j0 += 32 * K) {
-      const Lane<K> l = lane_at<K>(j0, slots, image.count);
-      Pack<P, 4 * K> g;
-#pragma unroll
-      for (int i = 0; i < 4 * K; ++i) g.v[i] = from_compute<P>(C(0));
-      if (l.any_valid) {
-        Vec4<P> p[K];
-        Vec4<T> t[K];
-        load_lane<kRows>(pred, target, at, b, j0, image.first_row, l.valid, at.vectors && l.all_valid, p, t);
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          if (!l.valid[k]) continue;
-          C pk[4], tk[4], gk[4];
-          to_compute(p[k], pk);
-          to_compute(t[k], tk);
-          giou_loss_and_grad(pk, tk, gk);
-#pragma unroll
-          for (int c = 0; c < 4; ++c) g.v[4 * k + c] = from_compute<P>(gk[c] * scale);
-        }
-      }
-      if (grad_vectors && l.all_in) {
-        *reinterpret_cast<Pack<P, 4 * K>*>(grad_image + j0 * 4) = g;
-      } else {
-#pragma unroll
-        for (int k = 0; k < K; ++k) {
-          if (!l.in[k]) continue;
-#pragma unroll
-          for (int c = 0; c < 4; ++c) grad_image[(j0 + k) * 4 + c] = g.v[4 * k + c];
-        }
-      }
+  for_warp_image_runs(batch, images, [&](int64_t first, int64_t stride, int n, const Image& mine) {
+    for (int i = 0; i < n; ++i) {
+      const int64_t count = __shfl_sync(0xffffffffu, mine.count, i);
+      store_padded_zeros<K>(grad_pred + (first + i * stride) * slots * 4, count, slots, grad_vectors);
     }
+    for_run_boxes(first, stride, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
+      Vec4<P> p;
+      Vec4<T> t;
+      load_box_pair<kRows>(pred, target, at.pred, at.target, b, j, first_row, p, t);
+      C pk[4], tk[4], gk[4];
+      to_compute(p, pk);
+      to_compute(t, tk);
+      giou_loss_and_grad(pk, tk, gk);
+      Vec4<P> g;
+#pragma unroll
+      for (int c = 0; c < 4; ++c) g.v[c] = from_compute<P>(gk[c] * scale);
+      *reinterpret_cast<Vec4<P>*>(grad_pred + (b * slots + j) * 4) = g;
+    });
   });
 }
 
