@@ -286,10 +286,11 @@ at::Tensor giou_loss_packed_backward_cpu(const at::Tensor& grad_output, const at
 // larger ones from a CUB scan launch before each kernel. Bytes per launch: the launch costs ~5 us of device
 // time (packed was 0.6x cuda_fused at B = 1024 with it), i.e. ~20 MB of copy traffic; a block's own scan
 // reads all B counts (8 B each, L2 hits after the first block) and adds one L2 round trip to the block.
-// The kernels run one warp per image, B / 8 blocks up to one wave (~400-530 on an H200), which read
-// blocks x B x 8 B in all: 1 MB at B = 1024, 4 MB at 2048, 13-17 MB at 4096, then, past the limit,
-// more than the launch costs at L2 rates. 2048 keeps a margin; bench kernels times both paths at
-// 1024, 2048 and 4096. Tests pass 0 (CUB scan always) to run both paths at small B.
+// The kernels run B / 8 blocks up to one wave (~400-530 on an H200), which read blocks x B x 8 B in all:
+// 1 MB at B = 1024, 4 MB at 2048, 13-17 MB at 4096, then, past the limit, more than the launch costs at
+// L2 rates. bench kernels times both paths at 1024, 2048 and 4096 (run AB in docs/gpu-runs.md: the
+// block scan 1.5x faster at 1024, 1.3x at 2048, 0.8x at 4096), so 2048 stays. Tests pass 0 (CUB scan
+// always) to run both paths at small B.
 TORCH_LIBRARY(detector, m) {
   m.set_python_module("detector.kernels.cuda_op");  // where register_fake lives
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
