@@ -64,9 +64,10 @@ class DataConfig:
 class ModelConfig:
     channels: list[int] = ranged([4, 16, 64, 256], 1)  # 4 conv blocks, each pools by 2
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
-    # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: 2 under DDP,
-    # where the first block's gradient all-reduce starts while the backward computes the other's (2-H200
-    # step 41.2 ms with 2 blocks, 43.3 with 4, 43.8 with 8: docs/gpu-runs.md, run Z), 1 on one process
+    # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: one per
+    # process under DDP, where the first block's gradient is sent while the backward computes the other's,
+    # and each process updates its own (train.shard_optimizer; 2-H200 step with the all-reduce of run Z:
+    # 41.2 ms with 2 blocks, 43.3 with 4, 43.8 with 8), 1 on one process
     head_blocks: int = ranged(0, 0)
 
 
@@ -127,6 +128,10 @@ class TrainConfig:
     # scale on an H200, for ~0.2 and ~1 GB of data); 0 = cuDNN's layers
     fused_blocks: int = ranged(2, 0, 2)
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
+    # under DDP, ZeRO stage 1 for the head's blocks (train/distributed.py, ShardedBlocks): each process keeps
+    # AdamW's state of, and updates, only its own blocks, then sends them to the others; false = every
+    # process updates the whole model after an all-reduce of every gradient
+    shard_optimizer: bool = True
     # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update
     nonfinite: str = ranged("stop", choices=("stop", "skip"))
     profile: bool = False  # one torch.profiler window (profile.wait/warmup/active) with make profile's regions

@@ -12,6 +12,8 @@ numbers, which start as degenerate, inverted boxes near 0.)
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import Tensor, nn
 
@@ -66,14 +68,29 @@ class BlockedLinear(nn.Module):
         if not 1 <= blocks <= out_features:
             raise ValueError(f"model.head_blocks={blocks}: expected 1 to {out_features} (the head's hidden width)")
         whole = nn.Linear(in_features, out_features)
+        # The blocks' parameters are views of `whole`'s, one after the other in memory: the weights of
+        # consecutive blocks are one tensor, which ShardedBlocks (train/distributed.py) gathers in one call.
+        self._whole = (whole.weight.detach(), whole.bias.detach())
         self.blocks = nn.ModuleList()
-        slices = zip(whole.weight.detach().tensor_split(blocks), whole.bias.detach().tensor_split(blocks), strict=True)
-        for weight, bias in slices:
-            block = nn.utils.skip_init(nn.Linear, in_features, len(bias), device=weight.device)  # no RNG draws
-            block.weight.data.copy_(weight)
-            block.bias.data.copy_(bias)
+        for weight, bias in zip(*(t.tensor_split(blocks) for t in self._whole), strict=True):
+            block = nn.Linear(in_features, len(bias), device="meta")  # no RNG draws, no memory
+            block.weight, block.bias = nn.Parameter(weight), nn.Parameter(bias)
             self.blocks.append(block)
         self.in_features, self.out_features = in_features, out_features
+        # ShardedBlocks (train/distributed.py) sets these: the blocks' order of computation (this rank's own
+        # first, while the others' weights are still on their way), and a call before block i's weights are read
+        self.order: list[int] | None = None
+        self.before_block = None
+
+    def rows(self, first: int, stop: int) -> tuple[Tensor, Tensor]:
+        """The weights and biases of blocks first..stop-1 as one [rows, in] and one [rows] tensor, views of
+        the blocks' own parameters; an error if a conversion (``.to(dtype)``, say) has separated them."""
+        weight, bias = self._whole
+        starts = [0, *itertools.accumulate(len(block.bias) for block in self.blocks)]
+        for start, block in zip(starts[:-1], self.blocks, strict=True):
+            if (block.weight.data_ptr(), block.bias.data_ptr()) != (weight[start:].data_ptr(), bias[start:].data_ptr()):
+                raise RuntimeError("BlockedLinear: the blocks' parameters no longer lie in one tensor")
+        return weight[starts[first] : starts[stop]], bias[starts[first] : starts[stop]]
 
     # Not compiled: under torch.compile the whole head's backward would be one autograd node, and all the
     # blocks' gradients would arrive together at its end. Eager, each block's gradient is ready (and its
@@ -81,9 +98,12 @@ class BlockedLinear(nn.Module):
     # casts, and `linear` needs no cast of the weight gradient.
     @torch.compiler.disable
     def forward(self, x: Tensor) -> Tensor:
-        if len(self.blocks) == 1:
-            return linear(x, self.blocks[0])
-        return torch.cat([linear(x, block) for block in self.blocks], dim=-1)
+        outputs = [None] * len(self.blocks)
+        for i in self.order or range(len(self.blocks)):
+            if self.before_block is not None:
+                self.before_block(i)
+            outputs[i] = linear(x, self.blocks[i])
+        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
 
 class FaceDetector(nn.Module):
@@ -136,9 +156,8 @@ def fused_blocks_unavailable(blocks: int, channels: list[int], device: torch.dev
     return reason
 
 
-DDP_HEAD_BLOCKS = 2  # model.head_blocks=0 (auto) under DDP: the fastest of 2, 4 and 8 on two H200 (run Z)
-
-
 def build_model(cfg, data_cfg, world_size: int = 1) -> FaceDetector:
-    blocks = cfg.head_blocks or min(DDP_HEAD_BLOCKS if world_size > 1 else 1, cfg.hidden)
+    # model.head_blocks=0 (auto): one block per process, the share that train.shard_optimizer gives each
+    # (on two H200, 2 blocks was also the fastest of 2, 4 and 8 under an all-reduce: docs/gpu-runs.md, run Z)
+    blocks = cfg.head_blocks or min(world_size, cfg.hidden)
     return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden, blocks)

@@ -52,8 +52,21 @@ def test_blocked_linear_refuses_more_blocks_than_outputs():
         BlockedLinear(8, 10, 11)
 
 
-@pytest.mark.parametrize("head_blocks,world_size,blocks", [(0, 1, 1), (0, 2, 2), (3, 1, 3), (3, 2, 3), (0, 8, 2)])
-def test_head_blocks_auto_is_one_on_one_process_and_two_under_ddp(head_blocks, world_size, blocks):
+def test_blocked_linear_rows_are_views_of_the_blocks_parameters_until_a_conversion_separates_them():
+    blocked = BlockedLinear(8, 10, 4)  # rows 3, 3, 2, 2
+    weight, bias = blocked.rows(1, 3)
+    assert weight.shape == (5, 8) and bias.shape == (5,)
+    weight.zero_()  # the blocks' own parameters change with the view: one all-gather updates them
+    assert not blocked.blocks[1].weight.any() and not blocked.blocks[2].weight.any()
+    assert blocked.blocks[0].weight.all() and blocked.blocks[3].weight.all()
+    with pytest.raises(RuntimeError, match="no longer lie in one tensor"):
+        blocked.double().rows(0, 4)
+
+
+@pytest.mark.parametrize(
+    "head_blocks,world_size,blocks", [(0, 1, 1), (0, 2, 2), (3, 1, 3), (3, 2, 3), (0, 8, 8), (0, 32, 16)]
+)
+def test_head_blocks_auto_is_one_per_process(head_blocks, world_size, blocks):
     model_cfg = OmegaConf.create({"channels": [4, 8], "hidden": 16, "head_blocks": head_blocks})
     data_cfg = OmegaConf.create({"image_size": 32, "max_boxes": 4})
     assert len(build_model(model_cfg, data_cfg, world_size).head[1].blocks) == blocks

@@ -24,6 +24,7 @@ MAGIC = b"detector-checkpoint v1"
 # written under other values of these still resumes.
 RUN_CONTROL = {"resume", "stop_after", "log_every", "eval_every", "checkpoint_every", "out_dir", "profile"}
 RUN_CONTROL |= {"compile", "cuda_graphs", "channels_last", "cudnn_benchmark", "fused_blocks", "nonfinite"}
+RUN_CONTROL |= {"shard_optimizer"}  # the checkpoint holds one process's layout either way
 
 
 class CheckpointError(UserError):
@@ -116,7 +117,7 @@ def load_checkpoint(path: Path, step_state, expected: dict, global_batch: int) -
             f"checkpoint {path}: data position {state['data']['next_index']} != step {state['step']} x {global_batch}"
         )
     step_state.model.load_state_dict(state["model"])
-    step_state.optimizer.load_state_dict(state["optimizer"])
+    step_state.load_optimizer_state(state["optimizer"])
     step_state.scheduler.load_state_dict(state["scheduler"])
     set_rng_state(state["rng"])
     return state

@@ -254,6 +254,7 @@ class Run:
                     profiler.step()
                 if self.after_step():
                     break
+        self.step_fn.wait_weights()  # the last update's all-gather, before anything reads the weights
         del batches
 
     def held_out_set(self) -> list:
@@ -277,10 +278,10 @@ class Run:
         last = step == tcfg.steps or step == tcfg.stop_after
         log_due = step % tcfg.log_every == 0 or last
         eval_due = self.env.is_main and (step % tcfg.eval_every == 0 or last)
-        checkpoint_due = self.env.is_main and (
-            (tcfg.checkpoint_every and (step % tcfg.checkpoint_every == 0 or step == tcfg.steps))
-            or step == tcfg.stop_after
-        )
+        # every rank: a sharded optimizer's state is gathered to rank 0, which writes the file
+        checkpoint_due = (
+            tcfg.checkpoint_every and (step % tcfg.checkpoint_every == 0 or step == tcfg.steps)
+        ) or step == tcfg.stop_after
         if log_due or eval_due or checkpoint_due:
             self.check_finite(self.log.flush(step))
         if log_due:
@@ -346,11 +347,16 @@ class Run:
                 self.writer.add_scalar(f"eval/{name}", value, self.step)
 
     def save(self) -> None:
+        """Write the checkpoint (rank 0); every rank calls it, to send its share of a sharded optimizer."""
         step_fn = self.step_fn
+        step_fn.wait_weights()
+        optimizer = step_fn.optimizer_state()
+        if not self.env.is_main:
+            return
         state = {
             "step": self.step,
             "model": step_fn.model.state_dict(),
-            "optimizer": step_fn.optimizer.state_dict(),
+            "optimizer": optimizer,
             "scheduler": step_fn.scheduler.state_dict(),
             "rng": rng_state(),
             "data": {"next_index": self.step * self.global_batch, "global_batch": self.global_batch},

@@ -20,6 +20,7 @@ import contextlib
 import math
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -30,7 +31,7 @@ from detector.errors import UserError
 from detector.losses import get_strategy
 from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
 from detector.targets import PaddedTargets
-from detector.train.distributed import EarlyAllReduce, average_gradients, count_valid, global_mean
+from detector.train.distributed import EarlyAllReduce, ShardedBlocks, average_gradients, count_valid, global_mean
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {
@@ -69,15 +70,15 @@ def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(model, tcfg, device: torch.device) -> torch.optim.AdamW:
-    """AdamW: fused on CUDA; with CUDA graphs also capturable with a device-tensor lr that the schedule
-    updates in place (the graph reads its address)."""
+def build_optimizer(params, tcfg, device: torch.device) -> torch.optim.AdamW:
+    """AdamW over ``params``: fused on CUDA; with CUDA graphs also capturable with a device-tensor lr that
+    the schedule updates in place (the graph reads its address)."""
     kwargs = {"fused": True} if device.type == "cuda" else {}
     lr = tcfg.lr
     if tcfg.cuda_graphs:
         kwargs["capturable"] = True
         lr = torch.tensor(tcfg.lr, device=device)
-    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=tcfg.weight_decay, **kwargs)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=tcfg.weight_decay, **kwargs)
 
 
 def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) -> str | None:
@@ -96,6 +97,20 @@ def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) 
         # capturing blocking stream", while the kernels alone capture (docs/gpu-runs.md, runs K and N):
         # refused until the full step is shown to capture
         return "train.cuda_graphs=true cannot capture the fused blocks' Triton kernels yet: set train.fused_blocks=0"
+    return None
+
+
+def shard_refusal(layers: dict, world_size: int) -> str | None:
+    """Why train.shard_optimizer cannot share these BlockedLinear layers' blocks among the ranks, or None."""
+    fix = "set model.head_blocks=0 (auto: one block per process) or train.shard_optimizer=false"
+    for layer in layers.values():
+        if len(layer.blocks) % world_size:
+            return f"model.head_blocks={len(layer.blocks)} is not a multiple of the {world_size} processes: {fix}"
+        share = len(layer.blocks) // world_size
+        rows = {len(layer.rows(r * share, (r + 1) * share)[1]) for r in range(world_size)}
+        if len(rows) > 1:
+            blocks = f"model.hidden={layer.out_features} in {len(layer.blocks)} blocks"
+            return f"{blocks} gives the processes unequal shares of rows: {fix}"
     return None
 
 
@@ -124,15 +139,22 @@ class TrainStep:
             self.model.fused_blocks = tcfg.fused_blocks
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(tcfg.cudnn_benchmark)
-        self.optimizer = build_optimizer(self.model, tcfg, device)
-        schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
-        self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
         self.net = self.model
-        self.early = None
+        self.early = self.shard = None  # how the head's blocks are shared under DDP (train/distributed.py)
+        params = list(self.model.parameters())
         if world_size > 1:
             modules = self.model.named_modules()
-            blocked = [(n, m) for n, m in modules if isinstance(m, BlockedLinear) and len(m.blocks) > 1]
-            self.early = EarlyAllReduce(self.model, [f"{n}.{p}" for n, m in blocked for p, _ in m.named_parameters()])
+            blocked = {n: m for n, m in modules if isinstance(m, BlockedLinear)}
+            if tcfg.shard_optimizer:
+                reason = shard_refusal(blocked, world_size)
+                if reason:
+                    raise UserError(f"train.shard_optimizer=true cannot share the head among the processes: {reason}")
+                self.shard = ShardedBlocks(self.model, blocked, dist.get_rank(), world_size)
+                params = self.shard.owned
+            else:
+                split = [(n, m) for n, m in blocked.items() if len(m.blocks) > 1]
+                names = [f"{n}.{p}" for n, m in split for p, _ in m.named_parameters()]
+                self.early = EarlyAllReduce(self.model, names)
             ids = [device] if device.type == "cuda" else None
             # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them at
             # seed scale are not copied into the buckets and back every step (~4 ms of an H200's step)
@@ -140,6 +162,9 @@ class TrainStep:
                 self.model, device_ids=ids, gradient_as_bucket_view=True
             )
             self.net.register_comm_hook(None, average_gradients)
+        self.optimizer = build_optimizer(params, tcfg, device)
+        schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
+        self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
         if tcfg.compile:  # the model only: the loss stays the strategy under test (`compiled` is its own one)
             self.net = torch.compile(self.net)
         # cache_enabled=False: required inside CUDA graph capture, and every weight is used once per forward anyway
@@ -176,7 +201,11 @@ class TrainStep:
         with self.regions("optimizer step"):
             if self.early is not None:
                 self.early.wait()
-            if self.tcfg.grad_clip > 0:
+            if self.shard is not None:
+                self.shard.wait_gradients()
+            if self.tcfg.grad_clip > 0 and self.shard is not None:
+                self.shard.clip_grad_norm_(self.tcfg.grad_clip)
+            elif self.tcfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
             if self.tcfg.nonfinite == "skip":
                 bad = ~torch.isfinite(loss)
@@ -185,6 +214,25 @@ class TrainStep:
                 elif bad.item():  # the CPU has no device to wait for
                     return
             self.optimizer.step()
+            if self.shard is not None:
+                self.shard.gather_weights()
+
+    def wait_weights(self) -> None:
+        """Before reading the parameters outside a forward (a checkpoint): wait for the last step's update."""
+        if self.shard is not None:
+            self.shard.wait_weights()
+
+    def optimizer_state(self) -> dict | None:
+        """The optimizer's state dict in one process's layout. With a sharded optimizer every rank must call
+        it (they send their shares to rank 0); the other ranks get None."""
+        return self.shard.full_state_dict(self.optimizer) if self.shard else self.optimizer.state_dict()
+
+    def load_optimizer_state(self, state: dict) -> None:
+        """Load an ``optimizer_state`` (this rank's share of it, under a sharded optimizer)."""
+        if self.shard is not None:
+            self.shard.load_state_dict(self.optimizer, state)
+        else:
+            self.optimizer.load_state_dict(state)
 
     @torch.no_grad()
     def forward_only(self, batch) -> Tensor:

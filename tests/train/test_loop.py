@@ -2,6 +2,8 @@
 
 import json
 import math
+import os
+import time
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import build_model
 from detector.train import distributed, sweep
+from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import RankBlocks, count_valid, global_mean, rank_loader
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
@@ -94,6 +97,18 @@ def test_rank_blocks_are_disjoint_blocks_of_each_global_batch():
 # ----------------------------------------------------------------------------- DDP (gloo, 2 processes)
 
 
+def spawn_two(worker, *args, timeout: float = 240.0) -> None:
+    """Run worker(rank, *args) in 2 processes; fail, not hang, if they are not done within ``timeout`` s
+    (collectives issued in a different order on the two ranks wait for each other forever)."""
+    context = mp.spawn(worker, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the 2 DDP processes of {worker.__name__} did not finish in {timeout:.0f} s (a hang)")
+
+
 def _ddp_worker(rank: int, out: str) -> None:
     torch.set_num_threads(1)
     # a file rendezvous: no TCP port to race for with other test runs on the machine
@@ -124,7 +139,7 @@ def _ddp_worker(rank: int, out: str) -> None:
 
 
 def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
-    mp.spawn(_ddp_worker, args=(str(tmp_path),), nprocs=2, join=True)
+    spawn_two(_ddp_worker, str(tmp_path))
 
     # one process, batch 2 x 4: the same 8 images (indices 0-7) as the two ranks together
     cfg = tiny_cfg(tmp_path / "single", "device=cpu", "data.batch_size=8", "train.steps=3", "train.checkpoint_every=0")
@@ -144,6 +159,73 @@ def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
     torch.testing.assert_close(losses([{"history": ddp_history}]), losses(single), rtol=1e-4, atol=0)
     # the held-out set is eval_batches global batches: the same images whatever the number of processes
     assert json.loads((tmp_path / "ddp_eval.json").read_text())["boxes"] == single[0]["eval"]["boxes"]
+
+
+def _sharded_worker(rank: int, out: str, backend: str) -> None:
+    torch.set_num_threads(1)
+    os.environ["LOCAL_RANK"] = str(rank)  # NCCL: distributed.setup gives rank r the GPU cuda:r
+    dist.init_process_group(backend, init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    run = [f"device={'cuda' if backend == 'nccl' else 'cpu'}", "train.steps=4", "train.checkpoint_every=2"]
+    results = {}
+    for name, options in {
+        "all_reduce": ["train.shard_optimizer=false"],  # every rank updates the whole model
+        "sharded": ["train.shard_optimizer=true"],
+    }.items():
+        results[name] = run_training(tiny_cfg(Path(out) / name, *run, *options))[0]["history"]
+    # a sharded run stopped at step 2 and resumed: its checkpoint gathered each rank's optimizer share
+    run_training(tiny_cfg(Path(out) / "resumed", *run, "train.stop_after=2"))
+    results["resumed"] = run_training(tiny_cfg(Path(out) / "resumed", *run, "train.resume=true"))[0]["history"]
+    # a checkpoint of either kind resumed by the other (the checkpoint has one process's layout either way)
+    for first, then in (("false", "true"), ("true", "false")):
+        folder = Path(out) / f"from_{first}"
+        run_training(tiny_cfg(folder, *run, "train.stop_after=2", f"train.shard_optimizer={first}"))
+        resumed = run_training(tiny_cfg(folder, *run, "train.resume=true", f"train.shard_optimizer={then}"))
+        results[f"from_{first}"] = resumed[0]["history"]
+    try:
+        run_training(tiny_cfg(Path(out) / "refused", *run, "model.head_blocks=3"))
+    except UserError as err:
+        results["refused"] = str(err)
+    if rank == 0:
+        (Path(out) / "sharded.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "gloo",
+        pytest.param(
+            "nccl",
+            marks=pytest.mark.skipif(torch.cuda.device_count() < 2, reason="NCCL's reduce and all-gather need 2 GPUs"),
+        ),
+    ],
+)
+def test_ddp_sharded_optimizer_is_the_all_reduce_step_and_checkpoints_one_layout(tmp_path, backend):
+    spawn_two(_sharded_worker, str(tmp_path), backend)
+    results = json.loads((tmp_path / "sharded.json").read_text())
+    # the reduce onto the owner and the all-reduce add the same two numbers (NCCL's average halves each
+    # first, exactly), and the global gradient norm for clipping is the same number: the same losses to
+    # the last bit, as long as the model's own kernels are deterministic (the tiny model's are)
+    expected = results["all_reduce"]
+    for name in ("sharded", "resumed", "from_false", "from_true"):
+        assert results[name] == expected, name
+    # the checkpoints: the same weights, and the sharded run's optimizer state gathered from both ranks into
+    # one process's layout, equal to the state every rank of the all-reduce run held
+    full, sharded = (
+        read_checkpoint(next((tmp_path / name).rglob("checkpoint.pt"))) for name in ("all_reduce", "sharded")
+    )
+    assert full["step"] == sharded["step"] == 4
+    assert full["model"].keys() == sharded["model"].keys()
+    for key, tensor in full["model"].items():
+        assert torch.equal(tensor, sharded["model"][key]), key
+    assert full["optimizer"]["param_groups"] == sharded["optimizer"]["param_groups"]
+    assert full["optimizer"]["state"].keys() == sharded["optimizer"]["state"].keys() == set(range(len(full["model"])))
+    for i, state in full["optimizer"]["state"].items():
+        assert state.keys() == sharded["optimizer"]["state"][i].keys()
+        for key, value in state.items():
+            assert torch.equal(value, sharded["optimizer"]["state"][i][key]), (i, key)
+    assert "model.head_blocks=3 is not a multiple of the 2 processes" in results["refused"]
 
 
 # ----------------------------------------------------------------------------- metrics
