@@ -19,13 +19,13 @@ from detector.config import load_config
 from detector.data import PaddedTargets, build_loader
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy, get_strategy
-from detector.model import build_model
+from detector.model import BlockedLinear, build_model
 from detector.train import distributed, sweep
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import RankBlocks, count_valid, global_mean, rank_loader
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
-from detector.train.step import lr_factor, speed_option_refusal
+from detector.train.step import lr_factor, shard_refusal, speed_option_refusal
 
 # ----------------------------------------------------------------------------- checkpoints
 
@@ -65,6 +65,24 @@ def test_cuda_graphs_needs_a_gpu():
     tcfg = load_config(["train.cuda_graphs=true"], announce=None).train
     reason = speed_option_refusal(get_strategy("padded"), tcfg, 1, torch.device("cpu"))
     assert "needs a CUDA device" in reason
+
+
+@pytest.mark.parametrize(
+    "blocks,world_size,refusal",
+    [
+        (2, 2, None),  # rows 5 + 5
+        (4, 2, "unequal shares of rows"),  # rows 3 + 3 | 2 + 2
+        (3, 2, "model.head_blocks=3 is not a multiple of the 2 processes"),
+        (1, 2, "model.head_blocks=1 is not a multiple of the 2 processes"),
+        (5, 5, None),
+    ],
+)
+def test_shard_optimizer_needs_equal_shares_of_the_head(blocks, world_size, refusal):
+    reason = shard_refusal({"head.1": BlockedLinear(8, 10, blocks)}, world_size)
+    if refusal is None:
+        assert reason is None
+    else:
+        assert refusal in reason and "train.shard_optimizer=false" in reason
 
 
 # ----------------------------------------------------------------------------- schedule and loss normalisation
