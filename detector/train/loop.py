@@ -21,7 +21,9 @@ Guarantees:
   device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
 Multi-GPU: under torchrun each rank reads its own block of every global batch and the loss is the
-global mean over valid boxes (detector/train/distributed.py); rank 0 evaluates, logs and checkpoints.
+global mean over valid boxes (detector/train/distributed.py); rank 0 evaluates, logs and checkpoints
+(with train.shard_optimizer the other ranks send it their share of the optimizer's state first, so the
+checkpoint is one process's, whatever the setting that resumes it).
 """
 
 from __future__ import annotations
@@ -270,6 +272,7 @@ class Run:
             f"x {self.env.world_size}: steps {self.step + 1}-{tcfg.steps}, batch {cfg.data.batch_size} x "
             f"{self.env.world_size} of {cfg.data.image_size}px, {parameters:,} parameters, "
             f"autocast {'bf16' if cfg.autocast else 'off'}"
+            + (f", the head's optimizer sharded over the {self.env.world_size} processes" if self.step_fn.shard else "")
         )
 
     def after_step(self) -> bool:
