@@ -90,6 +90,14 @@ def average_gradients(process_group, bucket):  # -> Future[Tensor]; DDP checks a
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+def keep_outside_ddp(model: torch.nn.Module, names: list[str]) -> None:
+    """Have DDP leave these parameters alone; every rank starts from rank 0's values, as DDP does for its own."""
+    torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+    params = dict(model.named_parameters())
+    for name in names:
+        dist.broadcast(params[name].detach(), src=0)
+
+
 class EarlyAllReduce:
     """Averages some parameters' gradients over the ranks outside DDP: each in place, the moment the
     backward has accumulated it (a post-accumulate-grad hook). DDP ignores these parameters.
@@ -102,10 +110,9 @@ class EarlyAllReduce:
 
     def __init__(self, model: torch.nn.Module, names: list[str]):
         params = dict(model.named_parameters())
-        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
+        keep_outside_ddp(model, names)
         self.pending: list[tuple[dist.Work, Tensor, bool]] = []
         for name in names:
-            dist.broadcast(params[name].detach(), src=0)  # what DDP does for the parameters it owns
             params[name].register_post_accumulate_grad_hook(self.launch)
 
     def launch(self, param: Tensor) -> None:
@@ -154,6 +161,7 @@ class ShardedBlocks:
     def __init__(self, model: torch.nn.Module, layers: dict, rank: int, world_size: int):
         """``layers``: name -> BlockedLinear, each with a multiple of ``world_size`` blocks in equal shares."""
         self.rank, self.world_size = rank, world_size
+        self.nccl = dist.get_backend() == dist.Backend.NCCL
         self.params = list(model.parameters())  # one process's optimizer order: the checkpoint's layout
         self.owner: dict[int, int] = {}  # id of a block parameter -> the rank that updates it
         self.rows = []  # per layer: ((all rows' weight, bias), (this rank's rows' weight, bias))
@@ -168,19 +176,16 @@ class ShardedBlocks:
             self.rows.append((layer.rows(0, len(layer.blocks)), layer.rows(rank * share, (rank + 1) * share)))
             mine = range(rank * share, (rank + 1) * share)
             layer.order = [*mine, *(i for i in range(len(layer.blocks)) if i not in mine)]
-            layer.before_block = lambda i, mine=mine: None if i in mine else self.wait_weights()
-        torch.nn.parallel.DistributedDataParallel._set_params_and_buffers_to_ignore_for_model(model, names)
-        for param in self.blocks():
-            dist.broadcast(param.detach(), src=0)  # what DDP does for the parameters it owns
+            # gloo finishes an all-gather by copying into the output on a thread of its own, in-place on the
+            # rows this rank reads first (an autograd version bump after the forward saved them): wait first
+            layer.before_block = lambda i, mine=mine: None if self.nccl and i in mine else self.wait_weights()
+        keep_outside_ddp(model, names)
+        self.block_params = [p for p in self.params if id(p) in self.owner]  # model order, the same on every rank
         # what this rank's optimizer updates: the trunk and its own blocks, in model order
         self.owned = [p for p in self.params if self.owner.get(id(p), rank) == rank]
         self.ready: list[Tensor] = []  # block parameters whose gradient this backward has accumulated
         self.grad_works: list = []
         self.weight_works: list[dist.Work] = []
-        self.nccl = dist.get_backend() == dist.Backend.NCCL
-
-    def blocks(self) -> list[Tensor]:
-        return [p for p in self.params if id(p) in self.owner]
 
     def accumulated(self, param: Tensor) -> None:
         self.ready.append(param)
@@ -190,7 +195,7 @@ class ShardedBlocks:
     def reduce_gradients(self) -> None:
         """Average the ready blocks' gradients onto their owners: one NCCL group (gloo: one after another)."""
         ids, self.ready = {id(p) for p in self.ready}, []
-        ready = [p for p in self.blocks() if id(p) in ids]  # the same order on every rank (not autograd's)
+        ready = [p for p in self.block_params if id(p) in ids]  # the same order on every rank, not autograd's
         op = dist.ReduceOp.AVG if self.nccl else dist.ReduceOp.SUM  # gloo has no AVG: divided in wait_gradients
         if not self.nccl:
             self.grad_works += [dist.reduce(p.grad, dst=self.owner[id(p)], op=op, async_op=True) for p in ready]
@@ -208,7 +213,7 @@ class ShardedBlocks:
         for work in self.grad_works:
             work.wait()
         self.grad_works.clear()
-        for param in self.blocks():
+        for param in self.block_params:
             if self.owner[id(param)] != self.rank:
                 param.grad = None  # a partial sum; freed for the next backward
             elif param.grad is not None and not self.nccl:
