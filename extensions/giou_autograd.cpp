@@ -2,10 +2,12 @@
 // backward (a Python register_autograd cost ~0.25 ms of host time per step on the GPU machine).
 //
 // Forward calls the op below autograd (its CPU or CUDA kernel), which returns the loss and
-// 1 / max(n_valid, 1). Saved for backward: pred, target and counts (references to the inputs, no copies)
-// and inv_count. Backward is one detector::giou_loss[_packed]_backward call, one kernel on CUDA that
-// recomputes the gradient and writes grad_pred. Both calls go through the dispatcher, so torch.compile
-// traces them (with the fake kernels of detector/kernels/cuda_op.py).
+// 1 / max(n_valid, 1) (packed: and the offsets, the prefix sums of the clamped counts). Saved for
+// backward: pred, target and counts (references to the inputs, no copies; packed: the offsets in place of
+// the counts, so the backward never scans them again) and inv_count. Backward is one
+// detector::giou_loss[_packed]_backward call, one kernel on CUDA that recomputes the gradient and writes
+// grad_pred. Both calls go through the dispatcher, so torch.compile traces them (with the fake kernels of
+// detector/kernels/cuda_op.py).
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 #include <torch/library.h>
@@ -17,28 +19,36 @@ namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-using Forward = std::tuple<at::Tensor, at::Tensor>;  // loss, inv_count
+using Forward = std::tuple<at::Tensor, at::Tensor>;                    // loss, inv_count
+using PackedForward = std::tuple<at::Tensor, at::Tensor, at::Tensor>;  // loss, inv_count, offsets
 
 using PaddedSignature = Forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool);
-using PackedSignature = Forward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+using PackedSignature = PackedForward(const at::Tensor&, const at::Tensor&, const at::Tensor&, int64_t);
+// grad_output, pred, target, counts (packed: the forward's offsets), inv_count
 using BackwardSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&, const at::Tensor&,
                                      const at::Tensor&);
-using PackedBackwardSignature = at::Tensor(const at::Tensor&, const at::Tensor&, const at::Tensor&,
-                                           const at::Tensor&, const at::Tensor&, int64_t);
 
 template <typename Signature>
 c10::TypedOperatorHandle<Signature> find_op(const char* name) {
   return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Signature>();
 }
 
-// Saves the inputs and inv_count for backward; the loss is the only differentiable output.
-variable_list save_inputs(AutogradContext* ctx, const at::Tensor& pred, const at::Tensor& target,
-                          const at::Tensor& counts, const Forward& out) {
-  const auto& [loss, inv_count] = out;
-  ctx->save_for_backward({pred, target, counts, inv_count});
-  ctx->mark_non_differentiable({inv_count});
-  ctx->set_materialize_grads(false);  // no zero-filled gradient for the non-differentiable output
-  return {loss, inv_count};
+// Saves pred, target, `counts` (packed: the forward's offsets) and inv_count (outputs[1]) for backward and
+// returns the outputs; the loss (outputs[0]) is the only differentiable one.
+variable_list save_for_backward(AutogradContext* ctx, const at::Tensor& pred, const at::Tensor& target,
+                                const at::Tensor& counts, const variable_list& outputs) {
+  ctx->save_for_backward({pred, target, counts, outputs[1]});
+  ctx->mark_non_differentiable(variable_list(outputs.begin() + 1, outputs.end()));
+  ctx->set_materialize_grads(false);  // no zero-filled gradients for the non-differentiable outputs
+  return outputs;
+}
+
+// d loss / d pred by the backward op from the saved tensors; undefined if the loss got no gradient.
+at::Tensor grad_pred(AutogradContext* ctx, const variable_list& grads,
+                     const c10::TypedOperatorHandle<BackwardSignature>& op) {
+  if (!grads[0].defined()) return {};
+  const variable_list saved = ctx->get_saved_variables();  // pred, target, counts or offsets, inv_count
+  return op.call(grads[0], saved[0], saved[1], saved[2], saved[3]);
 }
 
 // create_graph=True runs backward with grad mode on: the backward kernel's gradient has no graph, so a
@@ -54,16 +64,15 @@ struct GiouLossFunction : torch::autograd::Function<GiouLossFunction> {
                                const at::Tensor& counts, bool skip_invalid) {
     static const auto op = find_op<PaddedSignature>("detector::giou_loss");
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    return save_inputs(ctx, pred, target, counts, op.call(pred, target, counts, skip_invalid));
+    const auto [loss, inv_count] = op.call(pred, target, counts, skip_invalid);
+    return save_for_backward(ctx, pred, target, counts, {loss, inv_count});
   }
 
-  // d loss / d pred; undefined if the loss got no gradient. Returns pred, target, counts, skip_invalid.
+  // Returns the gradients of pred, target, counts, skip_invalid.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     refuse_double_backward("detector::giou_loss (strategies cuda_fused, cuda_conditional)");
-    if (!grads[0].defined()) return {{}, {}, {}, {}};
     static const auto op = find_op<BackwardSignature>("detector::giou_loss_backward");
-    const variable_list saved = ctx->get_saved_variables();  // pred, target, counts, inv_count
-    return {op.call(grads[0], saved[0], saved[1], saved[2], saved[3]), {}, {}, {}};
+    return {grad_pred(ctx, grads, op), {}, {}, {}};
   }
 };
 
@@ -72,31 +81,28 @@ struct GiouLossPackedFunction : torch::autograd::Function<GiouLossPackedFunction
                                const at::Tensor& counts, int64_t block_scan_max_batch) {
     static const auto op = find_op<PackedSignature>("detector::giou_loss_packed");
     const at::AutoDispatchBelowADInplaceOrView below_autograd;
-    ctx->saved_data["block_scan_max_batch"] = block_scan_max_batch;
-    return save_inputs(ctx, pred, target, counts, op.call(pred, target, counts, block_scan_max_batch));
+    const auto [loss, inv_count, offsets] = op.call(pred, target, counts, block_scan_max_batch);
+    return save_for_backward(ctx, pred, target, offsets, {loss, inv_count, offsets});
   }
 
-  // Returns pred, target, counts, block_scan_max_batch.
+  // Returns the gradients of pred, target, counts, block_scan_max_batch.
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     refuse_double_backward("detector::giou_loss_packed (strategy packed)");
-    if (!grads[0].defined()) return {{}, {}, {}, {}};
-    static const auto op = find_op<PackedBackwardSignature>("detector::giou_loss_packed_backward");
-    const variable_list saved = ctx->get_saved_variables();
-    const int64_t block_scan_max_batch = ctx->saved_data["block_scan_max_batch"].toInt();
-    return {op.call(grads[0], saved[0], saved[1], saved[2], saved[3], block_scan_max_batch), {}, {}, {}};
+    static const auto op = find_op<BackwardSignature>("detector::giou_loss_packed_backward");
+    return {grad_pred(ctx, grads, op), {}, {}, {}};
   }
 };
 
-Forward as_tuple(const variable_list& out) { return {out[0], out[1]}; }
-
 Forward giou_loss_autograd(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
                            bool skip_invalid) {
-  return as_tuple(GiouLossFunction::apply(pred, target, counts, skip_invalid));
+  const variable_list out = GiouLossFunction::apply(pred, target, counts, skip_invalid);
+  return {out[0], out[1]};
 }
 
-Forward giou_loss_packed_autograd(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
-                                  int64_t block_scan_max_batch) {
-  return as_tuple(GiouLossPackedFunction::apply(pred, target, counts, block_scan_max_batch));
+PackedForward giou_loss_packed_autograd(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
+                                        int64_t block_scan_max_batch) {
+  const variable_list out = GiouLossPackedFunction::apply(pred, target, counts, block_scan_max_batch);
+  return {out[0], out[1], out[2]};
 }
 
 }  // namespace

@@ -69,7 +69,7 @@ const std::string kCountsDtypes = join({DETECTOR_COUNTS_DTYPES(DETECTOR_DTYPE_NA
 at::ScalarType compute_dtype(at::ScalarType pred) { return pred == at::kDouble ? at::kDouble : at::kFloat; }
 
 GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, const at::Tensor& counts,
-                            bool packed) {
+                            bool packed, const char* counts_name) {
   TORCH_CHECK(pred.dim() == 3 && pred.size(2) == 4, "pred must have shape [B, M, 4], got ", str(pred.sizes()));
   TORCH_CHECK_TYPE(is_pred_dtype(pred.scalar_type()), "pred must be ", kPredDtypes, ", got ",
                    pred.scalar_type());
@@ -83,13 +83,13 @@ GiouSizes check_giou_inputs(const at::Tensor& pred, const at::Tensor& target, co
   }
   TORCH_CHECK_TYPE(is_target_dtype(target.scalar_type()),
                    "target must be ", kTargetDtypes, ", got ", target.scalar_type());
-  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == batch, "counts must have shape [B] = [", str(batch),
-                    "] (the batch of pred), got ", str(counts.sizes()));
-  TORCH_CHECK_TYPE(is_counts_dtype(counts.scalar_type()), "counts must be ", kCountsDtypes, ", got ",
+  TORCH_CHECK(counts.dim() == 1 && counts.size(0) == batch, counts_name, " must have shape [B] = [", str(batch),
+              "] (the batch of pred), got ", str(counts.sizes()));
+  TORCH_CHECK_TYPE(is_counts_dtype(counts.scalar_type()), counts_name, " must be ", kCountsDtypes, ", got ",
                    counts.scalar_type());
-  TORCH_CHECK(pred.device() == target.device() && pred.device() == counts.device(),
-                    "pred, target and counts must be on one device, got ", pred.device(), ", ", target.device(),
-                    ", ", counts.device());
+  TORCH_CHECK(pred.device() == target.device() && pred.device() == counts.device(), "pred, target and ",
+              counts_name, " must be on one device, got ", pred.device(), ", ", target.device(), ", ",
+              counts.device());
   return {batch, slots, packed ? target.size(0) : batch * slots};
 }
 
@@ -104,6 +104,11 @@ void check_giou_backward_inputs(const at::Tensor& grad_output, const at::Tensor&
   TORCH_CHECK(grad_output.device() == pred.device() && inv_count.device() == pred.device(),
               "grad_output and inv_count must be on pred's device ", pred.device(), ", got ", grad_output.device(),
               ", ", inv_count.device());
+}
+
+void check_packed_offsets(const at::Tensor& offsets) {
+  TORCH_CHECK_TYPE(offsets.scalar_type() == at::kLong, "offsets must be int64 (the third output of "
+                   "giou_loss_packed: the inclusive prefix sums of the clamped counts), got ", offsets.scalar_type());
 }
 
 void check_block_scan_max_batch(int64_t block_scan_max_batch) {

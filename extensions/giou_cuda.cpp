@@ -34,7 +34,7 @@ GiouInputs inputs(const at::Tensor& pred, const at::Tensor& target, const at::Te
   return {boxes_arg(pred), boxes_arg(target), counts_arg, n.batch, n.slots, n.boxes};
 }
 
-// Scratch memory of a launcher (see giou_workspace_bytes); an empty tensor when it needs none.
+// Scratch memory of a forward launcher (giou_workspace_bytes).
 at::Tensor workspace(const at::Tensor& pred, size_t bytes) {
   return at::empty({static_cast<int64_t>(bytes)}, pred.options().dtype(at::kByte));
 }
@@ -51,24 +51,28 @@ std::tuple<at::Tensor, at::Tensor> giou_loss_cuda(const at::Tensor& pred, const 
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/false);
   const c10::cuda::CUDAGuard guard(pred.device());
   auto [loss, inv_count] = loss_outputs(pred);
-  at::Tensor scratch = workspace(pred, giou_workspace_bytes(/*forward=*/true, 0, 0));
-  C10_CUDA_CHECK(giou_loss_padded_launch(inputs(pred, target, counts, n), skip_invalid,
-                                         {loss.mutable_data_ptr(), inv_count.mutable_data_ptr(), pointer(scratch)},
-                                         c10::cuda::getCurrentCUDAStream()));
+  at::Tensor scratch = workspace(pred, giou_workspace_bytes());
+  C10_CUDA_CHECK(giou_loss_padded_launch(
+      inputs(pred, target, counts, n), skip_invalid,
+      {loss.mutable_data_ptr(), inv_count.mutable_data_ptr(), pointer(scratch), nullptr},
+      c10::cuda::getCurrentCUDAStream()));
   return {loss, inv_count};
 }
 
-std::tuple<at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::Tensor& pred, const at::Tensor& target,
-                                                         const at::Tensor& counts, int64_t block_scan_max_batch) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cuda(const at::Tensor& pred, const at::Tensor& target,
+                                                                     const at::Tensor& counts,
+                                                                     int64_t block_scan_max_batch) {
   check_block_scan_max_batch(block_scan_max_batch);
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
   const c10::cuda::CUDAGuard guard(pred.device());
   auto [loss, inv_count] = loss_outputs(pred);
-  at::Tensor scratch = workspace(pred, giou_workspace_bytes(/*forward=*/true, n.batch, block_scan_max_batch));
-  C10_CUDA_CHECK(giou_loss_packed_launch(inputs(pred, target, counts, n), block_scan_max_batch,
-                                         {loss.mutable_data_ptr(), inv_count.mutable_data_ptr(), pointer(scratch)},
-                                         c10::cuda::getCurrentCUDAStream()));
-  return {loss, inv_count};
+  at::Tensor offsets = at::empty({n.batch}, counts.options().dtype(at::kLong));
+  at::Tensor scratch = workspace(pred, giou_workspace_bytes());
+  C10_CUDA_CHECK(giou_loss_packed_launch(
+      inputs(pred, target, counts, n), block_scan_max_batch,
+      {loss.mutable_data_ptr(), inv_count.mutable_data_ptr(), pointer(scratch), offsets.mutable_data_ptr<int64_t>()},
+      c10::cuda::getCurrentCUDAStream()));
+  return {loss, inv_count, offsets};
 }
 
 at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& target,
@@ -77,24 +81,22 @@ at::Tensor giou_loss_backward_cuda(const at::Tensor& grad_output, const at::Tens
   check_giou_backward_inputs(grad_output, pred, inv_count);
   const c10::cuda::CUDAGuard guard(pred.device());
   at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());  // contiguous, as the kernel writes it
-  const GradArgs args{grad_output.const_data_ptr(), inv_count.const_data_ptr(), grad_pred.mutable_data_ptr(),
-                      nullptr};
+  const GradArgs args{grad_output.const_data_ptr(), inv_count.const_data_ptr(), grad_pred.mutable_data_ptr()};
   C10_CUDA_CHECK(giou_grad_padded_launch(inputs(pred, target, counts, n), args, c10::cuda::getCurrentCUDAStream()));
   return grad_pred;
 }
 
 at::Tensor giou_loss_packed_backward_cuda(const at::Tensor& grad_output, const at::Tensor& pred,
-                                          const at::Tensor& target, const at::Tensor& counts,
-                                          const at::Tensor& inv_count, int64_t block_scan_max_batch) {
-  check_block_scan_max_batch(block_scan_max_batch);
-  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
+                                          const at::Tensor& target, const at::Tensor& offsets,
+                                          const at::Tensor& inv_count) {
+  const GiouSizes n = check_giou_inputs(pred, target, offsets, /*packed=*/true, "offsets");
   check_giou_backward_inputs(grad_output, pred, inv_count);
+  check_packed_offsets(offsets);
   const c10::cuda::CUDAGuard guard(pred.device());
   at::Tensor grad_pred = at::empty(pred.sizes(), pred.options());
-  at::Tensor scratch = workspace(pred, giou_workspace_bytes(/*forward=*/false, n.batch, block_scan_max_batch));
-  const GradArgs args{grad_output.const_data_ptr(), inv_count.const_data_ptr(), grad_pred.mutable_data_ptr(),
-                      pointer(scratch)};
-  C10_CUDA_CHECK(giou_grad_packed_launch(inputs(pred, target, counts, n), block_scan_max_batch, args,
+  const at::Tensor sums = offsets.contiguous();  // the forward's are contiguous already: no copy
+  const GradArgs args{grad_output.const_data_ptr(), inv_count.const_data_ptr(), grad_pred.mutable_data_ptr()};
+  C10_CUDA_CHECK(giou_grad_packed_launch(inputs(pred, target, sums, n), sums.const_data_ptr<int64_t>(), args,
                                          c10::cuda::getCurrentCUDAStream()));
   return grad_pred;
 }

@@ -15,20 +15,19 @@
 // registers; block partials, then the last block to take a ticket adds them in block order and writes
 // loss and 1 / max(n_valid, 1). Backward: zeros in every padded slot, then the gradient recomputed from
 // pred and target for the valid slots, scaled by grad_output * inv_count; no slot is written twice.
-// Packed layout: the same kernels, slot j of image b taking target row C[b] + j. C, the prefix sums of the
-// clamped counts, comes from every block's own scan in shared memory (small batches: no second launch)
-// or from one CUB scan before the kernel (large batches).
+// Packed layout: the same kernels, slot j of image b taking target row C[b] + j. In the forward C, the
+// prefix sums of the clamped counts, comes from every block's own scan in shared memory (small batches: no
+// second launch) or from block sums in giou_loss_packed_kernel (large batches), and is written out (`offsets`);
+// the backward reads it from there and never scans.
 #include "giou.h"
 #include "giou_kernels.cuh"
 
-#include <cub/device/device_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
 
 #include <atomic>
+#include <cstddef>
 #include <type_traits>
 
 namespace detector {
@@ -38,12 +37,19 @@ constexpr int kThreads = 256;      // threads per block
 constexpr int kMaxBlocks = 16384;  // capacity of the workspace; grids are capped to it
 constexpr size_t kScanSharedBytes = kBlockScanBatchLimit * sizeof(int64_t);
 
+// A block's published sum of counts (packed forward): this bit set, the sum in the others; 0 until then.
+constexpr unsigned long long kPublished = 1ull << 63;
+
 struct Workspace {
-  unsigned int ticket;                // zeroed before each forward; the last block takes kBlocks - 1
+  unsigned int ticket;                      // zeroed before each forward; the last block takes kBlocks - 1
   unsigned int pad[3];
-  double loss[kMaxBlocks];            // per-block sums of the per-box losses
-  unsigned int valid[kMaxBlocks];     // per-block numbers of valid boxes
+  unsigned long long block_sums[kMaxBlocks];  // packed forward: kPublished | each block's count sum; zeroed
+  double loss[kMaxBlocks];                  // per-block sums of the per-box losses
+  unsigned int valid[kMaxBlocks];           // per-block numbers of valid boxes
 };
+
+// The bytes a forward zeroes before its kernel: the ticket, and the sums of `blocks` blocks (packed).
+size_t zeroed_bytes(int blocks) { return offsetof(Workspace, block_sums) + size_t(blocks) * sizeof(unsigned long long); }
 
 // ----------------------------------------------------------------------------- loads and stores
 
@@ -103,11 +109,6 @@ __device__ __forceinline__ void to_compute(const Vec4<T>& box, C out[4]) {
   for (int k = 0; k < 4; ++k) out[k] = to_compute<C>(box.v[k]);
 }
 
-#define DETECTOR_LOAD_COUNT(Name, AtName, Type, str)                                \
-  case DType::k##Name:                                                              \
-    c = static_cast<int64_t>(static_cast<const Type*>(counts.data)[b * counts.stride]); \
-    break;
-
 // A count clamped to [0, slots]: the device never validates counts (that would synchronise).
 __device__ __forceinline__ int64_t clamp_count(int64_t c, int64_t slots) { return c < 0 ? 0 : (c > slots ? slots : c); }
 
@@ -127,22 +128,11 @@ __device__ __forceinline__ void with_typed_counts(const CountsArg& counts, F&& f
 }
 
 // counts[b] clamped to [0, slots].
-// The launchers accept only DETECTOR_COUNTS_DTYPES, so the switch is uniform across the grid.
 __device__ __forceinline__ int64_t load_count(const CountsArg& counts, int64_t b, int64_t slots) {
   int64_t c = 0;
-  switch (counts.dtype) {
-    DETECTOR_COUNTS_DTYPES(DETECTOR_LOAD_COUNT)
-    default: break;
-  }
+  with_typed_counts(counts, [&](const auto* data) { c = static_cast<int64_t>(data[b * counts.stride]); });
   return clamp_count(c, slots);
 }
-
-// counts[b] clamped, as the input of the prefix-sum scan (thrust::transform_iterator over b = 0, 1, ...).
-struct ClampedCount {
-  CountsArg counts;
-  int64_t slots;
-  __device__ int64_t operator()(int64_t b) const { return load_count(counts, b, slots); }
-};
 
 // ----------------------------------------------------------------------------- block reductions and scans
 
@@ -254,14 +244,18 @@ struct PaddedImages {
 };
 
 // Packed layout: from the inclusive prefix sums of the clamped counts (shared or global memory); boxes that
-// would lie at or past row `rows` are absent.
+// would lie at or past row `rows` are absent. The sums are clamped as they are read: an image's rows lie
+// within [0, rows) and number at most `slots`, whatever the sums hold (the backward's are an argument).
 struct PackedImages {
   const int64_t* incl;
-  int64_t rows;
-  __device__ Image operator()(int64_t b) const {
-    const int64_t first = b > 0 ? incl[b - 1] : 0;
-    const int64_t present = rows - first < incl[b] - first ? rows - first : incl[b] - first;
-    return {present > 0 ? present : 0, first};
+  int64_t rows, slots;
+  __device__ Image operator()(int64_t b) const { return clamped(b > 0 ? incl[b - 1] : 0, incl[b]); }
+  // The image whose rows are [before, end) as the sums say, clamped.
+  __device__ Image clamped(int64_t before, int64_t end) const {
+    const int64_t first = before < 0 ? 0 : (before > rows ? rows : before);
+    const int64_t room = rows - first < slots ? rows - first : slots;
+    const int64_t present = end - first;
+    return {present < 0 ? 0 : (present > room ? room : present), first};
   }
 };
 
@@ -367,14 +361,18 @@ __device__ __forceinline__ void load_box_pair(const P* __restrict__ pred, const 
 }
 
 // Packed images whose prefix sums are not given (incl == nullptr, B <= kBlockScanBatchLimit) get them
-// from this block's own scan into `shared` (every thread calls this); padded images pass through.
+// from this block's own scan into `shared` (every thread calls this), and block 0 writes them to
+// `offsets` for the backward; padded images pass through.
 template <typename Images>
 __device__ __forceinline__ Images scanned(Images images, const CountsArg& counts, int64_t batch, int64_t slots,
-                                          int64_t* shared) {
+                                          int64_t* shared, int64_t* __restrict__ offsets) {
   if constexpr (std::is_same_v<Images, PackedImages>) {
     if (images.incl == nullptr) {
       block_inclusive_scan(counts, batch, slots, shared);
       images.incl = shared;
+      if (blockIdx.x == 0) {
+        for (int64_t b = threadIdx.x; b < batch; b += kThreads) offsets[b] = shared[b];
+      }
     }
   }
   return images;
@@ -413,6 +411,21 @@ __device__ __forceinline__ void load_lane(const P* __restrict__ pred, const T* _
 
 // ----------------------------------------------------------------------------- forward kernel
 
+// Adds the loss of slot j of image b (packed: target row first_row + j) to loss_acc and counts it.
+template <bool kRows, typename C, typename P, typename T>
+__device__ __forceinline__ void add_box_loss(const P* __restrict__ pred, const T* __restrict__ target, const Boxes& at,
+                                             int64_t b, int64_t j, int64_t first_row, C& loss_acc,
+                                             unsigned int& valid_acc) {
+  Vec4<P> p;
+  Vec4<T> t;
+  load_box_pair<kRows>(pred, target, at.pred, at.target, b, j, first_row, p, t);
+  C pk[4], tk[4];
+  to_compute(p, pk);
+  to_compute(t, tk);
+  loss_acc += giou_loss(pk, tk);
+  valid_acc += 1u;
+}
+
 // Adds the losses of a lane's loaded slots to loss_acc, selected by validity, and counts the valid ones.
 template <int K, typename C, typename P, typename T>
 __device__ __forceinline__ void add_lane_losses(const Vec4<P> (&p)[K], const Vec4<T> (&t)[K], const Lane<K>& l,
@@ -433,7 +446,7 @@ __device__ __forceinline__ void add_lane_losses(const Vec4<P> (&p)[K], const Vec
 // ones selected away, a warp per image; true (cuda_conditional, and packed): only valid boxes are loaded
 // and computed, one per lane (for_run_boxes). Packed (PackedImages): slot j of image b takes target row
 // C[b] + j; incl == nullptr there makes every block scan the counts into shared memory first
-// (B <= kBlockScanBatchLimit).
+// (B <= kBlockScanBatchLimit), and block 0 writes them to `offsets`.
 template <typename P, typename T, bool kSkipInvalid, typename Images>
 __global__ void __launch_bounds__(kThreads)
     giou_loss_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
@@ -445,27 +458,21 @@ __global__ void __launch_bounds__(kThreads)
                      int64_t slots,                 // M
                      compute_t<P>* loss,            // 0-dim, out
                      compute_t<P>* inv_count,       // 0-dim, out
+                     int64_t* offsets,              // [B], out (packed block scan only)
                      Workspace* ws) {
   using C = compute_t<P>;
   constexpr int K = kLaneBoxes<P>;
   constexpr bool kRows = std::is_same_v<Images, PackedImages>;
   static_assert(kSkipInvalid || !kRows, "the packed layout reads valid boxes only");
   extern __shared__ int64_t shared_incl[];
-  images = scanned(images, counts, batch, slots, shared_incl);
+  images = scanned(images, counts, batch, slots, shared_incl, offsets);
   const int lane = threadIdx.x & 31;
   C loss_acc = 0;
   unsigned int valid_acc = 0;
   if constexpr (kSkipInvalid) {
     for_warp_image_runs(batch, images, [&](int64_t first, int64_t stride, int n, const Image& mine) {
       for_run_boxes(first, stride, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
-        Vec4<P> p;
-        Vec4<T> t;
-        load_box_pair<kRows>(pred, target, at.pred, at.target, b, j, first_row, p, t);
-        C pk[4], tk[4];
-        to_compute(p, pk);
-        to_compute(t, tk);
-        loss_acc += giou_loss(pk, tk);
-        valid_acc += 1u;
+        add_box_loss<kRows>(pred, target, at, b, j, first_row, loss_acc, valid_acc);
       });
     });
   } else {
@@ -480,6 +487,86 @@ __global__ void __launch_bounds__(kThreads)
     });
   }
   finish_loss(loss_acc, valid_acc, ws, loss, inv_count);
+}
+
+// The packed forward for batches past the block scan: each block takes a contiguous range of images and
+// finds where its target rows start without a scan of all B counts and without a second launch. Block k
+// adds up its own clamped counts, publishes the sum (ws->block_sums[k], kPublished set), then adds up the
+// sums of blocks 0 .. k - 1 (waiting for any not yet published). Every block reads at most one sum per
+// block before it, all in one round of loads, not a chain of look-backs. Block k waits only on blocks with
+// smaller indices, which publish before they wait on anything: the grid is at most one wave of resident
+// blocks (grid_for), and blocks are dispatched in index order, as CUB's single-pass scan also relies on.
+// Within the block, warp w takes the w-th eighth of the range in runs of up to 32 images, one box per
+// lane (for_run_boxes), and writes the run's prefix sums to `offsets` for the backward.
+template <typename P, typename T>
+__global__ void __launch_bounds__(kThreads)
+    giou_loss_packed_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
+                            const T* __restrict__ target,  // [N, 4] xyxy, strided
+                            Boxes at,                      //
+                            CountsArg counts,              // [B]
+                            int64_t batch,                 // B
+                            int64_t slots,                 // M
+                            int64_t rows,                  // N
+                            compute_t<P>* loss,            // 0-dim, out
+                            compute_t<P>* inv_count,       // 0-dim, out
+                            int64_t* __restrict__ offsets,  // [B], out: C[b + 1]
+                            Workspace* ws) {
+  using C = compute_t<P>;
+  __shared__ int64_t s_warp_sums[kThreads / 32];
+  __shared__ int64_t s_scratch[kThreads / 32];
+  __shared__ int64_t s_before;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int64_t per_block = (batch + gridDim.x - 1) / gridDim.x, per_warp = (per_block + kThreads / 32 - 1) / (kThreads / 32);
+  const int64_t block_begin = blockIdx.x * per_block < batch ? blockIdx.x * per_block : batch;
+  const int64_t block_end = block_begin + per_block < batch ? block_begin + per_block : batch;
+  const int64_t begin = block_begin + warp * per_warp < block_end ? block_begin + warp * per_warp : block_end;
+  const int64_t end = begin + per_warp < block_end ? begin + per_warp : block_end;
+  int64_t warp_total = 0;
+  with_typed_counts(counts, [&](const auto* data) {
+    for (int64_t b = begin + lane; b < end; b += 32) warp_total += clamp_count(int64_t(data[b * counts.stride]), slots);
+  });
+  warp_total = warp_sum(warp_total);
+  if (lane == 0) s_warp_sums[warp] = warp_total;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t block_total = 0;
+    for (int w = 0; w < kThreads / 32; ++w) block_total += s_warp_sums[w];
+    atomicExch(&ws->block_sums[blockIdx.x], kPublished | static_cast<unsigned long long>(block_total));
+  }
+  int64_t before = 0;  // the counts of the blocks before this one
+  for (int k = threadIdx.x; k < int(blockIdx.x); k += kThreads) {
+    unsigned long long v;
+    do {
+      v = *reinterpret_cast<volatile unsigned long long*>(&ws->block_sums[k]);
+    } while (!(v & kPublished));
+    before += static_cast<int64_t>(v & ~kPublished);
+  }
+  before = block_sum(before, s_scratch);
+  if (threadIdx.x == 0) s_before = before;
+  __syncthreads();
+  int64_t base = s_before;  // the row of this warp's first image's slot 0
+  for (int w = 0; w < warp; ++w) base += s_warp_sums[w];
+  C loss_acc = 0;
+  unsigned int valid_acc = 0;
+  with_typed_counts(counts, [&](const auto* data) {
+    for (int64_t first = begin; first < end; first += 32) {
+      const int n = end - first < 32 ? int(end - first) : 32;
+      const int64_t count = lane < n ? clamp_count(int64_t(data[(first + lane) * counts.stride]), slots) : 0;
+      int64_t incl = count;
+#pragma unroll
+      for (int offset = 1; offset < 32; offset <<= 1) {
+        const int64_t y = __shfl_up_sync(0xffffffffu, incl, offset);
+        if (lane >= offset) incl += y;
+      }
+      if (lane < n) offsets[first + lane] = base + incl;
+      const Image mine = PackedImages{nullptr, rows, slots}.clamped(base + incl - count, base + incl);
+      for_run_boxes(first, 1, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
+        add_box_loss<true>(pred, target, at, b, j, first_row, loss_acc, valid_acc);
+      });
+      base += __shfl_sync(0xffffffffu, incl, 31);
+    }
+  });
+  finish_loss(static_cast<double>(loss_acc), valid_acc, ws, loss, inv_count);
 }
 
 // ----------------------------------------------------------------------------- backward kernel
@@ -506,7 +593,8 @@ __device__ __forceinline__ void store_padded_zeros(P* __restrict__ grad_image, i
 // Every slot of grad_pred: for each run of a warp's images, first zeros in every slot past its image's count
 // (stores only, nothing read), then the valid boxes one per lane (for_run_boxes): the gradient of
 // (1 - GIoU) recomputed from pred and the target box, times scale = grad_output * inv_count. Valid and
-// padded slots are disjoint, so no slot is written twice. Images, targets and incl as in the forward.
+// padded slots are disjoint, so no slot is written twice. Images and targets as in the forward; packed
+// images read the forward's prefix sums (global memory), never the counts.
 template <typename P, typename T, typename Images>
 __global__ void __launch_bounds__(kThreads)
     giou_grad_kernel(const compute_t<P>* grad_output,  // 0-dim
@@ -515,7 +603,6 @@ __global__ void __launch_bounds__(kThreads)
                      const T* __restrict__ target,     // [B, M, 4] or [N, 4] xyxy, strided
                      Boxes at,                         //
                      Images images,                    // counts, clamped on load; packed: prefix sums
-                     CountsArg counts,                 // [B] (packed block scan only)
                      int64_t batch,                    // B
                      int64_t slots,                    // M
                      bool grad_vectors,                // M * 4 * sizeof(P) % 16 == 0: whole 16-byte vectors
@@ -523,8 +610,6 @@ __global__ void __launch_bounds__(kThreads)
   using C = compute_t<P>;
   constexpr int K = kLaneBoxes<P>;
   constexpr bool kRows = std::is_same_v<Images, PackedImages>;
-  extern __shared__ int64_t shared_incl[];
-  images = scanned(images, counts, batch, slots, shared_incl);
   const C scale = grad_output[0] * inv_count[0];
   for_warp_image_runs(batch, images, [&](int64_t first, int64_t stride, int n, const Image& mine) {
     for (int i = 0; i < n; ++i) {
@@ -636,64 +721,13 @@ bool valid_counts(const CountsArg& counts) {
   }
 }
 
-thrust::transform_iterator<ClampedCount, thrust::counting_iterator<int64_t>> clamped_counts(const CountsArg& counts,
-                                                                                           int64_t slots) {
-  return thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), ClampedCount{counts, slots});
-}
-
-constexpr size_t kAlign = 256;
-size_t align_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
-
-// CUB's scan state for `batch` counts on the current device; the last answer is kept (one query per
-// new batch size, not two per step).
-size_t scan_state_bytes(int64_t batch) {
-  thread_local int last_device = -1;
-  thread_local int64_t last_batch = -1;
-  thread_local size_t last_bytes = 0;
-  int device = 0;
-  cudaGetDevice(&device);
-  if (device != last_device || batch != last_batch) {
-    last_bytes = 0;
-    cub::DeviceScan::InclusiveSum(nullptr, last_bytes, clamped_counts({}, 0), static_cast<int64_t*>(nullptr),
-                                  int(batch));
-    last_device = device;
-    last_batch = batch;
-  }
-  return last_bytes;
-}
-
-// Whether a packed launch scans the counts with CUB (one launch more) instead of inside every block. Each
-// block's own scan reads all B counts (from L2 after the first block), so its cost grows as blocks x B; a
-// launch costs a fixed few microseconds. Default threshold: giou_op.cpp's schema, with the arithmetic.
-bool device_scan(int64_t batch, int64_t block_scan_max_batch) {
+// Whether a packed forward scans all the counts inside every block (giou_loss_kernel) rather than have each
+// block add up the sums of the blocks before it (giou_loss_packed_kernel). The scan reads all B counts in
+// every block (from L2 after the first block), so its cost grows as blocks x B. Default threshold:
+// giou_op.cpp's schema, with the arithmetic.
+bool block_scan(int64_t batch, int64_t block_scan_max_batch) {
   const int64_t limit = block_scan_max_batch < kBlockScanBatchLimit ? block_scan_max_batch : kBlockScanBatchLimit;
-  return batch > limit;
-}
-
-// The workspace: [Workspace, forward only][incl: B int64][CUB's scan state], the last two only for a device scan.
-struct WorkspaceLayout {
-  size_t incl_offset, state_offset, state_bytes;
-};
-
-WorkspaceLayout workspace_layout(bool forward, int64_t packed_batch, int64_t block_scan_max_batch) {
-  const size_t incl_offset = forward ? align_up(sizeof(Workspace)) : 0;
-  if (packed_batch <= 0 || !device_scan(packed_batch, block_scan_max_batch)) return {incl_offset, incl_offset, 0};
-  const size_t state_offset = incl_offset + align_up(size_t(packed_batch) * sizeof(int64_t));
-  return {incl_offset, state_offset, scan_state_bytes(packed_batch)};
-}
-
-// The packed launchers' prefix sums: null when every block scans by itself, else written by a CUB device
-// scan into the workspace (`err` set on failure).
-const int64_t* prefix_sums(const GiouInputs& in, bool forward, int64_t block_scan_max_batch, void* workspace,
-                           cudaStream_t stream, cudaError_t& err) {
-  if (in.batch <= 0 || !device_scan(in.batch, block_scan_max_batch)) return nullptr;
-  const WorkspaceLayout layout = workspace_layout(forward, in.batch, block_scan_max_batch);
-  auto* bytes = static_cast<char*>(workspace);
-  auto* incl = reinterpret_cast<int64_t*>(bytes + layout.incl_offset);
-  size_t state_bytes = layout.state_bytes;
-  err = cub::DeviceScan::InclusiveSum(bytes + layout.state_offset, state_bytes, clamped_counts(in.counts, in.slots),
-                                      incl, int(in.batch), stream);
-  return incl;
+  return batch <= limit;
 }
 
 // Packed target rows: the row stride as stride_b and no slot dimension, so alignment depends on rows alone.
@@ -702,7 +736,7 @@ BoxesArg as_rows(BoxesArg target) {
   return target;
 }
 
-// The shared memory of a block scan: B int64 when incl is null (packed, small batches), else none.
+// The forward's shared memory for a block scan: B int64 when incl is null (packed, small batches), else none.
 template <typename Images>
 size_t scan_shared_bytes(const GiouInputs& in, const Images& images) {
   if constexpr (std::is_same_v<Images, PackedImages>) return images.incl == nullptr ? size_t(in.batch) * sizeof(int64_t) : 0;
@@ -717,7 +751,7 @@ void launch_loss(const GiouInputs& in, const Images& images, const LossOutputs& 
   constexpr auto kernel = giou_loss_kernel<P, T, kSkipInvalid, Images>;
   kernel<<<grid_for<kernel, kMaxSharedBytes<Images>>(in.batch), kThreads, scan_shared_bytes(in, images), stream>>>(
       typed<P>(in.pred), typed<T>(in.target), boxes_of<P, T>(in), images, in.counts, in.batch, in.slots,
-      static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count),
+      static_cast<compute_t<P>*>(out.loss), static_cast<compute_t<P>*>(out.inv_count), out.offsets,
       static_cast<Workspace*>(out.workspace));
 }
 
@@ -726,22 +760,19 @@ void launch_grad(const GiouInputs& in, const Images& images, const GradArgs& arg
   using C = compute_t<P>;
   constexpr auto kernel = giou_grad_kernel<P, T, Images>;
   const bool grad_vectors = (in.slots * 4 * sizeof(P)) % 16 == 0;  // grad_pred is freshly allocated: aligned
-  kernel<<<grid_for<kernel, kMaxSharedBytes<Images>>(in.batch), kThreads, scan_shared_bytes(in, images), stream>>>(
+  kernel<<<grid_for<kernel>(in.batch), kThreads, 0, stream>>>(
       static_cast<const C*>(args.grad_output), static_cast<const C*>(args.inv_count), typed<P>(in.pred),
-      typed<T>(in.target), boxes_of<P, T>(in), images, in.counts, in.batch, in.slots, grad_vectors,
+      typed<T>(in.target), boxes_of<P, T>(in), images, in.batch, in.slots, grad_vectors,
       static_cast<P*>(args.grad_pred));
 }
 
 }  // namespace
 
-size_t giou_workspace_bytes(bool forward, int64_t packed_batch, int64_t block_scan_max_batch) {
-  const WorkspaceLayout layout = workspace_layout(forward, packed_batch, block_scan_max_batch);
-  return layout.state_offset + layout.state_bytes;
-}
+size_t giou_workspace_bytes() { return sizeof(Workspace); }
 
 cudaError_t giou_loss_padded_launch(const GiouInputs& in, bool skip_invalid, LossOutputs out, cudaStream_t stream) {
   if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
-  cudaError_t err = cudaMemsetAsync(&static_cast<Workspace*>(out.workspace)->ticket, 0, sizeof(unsigned int), stream);
+  const cudaError_t err = cudaMemsetAsync(out.workspace, 0, zeroed_bytes(0), stream);
   if (err != cudaSuccess) return err;
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
@@ -755,17 +786,28 @@ cudaError_t giou_loss_padded_launch(const GiouInputs& in, bool skip_invalid, Los
 cudaError_t giou_loss_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, LossOutputs out,
                                     cudaStream_t stream) {
   if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
-  cudaError_t err = cudaMemsetAsync(&static_cast<Workspace*>(out.workspace)->ticket, 0, sizeof(unsigned int), stream);
-  const int64_t* incl = err == cudaSuccess ? prefix_sums(in, true, block_scan_max_batch, out.workspace, stream, err)
-                                           : nullptr;
-  if (err != cudaSuccess) return err;
   GiouInputs rows = in;
   rows.target = as_rows(in.target);
+  auto* ws = static_cast<Workspace*>(out.workspace);
+  cudaError_t err = cudaSuccess;
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    launch_loss<P, T, true>(rows, PackedImages{incl, in.rows}, out, stream);
+    if (block_scan(in.batch, block_scan_max_batch)) {
+      err = cudaMemsetAsync(ws, 0, zeroed_bytes(0), stream);
+      if (err == cudaSuccess) launch_loss<P, T, true>(rows, PackedImages{nullptr, in.rows, in.slots}, out, stream);
+      return;
+    }
+    constexpr auto kernel = giou_loss_packed_kernel<P, T>;
+    const int grid = grid_for<kernel>(in.batch);
+    err = cudaMemsetAsync(ws, 0, zeroed_bytes(grid), stream);
+    if (err != cudaSuccess) return;
+    using C = compute_t<P>;
+    kernel<<<grid, kThreads, 0, stream>>>(typed<P>(rows.pred), typed<T>(rows.target), boxes_of<P, T>(rows), in.counts,
+                                          in.batch, in.slots, in.rows, static_cast<C*>(out.loss),
+                                          static_cast<C*>(out.inv_count), out.offsets, ws);
   });
+  if (err != cudaSuccess) return err;
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
@@ -780,19 +822,14 @@ cudaError_t giou_grad_padded_launch(const GiouInputs& in, GradArgs args, cudaStr
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }
 
-cudaError_t giou_grad_packed_launch(const GiouInputs& in, int64_t block_scan_max_batch, GradArgs args,
-                                    cudaStream_t stream) {
-  if (!valid_counts(in.counts)) return cudaErrorInvalidValue;
+cudaError_t giou_grad_packed_launch(const GiouInputs& in, const int64_t* offsets, GradArgs args, cudaStream_t stream) {
   if (in.batch * in.slots == 0) return cudaSuccess;  // an empty gradient: nothing to write
-  cudaError_t err = cudaSuccess;
-  const int64_t* incl = prefix_sums(in, false, block_scan_max_batch, args.workspace, stream, err);
-  if (err != cudaSuccess) return err;
   GiouInputs rows = in;
   rows.target = as_rows(in.target);
   const bool ok = dispatch_pred_target(in.pred.dtype, in.target.dtype, [&](auto p_tag, auto t_tag) {
     using P = typename decltype(p_tag)::type;
     using T = typename decltype(t_tag)::type;
-    launch_grad<P, T>(rows, PackedImages{incl, in.rows}, args, stream);
+    launch_grad<P, T>(rows, PackedImages{offsets, in.rows, in.slots}, args, stream);
   });
   return ok ? cudaGetLastError() : cudaErrorInvalidValue;
 }

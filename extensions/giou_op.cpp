@@ -97,16 +97,28 @@ Slots padded_slots(const at::Tensor& target, const at::Tensor& counts, const Gio
   return {n, clamped_counts(counts, n.slots), std::vector<int64_t>(n.batch, 0), ts[0], ts[1], 0, ts[2]};
 }
 
-// Packed: image b's boxes are rows C[b] .. C[b + 1] - 1 (C: prefix sums of the clamped counts); rows at or
-// past C[B] are ignored, and boxes whose row would be N or more are absent.
-Slots packed_slots(const at::Tensor& target, const at::Tensor& counts, const GiouSizes& n) {
+// The packed forward's third output: C[b + 1], the inclusive prefix sums of the clamped counts, int64 [B].
+at::Tensor packed_offsets(const at::Tensor& counts, int64_t slots) {
+  const std::vector<int64_t> clamped = clamped_counts(counts, slots);
+  at::Tensor offsets = at::empty({static_cast<int64_t>(clamped.size())}, counts.options().dtype(at::kLong));
+  int64_t* out = offsets.mutable_data_ptr<int64_t>();
+  int64_t sum = 0;
+  for (size_t b = 0; b < clamped.size(); ++b) out[b] = sum += clamped[b];
+  return offsets;
+}
+
+// Packed: image b's boxes are rows C[b] .. C[b + 1] - 1, C[b + 1] = offsets[b]; rows at or past C[B] are
+// ignored, and boxes whose row would be N or more are absent. Clamped as the CUDA kernels clamp them (each
+// image's rows within [0, N), at most M), so offsets handed to the backward can never index out of bounds.
+Slots packed_slots(const at::Tensor& target, const at::Tensor& offsets, const GiouSizes& n) {
   const auto ts = target.strides();
-  Slots s{n, clamped_counts(counts, n.slots), std::vector<int64_t>(n.batch, 0), 0, ts[0], ts[0], ts[1]};
-  int64_t row = 0;
+  Slots s{n, std::vector<int64_t>(n.batch, 0), std::vector<int64_t>(n.batch, 0), 0, ts[0], ts[0], ts[1]};
+  const int64_t* incl = offsets.const_data_ptr<int64_t>();
+  const int64_t stride = offsets.stride(0);
   for (int64_t b = 0; b < n.batch; ++b) {
-    s.first_row[b] = row;
-    row += s.present[b];
-    s.present[b] = std::max<int64_t>(0, std::min(s.present[b], n.boxes - s.first_row[b]));
+    s.first_row[b] = std::clamp<int64_t>(b > 0 ? incl[(b - 1) * stride] : 0, 0, n.boxes);
+    const int64_t room = std::min(n.boxes - s.first_row[b], n.slots);
+    s.present[b] = std::clamp<int64_t>(incl[b * stride] - s.first_row[b], 0, room);
   }
   return s;
 }
@@ -253,11 +265,14 @@ std::tuple<at::Tensor, at::Tensor> giou_loss_cpu(const at::Tensor& pred, const a
   return loss_cpu(pred, target, padded_slots(target, counts, n));
 }
 
-std::tuple<at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
-                                                        const at::Tensor& counts, int64_t block_scan_max_batch) {
+std::tuple<at::Tensor, at::Tensor, at::Tensor> giou_loss_packed_cpu(const at::Tensor& pred, const at::Tensor& target,
+                                                                    const at::Tensor& counts,
+                                                                    int64_t block_scan_max_batch) {
   check_block_scan_max_batch(block_scan_max_batch);  // a CUDA choice only: the CPU sums the counts on the host
   const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
-  return loss_cpu(pred, target, packed_slots(target, counts, n));
+  at::Tensor offsets = packed_offsets(counts, n.slots);
+  auto [loss, inv_count] = loss_cpu(pred, target, packed_slots(target, offsets, n));
+  return {loss, inv_count, offsets};
 }
 
 at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tensor& pred, const at::Tensor& target,
@@ -267,40 +282,42 @@ at::Tensor giou_loss_backward_cpu(const at::Tensor& grad_output, const at::Tenso
 }
 
 at::Tensor giou_loss_packed_backward_cpu(const at::Tensor& grad_output, const at::Tensor& pred,
-                                         const at::Tensor& target, const at::Tensor& counts,
-                                         const at::Tensor& inv_count, int64_t block_scan_max_batch) {
-  check_block_scan_max_batch(block_scan_max_batch);
-  const GiouSizes n = check_giou_inputs(pred, target, counts, /*packed=*/true);
-  return grad_cpu(grad_output, pred, target, inv_count, packed_slots(target, counts, n));
+                                         const at::Tensor& target, const at::Tensor& offsets,
+                                         const at::Tensor& inv_count) {
+  const GiouSizes n = check_giou_inputs(pred, target, offsets, /*packed=*/true, "offsets");
+  check_packed_offsets(offsets);
+  return grad_cpu(grad_output, pred, target, inv_count, packed_slots(target, offsets, n));
 }
 
 }  // namespace
 
 // Forward: loss (0-dim, mean over valid boxes) and inv_count (0-dim, 1 / max(n_valid, 1)), both in the
-// compute dtype (compute_dtype: fp64 for fp64 pred, else fp32). No gradient buffer: backward recomputes the
-// gradient from the same pred, target and counts (saved by reference) and writes grad_pred, [B, M, 4]
-// contiguous in pred's dtype, 0 on padded slots.
+// compute dtype (compute_dtype: fp64 for fp64 pred, else fp32); the packed forward also returns offsets
+// (int64 [B], the inclusive prefix sums of the clamped counts). No gradient buffer: backward recomputes the
+// gradient from the same pred, target and counts (saved by reference; packed: the offsets in place of the
+// counts, so the backward never scans them again) and writes grad_pred, [B, M, 4] contiguous in pred's
+// dtype, 0 on padded slots.
 //
-// block_scan_max_batch (packed, CUDA): batches of up to this many images (at most kBlockScanBatchLimit =
-// 4096, the shared memory of B int64) get the prefix sums of their counts from every block's own scan;
-// larger ones from a CUB scan launch before each kernel. Bytes per launch: the launch costs ~5 us of device
-// time (packed was 0.6x cuda_fused at B = 1024 with it), i.e. ~20 MB of copy traffic; a block's own scan
-// reads all B counts (8 B each, L2 hits after the first block) and adds one L2 round trip to the block.
-// The kernels run B / 8 blocks up to one wave (~400-530 on an H200), which read blocks x B x 8 B in all:
-// 1 MB at B = 1024, 4 MB at 2048, 13-17 MB at 4096, then, past the limit, more than the launch costs at
-// L2 rates. bench kernels times both paths at 1024, 2048 and 4096 (run AB in docs/gpu-runs.md: the
-// block scan 1.5x faster at 1024, 1.3x at 2048, 0.8x at 4096), so 2048 stays. Tests pass 0 (CUB scan
-// always) to run both paths at small B.
+// block_scan_max_batch (packed forward, CUDA): batches of up to this many images (at most kBlockScanBatchLimit =
+// 4096, the shared memory of B int64) get the prefix sums of their counts from every block's own scan of
+// all B counts; larger ones from block sums: each block adds up the clamped counts of its own contiguous
+// range of images, publishes that sum, and adds up the sums its earlier blocks published (one kernel, no
+// scan launch; the backward reads the forward's offsets and never scans). The forward runs B / 8 blocks up
+// to one wave (~400-530 on an H200); their own scans read blocks x B x 8 B in all (L2 hits after the first
+// block): 1 MB at B = 1024, 4 MB at 2048, 13-17 MB at 4096, while the block sums read B x 8 B once but wait
+// one L2 round trip for the earlier blocks' sums. bench kernels times both paths at 1024, 2048 and 4096
+// (run AI in docs/gpu-runs.md, fwd+bwd: the own scan 1.1x faster at 1024, 1.0x at 2048, 0.70x at 4096),
+// so 2048 stays. Tests pass 0 (block sums always) to run both paths at small B.
 TORCH_LIBRARY(detector, m) {
   m.set_python_module("detector.kernels.cuda_op");  // where register_fake lives
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "
         "-> (Tensor loss, Tensor inv_count)");
   m.def("giou_loss_packed(Tensor pred, Tensor target, Tensor counts, int block_scan_max_batch=2048) "
-        "-> (Tensor loss, Tensor inv_count)");
+        "-> (Tensor loss, Tensor inv_count, Tensor offsets)");
   m.def("giou_loss_backward(Tensor grad_output, Tensor pred, Tensor target, Tensor counts, Tensor inv_count) "
         "-> Tensor");
-  m.def("giou_loss_packed_backward(Tensor grad_output, Tensor pred, Tensor target, Tensor counts, "
-        "Tensor inv_count, int block_scan_max_batch=2048) -> Tensor");
+  m.def("giou_loss_packed_backward(Tensor grad_output, Tensor pred, Tensor target, Tensor offsets, "
+        "Tensor inv_count) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(detector, CPU, m) {

@@ -11,11 +11,14 @@ Dtypes (one list, ``extensions/giou_dtypes.h``): pred fp64/fp32/bf16/fp16; targe
 uint8/int8/int16/int32/int64; counts uint8/int8/int16/int32/int64; any strides. Arithmetic in the
 compute dtype: fp64 for fp64 predictions (exact to the fp64 reference but for rounding order), else fp32.
 
-Forward (one kernel on CUDA) returns ``(loss, inv_count)`` and writes no gradient buffer:
+Forward (one kernel on CUDA) returns ``(loss, inv_count)`` (packed: ``(loss, inv_count, offsets)``) and
+writes no gradient buffer:
     loss       0-dim, compute dtype: sum over valid (b, j) of (1 - GIoU) / max(n_valid, 1)
     inv_count  0-dim, compute dtype: 1 / max(n_valid, 1)
+    offsets    packed only, int64 [B]: C[b + 1], the inclusive prefix sums of the clamped counts
 Backward (``giou_loss_backward`` / ``giou_loss_packed_backward``, one kernel on CUDA) recomputes the
-gradient from pred, target and counts, which the autograd saves by reference (no copies), and writes every
+gradient from pred, target and counts (packed: the forward's offsets, so the counts are scanned once per
+step, not twice), which the autograd saves by reference (no copies), and writes every
 slot of grad_pred ([B, M, 4] contiguous, pred's dtype): exactly 0 on padded slots, which it never reads
 (NaN there never leaks), ``d(1 - GIoU)/d pred * grad_output * inv_count`` on valid ones. Nothing reads a
 device value on the host. A backward with ``create_graph=True`` raises (the backward kernel's gradient has
@@ -26,9 +29,12 @@ them without a host synchronisation): the loss is the loss of the clamped counts
 the N target rows belongs to the image b with C[b] <= i < C[b + 1], C the prefix sums of the clamped
 counts. Rows at or past C[B] (N > sum) are ignored; when N < C[B] the boxes that would lie past row N are
 absent, and the loss averages over the min(N, C[B]) boxes present. Nothing reads past row N or slot M.
-On CUDA the prefix sums come from every block's own scan of the counts for batches of up to
+On CUDA the forward's prefix sums come from every block's own scan of the counts for batches of up to
 ``block_scan_max_batch`` images (default 2048, at most 4096: the arithmetic is in extensions/giou_op.cpp),
-from one CUB scan launch before the kernel for larger ones; the CPU kernel ignores it.
+from block sums for larger ones (each block adds up its own images' counts and the sums of the blocks
+before it, in the same kernel); the CPU kernel ignores it. The backward clamps
+the offsets it is given as the counts are clamped (each image's rows within [0, N), at most M of them), so
+no offsets make it read out of bounds.
 """
 
 from __future__ import annotations
@@ -115,14 +121,14 @@ if _C is not None:
 
     @torch.library.register_fake("detector::giou_loss_packed")
     def _giou_loss_packed_fake(pred, target, counts, *_):
-        return _loss_outputs(pred)
+        return *_loss_outputs(pred), counts.new_empty(counts.shape, dtype=torch.int64)
 
     @torch.library.register_fake("detector::giou_loss_backward")
     def _giou_loss_backward_fake(grad_output, pred, target, counts, inv_count):
         return pred.new_empty(pred.shape)  # contiguous, pred's dtype
 
     @torch.library.register_fake("detector::giou_loss_packed_backward")
-    def _giou_loss_packed_backward_fake(grad_output, pred, target, counts, inv_count, *_):
+    def _giou_loss_packed_backward_fake(grad_output, pred, target, offsets, inv_count):
         return pred.new_empty(pred.shape)
 
     def _loss_outputs(pred):

@@ -1,7 +1,7 @@
 """``packed``: the ``detector::giou_loss_packed`` custom op over [N, 4] targets, a grid over the N boxes.
 
 Each thread finds its box's image and slot from prefix sums of the counts computed on the device (by
-every block itself for small batches, by one CUB scan launch for large ones), so the forward's work grows
+every block itself for small batches, from per-block sums for large ones), so the forward's work grows
 with the number of boxes, not with B * M. Predictions stay [B, M, 4]; the backward is one kernel over
 all B * M slots, writing 0 or the gradient of the packed row of each slot. See
 detector/kernels/cuda_op.py and extensions/.

@@ -4,7 +4,7 @@ cuda_fused, cuda_conditional and packed strategies against the reference on CPU 
 Here: torch.library.opcheck, the dtypes, strides, alignments and counts the grid does not draw, ties,
 what backward saves, bad input, the nvcc compile-only check of the kernels, and on a GPU the CUDA kernels
 against the CPU kernel at sizes where grid-stride loops, 16-byte chunks and the packed prefix sums (each
-block's own scan and the CUB scan) matter, torch.compile and CUDA graphs.
+block's own scan and the block sums) matter, torch.compile and CUDA graphs.
 """
 
 import functools
@@ -129,7 +129,7 @@ def sample_inputs(device="cpu"):
     pred_t, boxes_s, counts_s, rows = strided(pred.to(device), boxes.to(device), counts.to(device))
     yield torch.ops.detector.giou_loss.default, (pred_t.requires_grad_(), boxes_s, counts_s, False)
     yield torch.ops.detector.giou_loss_packed.default, (pred_t, rows, counts_s)
-    yield torch.ops.detector.giou_loss_packed.default, (pred_t, rows, counts_s, 0)  # the device scan on CUDA
+    yield torch.ops.detector.giou_loss_packed.default, (pred_t, rows, counts_s, 0)  # the block sums on CUDA
     # the backward ops on their own
     for dtype in (torch.float32, torch.float64, torch.bfloat16):
         pred, boxes, counts = padded_case(6, 9, "seed", dtype, torch.uint8, nan=False)
@@ -137,9 +137,8 @@ def sample_inputs(device="cpu"):
         scalar = torch.promote_types(dtype, torch.float32)
         two, quarter = torch.tensor(2.0, device=device, dtype=scalar), torch.tensor(0.25, device=device, dtype=scalar)
         yield torch.ops.detector.giou_loss_backward.default, (two, pred, boxes, counts, quarter)
-        rows = packed_targets(boxes, counts)
-        yield torch.ops.detector.giou_loss_packed_backward.default, (two, pred, rows, counts, quarter)
-        yield torch.ops.detector.giou_loss_packed_backward.default, (two, pred, rows, counts, quarter, 0)
+        rows, offsets = packed_targets(boxes, counts), counts.cumsum(0)
+        yield torch.ops.detector.giou_loss_packed_backward.default, (two, pred, rows, offsets, quarter)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -234,8 +233,9 @@ def test_misaligned_inputs(device, pred_dtype, elements):
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_backward_saves_the_inputs_by_reference(device):
-    """Saved for backward: pred, target and counts themselves (no copies, no gradient buffer) and the
-    0-dim inv_count; the backward op's gradient is contiguous even for strided pred, as its fake says."""
+    """Saved for backward: pred, target and counts themselves (no copies, no gradient buffer; packed: the
+    forward's offsets, the prefix sums of the counts, in place of the counts) and the 0-dim inv_count; the
+    backward op's gradient is contiguous even for strided pred, as its fake says."""
     pred, boxes, counts = padded_case(6, 9, "seed", nan=False)
     pred_t, boxes_s, counts_s, rows = strided(pred.to(device), boxes.to(device), counts.to(device))
     saved = []
@@ -249,15 +249,53 @@ def test_backward_saves_the_inputs_by_reference(device):
         p = pred_t.detach().requires_grad_()
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             loss_fn(p, target, counts_s)
-        assert [t.data_ptr() for t in saved[:3]] == [p.data_ptr(), target.data_ptr(), counts_s.data_ptr()]
+        assert [t.data_ptr() for t in saved[:2]] == [p.data_ptr(), target.data_ptr()]
+        if loss_fn is ops.giou_loss:
+            assert saved[2].data_ptr() == counts_s.data_ptr()
+        else:
+            assert saved[2].dtype == torch.int64 and saved[2].tolist() == counts.cumsum(0).tolist()
         assert len(saved) == 4 and saved[3].dim() == 0 and saved[3].item() == pytest.approx(1 / counts.sum().item())
     one = torch.tensor(1.0, device=device)
-    for backward, target in (
-        (torch.ops.detector.giou_loss_backward, boxes_s),
-        (torch.ops.detector.giou_loss_packed_backward, rows),
+    for backward, target, counts_or_offsets in (
+        (torch.ops.detector.giou_loss_backward, boxes_s, counts_s),
+        (torch.ops.detector.giou_loss_packed_backward, rows, counts_s.cumsum(0).repeat_interleave(2)[::2]),  # strided
     ):
-        grad = backward(one, pred_t, target, counts_s, one)
+        grad = backward(one, pred_t, target, counts_or_offsets, one)
         assert grad.is_contiguous() and grad.shape == pred_t.shape
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_forward_returns_the_prefix_sums_of_the_clamped_counts(device):
+    """The packed forward's third output, which its backward takes: C[b + 1] of the clamped counts, int64,
+    on both prefix-sum paths of the CUDA kernel (every block's own scan, the block sums)."""
+    pred, boxes, counts = padded_case(5, 8, "full", seed=4)
+    bad = torch.tensor([3, -2, 11, 0, 5], dtype=torch.int16)  # clamped to [3, 0, 8, 0, 5]
+    rows = packed_targets(boxes, torch.tensor([3, 0, 8, 0, 5])).to(device)
+    for scan in (0, 2048):
+        *_, offsets = torch.ops.detector.giou_loss_packed(pred.to(device), rows, bad.to(device), scan)
+        assert offsets.dtype == torch.int64 and offsets.device == rows.device
+        assert offsets.tolist() == [3, 3, 11, 11, 16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_packed_backward_clamps_any_offsets(device):
+    """Offsets handed to the backward op are clamped as counts are (an image's rows within [0, N), at most
+    M of them): garbage never reads or writes out of bounds, and gives the gradient of the clamped rows."""
+    pred, boxes, counts = padded_case(4, 6, "full", seed=5)
+    rows = packed_targets(boxes, counts)[:10].to(device)  # 24 boxes counted, 10 rows
+    pred = pred.to(device)
+    one = torch.tensor(1.0, device=device)
+    backward = torch.ops.detector.giou_loss_packed_backward
+    # image 0: rows [0, 4); image 1: from row 4, 100 - 4 > M = 6 and > the 6 rows left -> rows [4, 10);
+    # image 2: from row 100 -> the end (10), -5 - 10 < 0 -> none; image 3: from row -5 -> 0, 2 - 0 -> rows [0, 2)
+    garbage = torch.tensor([4, 100, -5, 2], device=device)
+    got = backward(one, pred, rows, garbage, one)
+    want = torch.zeros_like(pred)
+    for b, (first, present) in enumerate([(0, 4), (4, 6), (10, 0), (0, 2)]):
+        if present:
+            one_image = torch.tensor([present], device=device)
+            want[b] = backward(one, pred[b : b + 1], rows[first : first + present], one_image, one)[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 # ----------------------------------------------------------------------------- counts out of range
@@ -306,7 +344,7 @@ def bad_input(kind):
         torch.ops.detector.giou_loss_backward,
     )
     backward_packed = torch.ops.detector.giou_loss_packed_backward
-    one, rows = torch.tensor(1.0), packed_targets(boxes, counts)
+    one, rows, offsets = torch.tensor(1.0), packed_targets(boxes, counts), counts.cumsum(0)
     return {
         "pred_rank": (RuntimeError, "pred", padded, (pred.flatten(0, 1), boxes, counts)),
         "pred_last_dim": (RuntimeError, "pred", padded, (torch.zeros(2, 8, 5), boxes, counts)),
@@ -327,14 +365,10 @@ def bad_input(kind):
         "inv_count_dtype": (TypeError, "inv_count", backward, (one.double(), pred.double(), boxes, counts, one)),
         "inv_count_rank": (RuntimeError, "inv_count", backward, (one, pred, boxes, counts, torch.ones(1))),
         "backward_pred_shape": (RuntimeError, "pred", backward, (one, pred[:, :, :3], boxes, counts, one)),
-        "backward_target_shape": (RuntimeError, "target", backward_packed, (one, pred, boxes, counts, one)),
+        "backward_target_shape": (RuntimeError, "target", backward_packed, (one, pred, boxes, offsets, one)),
         "block_scan_negative": (RuntimeError, "block_scan_max_batch", packed, (pred, rows, counts, -1)),
-        "backward_block_scan_negative": (
-            RuntimeError,
-            "block_scan_max_batch",
-            backward_packed,
-            (one, pred, rows, counts, one, -1),
-        ),
+        "backward_offsets_dtype": (TypeError, "offsets", backward_packed, (one, pred, rows, offsets.int(), one)),
+        "backward_offsets_shape": (RuntimeError, "offsets", backward_packed, (one, pred, rows, offsets[:1], one)),
     }[kind]
 
 
@@ -355,7 +389,8 @@ BAD_INPUTS = [
     "backward_pred_shape",
     "backward_target_shape",
     "block_scan_negative",
-    "backward_block_scan_negative",
+    "backward_offsets_dtype",
+    "backward_offsets_shape",
 ]
 
 
@@ -500,7 +535,7 @@ def test_cuda_every_dtype_matches_cpu(pred_dtype, target_dtype):
         (2048, 256, "full"),  # 524k packed boxes: several chunks per thread, every chunk whole
         (700, 40, "tail"),  # empty images between full ones: the binary search over the prefix sums
         (1024, 13, "tail"),  # 4-slot chunks that cross into the next image
-        (16384, 256, "seed"),  # the large batch: the CUB scan of the counts
+        (16384, 256, "seed"),  # the large batch: the block sums of the counts
         (1, 4096, "full"),  # one image, many slots
         (0, 8, "zero"),  # no image at all
     ],
@@ -516,15 +551,15 @@ def test_cuda_large_and_odd_shapes_match_cpu(batch, slots, distribution, pred_dt
 @pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 700, 2048, 2049, 4096, 4097])
 def test_cuda_packed_prefix_sums_both_ways(batch):
-    """Every block's own scan of the counts and the CUB scan give the same loss and gradient, bit for bit
+    """Every block's own scan of the counts and the block sums give the same loss and gradient, bit for bit
     (one kernel either way), on both sides of the default threshold (2048) and of the limit (4096)."""
     pred, boxes, counts = padded_case(batch, 16, "tail", torch.bfloat16, seed=batch)
     rows = packed_targets(boxes, counts)
     cuda_vs_cpu(ops.giou_loss_packed, pred, rows, counts)
     args = (pred.cuda(), rows.cuda(), counts.cuda())
-    device_scan = loss_and_grad(packed_op(0), *args)
+    block_sums = loss_and_grad(packed_op(0), *args)
     for block_scan_max_batch in (2048, 4096):
-        assert all(map(torch.equal, loss_and_grad(packed_op(block_scan_max_batch), *args), device_scan))
+        assert all(map(torch.equal, loss_and_grad(packed_op(block_scan_max_batch), *args), block_sums))
 
 
 @needs_cuda
@@ -541,16 +576,16 @@ def test_cuda_is_deterministic():
             assert all(map(torch.equal, first, call()))
 
 
-LAYOUTS = ["padded", "packed", "packed_device_scan"]
+LAYOUTS = ["padded", "packed", "packed_block_sums"]
 
 
 def layout_case(layout, batch, slots, pred_dtype, seed):
-    """(loss_fn, pred, target, counts) on CUDA; packed_device_scan: the CUB scan even at this small batch."""
+    """(loss_fn, pred, target, counts) on CUDA; packed_block_sums: the block sums even at this small batch."""
     pred, boxes, counts = padded_case(batch, slots, "tail", pred_dtype, seed=seed)
     pred, boxes, counts = pred.cuda(), boxes.cuda(), counts.cuda()
     if layout == "padded":
         return ops.giou_loss, pred, boxes, counts
-    return packed_op(0 if layout == "packed_device_scan" else 2048), pred, packed_targets(boxes, counts), counts
+    return packed_op(0 if layout == "packed_block_sums" else 2048), pred, packed_targets(boxes, counts), counts
 
 
 @needs_cuda
