@@ -495,9 +495,11 @@ __global__ void __launch_bounds__(kThreads)
 // sums of blocks 0 .. k - 1 (waiting for any not yet published). Every block reads at most one sum per
 // block before it, all in one round of loads, not a chain of look-backs. Block k waits only on blocks with
 // smaller indices, which publish before they wait on anything: the grid is at most one wave of resident
-// blocks (grid_for), and blocks are dispatched in index order, as CUB's single-pass scan also relies on.
+// blocks (packed_grid), and blocks are dispatched in index order, as CUB's single-pass scan also relies on.
 // Within the block, warp w takes the w-th eighth of the range in runs of up to 32 images, one box per
-// lane (for_run_boxes), and writes the run's prefix sums to `offsets` for the backward.
+// lane (for_run_boxes), and writes the run's prefix sums to `offsets` for the backward. (Prefetching a
+// warp's predictions into L2 before the wait saved 0.5-0.9 us with a wave of blocks, nothing with
+// packed_grid's: docs/gpu-runs.md run AJ.)
 template <typename P, typename T>
 __global__ void __launch_bounds__(kThreads)
     giou_loss_packed_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
@@ -571,6 +573,17 @@ __global__ void __launch_bounds__(kThreads)
 
 // ----------------------------------------------------------------------------- backward kernel
 
+// A Pack stored with the evict-first hint (st.global.cs): the zeros are written once and not read again by
+// this kernel. Plain stores took 12.9 us for the bf16 backward at B = 16384 and 23.1 us for fp32, these 12.5
+// and 21.3 (docs/gpu-runs.md run AJ).
+template <typename T, int N>
+__device__ __forceinline__ void store_streaming(T* __restrict__ address, const Pack<T, N>& value) {
+  const int4* from = reinterpret_cast<const int4*>(&value);
+  int4* to = reinterpret_cast<int4*>(address);
+#pragma unroll
+  for (int i = 0; i < int(sizeof(value) / 16); ++i) __stcs(to + i, from[i]);
+}
+
 // Zeros into slots count .. M - 1 of one image's gradient (the whole warp calls it): 16-byte vectors where
 // whole ones lie past the count, single boxes in the vector the count ends in (16-bit pred: at most one box).
 template <int K, typename P>
@@ -586,14 +599,15 @@ __device__ __forceinline__ void store_padded_zeros(P* __restrict__ grad_image, i
   Pack<P, 4 * K> zeros;
 #pragma unroll
   for (int i = 0; i < 4 * K; ++i) zeros.v[i] = zero_box.v[0];
-  for (int64_t v = head_end / K + lane; v < slots / K; v += 32)
-    *reinterpret_cast<Pack<P, 4 * K>*>(grad_image + v * K * 4) = zeros;
+  for (int64_t v = head_end / K + lane; v < slots / K; v += 32) store_streaming(grad_image + v * K * 4, zeros);
 }
 
-// Every slot of grad_pred: for each run of a warp's images, first zeros in every slot past its image's count
-// (stores only, nothing read), then the valid boxes one per lane (for_run_boxes): the gradient of
-// (1 - GIoU) recomputed from pred and the target box, times scale = grad_output * inv_count. Valid and
-// padded slots are disjoint, so no slot is written twice. Images and targets as in the forward; packed
+// Every slot of grad_pred: for each run of a warp's images, first the valid boxes one per lane
+// (for_run_boxes): the gradient of (1 - GIoU) recomputed from pred and the target box, times scale =
+// grad_output * inv_count; then zeros in every slot past each image's count (stores only, nothing read).
+// Valid and padded slots are disjoint, so no slot is written twice. Loads first: behind the zeros' stores
+// they waited longer (the backward at B = 16384 on an H200: bf16 13.1 against 12.6 us, fp32 24.6 against
+// 22.8; docs/gpu-runs.md run AJ). Images and targets as in the forward; packed
 // images read the forward's prefix sums (global memory), never the counts.
 template <typename P, typename T, typename Images>
 __global__ void __launch_bounds__(kThreads)
@@ -612,10 +626,6 @@ __global__ void __launch_bounds__(kThreads)
   constexpr bool kRows = std::is_same_v<Images, PackedImages>;
   const C scale = grad_output[0] * inv_count[0];
   for_warp_image_runs(batch, images, [&](int64_t first, int64_t stride, int n, const Image& mine) {
-    for (int i = 0; i < n; ++i) {
-      const int64_t count = __shfl_sync(0xffffffffu, mine.count, i);
-      store_padded_zeros<K>(grad_pred + (first + i * stride) * slots * 4, count, slots, grad_vectors);
-    }
     for_run_boxes(first, stride, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
       Vec4<P> p;
       Vec4<T> t;
@@ -629,6 +639,10 @@ __global__ void __launch_bounds__(kThreads)
       for (int c = 0; c < 4; ++c) g.v[c] = from_compute<P>(gk[c] * scale);
       *reinterpret_cast<Vec4<P>*>(grad_pred + (b * slots + j) * 4) = g;
     });
+    for (int i = 0; i < n; ++i) {
+      const int64_t count = __shfl_sync(0xffffffffu, mine.count, i);
+      store_padded_zeros<K>(grad_pred + (first + i * stride) * slots * 4, count, slots, grad_vectors);
+    }
   });
 }
 
@@ -688,6 +702,20 @@ int grid_for(int64_t images) {
   int64_t cap = int64_t(multiprocessors()) * blocks_per_sm<Kernel, kSharedBytes>();
   if (cap > kMaxBlocks) cap = kMaxBlocks;
   return int(wanted < 1 ? 1 : (wanted < cap ? wanted : cap));
+}
+
+// The block-sums forward's grid: 16 images a warp and at least a block per 1024 target rows (4 boxes a
+// thread), at most one wave. N, known on the host, bounds the valid boxes, so the grid follows the work;
+// the padded layout's kernels cannot know it and take a wave. Fewer blocks wait on fewer sums and leave
+// fewer partials to add: at B = 16384 with seed boxes (31k rows) 128 blocks took 10.1 us against one
+// wave's (528) 13.3, and 64 or 32 blocks were slower (docs/gpu-runs.md run AJ).
+template <auto Kernel>
+int packed_grid(int64_t batch, int64_t rows) {
+  const int64_t by_images = (batch + 16 * (kThreads / 32) - 1) / (16 * (kThreads / 32));
+  const int64_t by_rows = (rows + 4 * kThreads - 1) / (4 * kThreads);
+  const int64_t wanted = by_images > by_rows ? by_images : by_rows;
+  const int wave = grid_for<Kernel>(batch);
+  return wanted < wave ? int(wanted < 1 ? 1 : wanted) : wave;
 }
 
 template <typename Body>
@@ -799,7 +827,7 @@ cudaError_t giou_loss_packed_launch(const GiouInputs& in, int64_t block_scan_max
       return;
     }
     constexpr auto kernel = giou_loss_packed_kernel<P, T>;
-    const int grid = grid_for<kernel>(in.batch);
+    const int grid = packed_grid<kernel>(in.batch, in.rows);
     err = cudaMemsetAsync(ws, 0, zeroed_bytes(grid), stream);
     if (err != cudaSuccess) return;
     using C = compute_t<P>;

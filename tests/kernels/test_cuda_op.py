@@ -535,7 +535,9 @@ def test_cuda_every_dtype_matches_cpu(pred_dtype, target_dtype):
         (2048, 256, "full"),  # 524k packed boxes: several chunks per thread, every chunk whole
         (700, 40, "tail"),  # empty images between full ones: the binary search over the prefix sums
         (1024, 13, "tail"),  # 4-slot chunks that cross into the next image
-        (16384, 256, "seed"),  # the large batch: the block sums of the counts
+        (16384, 256, "seed"),  # the large batch: the block sums of the counts, 128 blocks
+        (8192, 256, "full"),  # 2M packed rows: the block-sums grid sized by rows, a full wave
+        (300_000, 4, "full"),  # more images than a wave's warps take in one run: two runs a warp
         (1, 4096, "full"),  # one image, many slots
         (0, 8, "zero"),  # no image at all
     ],
