@@ -143,6 +143,17 @@ __device__ __forceinline__ T warp_sum(T v) {
   return v;
 }
 
+// Lane l gets x of lanes 0 .. l added up (an inclusive scan over the warp; every lane calls it).
+__device__ __forceinline__ int64_t warp_inclusive_sum(int64_t x) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int64_t y = __shfl_up_sync(0xffffffffu, x, offset);
+    if (lane >= offset) x += y;
+  }
+  return x;
+}
+
 // Sum over the block, valid in thread 0. `scratch` holds kThreads / 32 values.
 template <typename T>
 __device__ T block_sum(T v, T* scratch) {
@@ -216,12 +227,7 @@ __device__ void block_inclusive_scan(const CountsArg& counts, int64_t batch, int
   with_typed_counts(counts, [&](const auto* data) {
     for (int64_t b0 = begin; b0 < end; b0 += 32) {
       const int64_t b = b0 + lane;
-      int64_t x = b < end ? clamp_count(int64_t(data[b * counts.stride]), slots) : 0;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const int64_t y = __shfl_up_sync(0xffffffffu, x, offset);
-        if (lane >= offset) x += y;
-      }
+      const int64_t x = warp_inclusive_sum(b < end ? clamp_count(int64_t(data[b * counts.stride]), slots) : 0);
       if (b < end) incl[b] = carry + x;
       carry += __shfl_sync(0xffffffffu, x, 31);
     }
@@ -329,12 +335,7 @@ template <typename Body>
 __device__ __forceinline__ void for_run_boxes(int64_t first, int64_t stride, int n, const Image& mine, Body&& body) {
   const int lane = threadIdx.x & 31;
   const int64_t count = lane < n ? mine.count : 0;
-  int64_t incl = count;  // the run's inclusive prefix sums, image `lane`'s in lane `lane`
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int64_t y = __shfl_up_sync(0xffffffffu, incl, offset);
-    if (lane >= offset) incl += y;
-  }
+  const int64_t incl = warp_inclusive_sum(count);  // the run's prefix sums, image `lane`'s in lane `lane`
   const int64_t excl = incl - count;
   const int64_t total = __shfl_sync(0xffffffffu, incl, 31);
   for (int64_t g0 = 0; g0 < total; g0 += 32) {
@@ -554,12 +555,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int64_t first = begin; first < end; first += 32) {
       const int n = end - first < 32 ? int(end - first) : 32;
       const int64_t count = lane < n ? clamp_count(int64_t(data[(first + lane) * counts.stride]), slots) : 0;
-      int64_t incl = count;
-#pragma unroll
-      for (int offset = 1; offset < 32; offset <<= 1) {
-        const int64_t y = __shfl_up_sync(0xffffffffu, incl, offset);
-        if (lane >= offset) incl += y;
-      }
+      const int64_t incl = warp_inclusive_sum(count);
       if (lane < n) offsets[first + lane] = base + incl;
       const Image mine = PackedImages{nullptr, rows, slots}.clamped(base + incl - count, base + incl);
       for_run_boxes(first, 1, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
