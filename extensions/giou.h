@@ -30,6 +30,12 @@ GIOU_HD S max_weight(S a, S b) { return a > b ? S(1) : (a == b ? S(0.5) : S(0));
 template <typename S>
 GIOU_HD S min_weight(S a, S b) { return a < b ? S(1) : (a == b ? S(0.5) : S(0)); }
 
+// a / b as written: the CPU kernel, the backward kernels, and the forwards but where a kernel brings its own.
+struct PlainDivide {
+  template <typename S>
+  GIOU_HD S operator()(S a, S b) const { return a / b; }
+};
+
 // Returns 1 - GIoU(p, t) for boxes xyxy and writes grad[k] = d(1 - GIoU) / d p[k] (the backward kernels).
 //
 //   inter = iw * ih if iw > 0 and ih > 0 else 0,  iw = min(x2, X2) - max(x1, X1), ih likewise
@@ -37,8 +43,10 @@ GIOU_HD S min_weight(S a, S b) { return a < b ? S(1) : (a == b ? S(0.5) : S(0));
 //   with union = area(p) + area(t) - inter, so d(1 - GIoU) =
 //       c_inter * d inter + c_area * d area(p) + c_enclose * d enclose
 //   c_inter = 1/E - 1/U - inter/U^2,  c_area = inter/U^2 - 1/E,  c_enclose = U/E^2
-template <typename S>
-GIOU_HD S giou_loss_and_grad(const S p[4], const S t[4], S grad[4]) {
+// The loss's two quotients go through `divide`, which must return a / b to the bit (the gradient's
+// reciprocals do not: they are the backward's alone).
+template <typename S, typename Divide = PlainDivide>
+GIOU_HD S giou_loss_and_grad(const S p[4], const S t[4], S grad[4], Divide divide = {}) {
   const S eps = S(kGiouEps);
   const S x1 = p[0], y1 = p[1], x2 = p[2], y2 = p[3];
   const S X1 = t[0], Y1 = t[1], X2 = t[2], Y2 = t[3];
@@ -54,14 +62,14 @@ GIOU_HD S giou_loss_and_grad(const S p[4], const S t[4], S grad[4]) {
   const S area_t = (X2 - X1) * (Y2 - Y1);
   const S union_ = area_p + area_t - inter;
   const S U = union_ + eps;
-  const S iou = inter / U;
+  const S iou = divide(inter, U);
 
   const S xc1 = x1 < X1 ? x1 : X1, yc1 = y1 < Y1 ? y1 : Y1;
   const S xc2 = x2 > X2 ? x2 : X2, yc2 = y2 > Y2 ? y2 : Y2;
   const S cw = xc2 - xc1, ch = yc2 - yc1;
   const S enclose = cw * ch;
   const S E = enclose + eps;
-  const S loss = S(1) - (iou - (enclose - union_) / E);
+  const S loss = S(1) - (iou - divide(enclose - union_, E));
 
   const S inv_U = S(1) / U, inv_E = S(1) / E;
   const S iou_over_U = iou * inv_U;  // inter / U^2
@@ -81,10 +89,10 @@ GIOU_HD S giou_loss_and_grad(const S p[4], const S t[4], S grad[4]) {
 
 // 1 - GIoU(p, t) alone (the forward kernels): the same arithmetic, so the same value to the bit; inlined,
 // the unused gradient is dead code that the compiler drops.
-template <typename S>
-GIOU_HD S giou_loss(const S p[4], const S t[4]) {
+template <typename S, typename Divide = PlainDivide>
+GIOU_HD S giou_loss(const S p[4], const S t[4], Divide divide = {}) {
   S unused[4];
-  return giou_loss_and_grad(p, t, unused);
+  return giou_loss_and_grad(p, t, unused, divide);
 }
 
 }  // namespace detector

@@ -381,9 +381,11 @@ __device__ __forceinline__ Images scanned(Images images, const CountsArg& counts
 
 // Where a kernel finds image b's boxes: pred [B, M, 4] and the targets [B, M, 4] or (packed) [N, 4] rows.
 // `vectors`: pred contiguous with 16-byte-aligned images, so a lane's K whole slots are one 16-byte load.
+// `rows`: besides, M a multiple of K and below 2^29, and the target boxes of an image contiguous aligned
+// Vec4s, so cuda_fused's forward walks an image with 32-bit offsets and no bounds but j < M (image_losses).
 struct Boxes {
   BoxAccess pred, target;
-  bool vectors;
+  bool vectors, rows;
 };
 
 // The pred and target boxes of a lane's slots of image b that exist (padded layout); pred as one vector when
@@ -443,6 +445,104 @@ __device__ __forceinline__ void add_lane_losses(const Vec4<P> (&p)[K], const Vec
   }
 }
 
+// uint8 coordinates as floats: the byte under the exponent of 2^23 is 2^23 + byte exactly (one PRMT and one
+// FADD each, where a conversion takes three instructions, one of them on the slower conversion pipe).
+__device__ __forceinline__ void to_compute(const Vec4<uint8_t>& box, float out[4]) {
+  const unsigned int word = *reinterpret_cast<const unsigned int*>(box.v);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) out[k] = __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7440u | k)) - 8388608.0f;
+}
+
+// a / b for cuda_fused's forward: fp32 through the branch-free head of the division nvcc emits for '/' (the
+// reciprocal, one Newton step, one correction), which rounds correctly whenever its range check (FCHK) lets
+// it; that check instead branches to a slow path, and a branch around every quotient kept the compiler from
+// interleaving a lane's boxes. Operands outside 2^-60 <= |b| <= 2^60 and 2^-60 <= |a| <= 2^60 or a = 0
+// (so that no step under- or overflows) clear *ok, and the caller recomputes those losses with '/'. A zero
+// a takes a * r, whose zero has the quotient's sign. docs/gpu-runs.md run AL compared it with '/' to the bit
+// on the GPU. fp64: '/'.
+template <typename C>
+struct ChunkDivide {
+  bool* ok;
+  __device__ __forceinline__ C operator()(C a, C b) const { return a / b; }
+};
+
+template <>
+struct ChunkDivide<float> {
+  bool* ok;
+  __device__ __forceinline__ float operator()(float a, float b) const {
+    float r;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(b));
+    r = __fmaf_rn(r, __fmaf_rn(-b, r, 1.0f), r);
+    const float q = __fmul_rn(a, r);
+    const float abs_a = fabsf(a), abs_b = fabsf(b);
+    const bool zero = a == 0.0f;
+    *ok = *ok && abs_b >= 0x1p-60f && abs_b <= 0x1p60f && abs_a <= 0x1p60f && (abs_a >= 0x1p-60f || zero);
+    return zero ? q : __fmaf_rn(r, __fmaf_rn(-b, q, a), q);
+  }
+};
+
+// The losses of N steps of a lane's K boxes, loaded (add_image_losses), each quotient by `divide`.
+template <int N, int K, typename C, typename P, typename T, typename Divide>
+__device__ __forceinline__ void step_losses(const Pack<P, 4 * K> (&p)[N], const Vec4<T> (&t)[N][K], Divide divide,
+                                            C (&loss)[N][K]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      C pk[4], tk[4];
+#pragma unroll
+      for (int c = 0; c < 4; ++c) pk[c] = to_compute<C>(p[i].v[4 * k + c]);
+      to_compute(t[i][k], tk);
+      loss[i][k] = giou_loss(pk, tk, divide);
+    }
+  }
+}
+
+// Adds the losses of N steps from slot j0 on (add_image_losses): loads first, losses without a branch, one
+// branch to '/' where an operand left ChunkDivide's range, then the valid ones added in slot order.
+template <int N, int K, typename C, typename P, typename T>
+__device__ __forceinline__ void add_steps(const P* __restrict__ pred_image, const T* __restrict__ target_image, int j0,
+                                          int count, C& loss_acc) {
+  constexpr int kStep = 32 * K;
+  Pack<P, 4 * K> p[N];
+  Vec4<T> t[N][K];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    p[i] = *reinterpret_cast<const Pack<P, 4 * K>*>(pred_image + 4 * (j0 + i * kStep));
+#pragma unroll
+    for (int k = 0; k < K; ++k) t[i][k] = *reinterpret_cast<const Vec4<T>*>(target_image + 4 * (j0 + i * kStep + k));
+  }
+  C loss[N][K];
+  bool ok = true;
+  step_losses(p, t, ChunkDivide<C>{&ok}, loss);
+  if (!ok) step_losses(p, t, PlainDivide{}, loss);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      loss_acc += j0 + i * kStep + k < count ? loss[i][k] : C(0);  // select, never multiply: NaN must not leak
+    }
+  }
+}
+
+// Adds the losses of image b's slots 0 .. M - 1 to loss_acc, padded ones selected away (cuda_fused's forward
+// when at.rows): lane l takes slots j0 = l * K + 32 * K * i as add_lane_losses, with offsets inside the
+// image in 32 bits, two steps' loads issued before their arithmetic, and their losses computed without a
+// branch, so a lane spends its instructions on the loss, not on 64-bit indices and per-slot bounds (the
+// general path took ~180 per slot), and its boxes' latencies overlap. Four steps took 109 registers for the
+// same forward and a slower backward beside it; prefetching the warp's next image into L2 cost 1-7 us
+// (docs/gpu-runs.md run AL).
+template <int K, typename C, typename P, typename T>
+__device__ __forceinline__ void add_image_losses(const P* __restrict__ pred_image, const T* __restrict__ target_image,
+                                                 int slots, int count, C& loss_acc) {
+  constexpr int kSteps = 2, kStep = 32 * K;
+  int j0 = (threadIdx.x & 31) * K;
+  for (; j0 + (kSteps - 1) * kStep < slots; j0 += kSteps * kStep) {
+    add_steps<kSteps, K>(pred_image, target_image, j0, count, loss_acc);
+  }
+  for (; j0 < slots; j0 += kStep) add_steps<1, K>(pred_image, target_image, j0, count, loss_acc);
+}
+
 // Loss only. kSkipInvalid = false (cuda_fused, padded layout): every slot is loaded and computed, padded
 // ones selected away, a warp per image; true (cuda_conditional, and packed): only valid boxes are loaded
 // and computed, one per lane (for_run_boxes). Packed (PackedImages): slot j of image b takes target row
@@ -475,6 +575,12 @@ __global__ void __launch_bounds__(kThreads)
       for_run_boxes(first, stride, n, mine, [&](int64_t b, int64_t j, int64_t first_row) {
         add_box_loss<kRows>(pred, target, at, b, j, first_row, loss_acc, valid_acc);
       });
+    });
+  } else if (at.rows) {
+    for_warp_images(batch, images, [&](int64_t b, const Image& image) {
+      add_image_losses<K>(pred + b * at.pred.stride_b, target + b * at.target.stride_b, int(slots), int(image.count),
+                          loss_acc);
+      valid_acc += lane == 0 ? unsigned(image.count) : 0u;
     });
   } else {
     for_warp_images(batch, images, [&](int64_t b, const Image& image) {
@@ -676,7 +782,10 @@ Boxes boxes_of(const GiouInputs& in) {
   const BoxesArg& p = in.pred;
   const bool vectors = p.stride_c == 1 && p.stride_m == 4 && (p.stride_b * sizeof(P)) % 16 == 0 &&
                        reinterpret_cast<uintptr_t>(p.data) % 16 == 0;
-  return {box_access<P>(p), box_access<T>(in.target), vectors};
+  const BoxAccess target = box_access<T>(in.target);
+  const bool rows = vectors && in.slots % kLaneBoxes<P> == 0 && in.slots < (int64_t(1) << 29) && target.vec &&
+                    target.stride_m == 4;
+  return {box_access<P>(p), target, vectors, rows};
 }
 
 // Blocks of `Kernel` resident on one SM (registers and shared memory decide), queried once per kernel.

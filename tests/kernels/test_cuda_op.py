@@ -551,6 +551,21 @@ def test_cuda_large_and_odd_shapes_match_cpu(batch, slots, distribution, pred_dt
 
 @needs_cuda
 @pytest.mark.gpu
+@pytest.mark.parametrize("pred_dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_cuda_fused_forward_division_fallback(pred_dtype):
+    """cuda_fused's forward divides by a reciprocal without nvcc's range check, and recomputes a lane's
+    boxes with '/' when an operand leaves the range where that rounds correctly (ChunkDivide). Finite
+    padding, so whole chunks take the reciprocal; every third image scaled by 2^-70 (areas below
+    2^-60) and every third by 2^45 (areas above 2^60), so others take '/': the loss as the CPU's '/'."""
+    pred, boxes, counts = padded_case(512, 256, "seed", torch.float64, torch.float64, seed=3, nan=False)
+    scale = torch.tensor([1.0, 2.0**-70, 2.0**45], dtype=torch.float64).repeat(171)[:512, None, None]
+    pred, boxes = (pred * scale).to(pred_dtype), (boxes * scale).float()
+    cuda_vs_cpu(padded_op(False), pred, boxes, counts)
+    cuda_vs_cpu(padded_op(True), pred, boxes, counts)
+
+
+@needs_cuda
+@pytest.mark.gpu
 @pytest.mark.parametrize("batch", [1, 700, 2048, 2049, 4096, 4097])
 def test_cuda_packed_prefix_sums_both_ways(batch):
     """Every block's own scan of the counts and the block sums give the same loss and gradient, bit for bit
