@@ -382,7 +382,7 @@ __device__ __forceinline__ Images scanned(Images images, const CountsArg& counts
 // Where a kernel finds image b's boxes: pred [B, M, 4] and the targets [B, M, 4] or (packed) [N, 4] rows.
 // `vectors`: pred contiguous with 16-byte-aligned images, so a lane's K whole slots are one 16-byte load.
 // `rows`: besides, M a multiple of K and below 2^29, and the target boxes of an image contiguous aligned
-// Vec4s, so cuda_fused's forward walks an image with 32-bit offsets and no bounds but j < M (image_losses).
+// Vec4s, so cuda_fused's forward walks an image with 32-bit offsets and no bounds but j < M (add_image_losses).
 struct Boxes {
   BoxAccess pred, target;
   bool vectors, rows;
