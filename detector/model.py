@@ -26,7 +26,7 @@ class _LowPrecisionLinear(torch.autograd.Function):
     the weight and bias gradients in fp32 straight from the products: ``torch.mm``'s ``out_dtype`` on CUDA.
 
     Autocast's linear gives a bf16 weight gradient and then casts it to the fp32 parameter's dtype: a
-    0.4 ms kernel per 1.1 GB block at seed scale on an H200 (0.8-1.0 ms outside torch.compile), and a
+    kernel of its own over each 1.1 GB block at seed scale (slower still outside torch.compile), and a
     gradient rounded to bf16 on the way. Here the product's fp32 accumulator is the gradient.
     """
 
@@ -158,6 +158,7 @@ def fused_blocks_unavailable(blocks: int, channels: list[int], device: torch.dev
 
 def build_model(cfg, data_cfg, world_size: int = 1) -> FaceDetector:
     # model.head_blocks=0 (auto): one block per process, the share that train.shard_optimizer gives each
-    # (on two H200, 2 blocks was also the fastest of 2, 4 and 8 under an all-reduce: docs/gpu-runs.md, run Z)
+    # (under train.shard_optimizer=false too, fewer and larger blocks beat more of them: `make train
+    # EXPERIMENT=seed_scale NPROC=2 ARGS="model.head_blocks=N"` measures it)
     blocks = cfg.head_blocks or min(world_size, cfg.hidden)
     return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden, blocks)

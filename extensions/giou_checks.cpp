@@ -1,8 +1,8 @@
 // The input checks of the detector::giou_loss ops, in one place for the CPU (giou_op.cpp) and CUDA
 // (giou_cuda.cpp) implementations: TORCH_CHECK errors that name the argument. Count values are never
 // checked (on CUDA that would synchronise): both kernels clamp them to [0, M].
-// Messages carry numbers as strings made by std::to_string, never streamed: on the GPU machine (torch
-// 2.11, extension built there) streaming an integer or sizes() into the message's ostringstream crashed
+// Messages carry numbers as strings made by std::to_string, never streamed: with torch 2.11 and the
+// extension built against it, streaming an integer or sizes() into the message's ostringstream crashed
 // the process (SIGSEGV in libstdc++'s number formatting), while streamed strings and dtype names were fine.
 #include <ATen/ATen.h>
 

@@ -2,7 +2,7 @@
 //
 // One forward kernel (loss only) and one backward kernel, each for both layouts. Warps take runs of up to
 // 32 images (a grid-stride loop over b; lane l reads the count of the run's l-th image up front, one load
-// latency for 32 images). Two ways to cover a run, each where it pays (measured on an H200):
+// latency for 32 images). Two ways to cover a run, each where it pays (`python -m detector bench kernels`):
 //   - a lane per valid box (for_run_boxes): the run's valid boxes numbered image after image, lane l taking
 //     boxes l, l + 32, ... and finding its image by a binary search over the run's prefix sums in the
 //     lanes. The forwards that skip padded slots (cuda_conditional, packed) and the backward's valid boxes:
@@ -311,7 +311,7 @@ __device__ __forceinline__ void for_warp_image_runs(int64_t batch, const Images&
 
 // body(b, image) for the images of this warp, one after another, given to the whole warp. The same loop as
 // for_warp_image_runs, written out: built on it (a run body shuffling each image out), cuda_fused's fp32
-// forward took 49.6 us against 40.3 at batch 16384 on an H200 (docs/gpu-runs.md run AE).
+// forward takes more registers and runs measurably slower.
 template <typename Images, typename Body>
 __device__ __forceinline__ void for_warp_images(int64_t batch, const Images& images, Body&& body) {
   const int lane = threadIdx.x & 31;
@@ -458,8 +458,9 @@ __device__ __forceinline__ void to_compute(const Vec4<uint8_t>& box, float out[4
 // it; that check instead branches to a slow path, and a branch around every quotient kept the compiler from
 // interleaving a lane's boxes. Operands outside 2^-60 <= |b| <= 2^60 and 2^-60 <= |a| <= 2^60 or a = 0
 // (so that no step under- or overflows) clear *ok, and the caller recomputes those losses with '/'. A zero
-// a takes a * r, whose zero has the quotient's sign. docs/gpu-runs.md run AL compared it with '/' to the bit
-// on the GPU. fp64: '/'.
+// a takes a * r, whose zero has the quotient's sign. It must equal '/' to the bit, or the forward's loss
+// would differ from the backward's and the CPU kernel's arithmetic; test_cuda_fused_forward_division_fallback
+// covers the fallback. fp64: '/'.
 template <typename C>
 struct ChunkDivide {
   bool* ok;
@@ -528,10 +529,9 @@ __device__ __forceinline__ void add_steps(const P* __restrict__ pred_image, cons
 // Adds the losses of image b's slots 0 .. M - 1 to loss_acc, padded ones selected away (cuda_fused's forward
 // when at.rows): lane l takes slots j0 = l * K + 32 * K * i as add_lane_losses, with offsets inside the
 // image in 32 bits, two steps' loads issued before their arithmetic, and their losses computed without a
-// branch, so a lane spends its instructions on the loss, not on 64-bit indices and per-slot bounds (the
-// general path took ~180 per slot), and its boxes' latencies overlap. Four steps took 109 registers for the
-// same forward and a slower backward beside it; prefetching the warp's next image into L2 cost 1-7 us
-// (docs/gpu-runs.md run AL).
+// branch, so a lane spends its instructions on the loss, not on 64-bit indices and per-slot bounds, and its
+// boxes' latencies overlap. Two steps, not more: each step in flight costs registers, and more steps made
+// this forward and the backward beside it slower.
 template <int K, typename C, typename P, typename T>
 __device__ __forceinline__ void add_image_losses(const P* __restrict__ pred_image, const T* __restrict__ target_image,
                                                  int slots, int count, C& loss_acc) {
@@ -604,9 +604,7 @@ __global__ void __launch_bounds__(kThreads)
 // smaller indices, which publish before they wait on anything: the grid is at most one wave of resident
 // blocks (packed_grid), and blocks are dispatched in index order, as CUB's single-pass scan also relies on.
 // Within the block, warp w takes the w-th eighth of the range in runs of up to 32 images, one box per
-// lane (for_run_boxes), and writes the run's prefix sums to `offsets` for the backward. (Prefetching a
-// warp's predictions into L2 before the wait saved 0.5-0.9 us with a wave of blocks, nothing with
-// packed_grid's: docs/gpu-runs.md run AJ.)
+// lane (for_run_boxes), and writes the run's prefix sums to `offsets` for the backward.
 template <typename P, typename T>
 __global__ void __launch_bounds__(kThreads)
     giou_loss_packed_kernel(const P* __restrict__ pred,    // [B, M, 4] xyxy, strided
@@ -676,8 +674,7 @@ __global__ void __launch_bounds__(kThreads)
 // ----------------------------------------------------------------------------- backward kernel
 
 // A Pack stored with the evict-first hint (st.global.cs): the zeros are written once and not read again by
-// this kernel. Plain stores took 12.9 us for the bf16 backward at B = 16384 and 23.1 us for fp32, these 12.5
-// and 21.3 (docs/gpu-runs.md run AJ).
+// this kernel, so they need not displace the boxes still to be read from L2 (faster than plain stores).
 template <typename T, int N>
 __device__ __forceinline__ void store_streaming(T* __restrict__ address, const Pack<T, N>& value) {
   const int4* from = reinterpret_cast<const int4*>(&value);
@@ -707,10 +704,9 @@ __device__ __forceinline__ void store_padded_zeros(P* __restrict__ grad_image, i
 // Every slot of grad_pred: for each run of a warp's images, first the valid boxes one per lane
 // (for_run_boxes): the gradient of (1 - GIoU) recomputed from pred and the target box, times scale =
 // grad_output * inv_count; then zeros in every slot past each image's count (stores only, nothing read).
-// Valid and padded slots are disjoint, so no slot is written twice. Loads first: behind the zeros' stores
-// they waited longer (the backward at B = 16384 on an H200: bf16 13.1 against 12.6 us, fp32 24.6 against
-// 22.8; docs/gpu-runs.md run AJ). Images and targets as in the forward; packed
-// images read the forward's prefix sums (global memory), never the counts.
+// Valid and padded slots are disjoint, so no slot is written twice. Loads first: issued behind the zeros'
+// stores they wait longer. Images and targets as in the forward; packed images read the forward's prefix
+// sums (global memory), never the counts.
 template <typename P, typename T, typename Images>
 __global__ void __launch_bounds__(kThreads)
     giou_grad_kernel(const compute_t<P>* grad_output,  // 0-dim
@@ -812,8 +808,7 @@ int grid_for(int64_t images) {
 // The block-sums forward's grid: 16 images a warp and at least a block per 1024 target rows (4 boxes a
 // thread), at most one wave. N, known on the host, bounds the valid boxes, so the grid follows the work;
 // the padded layout's kernels cannot know it and take a wave. Fewer blocks wait on fewer sums and leave
-// fewer partials to add: at B = 16384 with seed boxes (31k rows) 128 blocks took 10.1 us against one
-// wave's (528) 13.3, and 64 or 32 blocks were slower (docs/gpu-runs.md run AJ).
+// fewer partials to add; far fewer leave the GPU idle (`python -m detector bench kernels` at batch 16384).
 template <auto Kernel>
 int packed_grid(int64_t batch, int64_t rows) {
   const int64_t by_images = (batch + 16 * (kThreads / 32) - 1) / (16 * (kThreads / 32));

@@ -303,12 +303,11 @@ at::Tensor giou_loss_packed_backward_cpu(const at::Tensor& grad_output, const at
 // all B counts; larger ones from block sums: each block adds up the clamped counts of its own contiguous
 // range of images, publishes that sum, and adds up the sums its earlier blocks published (one kernel, no
 // scan launch; the backward reads the forward's offsets and never scans). The own-scan forward runs B / 8
-// blocks up to one wave (~400-530 on an H200), whose scans read blocks x B x 8 B in all (L2 hits after the
-// first block): 1 MB at B = 1024, 4 MB at 2048, 13-17 MB at 4096; the block sums read B x 8 B once but wait
-// one L2 round trip for the earlier blocks' sums. bench kernels times both paths at 1024, 2048 and 4096
-// (run AK in docs/gpu-runs.md, fwd+bwd: the own scan 13.5 against 14.2 us at 1024, 15.0 against 14.5 at
-// 2048, 26.0 against 16.8 at 4096), so 2048 stays: within 4 % of the faster path on either side. Tests
-// pass 0 (block sums always) to run both paths at small B.
+// blocks up to one wave, whose scans read blocks x B x 8 B in all (L2 hits after the first block), growing
+// as B^2 until the grid is a full wave: 1 MB at B = 1024, 4 MB at 2048, ~16 MB at 4096 with a wave of ~500
+// blocks; the block sums read B x 8 B once but wait one L2 round trip for the earlier blocks' sums. The
+// default, 2048, is about where the two cost the same: `python -m detector bench kernels` times both paths
+// at 1024, 2048 and 4096 images. Tests pass 0 (block sums always) to run both paths at small B.
 TORCH_LIBRARY(detector, m) {
   m.set_python_module("detector.kernels.cuda_op");  // where register_fake lives
   m.def("giou_loss(Tensor pred, Tensor target, Tensor counts, bool skip_invalid=False) "

@@ -1,10 +1,11 @@
 """The detector's first block — 3x3 convolution (1 -> C channels, zero "same" padding), 2x2 max-pool, ReLU —
 with the input normalisation ``images / 127.5 - 1``, as one Triton kernel forward and one backward.
 
-Why: cuDNN has no fast path for a convolution with one input channel. At seed scale on an H200 (batch
-1024, 256 px, C = 4) its forward takes 3.1 ms and its weight gradient 11.0 ms, and its NCHW output costs
-a 2.8 ms conversion before the NHWC second block: ~17 of the step's ~56 ms. The bytes involved are tiny:
-the uint8 images (67 MB) and the pooled output (134 MB in bf16), ~0.05 ms at the copy rate.
+Why: cuDNN has no fast path for a convolution with one input channel. At seed scale (batch 1024, 256 px,
+C = 4) its forward and, above all, its weight gradient run in an engine without tensor cores, and its NCHW
+output needs a conversion before the NHWC second block: a large share of the step, for tiny bytes (the
+uint8 images, 67 MB, and the pooled output, 134 MB in bf16: ~0.05 ms at a 4 TB/s copy rate).
+``python -m detector bench step`` times the step with and without the fused blocks (train.fused_blocks).
 
 Forward: each program takes BLOCK pooled pixels; for each it loads the 4x4 input patch under its 2x2
 window, computes the C convolutions at the 4 positions, keeps their maximum and applies the ReLU. Only the
@@ -33,9 +34,8 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-# (pooled pixels per program, warps) of each kernel, from docs/gpu-runs.md run K's sweep on an H200 (forward
-# 0.66 ms at 256 x 8 against 0.83 at 256 x 4; backward 1.21 ms at 128 x 4 against 1.57 at 256 x 4); in the
-# interpreter each operation has a fixed cost: fewer, larger programs
+# (pooled pixels per program, warps) of each kernel: the fastest in a sweep at seed scale on an H200;
+# in the interpreter each operation has a fixed cost: fewer, larger programs
 CONFIGS = {"forward": (256, 8), "backward": (128, 4), "interpreted": (1024, 1)}
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 

@@ -79,9 +79,9 @@ def average_gradients(process_group, bucket):  # -> Future[Tensor]; DDP checks a
     """DDP comm hook: a bucket of gradients averaged over the ranks, in place.
 
     DDP's own hook divides the bucket by the world size in a kernel of its own before a summing all-reduce:
-    a full read and write of the 4.3 GB of gradients at seed scale (~1 ms of an H200) on the compute stream,
-    and in front of the all-reduce. NCCL averages inside the all-reduce (ReduceOp.AVG); gloo (the CPU) has
-    no AVG, so there the sum is divided afterwards.
+    a full read and write of the 4.3 GB of gradients at seed scale on the compute stream, and in front of
+    the all-reduce. NCCL averages inside the all-reduce (ReduceOp.AVG); gloo (the CPU) has no AVG, so there
+    the sum is divided afterwards.
     """
     group = process_group or dist.group.WORLD
     work, divide = all_reduce_mean(bucket.buffer(), group)
@@ -102,10 +102,10 @@ class EarlyAllReduce:
     """Averages some parameters' gradients over the ranks outside DDP: each in place, the moment the
     backward has accumulated it (a post-accumulate-grad hook). DDP ignores these parameters.
 
-    Why: DDP first copies each gradient into its bucket. For the head's blocks at seed scale that is
-    0.6 ms per 1.1 GB on an H200, on the compute stream (docs/gpu-runs.md, run U). Here
-    each block's gradient is all-reduced where autograd put it. Call ``wait`` before reading the
-    gradients: it makes the current stream wait for the all-reduces, without blocking the host on NCCL.
+    Why: DDP first copies each gradient into its bucket: for the head's blocks at seed scale a copy of
+    1.1 GB per block, on the compute stream. Here each block's gradient is all-reduced where autograd put
+    it. Call ``wait`` before reading the gradients: it makes the current stream wait for the all-reduces,
+    without blocking the host on NCCL.
     """
 
     def __init__(self, model: torch.nn.Module, names: list[str]):
@@ -126,7 +126,7 @@ class EarlyAllReduce:
         self.pending.clear()
 
 
-# torch 2.13 renamed all_gather_into_tensor (deprecated there); the GPU machine's torch 2.11 has only the old name
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
@@ -147,8 +147,8 @@ class ShardedBlocks:
 
     Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters
     at seed scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the
-    all-gather together move the same bytes as that all-reduce. On two H200 the step went from 41.5 to
-    35.1 ms, against 37.1 ms on one GPU (docs/gpu-runs.md, run AF).
+    all-gather together move the same bytes as that all-reduce. ``make train EXPERIMENT=seed_scale NPROC=2``
+    with ``train.shard_optimizer=false`` and with the default measures the difference.
 
     Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the
     ranks of their own blocks' squared norms, one scalar all-reduce with no host wait (``clip_grad_norm_``).
