@@ -1,7 +1,8 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
 #   make bench [TARGET=losses|kernels|layers|step] [ARGS="bench.repeats=50"]
-#   make compare [RUNS="runs/profile/padded/<time> ..."] | tensorboard | train EXPERIMENT=... | test | lint | gpu-check
+#   make compare [RUNS="runs/profile/padded/<time> ..."] | report | tensorboard | train EXPERIMENT=... | test | lint
+#   make gpu-check
 
 # The interpreter that creates the virtualenv (Python >= 3.10).
 PYTHON ?= python3
@@ -32,7 +33,7 @@ ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: setup test profile profile-all compare tensorboard bench bench-kernels bench-step train lint format gpu-check clean
+.PHONY: setup test profile profile-all compare report tensorboard bench bench-kernels bench-step train lint format gpu-check clean
 
 setup: $(SETUP)
 
@@ -57,6 +58,10 @@ profile: $(SETUP)
 
 compare: $(SETUP)
 	$(PY) -m detector compare $(RUNS)
+
+# The lab's standard set on this machine -> docs/results/<device>.md (resumes where a stopped one stopped).
+report: $(SETUP)
+	$(PY) -m detector report $(ARGS)
 
 tensorboard: $(SETUP)
 	$(PY) -m detector tensorboard

@@ -1,45 +1,33 @@
-"""Per-step, per-region measures from a torch.profiler (Kineto) trace, and their spread over the steps.
+"""Per-step, per-region measures from a torch.profiler (Kineto) trace, checked against each other.
 
 A trace holds one ``ProfilerStep#N`` user annotation per active step; inside it, on the same thread, the
-lab's regions ("copy data", "forward", "calc loss", "backward", "optimizer step", or "step (CUDA graph)"),
-each ended by one ``cudaDeviceSynchronize``, and the DataLoader's ``enumerate(DataLoader)#...__next__``,
-measured as "data wait". "step" is the whole ProfilerStep. For every step and region (``measure_steps``):
+lab's regions ("copy data", "forward", "calc loss", "backward", "optimizer step", or "step (CUDA graph)")
+and the batch loader's ``enumerate(DataLoader)#...__next__``, measured as "data wait". "other" is the
+step's time outside those regions (Python between them, the schedule, the profiler's own step), and
+"step" the whole ProfilerStep. Every measure is defined once, in detector.measures.
 
-- ``wall_ms``: the region's wall time on the host.
-- ``gpu_busy_ms``: the union of all GPU intervals (kernel, gpu_memcpy, gpu_memset; every stream) inside
-  the region. ``gpu_idle_share`` = 1 - busy / wall: how much of the region the GPU waits on the host —
-  near 1 where a strategy is launch-bound (the loop strategy), small for fused kernels. On a trace with
-  no GPU events at all (CPU-only profiling) busy is 0.0 and the idle share is None (not 1.0: there is no
-  GPU to idle).
-- ``launches``: kernel launch calls (cudaLaunchKernel, cudaLaunchKernelExC, cuLaunchKernel,
-  cuLaunchKernelEx, cudaGraphLaunch) on the region's threads. A cudaGraphLaunch counts as ONE launch,
-  however many kernels the graph replays; ``kernels`` counts the GPU kernels those calls produced (linked
-  by correlation id), so a CUDA-graph step shows launches 1 and kernels in the hundreds. The loop
-  strategy's launches grow with the batch size B; padded's stay constant; a fused loss is one or two.
-- ``h2d_copies`` / ``h2d_bytes``, ``d2h_copies`` / ``d2h_bytes``: GPU memcpy events attributed to the
-  region through the correlation id of the runtime call that issued them. Device-to-device and
-  peer copies are on-device work: they count in ``gpu_busy_ms`` only. Concat-style strategies show
-  per-image copies here; padded's "copy data" is three H2D copies (images, boxes, counts).
-- ``syncs``: host-device synchronisations: each cudaDeviceSynchronize, cudaStreamSynchronize,
-  cudaEventSynchronize (and the driver's cuCtx/cuStream/cuEventSynchronize), each synchronous copy
-  (cudaMemcpy, cudaMemcpy2D/3D, cudaMemcpyPeer, cuMemcpyDtoH), and a device-to-host cudaMemcpyAsync into
-  pageable memory (it returns only once the copy is done) — unless the next call on its thread is a
-  synchronize, which then stands for both: ``.item()`` and ``.cpu()`` (a D2H cudaMemcpyAsync then a
-  cudaStreamSynchronize) count ONE sync. Excluded: the cudaDeviceSynchronize that ends each lab region
-  (the last CUDA call on the region's thread, when it is one), also when counting the whole step.
-  Syncs inside the loss reveal data-dependent shapes (``nonzero``, ``.item()``, per-image splits).
-- ``runtime_ms``: host time inside CUDA runtime and driver calls (union, so a runtime call that wraps a
-  driver call counts once; summed over the region's threads), leaving out the lab's region-ending
-  synchronize (it waits out the region's GPU work): the launch and sync overhead the host pays.
+How a region's measures are found (``measure_steps``):
 
-The region's threads are the thread of its annotation plus the autograd engine's device threads
-(``pt_autograd_*``) of that process: on a GPU, backward launches its kernels from those. Calls count when
-they start inside the region. A region that occurs twice in one step is measured as the sum of both.
+- Host side: the calls and operators that *start* inside the region's time span, on any thread of the
+  profiled process (the autograd engine launches the backward from its own threads, whatever they are
+  named). Each is counted in exactly one of the regions, "other" included, so counts add up to the step.
+- Device side: a kernel, copy or memset belongs to the region whose call launched it (the trace links
+  them by a correlation id), whenever it ran. The host runs ahead of the device as in training, so a
+  region's GPU ms may run long after its wall time has ended; the step's GPU idle share is the part of
+  its wall time in which the device ran nothing at all.
+- Syncs: each cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize (and the driver's
+  cuCtx/cuStream/cuEventSynchronize), each synchronous copy (cudaMemcpy, cudaMemcpy2D/3D,
+  cudaMemcpyPeer, cuMemcpyDtoH), and a device-to-host cudaMemcpyAsync into pageable memory (it returns
+  only once the copy is done), unless the next call on its thread is a synchronize, which then stands for
+  both: ``.item()`` and ``.cpu()`` count one sync each. Under ``profile.sync_regions=true`` the lab's own
+  synchronize at the end of each region sits in a ``lab sync`` annotation: it is measured as
+  ``sync_wait_ms`` and left out of every other count.
 
-``summarise`` gives, per region and measure over the steps, median, q1, q3 (``statistics.quantiles``,
-inclusive method), min, max and n (None values left out); ``trace_summary`` is both in one JSON-ready
-dict for a run's summary.json; ``markdown_table`` formats it. Events are indexed once (sorted per thread,
-GPU intervals merged with prefix sums), so each region costs a bisect plus its own calls.
+``check_steps`` tests what must hold whatever the strategy, and returns a warning for each violation
+(never a silent number): the regions and "other" add up to the step, every region with kernels has
+launches, every launch has its kernel, and every GPU event in the active steps has the call that
+launched it. ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive
+method), min, max and n over the steps; ``trace_summary`` is all of it, JSON-ready, for summary.json.
 """
 
 from __future__ import annotations
@@ -54,29 +42,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from detector.measures import MEASURES
+
 LAB_REGIONS = ("copy data", "forward", "calc loss", "backward", "optimizer step", "step (CUDA graph)")
-REGIONS = ("data wait",) + LAB_REGIONS + ("step",)  # table order
+OTHER = "other"
+REGIONS = ("data wait",) + LAB_REGIONS + (OTHER, "step")  # table order
+PARTS = REGIONS[:-1]  # the regions a step is made of
+LAB_SYNC = "lab sync"  # the annotation around a region's closing synchronize (profile.sync_regions=true)
 DATA_WAIT_PREFIX = "enumerate(DataLoader)#"
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)$")
-MEASURES = (
-    "wall_ms",
-    "gpu_busy_ms",
-    "gpu_idle_share",
-    "launches",
-    "kernels",
-    "h2d_copies",
-    "h2d_bytes",
-    "d2h_copies",
-    "d2h_bytes",
-    "syncs",
-    "runtime_ms",
-)
 
 CALL_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-LAUNCHES = frozenset(
-    {"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", "cudaGraphLaunch"}
-)
+GRAPH_LAUNCH = "cudaGraphLaunch"
+LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", GRAPH_LAUNCH})
 SYNCHRONIZES = frozenset(
     {
         "cudaDeviceSynchronize",
@@ -92,6 +71,13 @@ SYNC_COPIES = frozenset(
 )
 SYNC_CANDIDATES = SYNCHRONIZES | SYNC_COPIES | {"cudaMemcpyAsync"}  # the calls is_sync has to look at
 COPY_DIRECTION = re.compile(r"Memcpy (HtoD|DtoH)")
+# operator names -> the op measure they count in, besides "ops" (every aten:: operator)
+OP_KINDS = {
+    **dict.fromkeys(("aten::select", "aten::slice", "aten::narrow", "aten::split", "aten::split_with_sizes"), "slices"),
+    "aten::unbind": "slices",
+    **dict.fromkeys(("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"), "host_reads"),
+}
+OP_MEASURES = ("ops", "slices", "host_reads")
 
 
 class Call(NamedTuple):
@@ -119,12 +105,14 @@ class Trace:
     annotation_starts: dict = field(default_factory=dict)  # tid -> [ts], for bisect
     calls: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Call] by ts
     call_starts: dict = field(default_factory=dict)  # tid -> [ts], for bisect
-    gpu: list = field(default_factory=list)  # (ts, end, category, stream) by ts
+    ops: dict = field(default_factory=dict)  # tid -> ([ts], {op measure: prefix counts}) of aten operators
+    threads: dict = field(default_factory=lambda: defaultdict(set))  # pid -> tids with calls or operators
+    gpu: list = field(default_factory=list)  # (ts, end, category, stream, correlation) by ts
     busy: tuple = ([], [], [0.0])  # merged GPU intervals: starts, ends, prefix sums of lengths
+    launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [(ts, end)] GPU work
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
     kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
-    thread_names: dict = field(default_factory=dict)  # (pid, tid) -> name
-    ending_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} of region-ending syncs
+    lab_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} inside "lab sync" annotations
 
     @property
     def has_gpu(self) -> bool:
@@ -169,25 +157,30 @@ def load_trace(source) -> Trace:
 
 def _index(name: str, events: list[dict]) -> Trace:
     trace = Trace(name=name, steps=[])
-    copy_events = []
+    ops, copy_events = defaultdict(list), []
     for e in events:
-        cat, ph = e.get("cat"), e.get("ph")
-        if ph == "M" and e.get("name") == "thread_name":
-            trace.thread_names[(e["pid"], e["tid"])] = e["args"]["name"]
-        if ph != "X":
+        if e.get("ph") != "X":
             continue
+        cat = e.get("cat")
         if cat == "user_annotation":
             trace.annotations[e["tid"]].append(e)
             if STEP_NAME.match(e["name"]):
                 trace.steps.append(e)
+        elif cat == "cpu_op":
+            if e["name"].startswith("aten::"):
+                ops[e["tid"]].append((e["ts"], OP_KINDS.get(e["name"])))
+                trace.threads[e["pid"]].add(e["tid"])
         elif cat in CALL_CATEGORIES:
             corr = e.get("args", {}).get("correlation")
             trace.calls[e["tid"]].append(Call(e["ts"], e["ts"] + e["dur"], e["name"], corr))
+            trace.threads[e["pid"]].add(e["tid"])
         elif cat in GPU_CATEGORIES:
             args = e.get("args", {})
-            trace.gpu.append((e["ts"], e["ts"] + e["dur"], cat, args.get("stream", e.get("tid"))))
+            corr = args.get("correlation")
+            trace.gpu.append((e["ts"], e["ts"] + e["dur"], cat, args.get("stream", e.get("tid")), corr))
+            trace.launched[corr].append((e["ts"], e["ts"] + e["dur"]))
             if cat == "kernel":
-                trace.kernels[args.get("correlation")] += 1
+                trace.kernels[corr] += 1
             elif cat == "gpu_memcpy":
                 copy_events.append(e)
     for e in copy_events:
@@ -204,13 +197,20 @@ def _index(name: str, events: list[dict]) -> Trace:
     for tid, calls in trace.calls.items():
         calls.sort()
         trace.call_starts[tid] = [c.ts for c in calls]
-    trace.gpu.sort()
+    for tid, found in ops.items():
+        found.sort(key=lambda op: op[0])
+        prefix = {m: [0] for m in OP_MEASURES}
+        for _, kind in found:
+            for m in OP_MEASURES:
+                prefix[m].append(prefix[m][-1] + (m == "ops" or m == kind))
+        trace.ops[tid] = ([ts for ts, _ in found], prefix)
+    trace.gpu.sort(key=lambda g: g[:2])
     trace.busy = _merge(trace.gpu)
-    trace.ending_syncs = _ending_syncs(trace)
+    trace.lab_syncs = _lab_syncs(trace)
     return trace
 
 
-def _merge(intervals: list[tuple]) -> tuple[list, list, list]:
+def _merge(intervals) -> tuple[list, list, list]:
     """Union of (start, end, ...) intervals sorted by start: (starts, ends, prefix sums of lengths)."""
     starts, ends = [], []
     for start, end, *_ in intervals:
@@ -225,17 +225,14 @@ def _merge(intervals: list[tuple]) -> tuple[list, list, list]:
     return starts, ends, cumulative
 
 
-def _ending_syncs(trace: Trace) -> dict:
-    """{tid: {index}} of each lab region's closing cudaDeviceSynchronize: its last call, when it is one."""
-    ending = defaultdict(set)
+def _lab_syncs(trace: Trace) -> dict:
+    """{tid: {index}} of the calls inside "lab sync" annotations (the lab's region-ending synchronize)."""
+    found = defaultdict(set)
     for tid, marks in trace.annotations.items():
         for e in marks:
-            if e["name"] not in LAB_REGIONS:
-                continue
-            lo, hi = _call_range(trace, tid, e["ts"], e["ts"] + e["dur"])
-            if hi > lo and trace.calls[tid][hi - 1].name == "cudaDeviceSynchronize":
-                ending[tid].add(hi - 1)
-    return dict(ending)
+            if e["name"] == LAB_SYNC:
+                found[tid].update(range(*_call_range(trace, tid, e["ts"], e["ts"] + e["dur"])))
+    return dict(found)
 
 
 def _call_range(trace: Trace, tid, start: float, end: float) -> tuple[int, int]:
@@ -247,14 +244,14 @@ def _call_range(trace: Trace, tid, start: float, end: float) -> tuple[int, int]:
 # ----------------------------------------------------------------------------- measures of one region
 
 
-def region_threads(trace: Trace, step: dict) -> list:
-    """The step's thread, then its process's autograd device threads (they launch backward's kernels)."""
-    autograd = [tid for (pid, tid), name in trace.thread_names.items() if pid == step["pid"] and "pt_autograd" in name]
-    return [step["tid"]] + sorted(tid for tid in set(autograd) if tid != step["tid"])
+def step_threads(trace: Trace, step: dict) -> list:
+    """The step's own thread first, then every other thread of its process that made calls or ran operators."""
+    return [step["tid"]] + sorted(trace.threads.get(step["pid"], set()) - {step["tid"]}, key=str)
 
 
 def step_regions(trace: Trace, step: dict) -> dict[str, list[tuple[float, float]]]:
-    """{region: [(start, end) µs]} inside one ProfilerStep, in REGIONS order, "step" last."""
+    """{region: [(start, end) µs]} of one ProfilerStep in REGIONS order: the regions found, "other" (the
+    gaps between them) and "step"."""
     start, end = step["ts"], step["ts"] + step["dur"]
     found = defaultdict(list)
     marks = trace.annotations[step["tid"]]
@@ -263,62 +260,91 @@ def step_regions(trace: Trace, step: dict) -> dict[str, list[tuple[float, float]
             break
         name = "data wait" if e["name"].startswith(DATA_WAIT_PREFIX) else e["name"]
         if name in LAB_REGIONS or name == "data wait":
-            found[name].append((e["ts"], e["ts"] + e["dur"]))
+            found[name].append((e["ts"], min(e["ts"] + e["dur"], end)))
+    covered = sorted(span for spans in found.values() for span in spans)
+    gaps, at = [], start
+    for a, b in covered:
+        if a > at:
+            gaps.append((at, a))
+        at = max(at, b)
+    if at < end:
+        gaps.append((at, end))
+    found[OTHER] = gaps
     found["step"].append((start, end))
-    return {name: found[name] for name in REGIONS if name in found}
+    return {name: found[name] for name in REGIONS if found.get(name)}
 
 
-def measure_region(trace: Trace, threads: list, intervals: list[tuple[float, float]]) -> dict:
-    """The MEASURES of a region (summed over its intervals when it occurs more than once)."""
-    total = Counter()
-    for start, end in intervals:
-        total.update(_measure_span(trace, threads, start, end))
-    out = {name: total[name] for name in MEASURES if name != "gpu_idle_share"}
-    for name in ("wall_ms", "gpu_busy_ms", "runtime_ms"):
+def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]], whole_step: bool = False) -> dict:
+    """Every measure (detector.measures) of a region made of ``spans``; GPU-only ones None without GPU events."""
+    total, launched = Counter(), []
+    for start, end in spans:
+        total["wall_ms"] += end - start
+        for tid in threads:
+            _count_calls(trace, tid, start, end, total, launched)
+            _count_ops(trace, tid, start, end, total)
+    out = {name: total[name] for name in MEASURES}
+    for name in ("wall_ms", "runtime_ms", "sync_wait_ms"):
         out[name] = total[name] / 1e3  # µs -> ms
-    wall, busy = out["wall_ms"], out["gpu_busy_ms"]
-    out["gpu_idle_share"] = 1.0 - busy / wall if trace.has_gpu and wall > 0 else None
-    return {name: out[name] for name in MEASURES}
+    out["gpu_ms"] = _merge(sorted(launched))[2][-1] / 1e3
+    out["gpu_idle_share"] = None
+    if whole_step and out["wall_ms"] > 0:
+        (start, end), *_ = spans
+        out["gpu_idle_share"] = 1.0 - _busy(trace, start, end) / (end - start)
+    if not trace.has_gpu:
+        out.update({name: None for name, m in MEASURES.items() if m.gpu_only})
+    return out
 
 
-def _measure_span(trace: Trace, threads: list, start: float, end: float) -> Counter:
-    """Counts and µs of one interval: the calls that start in it on ``threads``, the GPU busy inside it."""
-    out = Counter(wall_ms=end - start, gpu_busy_ms=_busy(trace, start, end))
-    for tid in threads:
-        calls, ending = trace.calls.get(tid, []), trace.ending_syncs.get(tid, ())
-        lo, hi = _call_range(trace, tid, start, end)
-        covered = start  # runtime_ms is a union: a driver call nested in a runtime call counts once
-        launches = syncs = 0  # locals, not Counter updates: the loop strategy has 10⁵ calls a step
-        for i in range(lo, hi):
-            ts, call_end, name, correlation = calls[i]
-            if i not in ending:
-                out["runtime_ms"] += max(0.0, min(call_end, end) - max(ts, covered))
-                covered = max(covered, min(call_end, end))
-            if name in LAUNCHES:
-                launches += 1
-            elif name in SYNC_CANDIDATES:
-                syncs += is_sync(trace, tid, i)
-            if correlation in trace.kernels:
-                out["kernels"] += trace.kernels[correlation]
+def _count_calls(trace: Trace, tid, start: float, end: float, out: Counter, launched: list) -> None:
+    """Add the CUDA calls on ``tid`` that start in [start, end) to ``out``; collect their GPU work."""
+    calls, lab = trace.calls.get(tid, []), trace.lab_syncs.get(tid, ())
+    lo, hi = _call_range(trace, tid, start, end)
+    covered = start  # runtime_ms is a union: a driver call nested in a runtime call counts once
+    launches = syncs = 0  # locals, not Counter updates: the loop strategy has 10⁵ calls a step
+    for i in range(lo, hi):
+        ts, call_end, name, correlation = calls[i]
+        if i in lab:
+            out["sync_wait_ms"] += call_end - ts
+            continue
+        out["runtime_ms"] += max(0.0, min(call_end, end) - max(ts, covered))
+        covered = max(covered, min(call_end, end))
+        if name in LAUNCHES:
+            launches += 1
+        elif name in SYNC_CANDIDATES:
+            syncs += is_sync(trace, tid, i)
+        if correlation in trace.launched:
+            launched.extend(trace.launched[correlation])
+            out["kernels"] += trace.kernels[correlation]
             for copy in trace.copies.get(correlation, ()):
                 out[f"{copy.direction}_copies"] += 1
                 out[f"{copy.direction}_bytes"] += copy.bytes
-        out.update(launches=launches, syncs=syncs)
-    return out
+    out["launches"] += launches
+    out["syncs"] += syncs
+
+
+def _count_ops(trace: Trace, tid, start: float, end: float, out: Counter) -> None:
+    """Add the aten operators on ``tid`` that start in [start, end) to ``out`` (prefix sums: O(log n))."""
+    if tid not in trace.ops:
+        return
+    starts, prefix = trace.ops[tid]
+    lo, hi = bisect_left(starts, start), bisect_left(starts, end)
+    for m in OP_MEASURES:
+        out[m] += prefix[m][hi] - prefix[m][lo]
 
 
 def is_sync(trace: Trace, tid, i: int) -> bool:
     """Whether call ``i`` on ``tid`` makes the host wait for the device (the rule in the module docstring)."""
     calls = trace.calls[tid]
     call = calls[i]
-    if i in trace.ending_syncs.get(tid, ()):
+    lab = trace.lab_syncs.get(tid, ())
+    if i in lab:
         return False
     if call.name in SYNCHRONIZES or call.name in SYNC_COPIES:
         return True
     if call.name != "cudaMemcpyAsync":
         return False
     blocking = any(c.direction == "d2h" and c.pageable for c in trace.copies.get(call.correlation, ()))
-    paired = i + 1 < len(calls) and calls[i + 1].name in SYNCHRONIZES and i + 1 not in trace.ending_syncs.get(tid, ())
+    paired = i + 1 < len(calls) and calls[i + 1].name in SYNCHRONIZES and i + 1 not in lab
     return blocking and not paired
 
 
@@ -331,18 +357,84 @@ def _busy(trace: Trace, start: float, end: float) -> float:
     return cumulative[j] - cumulative[i] - max(0.0, start - starts[i]) - max(0.0, ends[j - 1] - end)
 
 
-# ----------------------------------------------------------------------------- steps and their summary
+# ----------------------------------------------------------------------------- steps, checks, summary
 
 
 def measure_steps(source) -> list[dict]:
     """[{"step": N, "start_us": ts, "regions": {region: {measure: value}}}] for each ProfilerStep, in order."""
-    trace = source if isinstance(source, Trace) else load_trace(source)
+    trace = load_trace(source)
     steps = []
     for step in trace.steps:
-        threads = region_threads(trace, step)
-        regions = {name: measure_region(trace, threads, spans) for name, spans in step_regions(trace, step).items()}
+        threads = step_threads(trace, step)
+        regions = {
+            name: measure_region(trace, threads, spans, whole_step=name == "step")
+            for name, spans in step_regions(trace, step).items()
+        }
         steps.append({"step": int(STEP_NAME.match(step["name"]).group(1)), "start_us": step["ts"], "regions": regions})
     return steps
+
+
+ADDITIVE = ("wall_ms", "ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies")
+
+
+def check_steps(source, steps: list[dict]) -> list[str]:
+    """One line per kind of violated invariant of the measured ``steps`` of a trace (see the module docstring)."""
+    trace = load_trace(source)
+    unbalanced, unlaunched = {}, {}
+    for step in steps:
+        regions, n = step["regions"], step["step"]
+        off = []
+        for m in ADDITIVE:
+            if regions["step"][m] is not None:
+                parts = sum(regions[r][m] for r in PARTS if r in regions)
+                if abs(parts - regions["step"][m]) > 1e-6 * max(1.0, abs(parts)):
+                    off.append(f"{MEASURES[m].header} {parts:g} against {regions['step'][m]:g}")
+        if off:
+            unbalanced[n] = ", ".join(off)
+        missed = [
+            f"{name} ({r['kernels']} kernels)" for name, r in regions.items() if r["kernels"] and not r["launches"]
+        ]
+        if missed:
+            unlaunched[n] = ", ".join(missed)
+    warnings = []
+    if unbalanced:
+        first = min(unbalanced)
+        warnings.append(
+            f"the regions do not add up to the step in {len(unbalanced)} of {len(steps)} steps (step {first}: "
+            f"{unbalanced[first]}): overlapping regions?"
+        )
+    if unlaunched:
+        first = min(unlaunched)
+        warnings.append(
+            f"kernels with no launch counted in {len(unlaunched)} of {len(steps)} steps (step {first}: "
+            f"{unlaunched[first]}): launched by a call the analysis does not know as a launch"
+        )
+    return warnings + _unmatched_launches(trace)
+
+
+def _unmatched_launches(trace: Trace) -> list[str]:
+    """Launches in the active steps without a kernel, and GPU events there without a launching call."""
+    if not trace.has_gpu:
+        return []
+    start, end = trace.steps[0]["ts"], max(s["ts"] + s["dur"] for s in trace.steps)
+    calls = [c for tid in trace.calls for c in trace.calls[tid][slice(*_call_range(trace, tid, start, end))]]
+    known = {c.correlation for tid in trace.calls for c in trace.calls[tid]}
+    launches = [c for c in calls if c.name in LAUNCHES]
+    lost = sum(1 for c in launches if not trace.kernels.get(c.correlation))
+    orphans = [g for g in trace.gpu if start <= g[0] < end and g[4] not in known]
+    out = []
+    if lost:
+        out.append(
+            f"{lost} of {len(launches)} kernel launches in the active steps have no kernel in the trace (the "
+            "profiler dropped GPU records?): kernels and GPU ms are too low"
+        )
+    if orphans:
+        ms = sum(g[1] - g[0] for g in orphans) / 1e3
+        out.append(
+            f"{len(orphans)} GPU events ({ms:.3g} ms) in the active steps have no launching call in the "
+            "trace: no region counts them"
+        )
+    return out
 
 
 def representative_step(steps: list[dict]) -> dict:
@@ -379,66 +471,14 @@ def summarise(steps: list[dict]) -> dict:
 
 def trace_summary(source, steps: list[dict] | None = None) -> dict:
     """JSON-ready summary of a trace for a run's summary.json: its name, whether it has GPU events, the
-    spread of every measure per region over its steps (``summarise``) and the representative step.
-    ``steps``: the trace's ``measure_steps``, when the caller has them already."""
-    trace = source if isinstance(source, Trace) else load_trace(source)
+    spread of every measure per region over its steps (``summarise``), the representative step and the
+    warnings of ``check_steps``. ``steps``: the trace's ``measure_steps``, when the caller has them already."""
+    trace = load_trace(source)
     steps = measure_steps(trace) if steps is None else steps
     return {
         "trace": Path(trace.name).name,
         "gpu": trace.has_gpu,
         "representative_step": representative_step(steps)["step"],
         **summarise(steps),
+        "warnings": check_steps(trace, steps),
     }
-
-
-# ----------------------------------------------------------------------------- markdown
-
-HEADERS = {
-    "wall_ms": "wall ms",
-    "gpu_busy_ms": "GPU busy ms",
-    "gpu_idle_share": "GPU idle",
-    "launches": "launches",
-    "kernels": "kernels",
-    "h2d_copies": "H2D",
-    "h2d_bytes": "H2D bytes",
-    "d2h_copies": "D2H",
-    "d2h_bytes": "D2H bytes",
-    "syncs": "syncs",
-    "runtime_ms": "CUDA API ms",
-}
-
-
-def markdown_table(summary: dict, measures=MEASURES, band: str = "range") -> str:
-    """One run's table: regions as rows, measures as columns, each cell "median [min–max]"
-    (``band="range"``) or "median [q1–q3]" (``band="iqr"``); a single bracketless value when they agree."""
-    if band not in ("range", "iqr"):
-        raise ValueError(f"band must be 'range' or 'iqr', got {band!r}")
-    low, high = ("min", "max") if band == "range" else ("q1", "q3")
-    lines = [
-        f"| region | {' | '.join(HEADERS[m] for m in measures)} |",
-        f"|---|{'---:|' * len(measures)}",
-    ]
-    for region, stats in summary["regions"].items():
-        cells = []
-        for m in measures:
-            s = stats[m]
-            median, lo, hi = (format_measure(m, s[key]) for key in ("median", low, high))
-            cells.append(median if s["n"] == 0 or lo == hi == median else f"{median} [{lo}–{hi}]")
-        lines.append(f"| {region} | {' | '.join(cells)} |")
-    return "\n".join(lines)
-
-
-def format_measure(measure: str, value: float | None) -> str:
-    """A measure's value in its unit: a share as %, bytes in kB/MB/GB, ms to 3 significant digits."""
-    if value is None:
-        return "–"
-    if measure == "gpu_idle_share":
-        return f"{value:.0%}"
-    if measure.endswith("_bytes"):
-        for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-            if value >= size:
-                return f"{value / size:.3g} {unit}"
-        return f"{value:.0f} B"
-    if measure.endswith("_ms"):
-        return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
-    return f"{value:g}"

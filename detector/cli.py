@@ -47,9 +47,23 @@ COMMANDS = {
         },
     ),
     "compare": ("compare the latest profile run of each strategy (or the runs named): tables, charts", None),
+    "report": (
+        "run the lab's standard set here (profiles, compare, training, benches) into docs/results/<device>.md",
+        {
+            "report": "where it writes, which strategies it profiles and trains",
+            "data": "passed to the profiles, training and benches",
+            "model": "passed to the profiles, training and benches",
+            "train": "passed to the profiles, training and benches",
+            "profile": "passed to the profiles",
+            "bench": "passed to the benches",
+        },
+    ),
     "tensorboard": ("TensorBoard on runs/: Scalars, Text and Images of profile runs and comparisons", None),
     "strategies": ("list the registered loss strategies", None),
-    "config": ("print the merged configuration", {"data": "", "model": "", "train": "", "profile": "", "bench": ""}),
+    "config": (
+        "print the merged configuration",
+        {"data": "", "model": "", "train": "", "profile": "", "bench": "", "report": ""},
+    ),
 }
 
 
@@ -167,6 +181,11 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
         from detector.bench import run as run_bench
 
         run_bench(cfg, target)
+    elif command == "report":
+        from detector.report import run_report
+
+        sections = {name: set(spec[1] or ()) | set(TOP_LEVEL) for name, spec in COMMANDS.items()}
+        run_report(cfg, args.overrides, sections)
 
 
 def check_sections(command: str, overrides: list[str]) -> None:

@@ -3,22 +3,29 @@
 By default the newest run of each ``runs/profile/<strategy>[-forward]/<time>/`` folder (one per strategy
 and mode), or the run folders named. Per mode:
 
-- a time table: regions x strategies, wall ms per step as "median [min–max]" over the active steps, and
-  the speed-up against ``padded`` (padded's median / this median) only where the two [min–max] ranges do
-  not overlap; "≈" where they do;
-- a why table: per region and strategy, kernel launches, kernels, syncs, copies, GPU busy and idle, and
-  the host's time in CUDA calls (medians; detector.analysis defines each);
-- charts: stacked ms per step (linear), launches / syncs / H2D copies per region (log), and every
-  strategy's representative step on one time axis (detector.timeline.draw_steps).
+- verdicts: each strategy's step against ``padded``'s as training runs it (the steps timed without the
+  profiler: the profiler's own cost grows with the operators a strategy dispatches, so on a CPU the
+  profiled steps of per-image strategies are longer than their training steps) and as profiled, and the
+  region where most of the difference lies, with the measures that explain it;
+- a wall-time table and (on a GPU) a GPU-time table: regions x strategies, median [q1–q3] over the active
+  steps, and the speed-up against padded by the rule of detector.tables (``≈`` where the interquartile
+  ranges overlap). The step's verdict must also hold without the data wait: the loader's wait alone never
+  decides it;
+- a why table: per region and strategy, the medians of the measures of detector.measures that are not
+  zero in every run (a CPU comparison says once which ones need a GPU);
+- charts: stacked wall and GPU ms per step, the counts per region (log), and every strategy's
+  representative step on one time axis (detector.timeline.draw_steps).
 
 Everything goes to a new ``runs/compare/<time>/`` (compare.md, compare.json, the PNGs) together with
-TensorBoard event files: run ``compare/<time>`` has the tables as Text and the charts as Images.
+TensorBoard event files: run ``compare/<time>`` has the tables as Text and the charts as Images, the
+first cards of TensorBoard's landing page (detector.board orders the tags).
 Columns: padded first, then the registry's order (detector.losses.STRATEGIES), unknown names last.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from datetime import datetime
@@ -27,26 +34,18 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from detector.analysis import REGIONS, format_measure
+from detector.analysis import OTHER, PARTS, REGIONS, spread
+from detector.board import COMPARE_GROUP, absent_gpu_measures, present, read_png, stats_cell
 from detector.errors import UserError
 from detector.losses import STRATEGIES
+from detector.measures import COUNTS, MEASURES, WHY, format_value, gpu_note, legend
+from detector.tables import Spread, markdown_table, speedup, times
 from detector.timeline import REGION_COLORS, draw_steps
 
 BASELINE = "padded"
 MODES = ("train", "forward")
 SUMMARY = "summary.json"
-WHY_MEASURES = {  # measure -> column header
-    "launches": "launches",
-    "kernels": "kernels",
-    "syncs": "syncs",
-    "h2d_copies": "H2D copies",
-    "h2d_bytes": "H2D bytes",
-    "d2h_copies": "D2H copies",
-    "gpu_busy_ms": "GPU busy ms",
-    "gpu_idle_share": "GPU idle",
-    "runtime_ms": "CUDA API ms",
-}
-COUNT_CHARTS = {"launches": "kernel launches", "syncs": "host-device syncs", "h2d_copies": "H2D copies"}
+LOSS_REGIONS = [r for r in PARTS if r not in ("data wait", OTHER)]  # where a strategy differs
 
 
 def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> dict:
@@ -68,11 +67,13 @@ def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> dict:
     for mode, group in groups.items():
         report["modes"][mode] = mode_report(group)
         texts[mode] = mode_markdown(mode, group)
-        images[f"ms_per_step/{mode}"] = draw_stacked(group, mode, out / f"ms-per-step-{mode}.png")
-        images[f"counts/{mode}"] = draw_counts(group, mode, out / f"counts-{mode}.png")
+        images[f"{COMPARE_GROUP}/1 ms per step, {mode}"] = draw_stacked(group, mode, out / f"ms-per-step-{mode}.png")
+        counts = draw_counts(group, mode, out / f"counts-{mode}.png")
+        if counts:
+            images[f"{COMPARE_GROUP}/2 counts, {mode}"] = counts
         timeline = draw_timelines(group, mode, out / f"timeline-{mode}.png")
         if timeline:
-            images[f"timeline/{mode}"] = timeline
+            images[f"{COMPARE_GROUP}/3 timeline, {mode}"] = timeline
         markdown += ["", texts[mode]]
     report["runs"] = [{k: v for k, v in r.items() if k != "summary"} for g in groups.values() for r in g]
     (out / "compare.md").write_text("\n".join(markdown) + "\n")
@@ -127,12 +128,19 @@ def foreign(summary) -> str | None:
     missing = [key for key in ("strategy", "mode", "analysis", "per_step") if key not in summary]
     if missing:
         return f"no {', '.join(missing)}: not written by (this version of) make profile; re-run it"
+    if not isinstance(summary["strategy"], str) or not summary["strategy"]:
+        return f"its strategy {summary['strategy']!r} is not a name"
     if summary["mode"] not in MODES:
         return f"mode {summary['mode']!r} is none of {', '.join(MODES)}"
     try:
-        float(summary["analysis"]["regions"]["step"]["wall_ms"]["median"])
+        regions = summary["analysis"]["regions"]
+        step = float(regions["step"]["wall_ms"]["median"])
+        if "gpu_ms" not in regions["step"]:
+            return "its analysis predates GPU time by launch (gpu_ms): re-run make profile"
     except (KeyError, TypeError, ValueError):
         return "its analysis has no step wall time"
+    if not math.isfinite(step) or step <= 0 or step > 1e7:
+        return f"its step wall time {step!r} ms is not a duration (expected finite, > 0, < 10^7)"
     return None
 
 
@@ -162,32 +170,68 @@ def order_runs(runs: list[dict]) -> list[dict]:
     return runs
 
 
-# ----------------------------------------------------------------------------- tables
+# ----------------------------------------------------------------------------- numbers and verdicts
 
 
-def stats(run: dict, region: str, measure: str) -> dict | None:
-    """The spread of a measure in a region of a run (None where the run has no such region)."""
+def stats(run: dict, region: str, measure: str = "wall_ms") -> dict | None:
+    """The spread of a measure in a region of a run (None where the run has no values there)."""
     found = run["summary"]["analysis"]["regions"].get(region, {}).get(measure)
-    return found if found and found["n"] else None
+    return found if found and found.get("n") else None
+
+
+def median(run: dict, region: str, measure: str = "wall_ms") -> float:
+    s = stats(run, region, measure)
+    return s["median"] if s and s["median"] is not None else 0.0
+
+
+def timed(run: dict) -> dict | None:
+    """The spread of the steps timed without the profiler (as training runs them), if the run has them."""
+    found = (run["summary"].get("timed") or {}).get("step_ms")
+    return found if found and found.get("n") else None
+
+
+def without_data_wait(run: dict) -> Spread | None:
+    """The spread over the active steps of the step's wall time less its data wait."""
+    values = [
+        s["regions"]["step"]["wall_ms"] - s["regions"].get("data wait", {}).get("wall_ms", 0.0)
+        for s in run["summary"]["per_step"]
+    ]
+    return Spread.of(spread(values))
+
+
+def step_verdict(base: dict, run: dict) -> tuple[float | None, str]:
+    """(the step's speed-up against ``base``, or None for ≈; a note). A difference the data wait alone makes
+    (none without it, or the other way) is ≈ with the note "data wait": the loader is not the strategy."""
+    x = speedup(Spread.of(stats(base, "step")), Spread.of(stats(run, "step")))
+    if x is None:
+        return None, ""
+    y = speedup(without_data_wait(base), without_data_wait(run))
+    if y is None or (x > 1) != (y > 1):
+        return None, "data wait"
+    return x, ""
+
+
+def time_cell(run: dict, base: dict | None, region: str, measure: str) -> str:
+    """``12.3 [12.1–12.6] · 2×``: the median [q1–q3], then the speed-up against the baseline."""
+    s = stats(run, region, measure)
+    cell = stats_cell(measure, s)
+    if not s or base is None or base is run or not stats(base, region, measure):
+        return cell
+    if region == "step" and measure == "wall_ms":
+        x, note = step_verdict(base, run)
+        return f"{cell} · {times(x)}" + (f" ({note})" if note else "")
+    return f"{cell} · {times(speedup(Spread.of(stats(base, region, measure)), Spread.of(s)))}"
+
+
+def baseline(runs: list[dict]) -> dict | None:
+    return runs[0] if runs[0]["strategy"] == BASELINE else None
 
 
 def regions_of(runs: list[dict]) -> list[str]:
-    return [r for r in REGIONS if any(stats(run, r, "wall_ms") for run in runs)]
+    return [r for r in REGIONS if any(stats(run, r) for run in runs)]
 
 
-def speedup(base: dict | None, other: dict | None) -> float | None:
-    """base median / other median where their [min–max] ranges do not overlap; None otherwise (≈)."""
-    if not base or not other or base["median"] <= 0 or other["median"] <= 0:
-        return None
-    if other["max"] < base["min"] or other["min"] > base["max"]:
-        return base["median"] / other["median"]
-    return None
-
-
-def spread_text(s: dict, measure: str = "wall_ms") -> str:
-    """``12.3 [11.9–13.0]``: median [min–max]; one value where they print the same."""
-    low, middle, high = (format_measure(measure, s[key]) for key in ("min", "median", "max"))
-    return middle if low == high else f"{middle} [{low}–{high}]"
+# ----------------------------------------------------------------------------- tables
 
 
 def setting(runs: list[dict]) -> str:
@@ -201,111 +245,203 @@ def setting(runs: list[dict]) -> str:
 
 
 def runs_table(runs: list[dict]) -> str:
-    lines = ["| strategy | mode | device | torch | batch | image px | steps | run folder |", "|---" * 8 + "|"]
+    headers = ["strategy", "mode", "device", "torch", "batch", "image px", "regions", "steps", "run folder"]
+    rows = []
     for r in runs:
         s = r["summary"]
-        cells = [r["strategy"], r["mode"], s.get("device"), s.get("torch"), s.get("batch_size"), s.get("image_size")]
-        cells += [s["analysis"].get("steps"), f"`{r['dir']}`"]
-        lines.append("| " + " | ".join("?" if c is None else str(c) for c in cells) + " |")
-    return "\n".join(lines)
+        protocol = "synchronised" if s.get("sync_regions") else "as training"
+        rows.append([r["strategy"], r["mode"], s.get("device"), s.get("torch"), s.get("batch_size")])
+        rows[-1] += [s.get("image_size"), protocol, s["analysis"].get("steps"), f"`{r['dir']}`"]
+    return markdown_table(headers, [["?" if c is None else c for c in row] for row in rows], "lllllrlrl")
 
 
-def time_table(runs: list[dict]) -> str:
-    """Regions x strategies: wall ms "median [min–max]", then the speed-up vs padded or ≈."""
-    base = runs[0] if runs[0]["strategy"] == BASELINE else None
-    lines = ["| region | " + " | ".join(r["label"] for r in runs) + " |", "|---" + "|---:" * len(runs) + "|"]
+def time_table(runs: list[dict], measure: str) -> str:
+    """Regions x strategies: ``measure`` (wall_ms or gpu_ms) "median [q1–q3] · speed-up vs padded"; the wall
+    table ends with the step as training runs it."""
+    base = baseline(runs)
+    rows = []
     for region in regions_of(runs):
-        cells = []
-        for run in runs:
-            s = stats(run, region, "wall_ms")
-            cell = spread_text(s) if s else "–"
-            if s and base and run is not base and stats(base, region, "wall_ms"):
-                x = speedup(stats(base, region, "wall_ms"), s)
-                cell += f" · {x:.3g}×" if x else " · ≈"
-            cells.append(cell)
+        if measure == "gpu_ms" and region == "data wait":
+            continue  # the loader's copies: not the strategy's work
         name = f"**{region}**" if region == "step" else region
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append([name] + [time_cell(run, base, region, measure) for run in runs])
+    if measure == "wall_ms":
+        rows.append(["**step, as training runs it**"] + [timed_cell(run, base) for run in runs])
+    return markdown_table(["region"] + [r["label"] for r in runs], rows)
 
 
-def why_table(runs: list[dict]) -> str:
-    """Per region and strategy: the medians of launches, syncs, copies, GPU busy and idle, CUDA API ms."""
-    lines = ["| region | strategy | " + " | ".join(WHY_MEASURES.values()) + " |"]
-    lines.append("|---|---" + "|---:" * len(WHY_MEASURES) + "|")
+def timed_cell(run: dict, base: dict | None) -> str:
+    s = timed(run)
+    cell = stats_cell("wall_ms", s)
+    if s and base and base is not run and timed(base):
+        cell += f" · {times(speedup(Spread.of(timed(base)), Spread.of(s)))}"
+    return cell
+
+
+def why_table(runs: list[dict], names: list[str]) -> str:
+    """Per region and strategy: the medians of the why measures ``names``."""
+    rows = []
     for region in regions_of(runs):
         for run in runs:
-            if not stats(run, region, "wall_ms"):
-                continue
-            cells = [format_measure(m, (stats(run, region, m) or {}).get("median")) for m in WHY_MEASURES]
-            lines.append(f"| {region} | {run['label']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            if stats(run, region):
+                rows.append([region, run["label"]] + [format_value(m, median(run, region, m)) for m in names])
+    return markdown_table(["region", "strategy"] + [MEASURES[m].header for m in names], rows, "ll" + "r" * len(names))
+
+
+def verdicts(runs: list[dict]) -> list[str]:
+    """One line per strategy against padded: the step as training runs it (timed without the profiler),
+    the profiled step, and where the difference lies with the measures that explain it."""
+    base = baseline(runs)
+    if base is None:
+        return ["(no padded run in this mode: no verdicts)"]
+    lines = []
+    for run in runs[1:]:
+        x, note = step_verdict(base, run)
+        profiled = f"profiled {relation(x)}" + (
+            " (the data wait differs, the rest of the step does not)" if note else ""
+        )
+        if timed(base) and timed(run):
+            trained = speedup(Spread.of(timed(base)), Spread.of(timed(run)))
+            line = f"- **{run['label']}**: {relation(trained)} as training runs it; {profiled}."
+        else:
+            trained, line = None, f"- **{run['label']}**: {profiled} (not timed without the profiler)."
+        lines.append(line + (f" {explain(base, run)}" if x is not None or trained is not None else ""))
+    return lines
+
+
+def relation(x: float | None) -> str:
+    if x is None:
+        return "≈ padded"
+    return f"{times(x)} faster than padded" if x > 1 else f"{times(1 / x)} slower than padded"
+
+
+def explain(base: dict, run: dict) -> str:
+    """Where a step differs most from padded's (by the larger of wall and GPU ms), and why."""
+
+    def cost(r, region):
+        return max(median(r, region), median(r, region, "gpu_ms"))
+
+    regions = [r for r in LOSS_REGIONS if stats(run, r) and stats(base, r)]
+    if not regions:
+        return ""
+    region = max(regions, key=lambda r: abs(cost(run, r) - cost(base, r)))
+    delta = cost(run, region) - cost(base, region)
+    reasons = []
+    for m in WHY:
+        a, b = median(base, region, m), median(run, region, m)
+        if MEASURES[m].unit == "count" and b > max(2 * a, a + 1):
+            reasons.append((b / max(a, 1), f"{format_value(m, b)} {MEASURES[m].header} against {format_value(m, a)}"))
+    why = "; ".join(text for _, text in sorted(reasons, reverse=True)[:3])
+    return f"Most of it in {region} ({delta:+.3g} ms)" + (f": {why}." if why else ".")
 
 
 def mode_markdown(mode: str, runs: list[dict]) -> str:
-    steps = sorted({r["summary"]["analysis"].get("steps") for r in runs}, key=str)
-    baseline = f"{BASELINE}'s median / this median" if runs[0]["strategy"] == BASELINE else "(no padded run)"
-    return "\n".join(
-        [
-            f"## mode={mode} — {setting(runs)}",
+    gpu = any(r["summary"]["analysis"].get("gpu") for r in runs)
+    why = present([r["summary"] for r in runs], WHY)
+    lines = [
+        f"## mode={mode} — {setting(runs)}",
+        "",
+        "### Verdicts",
+        "",
+        *verdicts(runs),
+        "",
+        "### Wall ms per step (host)",
+        "",
+        "Median [q1–q3] over the active steps; `· 2×` = padded's median / this median where the interquartile "
+        "ranges do not overlap, `· ≈` where they do. The step's verdict must also hold without the data wait "
+        "(the loader's, shown on its own line). The last row: the steps timed without the profiler.",
+        "",
+        time_table(runs, "wall_ms"),
+    ]
+    if gpu:
+        lines += [
             "",
-            f"Wall ms per step: median [min–max] over the active steps ({', '.join(map(str, steps))} per run). "
-            f"`· 2×` = speed-up, {baseline}, shown only where the two [min–max] ranges do not overlap; "
-            "`· ≈` where they do.",
+            "### GPU ms per step (device)",
             "",
-            time_table(runs),
+            "The kernels, copies and memsets each region launched, whenever they ran; the same rule.",
             "",
-            f"### Why (mode={mode}): medians per step",
-            "",
-            "Launches: kernel launch calls (grow with the batch when the loss loops over images). Syncs: host "
-            "waits for the GPU (data-dependent shapes, `.item()`; the lab's region-ending synchronize not "
-            "counted). H2D copies: per-image copies show here. GPU idle: share of the region the GPU waits "
-            "on the host. CUDA API ms: host time in CUDA calls.",
-            "",
-            why_table(runs),
+            time_table(runs, "gpu_ms"),
         ]
-    )
+    lines += ["", f"### Why (mode={mode}): medians per step", "", why_table(runs, why)]
+    missing = gpu_note(absent_gpu_measures([r["summary"] for r in runs], WHY + ("gpu_ms",)))
+    lines += ["", missing] if missing else []
+    lines += ["", legend(why)]
+    for run in runs:
+        lines += [f"\n**warning** ({run['label']}): {w}" for w in run["summary"]["analysis"].get("warnings", [])]
+    return "\n".join(lines)
 
 
 def mode_report(runs: list[dict]) -> dict:
-    """compare.json's part for one mode: the runs' labels, every measure's spread, the speed-ups."""
-    base = runs[0] if runs[0]["strategy"] == BASELINE else None
+    """compare.json's part for one mode: the runs' labels, every measure's spread, the verdicts."""
+    base = baseline(runs)
     regions = {
         region: {r["label"]: r["summary"]["analysis"]["regions"].get(region) for r in runs}
         for region in regions_of(runs)
     }
     speedups = {
-        region: {
-            r["label"]: speedup(stats(base, region, "wall_ms"), stats(r, region, "wall_ms")) if base else None
-            for r in runs
+        measure: {
+            region: {
+                r["label"]: speedup(Spread.of(stats(base, region, measure)), Spread.of(stats(r, region, measure)))
+                if base
+                else None
+                for r in runs
+            }
+            for region in regions
         }
-        for region in regions
+        for measure in ("wall_ms", "gpu_ms")
     }
-    labels = [r["label"] for r in runs]
-    return {"labels": labels, "baseline": base and base["label"], "regions": regions, "speedups_vs_padded": speedups}
+    steps = {r["label"]: step_verdict(base, r)[0] if base else None for r in runs}
+    trained = {r["label"]: speedup(Spread.of(timed(base)), Spread.of(timed(r))) if base else None for r in runs}
+    return {
+        "labels": [r["label"] for r in runs],
+        "baseline": base and base["label"],
+        "regions": regions,
+        "timed": {r["label"]: timed(r) for r in runs},
+        "speedups_vs_padded": speedups,
+        "step_verdicts": steps,
+        "timed_verdicts": trained,
+        "verdicts": verdicts(runs),
+        "warnings": {r["label"]: r["summary"]["analysis"].get("warnings", []) for r in runs},
+    }
 
 
 # ----------------------------------------------------------------------------- charts
 
 
 def draw_stacked(runs: list[dict], mode: str, path: Path) -> Path:
-    """One bar per strategy, its regions' median ms stacked (linear), the median step total on top."""
+    """Per strategy a wall bar (and on a GPU a GPU bar beside it), each stacked by region (median ms)."""
+    kinds = ["wall_ms"] + (["gpu_ms"] if any(r["summary"]["analysis"].get("gpu") for r in runs) else [])
     parts = [r for r in regions_of(runs) if r != "step"]
-    fig = Figure(figsize=(max(7.0, 3.5 + 1.1 * len(runs)), 5.5), layout="constrained")
+    fig = Figure(figsize=(max(7.0, 3.5 + 1.2 * len(runs) * len(kinds)), 5.5), layout="constrained")
     ax = fig.add_subplot()
-    xs = np.arange(len(runs))
-    bottom = np.zeros(len(runs))
-    for region in parts + ["other"]:
-        if region == "other":  # the step's time outside the regions (profiler.step, Python between them)
-            heights = [max(0.0, median(r, "step") - b) for r, b in zip(runs, bottom, strict=True)]
-        else:
-            heights = [median(r, region) for r in runs]
-        ax.bar(xs, heights, 0.6, bottom=bottom, color=REGION_COLORS.get(region, "#e0e0e0"), label=region)
-        bottom += heights
-    for x, run, top in zip(xs, runs, bottom, strict=True):
-        ax.text(x, top, f"{median(run, 'step'):.3g} ms", ha="center", va="bottom", fontsize=9)
-    ax.set_xticks(xs, [r["label"] for r in runs], rotation=20 if len(runs) > 5 else 0)
-    ax.set_ylim(0, bottom.max() * 1.1)
-    ax.set_ylabel("ms per step (median over the active steps)")
+    width = 0.8 / len(kinds)
+    top = 0.0
+    for k, kind in enumerate(kinds):
+        xs = np.arange(len(runs)) + (k - (len(kinds) - 1) / 2) * width
+        bottom = np.zeros(len(runs))
+        for region in parts:
+            heights = np.array([median(r, region, kind) for r in runs])
+            label = region if k == 0 else None
+            ax.bar(
+                xs,
+                heights,
+                width * 0.9,
+                bottom=bottom,
+                color=REGION_COLORS[region],
+                label=label,
+                hatch="//" if kind == "gpu_ms" else None,
+                edgecolor="white",
+                linewidth=0.3,
+            )
+            bottom += heights
+        for x, run, height in zip(xs, runs, bottom, strict=True):
+            total = median(run, "step", kind)
+            ax.text(x, height, f"{'GPU ' if kind == 'gpu_ms' else ''}{total:.3g}", ha="center", va="bottom", fontsize=8)
+        top = max(top, bottom.max())
+    ax.set_xticks(np.arange(len(runs)), [r["label"] for r in runs], rotation=20 if len(runs) > 5 else 0)
+    ax.set_ylim(0, top * 1.12 or 1)
+    pair = " (left: wall on the host; right, hatched: GPU time each region launched)" if len(kinds) == 2 else ""
+    ax.set_ylabel(f"ms per step, median over the active steps{pair}", fontsize=9)
     ax.set_title(f"mode={mode}: where a step's time goes — {setting(runs)}", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
@@ -313,28 +449,26 @@ def draw_stacked(runs: list[dict], mode: str, path: Path) -> Path:
     return path
 
 
-def median(run: dict, region: str, measure: str = "wall_ms") -> float:
-    s = stats(run, region, measure)
-    return s["median"] if s and s["median"] is not None else 0.0
-
-
-def draw_counts(runs: list[dict], mode: str, path: Path) -> Path:
-    """Launches, syncs and H2D copies per region (groups) and strategy (bars), log scale: 1 vs 10⁵."""
-    regions = regions_of(runs)
-    fig = Figure(figsize=(max(10.0, 0.4 * len(regions) * len(runs)), 8), layout="constrained")
-    axes = fig.subplots(len(COUNT_CHARTS), 1, sharex=True)
+def draw_counts(runs: list[dict], mode: str, path: Path) -> Path | None:
+    """The counts of detector.measures.COUNTS that some run has, per region (groups) and strategy (bars),
+    log scale (1 against 10⁵); None when every count is 0."""
+    names = present([r["summary"] for r in runs], COUNTS)
+    if not names:
+        return None
+    regions = [r for r in regions_of(runs) if r != "step"]
+    fig = Figure(figsize=(max(10.0, 0.4 * len(regions) * len(runs)), 1.5 + 2.4 * len(names)), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(len(names), 1, sharex=True))
     width = 0.8 / len(runs)
     xs = np.arange(len(regions))
-    for ax, (measure, name) in zip(axes, COUNT_CHARTS.items(), strict=True):
+    for ax, measure in zip(axes, names, strict=True):
         for i, run in enumerate(runs):
             values = [median(run, region, measure) for region in regions]
             heights = [v if v > 0 else np.nan for v in values]  # 0 has no place on a log axis
             bars = ax.bar(xs + (i - (len(runs) - 1) / 2) * width, heights, width, label=run["label"])
             ax.bar_label(bars, [f"{v:g}" if v > 0 else "" for v in values], fontsize=6)
-        if any(median(run, region, measure) > 0 for run in runs for region in regions):
-            ax.set_yscale("log")
-            ax.set_ylim(0.5, None)  # a count of 1 still shows as a bar
-        ax.set_ylabel(f"{name} per step\n(median, log scale; 0 not drawn)", fontsize=9)
+        ax.set_yscale("log")
+        ax.set_ylim(0.5, None)  # a count of 1 still shows as a bar
+        ax.set_ylabel(f"{MEASURES[measure].header} per step\n(median, log; 0 not drawn)", fontsize=9)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     axes[0].set_title(f"mode={mode}: what the host does per region — {setting(runs)}", fontsize=10)
@@ -365,10 +499,9 @@ def draw_timelines(runs: list[dict], mode: str, path: Path) -> Path | None:
 
 
 def write_compare_events(out: Path, texts: dict[str, str], images: dict[str, Path]) -> None:
-    """Text ``compare/<mode>`` (the tables) and Images ``<chart>/<mode>`` in the ``compare/<time>`` run."""
+    """Text ``compare/<mode>`` (the tables) and Images ``1 compare/<n> <chart>, <mode>`` in the ``compare/<time>``
+    run."""
     from torch.utils.tensorboard import SummaryWriter
-
-    from detector.board import read_png
 
     with SummaryWriter(log_dir=str(out)) as writer:
         for mode, text in texts.items():

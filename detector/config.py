@@ -66,8 +66,8 @@ class ModelConfig:
     hidden: int = ranged(16384, 1)  # the article's Linear(65536 -> 16384): ~1.1 B parameters
     # that Linear as N Linear layers over slices of its outputs (model.BlockedLinear); 0 = auto: one per
     # process under DDP, where the first block's gradient is sent while the backward computes the other's,
-    # and each process updates its own (train.shard_optimizer; 2-H200 step with the all-reduce of run Z:
-    # 41.2 ms with 2 blocks, 43.3 with 4, 43.8 with 8), 1 on one process
+    # and each process updates its own (train.shard_optimizer); 1 on one process, where blocks only cost
+    # time. More blocks than processes were slower (`make train NPROC=2 ARGS="model.head_blocks=4"` measures it)
     head_blocks: int = ranged(0, 0)
 
 
@@ -80,6 +80,13 @@ class ProfileConfig:
     warmup: int = ranged(5, 0)
     active: int = ranged(10, 1)  # the steps recorded: at least one
     out_dir: str = "runs/profile"  # traces go to <out_dir>/<strategy>[-forward]/
+    # a device synchronize at the end of each region (the original article's protocol): each region's wall
+    # time then holds its own GPU work, but the host can no longer run ahead, so the step is longer than
+    # training's; the profile says by how much
+    sync_regions: bool = False
+    # steps timed after the profiler's window with neither profiler nor regions: the step as training runs
+    # it, beside which the profiled step shows what profiling costs; 0 = none
+    timed: int = ranged(10, 0)
     profile_memory: bool = False  # allocation events: not analysed, and they double a trace (loop: minutes to write)
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
 
@@ -94,6 +101,17 @@ class BenchConfig:
     repeats: int = ranged(100, 1)
     max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy takes ~0.6 s a call at batch 1024
     out: str = "runs/bench/bench.json"
+
+
+@dataclass
+class ReportConfig:
+    out_dir: str = "docs/results"  # <out_dir>/<device>.md and its charts in <out_dir>/<device>/
+    work_dir: str = "runs/report"  # the runs it makes: <work_dir>/<device>/<time>/
+    strategies: list[str] = ranged([], choices=(STRATEGY,))  # profiled; empty = every registered strategy
+    # trained for report.train_steps steps each: the profiles must agree with their measured step
+    train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
+    train_steps: int = ranged(40, 11)  # past train's first 5 untimed steps and its first log window
+    short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: ~1 s a step at seed scale
 
 
 @dataclass
@@ -115,17 +133,16 @@ class TrainConfig:
     out_dir: str = "runs/train"  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
-    # torch.compile of the model (the loss stays the strategy's own: `compiled` is the compiled one): the
-    # seed-scale step 74.7 -> 56.3 ms on an H200 (fused pooling, ReLU and casts); the first steps compile (~1 min)
+    # torch.compile of the model (the loss stays the strategy's own: `compiled` is the compiled one): it fuses
+    # pooling, ReLU and casts (`make bench-step` times the step with and without); the first steps compile (~1 min)
     compile: bool = True
     # cuDNN times its algorithms once for our fixed shapes and keeps the fastest (no loss measured at seed scale)
     cudnn_benchmark: bool = True
-    # NHWC activations, cuDNN's NHWC convolutions without conversions: 74.7 -> 70.9 ms eager, 56.3 -> 55.5 compiled
+    # NHWC activations: cuDNN's NHWC convolutions run without layout conversions (`make bench-step` times it)
     channels_last: bool = True
     # the first 1 or 2 conv blocks (conv, pool, ReLU) as Triton kernels (detector/kernels/stem.py,
-    # conv_pool.py), CUDA only: cuDNN has no fast path for 1 or 4 input channels (the first block's forward
-    # 3.1 ms, its weight gradient 11 ms, an NCHW->NHWC conversion 2.8 ms; the second block's ~7 ms, at seed
-    # scale on an H200, for ~0.2 and ~1 GB of data); 0 = cuDNN's layers
+    # conv_pool.py), CUDA only: cuDNN has no fast path for 1 or 4 input channels, and spends many times what
+    # their ~0.2 and ~1 GB of data need (`make bench-step` times the step with and without); 0 = cuDNN's layers
     fused_blocks: int = ranged(2, 0, 2)
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
     # under DDP, ZeRO stage 1 for the head's blocks (train/distributed.py, ShardedBlocks): each process keeps
@@ -147,6 +164,7 @@ class Config:
     profile: ProfileConfig = field(default_factory=ProfileConfig)
     bench: BenchConfig = field(default_factory=BenchConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
+    report: ReportConfig = field(default_factory=ReportConfig)
 
 
 def resolve_preset(preset: str) -> str:

@@ -4,13 +4,16 @@ The step is the one `make train` runs with the same config: the same optimizer, 
 autocast and speed options (train.compile, train.cuda_graphs); profile.strategy picks the loss.
 MODE=forward keeps the article's protocol (copy, forward, loss; no gradient). The profiler runs
 ``profile.wait`` steps, then ``profile.warmup``, then records ``profile.active`` steps; the step's
-regions are marked from the warm-up on.
+regions are marked from the warm-up on. The regions are labels only: the host runs ahead of the device
+as it does in training (``profile.sync_regions=true`` ends each region in a device synchronize instead,
+the article's protocol). Then ``profile.timed`` more steps run with neither profiler nor regions: the step
+as training runs it, which the profiled step is checked against.
 
 Each run gets its own folder, ``<profile.out_dir>/<strategy>[-forward]/<YYYYmmdd-HHMMSS>/``:
 
     trace/           the gzipped Kineto trace, alone (HolisticTraceAnalysis and Perfetto open the folder)
-    summary.json     the run's facts and, per region, the median and spread over the active steps of
-                     wall time, GPU busy time, launches, copies and syncs (detector/analysis.py)
+    summary.json     the run's facts; per region, the spread over the active steps of every measure
+                     (detector.measures); the timed steps; the analysis' warnings
     events.out.*     TensorBoard: per-step scalars, the tables as text, a timeline of one step
 
 A failed run removes only its own new folder; older runs are never touched.
@@ -31,10 +34,8 @@ from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 from detector import analysis, board, runs
 from detector.config import resolve_device
 from detector.data import build_loader
-from detector.report import device_name
+from detector.tables import device_name
 from detector.train.step import TrainStep
-
-CONSOLE_MEASURES = ("wall_ms", "gpu_busy_ms", "gpu_idle_share", "launches", "h2d_copies", "d2h_copies", "syncs")
 
 
 def make_profiler(pcfg: DictConfig, out: Path, device: torch.device, worker_name: str):
@@ -58,18 +59,19 @@ def run_profile(cfg: DictConfig) -> dict:
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
     run_dir = runs.new_run_dir(Path(pcfg.out_dir) / folder)
     try:
-        trace = profile_steps(step, cfg, device, run_dir / "trace")
-        summary = summarise_run(cfg, device, run_dir, trace)
+        trace, timed = profile_steps(step, cfg, device, run_dir / "trace")
+        summary = summarise_run(cfg, device, run_dir, trace, timed)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
         raise
-    print(analysis.markdown_table(summary["analysis"], CONSOLE_MEASURES))
+    print(board.summary_markdown(summary))
     print(f"\ntrace, summary.json and TensorBoard events in {run_dir}/ (compare: make compare; view: make tensorboard)")
     return summary
 
 
-def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path) -> Path:
-    """Run wait + warmup + active steps under the profiler; returns the trace file."""
+def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path) -> tuple[Path, list]:
+    """Run wait + warmup + active steps under the profiler, then ``profile.timed`` steps without it;
+    returns the trace file and the timed steps' wall ms."""
     pcfg = cfg.profile
     total = pcfg.wait + pcfg.warmup + pcfg.active
     run = step if pcfg.mode == "train" else step.forward_only
@@ -77,6 +79,8 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
         f"profiling {step.strategy.name} ({step.strategy.description}), mode={pcfg.mode}, "
         f"device={device_name(device)}, batch {cfg.data.batch_size} x {cfg.data.image_size}px, "
         f"{cfg.data.max_boxes} slots, {total} steps (wait {pcfg.wait}, warmup {pcfg.warmup}, active {pcfg.active})"
+        + (", regions synchronised (profile.sync_regions)" if step.regions.sync else "")
+        + (f", then {pcfg.timed} timed without the profiler" if pcfg.timed else "")
     )
     batches = iter(build_loader(cfg.data, step.strategy.layout, device))
     with make_profiler(pcfg, trace_dir, device, step.strategy.name) as prof:
@@ -88,14 +92,32 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
             phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
             print(f"  step {i + 1:3d}/{total} [{phase:6s}] {(time.perf_counter() - start) * 1e3:9.1f} ms", flush=True)
         print("  writing the trace ...", flush=True)
+    timed = time_steps(step, run, batches, pcfg.timed, device)
     del batches
     traces = sorted(trace_dir.glob("*.pt.trace.json*"))
     if len(traces) != 1:
         raise RuntimeError(f"expected one trace in {trace_dir}, found {len(traces)}")
-    return traces[0]
+    return traces[0], timed
 
 
-def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: Path) -> dict:
+def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) -> list[float]:
+    """The wall ms of ``count`` steps with neither profiler nor regions, as training runs them: the host
+    runs ahead of the device, and each step's wall time is what the host's pace allows."""
+    step.regions.active = False
+    if count:
+        print(f"  timing {count} steps without the profiler ...", flush=True)
+    walls = []
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
+    synchronize()
+    for _ in range(count):
+        start = time.perf_counter()
+        run(next(batches))
+        walls.append((time.perf_counter() - start) * 1e3)
+    synchronize()
+    return walls
+
+
+def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: Path, timed: list[float]) -> dict:
     """summary.json and the TensorBoard events of a finished profile run."""
     print("  analysing the trace ...", flush=True)
     parsed = analysis.load_trace(trace)
@@ -109,10 +131,12 @@ def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: P
         "batch_size": cfg.data.batch_size,
         "image_size": cfg.data.image_size,
         "max_boxes": cfg.data.max_boxes,
+        "sync_regions": bool(cfg.profile.sync_regions and device.type == "cuda"),
         "run": run_dir.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "trace": str(trace.relative_to(run_dir)),
         "analysis": analysis.trace_summary(parsed, steps),
+        "timed": {"step_ms": analysis.spread(timed), "wall_ms": timed},
         "per_step": steps,
         "config": OmegaConf.to_container(cfg, resolve=True),
     }

@@ -1,9 +1,11 @@
-"""Tables and numbers shared by the commands (bench, compare, sweep): one markdown table writer, one way
-to print milliseconds, spreads and speed-ups, and one line naming the machine a run came from.
+"""Tables and numbers shared by the commands (profile, compare, bench, sweep, report): one markdown table
+writer, one way to print milliseconds, spreads and speed-ups, and one line naming the machine a run came
+from.
 
 A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.bench.timing.Stats``,
-or :class:`Spread` here): a median and the interval around it. A speed-up is printed only where the two
-intervals are apart; where they overlap the difference is within the noise and the cell says ``≈``.
+or :class:`Spread` here): a median and its interquartile range [q1–q3]. The one rule for calling a
+difference a speed-up, everywhere: two spreads whose interquartile ranges overlap are the same within the
+noise (``≈``); otherwise the speed-up is the ratio of their medians.
 """
 
 from __future__ import annotations
@@ -21,11 +23,18 @@ MISSING = "—"  # a cell without a value (not measured, not applicable)
 
 
 class Spread(NamedTuple):
-    """A median and the interval around it (e.g. the quartiles of repeated timings)."""
+    """A median and the interval around it: the quartiles of repeated timings."""
 
     median: float
     low: float
     high: float
+
+    @classmethod
+    def of(cls, stats: dict | None) -> Spread | None:
+        """A summary.json spread (``detector.analysis.spread``: median, q1, q3) as a Spread; None without values."""
+        if not stats or stats.get("median") is None:
+            return None
+        return cls(stats["median"], stats["q1"], stats["q3"])
 
 
 def significant(value: float, digits: int = 3) -> str:
@@ -53,14 +62,27 @@ def overlap(a, b) -> bool:
     return a.low <= b.high and b.low <= a.high
 
 
+def speedup(base, new) -> float | None:
+    """How many times faster ``new`` is than ``base`` (base median / new median); None where their spreads
+    overlap (the same within the noise), either is missing, or a median is not positive."""
+    if base is None or new is None or base.median <= 0 or new.median <= 0 or overlap(base, new):
+        return None
+    return base.median / new.median
+
+
+def times(x: float | None) -> str:
+    """A speed-up as ``3.3×``, ``2×``, ``0.036×``; ``≈`` for None (the same within the noise)."""
+    if x is None:
+        return "≈"
+    text = significant(x, 2)
+    return (text[:-2] if text.endswith(".0") else text) + "×"
+
+
 def speedup_cell(base, new) -> str:
-    """How many times faster ``new`` is than ``base`` (``3.3×``, ``0.04×``), ``≈`` where their spreads
-    overlap, ``—`` if either is missing."""
+    """``3.3×`` or ``0.04×`` (see ``speedup``), ``≈`` where their spreads overlap, ``—`` if either is missing."""
     if base is None or new is None:
         return MISSING
-    if overlap(base, new):
-        return "≈"
-    return f"{significant(base.median / new.median, 2)}×"
+    return times(speedup(base, new))
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:

@@ -5,7 +5,9 @@ tick at each kernel launch (on the region's threads, the autograd thread include
 each host-device sync; below it one row per GPU stream with kernels, memcpy and memset as bars.
 ``draw_steps`` stacks several runs' representative steps (one CPU row and one GPU row each) on one shared
 time axis, so a step ten times longer, a wall of launches or a GPU that idles is seen at a glance. The
-representative step is the one with the median wall time; time is in ms from the step's start.
+representative step is the one with the median wall time; time is in ms from the step's start. The
+host runs ahead of the device, so a step's kernels may still run after its host part has ended: the GPU
+rows show what ran during the step's wall time, whichever step launched it.
 """
 
 from __future__ import annotations
@@ -23,13 +25,18 @@ from detector.analysis import (
     is_sync,
     load_trace,
     measure_steps,
-    region_threads,
     representative_step,
     step_regions,
+    step_threads,
 )
 
+# data wait, copy data, forward, calc loss, backward, optimizer step, step (CUDA graph), other, step
 REGION_COLORS = dict(
-    zip(REGIONS, ("#bdbdbd", "#8c564b", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf"), strict=False)
+    zip(
+        REGIONS,
+        ("#bdbdbd", "#8c564b", "#1f77b4", "#ff7f0e", "#9467bd", "#2ca02c", "#17becf", "#e7e7e7", "#7f7f7f"),
+        strict=True,
+    )
 )
 GPU_COLORS = {"kernel": "#3b5b92", "gpu_memcpy": "#d62728", "gpu_memset": "#e7ba52"}
 GPU_LABELS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
@@ -42,7 +49,7 @@ def draw_step(events, path, step: int | None = None, title: str = "") -> Path:
     (path, dict or event list). Rows: the CPU thread, then each GPU stream. Returns ``path``."""
     trace = events if isinstance(events, Trace) else load_trace(events)
     chosen = _step(trace, step)
-    streams = sorted({stream for *_, stream in _gpu_bars(trace, chosen)}, key=str)
+    streams = sorted({bar[3] for bar in _gpu_bars(trace, chosen)}, key=str)
     rows = 1 + max(len(streams), 1)
     fig, ax = _figure(rows, title or f"{Path(trace.name).name}: {chosen['name']}")
     width = chosen["dur"] / 1e3
@@ -106,11 +113,11 @@ def _draw_cpu(ax, y: float, trace: Trace, step: dict) -> None:
     """Region spans in the lower part of row ``y``, launch ticks and sync markers in the upper part."""
     t0, end = step["ts"], step["ts"] + step["dur"]
     for name, spans in step_regions(trace, step).items():
-        if name != "step":
+        if name not in ("step", "other"):
             bars = [((a - t0) / 1e3, (b - a) / 1e3) for a, b in spans]
             ax.broken_barh(bars, (y - 0.4, 0.45), color=REGION_COLORS[name], label=name)
     launches, syncs = [], []
-    for tid in region_threads(trace, step):
+    for tid in step_threads(trace, step):
         starts, calls = trace.call_starts.get(tid, []), trace.calls.get(tid, [])
         for i in range(bisect_left(starts, t0), bisect_left(starts, end)):
             if calls[i].name in LAUNCHES:

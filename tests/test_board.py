@@ -15,6 +15,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from detector import analysis, board
+from detector.measures import MEASURES
 
 GPU_TRACE = Path(__file__).parent / "data" / "padded_gpu_trace.json.gz"
 GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -39,6 +40,7 @@ def make_run(
     if not gpu:
         trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in GPU_EVENTS]
     run = profile_dir / (strategy if mode == "train" else f"{strategy}-forward") / stamp
+    timed = [100.0 * scale * (1 + i / 100) for i in range(5)]  # steps timed without the profiler
     (run / "trace").mkdir(parents=True)
     path = run / "trace" / f"{strategy}.1795312409264487939.pt.trace.json.gz"
     path.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
@@ -55,6 +57,7 @@ def make_run(
         "created": "2026-11-22T03:15:00",
         "trace": f"trace/{path.name}",
         "analysis": analysis.trace_summary(path),
+        "timed": {"step_ms": analysis.spread(timed), "wall_ms": timed},
         "per_step": analysis.measure_steps(path),
         "config": {"profile": {"strategy": strategy, "mode": mode}},
     }
@@ -76,35 +79,55 @@ def test_profile_events_scalars_text_images(tmp_path):
     assert sorted(p.name for p in (run / "trace").iterdir()) == [Path(summary["trace"]).name]  # trace/ stays clean
     events = read_events(run)
     tags = events.Tags()
-    # one tag per measure and region, the same in every run: TensorBoard overlays the strategies
-    for tag in ("region_ms/forward", "region_ms/step", "launches/calc loss", "syncs/calc loss", "gpu_busy_ms/backward"):
+    # one tag per measure and region, the same in every run: TensorBoard overlays the strategies; numbered
+    # so that TensorBoard's name order is the vocabulary's, the whole step first
+    for tag in ("2 wall ms/0 step", "2 wall ms/3 forward", "3 GPU ms/5 backward", "8 launches/4 calc loss"):
         assert tag in tags["scalars"], tag
-    assert "wall_ms/forward" not in tags["scalars"]
-    forward = events.Scalars("launches/forward")
+    assert board.scalar_tag("syncs", "calc loss") == "10 syncs/4 calc loss"
+    assert board.scalar_tag("gpu_idle_share", "step") in tags["scalars"]  # the step's alone
+    assert board.scalar_tag("gpu_idle_share", "forward") not in tags["scalars"]
+    assert board.scalar_tag("sync_wait_ms", "step") not in tags["scalars"]  # 0 throughout: not written
+    forward = events.Scalars("8 launches/3 forward")
     assert [e.step for e in forward] == [s["step"] for s in summary["per_step"]] == [10, 11, 12]
     assert [e.value for e in forward] == [s["regions"]["forward"]["launches"] for s in summary["per_step"]]
-    wall = [e.value for e in events.Scalars("region_ms/step")]
+    wall = [e.value for e in events.Scalars("2 wall ms/0 step")]
     assert wall == pytest.approx([s["regions"]["step"]["wall_ms"] for s in summary["per_step"]])
 
     assert tags["tensors"] == ["summary/tables/text_summary"]
     text = events.Tensors("summary/tables/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "padded, train, NVIDIA H200" in text and "| calc loss |" in text and "launches" in text
+    assert "As training runs it (no profiler, no regions; 5 steps): step 102 ms" in text
+    assert "need a GPU" not in text and "**warning**" not in text
 
-    assert sorted(tags["images"]) == ["regions/ms per step", "timeline/representative step"]
-    image = events.Images("timeline/representative step")[0]
+    assert sorted(tags["images"]) == [
+        f"{board.RUN_GROUP}/ms per region",
+        f"{board.RUN_GROUP}/timeline of the median step",
+    ]
+    image = events.Images(f"{board.RUN_GROUP}/timeline of the median step")[0]
     assert image.width > 1000 and image.height > 100 and image.encoded_image_string[:4] == b"\x89PNG"
 
 
 def test_profile_events_of_a_cpu_trace(tmp_path):
-    """No GPU: gpu_idle_share is None in the summary and has no scalar; the rest is written."""
+    """No GPU: the GPU-only measures are None in the summary, have no scalar, and the text says so once."""
     run = make_run(tmp_path / "profile", "padded", "20261122-031500", gpu=False)
     summary = json.loads((run / "summary.json").read_text())
     board.write_profile_events(run, summary, events=run / summary["trace"])
 
     tags = read_events(run).Tags()
-    assert "region_ms/forward" in tags["scalars"] and "gpu_busy_ms/forward" in tags["scalars"]
-    assert not [t for t in tags["scalars"] if t.startswith("gpu_idle_share/")]
-    assert "timeline/representative step" in tags["images"]
+    assert board.scalar_tag("wall_ms", "forward") in tags["scalars"]
+    assert board.scalar_tag("ops", "forward") in tags["scalars"]
+    gpu_only = [name for name, m in MEASURES.items() if m.gpu_only]
+    assert not [t for t in tags["scalars"] if any(t.split("/")[0].endswith(MEASURES[m].header) for m in gpu_only)]
+    text = board.summary_markdown(summary)
+    assert text.count("need a GPU") == 1 and "| GPU ms |" not in text and "launches" in text.split("need a GPU")[0]
+    assert f"{board.RUN_GROUP}/timeline of the median step" in tags["images"]
+
+
+def test_a_summary_with_warnings_shows_them(tmp_path):
+    run = make_run(tmp_path / "profile", "padded", "20261122-031500")
+    summary = json.loads((run / "summary.json").read_text())
+    summary["analysis"]["warnings"] = ["3 of 9 kernel launches have no kernel"]
+    assert "**warning**: 3 of 9 kernel launches have no kernel" in board.summary_markdown(summary)
 
 
 def test_tensorboard_launcher_without_the_profiler_plugin(monkeypatch, capsys):

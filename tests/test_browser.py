@@ -28,8 +28,10 @@ from pathlib import Path
 import pytest
 from test_board import make_run
 
-from detector.board import write_profile_events
+from detector import profiling
+from detector.board import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_profile_events
 from detector.compare import run_compare
+from detector.config import load_config
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -100,9 +102,12 @@ def test_tensorboard_serves_our_runs(served):
     assert set(served["runs"]) <= set(get_json(f"{url}/data/runs"))
 
     scalars = get_json(f"{url}/data/plugin/scalars/tags")
-    expected = {"region_ms/forward", "launches/calc loss", "syncs/calc loss", "gpu_busy_ms/backward"}
+    expected = {
+        scalar_tag(m, r) for m, r in (("wall_ms", "forward"), ("launches", "calc loss"), ("gpu_ms", "backward"))
+    }
     assert expected <= set(scalars[PADDED]) and expected <= set(scalars[FAST])
-    points = get_json(f"{url}/data/plugin/scalars/scalars?run={urllib.parse.quote(FAST)}&tag=region_ms/forward")
+    tag = urllib.parse.quote(scalar_tag("wall_ms", "forward"))
+    points = get_json(f"{url}/data/plugin/scalars/scalars?run={urllib.parse.quote(FAST)}&tag={tag}")
     assert [p[1] for p in points] == [10, 11, 12] and all(14 < p[2] < 15 for p in points)  # [wall, step, ms]
 
     texts = get_json(f"{url}/data/plugin/text/tags")
@@ -113,9 +118,10 @@ def test_tensorboard_serves_our_runs(served):
     assert "<table>" in html and "synthetic_2x" in html and "2×" in html
 
     images = get_json(f"{url}/data/plugin/images/tags")
-    assert {"timeline/representative step", "regions/ms per step"} <= set(images[PADDED])
-    assert {"timeline/train", "ms_per_step/train", "counts/train"} <= set(images["compare/20261122-032000"])
-    query = urllib.parse.urlencode({"run": "compare/20261122-032000", "tag": "timeline/train"})
+    assert {f"{RUN_GROUP}/timeline of the median step", f"{RUN_GROUP}/ms per region"} <= set(images[PADDED])
+    charts = {f"{COMPARE_GROUP}/{chart}, train" for chart in ("1 ms per step", "2 counts", "3 timeline")}
+    assert charts <= set(images["compare/20261122-032000"])
+    query = urllib.parse.urlencode({"run": "compare/20261122-032000", "tag": f"{COMPARE_GROUP}/3 timeline, train"})
     sample = get_json(f"{url}/data/plugin/images/images?{query}")[0]
     assert get(f"{url}/data/plugin/images/individualImage?{sample['query']}")[:4] == b"\x89PNG"
 
@@ -154,6 +160,7 @@ class Chromium:
     (NUL-terminated JSON: commands on its fd 3, replies and events on its fd 4)."""
 
     def __init__(self, profile: Path, width: int = 1400, height: int = 1000):
+        self.profile = profile
         to_browser, self.commands = os.pipe()
         self.replies, from_browser = os.pipe()
 
@@ -254,11 +261,11 @@ def test_images_dashboard_shows_the_timelines(served, browser):
     url = served["url"]
     text = browser.show(
         f"{url}/#images&tagFilter=timeline",
-        ["timeline/representative step", "timeline/train", PADDED, FAST, "compare/20261122-032000"],
+        ["timeline of the median step", "3 timeline, train", PADDED, FAST, "compare/20261122-032000"],
         images=3,
     )
     assert "No image data was found" not in text
-    browser.show(f"{url}/#images&tagFilter=timeline%2Ftrain", ["timeline/train"], images=1)
+    browser.show(f"{url}/#images&tagFilter=3%20timeline%2C%20train", ["3 timeline, train"], images=1)
     assert browser.evaluate(CLICK_ACTUAL_SIZE), "no 'Show actual image size' checkbox"
     shot = browser.screenshot(served["shots"] / "tensorboard-images.png")
     assert shot.stat().st_size > 20_000
@@ -268,9 +275,85 @@ def test_images_dashboard_shows_the_timelines(served, browser):
 def test_text_dashboard_shows_the_tables(served, browser):
     text = browser.show(
         f"{served['url']}/#text",
-        ["compare/train/text_summary", "Why (mode=train)", "synthetic_2x", "· 2×", "padded, train, NVIDIA H200"],
+        [
+            "compare/train/text_summary",
+            "Verdicts",
+            "Why (mode=train)",
+            "synthetic_2x",
+            "· 2×",
+            "padded, train, NVIDIA H200",
+        ],
     )
     assert "No text data was found" not in text
     shot = browser.screenshot(served["shots"] / "tensorboard-text.png")
     assert shot.stat().st_size > 20_000
     keep(shot)
+
+
+# ----------------------------------------------------------------------------- after the CPU quick start
+
+
+def serve(logdir: Path, runs: list[str]):
+    """TensorBoard (detector.board.main) on 127.0.0.1 over ``logdir``, once it lists ``runs``: (url, stop)."""
+    port = free_port()
+    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    script = "import sys; from detector.board import main; main(sys.argv[1], int(sys.argv[2]), host='127.0.0.1')"
+    log = open(logdir.parent / "tensorboard.log", "wb")  # noqa: SIM115  closed by stop()
+    server = subprocess.Popen(
+        [sys.executable, "-c", script, str(logdir), str(port)],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
+    )
+
+    def stop():
+        os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
+
+    url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
+    while True:
+        try:
+            if set(runs) <= set(get_json(f"{url}/data/runs")):
+                return url, stop
+        except OSError:
+            pass  # not listening yet
+        if server.poll() is not None or time.monotonic() > deadline:
+            stop()
+            raise AssertionError((logdir.parent / "tensorboard.log").read_text()[-3000:])
+        time.sleep(1)
+
+
+@pytest.fixture(scope="module")
+def quick_start(tmp_path_factory):
+    """The README's quick start on this machine: `make profile` of padded and concat with the preset it
+    picks, then `make compare`, served by `make tensorboard`."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    logdir = tmp_path_factory.mktemp("quick") / "runs"
+    for strategy in ("padded", "concat"):
+        cfg = load_config([f"profile.strategy={strategy}", f"profile.out_dir={logdir / 'profile'}"], announce=None)
+        profiling.run_profile(cfg)
+    run_compare(logdir / "profile", out_dir=logdir / "compare" / "now")
+    url, stop = serve(logdir, ["compare/now"])
+    yield url
+    stop()
+
+
+def test_the_landing_page_opens_on_the_comparison(quick_start, browser):
+    """TensorBoard's first page (Time Series) shows the comparison's charts first, then the step's wall time."""
+    text = browser.show(f"{quick_start}/", ["1 compare", "1 ms per step, train", "2 wall ms"], images=1)
+    assert text.index("1 compare") < text.index("1 ms per step, train") < text.index("2 wall ms")
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-landing.png"))
+
+
+def test_the_comparison_text_leads_with_the_verdicts(quick_start, browser):
+    text = browser.show(f"{quick_start}/#text", ["compare/train/text_summary", "Verdicts", "as training runs it"])
+    assert text.index("Verdicts") < text.index("Wall ms per step") < text.index("Why (mode=train)")
+    assert "concat" in text and "slices" in text and "operators" in text
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-compare.png"))

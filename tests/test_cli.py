@@ -97,7 +97,8 @@ SECTIONS = {
     "compare": ["Reads no configuration", "--dir", "--out", "RUN"],
     "tensorboard": ["Reads no configuration", "--logdir", "--port"],
     "strategies": ["Reads no configuration", "--names"],
-    "config": ["data", "model", "train", "profile", "bench"],
+    "config": ["data", "model", "train", "profile", "bench", "report"],
+    "report": ["report", "data", "model", "train", "profile", "bench"],
 }
 
 

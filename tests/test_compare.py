@@ -7,7 +7,7 @@ import json
 import pytest
 from test_board import make_run, read_events
 
-from detector.compare import read_run, run_compare, speedup
+from detector.compare import read_run, run_compare
 from detector.errors import UserError
 
 
@@ -42,17 +42,25 @@ def test_compare_latest_runs(profiles, tmp_path, capsys):
     assert any("loop/20261122-050000/summary.json: cannot read it" in w for w in warnings)
     assert any("concat/summary.json: no analysis, per_step" in w for w in warnings)
 
-    # speed-ups only where the ranges do not overlap: cuda_fused is 2x in every region whose steps
-    # agree; triton (the same trace) and the data wait (one 150 ms step) are ≈
-    speedups = report["modes"]["train"]["speedups_vs_padded"]
-    assert speedups["forward"]["cuda_fused"] == pytest.approx(2.0)
-    assert speedups["calc loss"]["cuda_fused"] == pytest.approx(2.0)
-    assert speedups["data wait"]["cuda_fused"] is None
-    assert all(speedups[region]["triton"] is None for region in speedups)
+    # speed-ups only where the interquartile ranges do not overlap: cuda_fused is 2x in every region whose
+    # steps agree; triton (the same trace) is ≈ everywhere
+    mode = report["modes"]["train"]
+    wall, gpu = mode["speedups_vs_padded"]["wall_ms"], mode["speedups_vs_padded"]["gpu_ms"]
+    assert wall["forward"]["cuda_fused"] == pytest.approx(2.0) and gpu["backward"]["cuda_fused"] == pytest.approx(2.0)
+    assert wall["calc loss"]["cuda_fused"] == pytest.approx(2.0)
+    assert all(wall[region]["triton"] is None for region in wall)
+    assert mode["step_verdicts"] == {"padded": None, "triton": None, "cuda_fused": pytest.approx(2.0)}
+    assert mode["timed_verdicts"] == {"padded": None, "triton": None, "cuda_fused": pytest.approx(2.0)}
+    assert mode["verdicts"][0].startswith("- **triton**: ≈ padded as training runs it; profiled ≈ padded.")
+    assert mode["verdicts"][1].startswith("- **cuda_fused**: 2× faster than padded as training runs it; profiled 2×")
+    assert "Most of it in backward (-24.4 ms)." in mode["verdicts"][1]  # the same counts: no why to give
     md = (tmp_path / "out" / "compare.md").read_text()
     forward_row = next(line for line in md.splitlines() if line.startswith("| forward |"))
     assert forward_row == "| forward | 29.4 [29.3–29.4] | 29.4 [29.3–29.4] · ≈ | 14.7 · 2× |"
-    assert "| calc loss | padded | 49 | 49 | 0 | 0 | 0 B | 0 |" in md  # the why table
+    assert "| **step, as training runs it** | 102 [101–103] | 102 [101–103] · ≈ | 51 [50.5–51.5] · 2× |" in md
+    assert "### GPU ms per step (device)" in md
+    assert "| calc loss | padded | 117 | 10 | 0 | 49 | 49 | 1 | 0 | 0 | 0.486 |" in md  # the why table
+    assert "need a GPU" not in md
     assert "## mode=forward" in md and md in out  # printed too
 
     files = {p.name for p in (tmp_path / "out").iterdir()}
@@ -62,8 +70,22 @@ def test_compare_latest_runs(profiles, tmp_path, capsys):
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["modes"]["train"]["baseline"] == "padded"
     tags = read_events(tmp_path / "out").Tags()
     assert sorted(tags["tensors"]) == ["compare/forward/text_summary", "compare/train/text_summary"]
-    for chart in ("ms_per_step", "counts", "timeline"):
-        assert f"{chart}/train" in tags["images"] and f"{chart}/forward" in tags["images"]
+    for chart in ("1 ms per step", "2 counts", "3 timeline"):
+        for mode_name in ("train", "forward"):
+            assert f"1 compare/{chart}, {mode_name}" in tags["images"]
+
+
+def test_compare_of_cpu_runs_says_once_what_needs_a_gpu(tmp_path):
+    root = tmp_path / "profile"
+    make_run(root, "padded", "20261122-031500", gpu=False)
+    make_run(root, "loop", "20261122-031600", gpu=False, scale=3.0)
+    report = run_compare(root, out_dir=tmp_path / "out")
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert md.count("need a GPU") == 1 and "### GPU ms per step" not in md
+    why_header = next(line for line in md.splitlines() if line.startswith("| region | strategy |"))
+    assert why_header == "| region | strategy | operators | slices | host reads |"
+    assert report["modes"]["train"]["step_verdicts"]["loop"] == pytest.approx(1 / 3)
+    assert "loop**: 3× slower than padded as training runs it" in report["modes"]["train"]["verdicts"][0]
 
 
 def test_compare_named_runs(profiles, tmp_path):
@@ -74,7 +96,7 @@ def test_compare_named_runs(profiles, tmp_path):
 
     labels = report["modes"]["train"]["labels"]
     assert labels == ["padded 20261121-090000", "padded 20261122-031500", "cuda_fused"]
-    assert report["modes"]["train"]["speedups_vs_padded"]["forward"]["cuda_fused"] == pytest.approx(6.0)
+    assert report["modes"]["train"]["speedups_vs_padded"]["wall_ms"]["forward"]["cuda_fused"] == pytest.approx(6.0)
     assert list(report["modes"]) == ["train"]
 
 
@@ -90,15 +112,22 @@ def test_compare_without_runs(tmp_path, capsys):
 
 
 @pytest.mark.parametrize(
-    "other, expected",
+    "summary, reason",
     [
-        ({"median": 1.0, "min": 0.9, "max": 1.1}, 2.0),  # disjoint, faster
-        ({"median": 4.0, "min": 3.5, "max": 4.5}, 0.5),  # disjoint, slower
-        ({"median": 1.5, "min": 1.0, "max": 1.95}, None),  # touches padded's min: ≈
-        ({"median": 2.0, "min": 2.0, "max": 2.0}, None),  # the same
-        (None, None),  # a region the other run does not have
+        ({"strategy": None, "mode": "train", "analysis": {}, "per_step": []}, "is not a name"),
+        ({"strategy": "x", "mode": "train", "analysis": {}, "per_step": []}, "no step wall time"),
+    ]
+    + [
+        (
+            {"strategy": "x", "mode": "train", "per_step": []}
+            | {"analysis": {"regions": {"step": {"wall_ms": {"median": value}, "gpu_ms": {}}}}},
+            "is not a duration",
+        )
+        for value in (float("nan"), float("inf"), -1.0, 0.0, 1e308)
     ],
 )
-def test_speedup_only_outside_the_spread(other, expected):
-    padded = {"median": 2.0, "min": 1.95, "max": 2.2}
-    assert speedup(padded, other) == (pytest.approx(expected) if expected else None)
+def test_a_summary_that_cannot_be_compared_is_refused_in_one_line(tmp_path, capsys, summary, reason):
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert read_run(tmp_path) is None
+    err = capsys.readouterr().err
+    assert reason in err and len(err.strip().splitlines()) == 1

@@ -51,6 +51,6 @@ def test_unknown_preset_and_experiment_list_the_known_ones():
 def test_cpu_preset_differs_only_where_its_yaml_says():
     cpu = load_config(["preset=cpu"], announce=None)
     seed = load_config(["preset=seed_scale"], announce=None)
-    assert (cpu.data.image_size, seed.data.image_size) == (64, 256)
-    assert cpu.data.max_boxes == seed.data.max_boxes == 256
+    assert (cpu.data.image_size, seed.data.image_size) == (16, 256)
+    assert (cpu.data.max_boxes, seed.data.max_boxes) == (64, 256)
     assert OmegaConf.to_container(cpu.profile) == OmegaConf.to_container(seed.profile)

@@ -22,7 +22,7 @@ TINY = [
     "profile.warmup=1",
     "profile.active=2",
 ]
-TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "step"]
+TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]
 
 
 def profile(tmp_path, *overrides) -> dict:
@@ -46,8 +46,12 @@ def test_a_profile_run_gets_its_own_folder_with_the_trace_alone_and_a_summary(tm
     step = summary["analysis"]["regions"]["step"]
     assert step["wall_ms"]["median"] > 0
     launched = step["launches"]["median"]
-    assert launched > 0 if summary["analysis"]["gpu"] else launched == 0  # a CPU step launches no kernels
+    assert launched > 0 if summary["analysis"]["gpu"] else launched is None  # a CPU step: no GPU to launch on
+    assert step["ops"]["median"] > 0 and summary["analysis"]["warnings"] == []
     assert list(run_dir.glob("events.out.tfevents.*")), "TensorBoard events beside the trace"
+    # the steps timed after the profiler's window, as training runs them
+    assert len(summary["timed"]["wall_ms"]) == 10 and summary["timed"]["step_ms"]["n"] == 10
+    assert summary["sync_regions"] is False
 
     again = profile(tmp_path, "profile.strategy=padded")  # a re-run: a new folder, the old one kept
     assert [p.name for p in run_dirs(tmp_path / "padded")] == sorted([summary["run"], again["run"]])
@@ -60,9 +64,19 @@ def test_the_profile_times_the_training_step_of_the_same_config(tmp_path):
     assert summary["config"]["train"]["lr"] == 0.123 and summary["config"]["train"]["strategy"] == "concat"
 
 
+def test_the_printed_table_names_the_timed_steps_and_what_needs_a_gpu(tmp_path, capsys):
+    summary = profile(tmp_path, "profile.strategy=loop", "profile.timed=3")
+    out = capsys.readouterr().out
+    assert "| region | wall ms | operators | slices |" in out
+    assert "As training runs it (no profiler, no regions; 3 steps): step" in out
+    assert ("need a GPU" in out) == (not summary["analysis"]["gpu"])
+    none = profile(tmp_path, "profile.strategy=padded", "profile.timed=0")
+    assert none["timed"]["step_ms"]["n"] == 0 and "profile.timed=0" in capsys.readouterr().out
+
+
 def test_forward_mode_keeps_the_articles_protocol(tmp_path):
     summary = profile(tmp_path, "profile.strategy=padded", "profile.mode=forward")
-    assert list(summary["analysis"]["regions"]) == ["data wait", "copy data", "forward", "calc loss", "step"]
+    assert list(summary["analysis"]["regions"]) == ["data wait", "copy data", "forward", "calc loss", "other", "step"]
     assert run_dirs(tmp_path / "padded-forward")
 
 
@@ -84,10 +98,26 @@ def test_bad_mode_is_refused_before_anything_is_written(tmp_path):
     assert not (tmp_path / "padded").exists()
 
 
+def test_sync_regions_only_labels_the_synchronize_on_a_gpu():
+    cfg = load_config([*TINY, "profile.sync_regions=true"], announce=None)
+    assert TrainStep(cfg, torch.device("cpu")).regions.sync is False  # nothing to wait for on the CPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_sync_regions_end_each_region_in_a_labelled_synchronize(tmp_path):
+    synced = profile(tmp_path, "profile.strategy=padded", "profile.sync_regions=true", "device=cuda")
+    assert synced["sync_regions"] is True
+    step = synced["analysis"]["regions"]["step"]
+    assert step["sync_wait_ms"]["median"] > 0 and step["syncs"]["median"] == 0  # the lab's wait, no other sync
+    free = profile(tmp_path, "profile.strategy=padded", "device=cuda")
+    assert free["analysis"]["regions"]["step"]["sync_wait_ms"]["median"] == 0
+
+
 def test_regions_cost_nothing_when_inactive():
     cfg = load_config(TINY, announce=None)
     step = TrainStep(cfg, torch.device("cpu"))
-    batch = (torch.zeros(4, 1, 32, 32, dtype=torch.uint8), make_targets([torch.zeros(0, 4)] * 4, "padded", 256))
+    batch = (torch.zeros(4, 1, 32, 32, dtype=torch.uint8), make_targets([torch.zeros(0, 4)] * 4, "padded", 64))
     with torch.profiler.profile() as prof:
         step(batch)
         step.regions.active = True

@@ -7,7 +7,8 @@
   data pipeline's images/s
 
 Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
-with the device, the torch version and the ``bench`` configuration. Targets are imported when run, so
+with the device, the torch version and the ``bench`` configuration, and ``<target>.md`` with the tables it
+printed (`make report` includes them). Targets are imported when run, so
 that importing this package (``detector.bench.timing`` from the profiler) loads neither triton nor the
 extension.
 """
@@ -22,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.config import resolve_device
 from detector.errors import UserError
-from detector.report import run_info, write_json
+from detector.tables import run_info, write_json
 
 TARGETS = {
     "losses": "detector.bench.losses",
@@ -36,11 +37,14 @@ class UnknownTargetError(UserError, ValueError):
     """A bench target that does not exist."""
 
 
-def save(cfg: DictConfig, target: str, device, results) -> Path:
-    """Write ``results``, the device, torch and the ``bench`` config to ``<dir of bench.out>/<target>.json``."""
+def save(cfg: DictConfig, target: str, device, results, markdown: str) -> Path:
+    """Print ``markdown`` (the target's tables); write ``results``, the device, torch and the ``bench`` config
+    to ``<dir of bench.out>/<target>.json`` and the tables to ``<target>.md`` beside it."""
+    print(markdown)
     payload = {**run_info(device), "target": target, "config": OmegaConf.to_container(cfg.bench), "results": results}
     path = write_json(Path(cfg.bench.out).parent / f"{target}.json", payload)
-    print(f"results: {path}")
+    path.with_suffix(".md").write_text(markdown + "\n")
+    print(f"results: {path} and {path.with_suffix('.md').name}")
     return path
 
 

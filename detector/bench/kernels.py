@@ -34,7 +34,7 @@ from detector.bench.cases import random_case, sample_counts
 from detector.bench.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
 from detector.kernels import cuda_op
 from detector.losses import STRATEGIES, get_strategy
-from detector.report import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
+from detector.tables import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
 from detector.targets import make_targets
 
 HEADLINE = ("padded", "cuda_fused", "cuda_conditional", "packed")
@@ -231,23 +231,24 @@ def skipping(pred_dtype: torch.dtype, timed: dict, batch: int = 1024) -> list[di
     return records
 
 
-def print_tables(results: dict, copy: dict) -> None:
+def tables(results: dict, copy: dict, header: str) -> str:
+    out = [header + "; median [quartiles] ms\n"]
     floors = results["host_floors"]
-    print("## Host floors (wall ms, synchronised)\n")
-    print(markdown_table(["what", "ms"], [[k, spread_cell(v)] for k, v in floors.items()]) + "\n")
+    out.append("## Host floors (wall ms, synchronised)\n")
+    out.append(markdown_table(["what", "ms"], [[k, spread_cell(v)] for k, v in floors.items()]) + "\n")
 
-    print("## Forward+backward, batch 1024, 256 slots, seed boxes (ms)\n")
+    out.append("## Forward+backward, batch 1024, 256 slots, seed boxes (ms)\n")
     headers = ["strategy", "pred", "valid", "fwd wall", "fwd+bwd wall", "fwd+bwd events", "fwd+bwd graph"]
     keys = ["forward_wall_ms", "forward_backward_wall_ms", "forward_backward_event_ms", "forward_backward_graph_ms"]
     rows = [
         [r["strategy"], r["pred_dtype"], r["valid_boxes"]] + [spread_cell(r[k]) for k in keys]
         for r in results["headline"]
     ]
-    print(markdown_table(headers, rows, align="llrrrrr") + "\n")
+    out.append(markdown_table(headers, rows, align="llrrrrr") + "\n")
 
     rate = copy["bytes_per_ms"] / 1e9  # TB/s
-    print(f"## Byte floors, batch {FLOOR_BATCH}, {SLOTS} slots, seed boxes, uint8 targets")
-    print(
+    out.append(f"## Byte floors, batch {FLOOR_BATCH}, {SLOTS} slots, seed boxes, uint8 targets")
+    out.append(
         f"(floor = 2 x pred + targets + counts over the device-to-device copy's {significant(rate)} TB/s, "
         f"{spread_cell(copy['ms'])} ms; fwd read = pred + targets + counts over the forward's time)\n"
     )
@@ -260,9 +261,9 @@ def print_tables(results: dict, copy: dict) -> None:
         + [f"{significant(100 * r['forward_read_of_copy'])} %"]
         for r in results["byte_floors"]
     ]
-    print(markdown_table(headers, rows, align="llrrrrrrr") + "\n")
+    out.append(markdown_table(headers, rows, align="llrrrrrrr") + "\n")
 
-    print("## packed vs cuda_fused as valid boxes grow (256 slots, device ms)\n")
+    out.append("## packed vs cuda_fused as valid boxes grow (256 slots, device ms)\n")
     headers = ["batch", "valid", "cuda_fused fwd", "packed fwd", "packed fwd speed-up"]
     headers += ["cuda_fused fwd+bwd graph", "packed fwd+bwd graph", "packed fwd+bwd speed-up"]
     rows = []
@@ -272,18 +273,18 @@ def print_tables(results: dict, copy: dict) -> None:
             fused, packed = r[f"cuda_fused_{what}"], r[f"packed_{what}"]
             row += [spread_cell(fused), spread_cell(packed), speedup_cell(fused, packed)]
         rows.append(row)
-    print(markdown_table(headers, rows) + "\n")
+    out.append(markdown_table(headers, rows) + "\n")
 
-    print("## packed: prefix sums by every block itself vs block sums (fwd+bwd device ms, seed boxes)\n")
+    out.append("## packed: prefix sums by every block itself vs block sums (fwd+bwd device ms, seed boxes)\n")
     headers = ["batch", "valid", "block scan", "block sums", "block scan speed-up"]
     rows = [
         [r["batch"], r["valid_boxes"], spread_cell(r["block_scan_ms"]), spread_cell(r["block_sums_ms"])]
         + [speedup_cell(r["block_sums_ms"], r["block_scan_ms"])]
         for r in results["scan_paths"]
     ]
-    print(markdown_table(headers, rows) + "\n")
+    out.append(markdown_table(headers, rows) + "\n")
 
-    print("## cuda_conditional vs cuda_fused forward kernel, batch 1024 (device ms)\n")
+    out.append("## cuda_conditional vs cuda_fused forward kernel, batch 1024 (device ms)\n")
     headers = ["slots", "boxes", "targets", "valid", "cuda_fused", "cuda_conditional", "conditional speed-up"]
     rows = [
         [r["slots"], r["distribution"], r["target_dtype"], r["valid_boxes"]]
@@ -291,7 +292,8 @@ def print_tables(results: dict, copy: dict) -> None:
         + [speedup_cell(r["cuda_fused_forward_ms"], r["cuda_conditional_forward_ms"])]
         for r in results["skipping"]
     ]
-    print(markdown_table(headers, rows, align="rllrrrr") + "\n", flush=True)
+    out.append(markdown_table(headers, rows, align="rllrrrr") + "\n")
+    return "\n".join(out)
 
 
 def run_bench(cfg: DictConfig) -> dict | None:
@@ -300,7 +302,7 @@ def run_bench(cfg: DictConfig) -> dict | None:
         return None
     pred_dtype, timed = getattr(torch, cfg.bench.pred_dtype), budget(cfg.bench)
     dtypes = [pred_dtype] + ([torch.float32] if pred_dtype != torch.float32 else [])
-    print(f"bench kernels on {run_header(device)}; median [quartiles] ms\n", flush=True)
+    print(f"bench kernels on {run_header(device)} ...", flush=True)
     copy = copy_rate(timed)
     results = {
         "host_floors": host_floors(timed),
@@ -311,6 +313,5 @@ def run_bench(cfg: DictConfig) -> dict | None:
         "scan_paths": scan_paths(pred_dtype, timed),
         "skipping": skipping(pred_dtype, timed),
     }
-    print_tables(results, copy)
-    bench.save(cfg, "kernels", device, results)
+    bench.save(cfg, "kernels", device, results, tables(results, copy, run_header(device)))
     return results

@@ -20,7 +20,7 @@ from detector.bench.cases import random_case
 from detector.bench.timing import budget, event_ms, graph_ms
 from detector.kernels import triton_giou
 from detector.losses import get_strategy
-from detector.report import markdown_table, ms, run_header, spread_cell
+from detector.tables import markdown_table, ms, run_header, spread_cell
 from detector.targets import make_targets
 
 BATCH, SLOTS = 1024, 256
@@ -78,12 +78,21 @@ def run_bench(cfg: DictConfig) -> dict | None:
             kernels = kernel_times(forward_backward)
     headers = ["layer"] + [f"{c['distribution']} ({c['valid_boxes']} boxes)" for c in cases]
     rows = [[layer] + [spread_cell(c["layers_ms"][layer]) for c in cases] for layer in cases[0]["layers_ms"]]
-    print(markdown_table(headers, rows) + "\n")
-    print(f"## Kernels of one forward + backward, {DISTRIBUTIONS[0]} boxes (profiler, mean of {PROFILED_CALLS})\n")
-    print(markdown_table(["kernel", "device ms"], [[k["kernel"], ms(k["device_ms"])] for k in kernels]) + "\n")
     tuned = {"forward": triton_giou._giou_loss_forward_kernel, "backward": triton_giou._giou_loss_backward_kernel}
     autotuned = {f"{name} {key}": str(config) for name, kernel in tuned.items() for key, config in kernel.cache.items()}
-    print("autotuned configs (key: M, dtypes):\n" + "\n".join(f"  {k}: {v}" for k, v in autotuned.items()))
+    markdown = [
+        f"{run_header(device)}, triton {triton_giou.triton.__version__}",
+        "",
+        markdown_table(headers, rows),
+        "",
+        f"## Kernels of one forward + backward, {DISTRIBUTIONS[0]} boxes (profiler, mean of {PROFILED_CALLS})",
+        "",
+        markdown_table(["kernel", "device ms"], [[k["kernel"], ms(k["device_ms"])] for k in kernels]),
+        "",
+        "autotuned configs (key: M, dtypes):",
+        "",
+        *(f"- {k}: {v}" for k, v in autotuned.items()),
+    ]
     results = {"cases": cases, "kernels": kernels, "autotuned": autotuned}
-    bench.save(cfg, "layers", device, results)
+    bench.save(cfg, "layers", device, results, "\n".join(markdown))
     return results

@@ -18,7 +18,7 @@ from detector.bench.cases import random_case
 from detector.bench.timing import budget, event_ms, graph_ms, loss_closures
 from detector.config import resolve_device
 from detector.losses import STRATEGIES, get_strategy
-from detector.report import markdown_table, run_header, speedup_cell, spread_cell
+from detector.tables import markdown_table, run_header, speedup_cell, spread_cell
 from detector.targets import make_targets
 
 BASELINE = "padded"  # speed-ups are against this strategy in the same case
@@ -98,6 +98,5 @@ def run_bench(cfg: DictConfig) -> list[dict]:
                 flush=True,
             )
             records.append(r)
-    print(f"\n{run_header(device)}\n{format_table(records)}")
-    bench.save(cfg, "losses", device, records)
+    bench.save(cfg, "losses", device, records, f"{run_header(device)}\n\n{format_table(records)}")
     return records

@@ -9,7 +9,7 @@
    train.*): median [quartiles] of the whole step (CUDA events over a fixed device batch, no data
    loading), its ratio to the floor, and for the config's own step its pieces: forward, forward +
    loss + backward, and clip + optimizer.
-3. The data pipeline: images/s of the configured DataLoader (and of one process's sampler), against the
+3. The data pipeline: images/s of the configured batch loader (and of one process's sampler), against the
    images/s the step consumes (``detector.data.images_per_second``).
 
 On the CPU it runs the config's step and the data pipeline only (the floors are a GPU's).
@@ -25,7 +25,7 @@ from detector.bench.timing import event_ms
 from detector.config import resolve_device
 from detector.data import build_loader, images_per_second, to_device
 from detector.model import build_model
-from detector.report import markdown_table, run_header, significant, spread_cell
+from detector.tables import markdown_table, run_header, significant, spread_cell
 from detector.train.step import TrainStep
 
 # fused AdamW reads param, grad, m, v (16 B) and writes param, m, v (12 B); clipping reads the fp32
@@ -120,12 +120,11 @@ def run_bench(cfg: DictConfig) -> dict:
         "data_images_per_s": rates["loader"],
         "sampler_images_per_s": rates["sampler"],
     }
-    print_tables(results, cfg.data.batch_size)
-    bench.save(cfg, "step", device, results)
+    bench.save(cfg, "step", device, results, tables(results, cfg.data.batch_size, run_header(device)))
     return results
 
 
-def print_tables(results: dict, batch: int) -> None:
+def tables(results: dict, batch: int, header: str) -> str:
     floor = results["floor"]
     rows = []
     for name, stats in results["steps"].items():
@@ -134,15 +133,18 @@ def print_tables(results: dict, batch: int) -> None:
             rows.append(
                 [name, piece, spread_cell(s), ratio, significant(batch / s.median * 1e3) if piece == "step" else "—"]
             )
-    print(markdown_table(["variant", "piece", "ms", "vs floor", "images/s"], rows, align="llrrr"))
+    lines = [header, "", markdown_table(["variant", "piece", "ms", "vs floor", "images/s"], rows, align="llrrr")]
     if floor:
         pieces = ", ".join(f"{k} {significant(v)} ms" for k, v in floor["floor_pieces_ms"].items())
-        print(
-            f"\nfloor {significant(floor['floor_ms'])} ms ({pieces}) at {significant(floor['matmul_tflops'])} TFLOP/s "
-            f"bf16 and {significant(floor['copy_gbps'])} GB/s copy, measured in this run"
-        )
+        lines += [
+            "",
+            f"floor {significant(floor['floor_ms'])} ms ({pieces}) at {significant(floor['matmul_tflops'])} TFLOP/s "
+            f"bf16 and {significant(floor['copy_gbps'])} GB/s copy, measured in this run",
+        ]
     consumed = batch / results["steps"]["config"]["step"].median * 1e3
-    print(
+    lines += [
+        "",
         f"data pipeline: {significant(results['data_images_per_s'])} images/s drawn, "
-        f"{significant(consumed)} consumed by the step"
-    )
+        f"{significant(consumed)} consumed by the step",
+    ]
+    return "\n".join(lines)

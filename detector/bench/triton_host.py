@@ -21,7 +21,7 @@ from detector.bench.kernels import Double
 from detector.bench.timing import device_ms, graph_ms, wall_ms
 from detector.kernels import triton_giou
 from detector.losses import get_strategy
-from detector.report import markdown_table, ms, spread_cell
+from detector.tables import markdown_table, ms, spread_cell
 from detector.targets import make_targets
 
 SLOTS = 256

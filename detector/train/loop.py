@@ -43,7 +43,7 @@ from detector import runs
 from detector.data import build_loader
 from detector.errors import UserError
 from detector.profiling import make_profiler
-from detector.report import device_name
+from detector.tables import device_name
 from detector.train import distributed
 from detector.train.checkpoint import fingerprint, load_checkpoint, rng_state, save_checkpoint
 from detector.train.distributed import DistEnv, rank_loader

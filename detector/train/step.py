@@ -10,8 +10,11 @@ MODE=forward`): copy, forward and loss with no gradient.
 
 Profiler regions ("copy data", "forward", "calc loss", "backward", "optimizer step"; a CUDA-graph step
 has "copy data" and "step (CUDA graph)") are marked inside the step. They cost nothing unless
-``regions.active`` is set: then each is a ``record_function`` label ended by one device synchronize,
-so that its wall time is its own (detector/analysis.py leaves that synchronize out of its counts).
+``regions.active`` is set: then each is a ``record_function`` label, and nothing else, so the host runs
+ahead of the device exactly as in training (detector/analysis.py finds each region's GPU time through the
+kernels it launched). With ``profile.sync_regions=true`` (the original article's protocol) each region
+also ends in a device synchronize, inside a ``lab sync`` label, so that its wall time holds its own GPU
+work; the analysis measures that wait on its own and leaves it out of every other count.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 from torch.profiler import record_function
 
+from detector.analysis import LAB_SYNC
 from detector.data import to_device
 from detector.errors import UserError
 from detector.losses import get_strategy
@@ -45,10 +49,12 @@ GRAPH_WARMUP = 3  # eager steps on a side stream before capture, as in PyTorch's
 
 
 class Regions:
-    """The step's named profiler regions: free when inactive, label + synchronize when active."""
+    """The step's named profiler regions: free when inactive, a label when active (+ a synchronize with
+    ``sync``, the article's protocol)."""
 
-    def __init__(self, device: torch.device):
+    def __init__(self, device: torch.device, sync: bool = False):
         self.device = device
+        self.sync = sync and device.type == "cuda"
         self.active = False  # set by the profiler loop around its warm-up and active steps
 
     def __call__(self, name: str):
@@ -58,8 +64,9 @@ class Regions:
     def _marked(self, name: str):
         with record_function(name):
             yield
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
+            if self.sync:
+                with record_function(LAB_SYNC):
+                    torch.cuda.synchronize(self.device)
 
 
 def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
@@ -92,10 +99,9 @@ def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) 
     if world_size > 1:
         return "train.cuda_graphs=true runs on one GPU: capturing DDP's gradient all-reduce is not supported here"
     if tcfg.fused_blocks:
-        # on an H200 (torch 2.11, triton 3.6) a capture of their forward and backward under autocast, after a
-        # torch.compile in the same process, failed with "operation would make the legacy stream depend on a
-        # capturing blocking stream", while the kernels alone capture (docs/gpu-runs.md, runs K and N):
-        # refused until the full step is shown to capture
+        # a capture of their forward and backward under autocast, after a torch.compile in the same process,
+        # failed with "operation would make the legacy stream depend on a capturing blocking stream" (torch
+        # 2.11, triton 3.6), while the kernels alone capture: refused until the full step is shown to capture
         return "train.cuda_graphs=true cannot capture the fused blocks' Triton kernels yet: set train.fused_blocks=0"
     return None
 
@@ -157,7 +163,7 @@ class TrainStep:
                 self.early = EarlyAllReduce(self.model, names)
             ids = [device] if device.type == "cuda" else None
             # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them at
-            # seed scale are not copied into the buckets and back every step (~4 ms of an H200's step)
+            # seed scale are not copied into the buckets and back every step
             self.net = torch.nn.parallel.DistributedDataParallel(
                 self.model, device_ids=ids, gradient_as_bucket_view=True
             )
@@ -171,7 +177,7 @@ class TrainStep:
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast), cache_enabled=False
         )
-        self.regions = Regions(device)
+        self.regions = Regions(device, sync=cfg.profile.sync_regions)
         self.graph = GraphedStep(self) if tcfg.cuda_graphs else None
 
     def __call__(self, batch) -> Tensor:
@@ -299,7 +305,7 @@ class GraphedStep:
         regions = self.step.regions
         active, regions.active = regions.active, False  # no labels or synchronisation inside a capture
         try:
-            # thread_local: the DataLoader's pin-memory thread keeps calling CUDA while we capture
+            # thread_local: only this thread's unsafe CUDA calls fail the capture, not another thread's
             with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
                 self.loss = self.step.forward_backward(*self.static)
                 self.step.optimizer_step(self.loss)

@@ -11,7 +11,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from detector.losses import STRATEGIES
-from detector.report import markdown_table
+from detector.tables import markdown_table
 from detector.train.step import speed_option_refusal
 
 

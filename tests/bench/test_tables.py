@@ -1,4 +1,4 @@
-"""detector.report: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
+"""detector.tables: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
 
 import dataclasses
 import json
@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from detector.report import (
+from detector.tables import (
     Spread,
     markdown_table,
     ms,

@@ -2,10 +2,10 @@
 
 It keeps the first three ProfilerSteps of /work/shared/traces/padded_seed_scale_h200.pt.trace.json.gz
 (see that folder's README: MODE=train, seed scale, torch 2.11 on an NVIDIA H200) and, inside their time
-window, only what detector.analysis and detector.timeline read: user annotations, CUDA runtime and
-driver calls, kernels, GPU memcpy and memset, and the thread names (the autograd thread is found by
-name). Arguments are cut to correlation, bytes and stream. The third step (#12) has a 150 ms
-"data wait" (the DataLoader workers fell behind), so the steps are not all alike.
+window, only what detector.analysis and detector.timeline read: user annotations, operators, CUDA
+runtime and driver calls, kernels, GPU memcpy and memset, and the thread names. Arguments are cut to
+correlation, bytes and stream. The third step (#12) has a 150 ms "data wait" (the DataLoader workers fell
+behind), so the steps are not all alike.
 
     python tests/data/make_fixture.py [SOURCE] [DEST]
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 SOURCE = "/work/shared/traces/padded_seed_scale_h200.pt.trace.json.gz"
 DEST = Path(__file__).with_name("padded_gpu_trace.json.gz")
 STEPS = 3
-CATEGORIES = {"user_annotation", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset"}
+CATEGORIES = {"user_annotation", "cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset"}
 ARGS = ("correlation", "bytes", "stream")
 
 

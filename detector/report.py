@@ -1,0 +1,331 @@
+"""`make report`: the lab's standard set of measurements on the machine at hand, as one document.
+
+The standard set, each part a command of its own (run as a subprocess, so that the document can name the
+exact command and each part starts from a clean process):
+
+1. ``profile``: every registered strategy that can run here, in train mode (``report.short`` strategies,
+   seconds per step at seed scale, with fewer steps);
+2. ``compare`` of those profiles;
+3. ``train``: ``report.train_steps`` steps of each of ``report.train_strategies``, whose measured step the
+   profiles must agree with;
+4. ``bench losses``, and on a GPU also ``bench kernels`` and ``bench step``.
+
+Every override given to `make report` (``ARGS="preset=seed_scale"``) goes to each part that reads its
+config section. The runs go to ``<report.work_dir>/<device>/current/``; a part whose output is there
+already is not run again, so a report that was stopped resumes where it stopped (with the same
+overrides; different ones start afresh and keep the unfinished folder aside). When every part has run,
+``<report.out_dir>/<device>.md`` and its charts in ``<report.out_dir>/<device>/`` are replaced (only
+then), naming the device, torch, the commit and the commands, and the run folder gets its timestamp.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig
+
+from detector.board import timed_note
+from detector.config import resolve_device
+from detector.errors import UserError
+from detector.losses import STRATEGIES, get_strategy
+from detector.tables import device_name, markdown_table, significant, times
+from detector.train.step import speed_option_refusal
+
+SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
+SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=3", "profile.timed=2"]
+CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Part:
+    """One command of the report: what it is, its arguments after ``python -m detector``, and the file
+    that exists once it has run."""
+
+    title: str
+    args: list[str]
+    done: Path
+
+    def command(self) -> str:
+        return "python -m detector " + " ".join(quote(a) for a in self.args)
+
+
+def quote(arg: str) -> str:
+    return arg if re.fullmatch(r"[\w./=:,+-]+", arg) else f'"{arg}"'
+
+
+def device_slug(name: str) -> str:
+    """``NVIDIA H200`` -> ``nvidia-h200``: the report's file name."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def run_report(cfg: DictConfig, overrides: list[str], sections: dict[str, set[str]]) -> Path:
+    """Run (or resume) the standard set and write the document; returns its path. ``sections``: the config
+    sections each command reads, so that each part gets only the overrides it accepts."""
+    rcfg, device = cfg.report, resolve_device(cfg)
+    slug = device_slug(device_name(device))
+    work = prepare_work(Path(rcfg.work_dir) / slug, overrides)
+    strategies, skipped = runnable(cfg, device)
+    parts = plan(cfg, device, work, strategies, overrides, sections)
+    done = sum(p.done.exists() for p in parts)
+    print(f"report on {device_name(device)}: {len(parts)} parts ({done} done already) in {work}/")
+    started = time.perf_counter()
+    for i, part in enumerate(parts, 1):
+        if part.done.exists():
+            continue
+        print(f"[{i}/{len(parts)}] {part.title}: {part.command()}", flush=True)
+        run_part(part, work / "logs" / f"{i:02d}.log")
+    print(f"all parts done in {time.perf_counter() - started:.0f} s; writing the report", flush=True)
+    path = write_document(cfg, device, work, parts, skipped, overrides)
+    final = work.with_name(time.strftime("%Y%m%d-%H%M%S"))
+    os.replace(work, final)
+    print(f"report: {path} (charts in {path.with_suffix('')}/); its runs: {final}/")
+    return path
+
+
+def prepare_work(folder: Path, overrides: list[str]) -> Path:
+    """``folder/current``, resumed when it was started with the same overrides; otherwise an unfinished one
+    is kept aside as ``folder/unfinished-<time>`` and a fresh one begins."""
+    work, state = folder / "current", folder / "current" / "report.json"
+    if work.exists():
+        try:
+            same = json.loads(state.read_text())["overrides"] == overrides
+        except (OSError, ValueError, KeyError, TypeError):
+            same = False
+        if same:
+            print(f"resuming the unfinished report in {work}/")
+            return work
+        aside = folder / f"unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(work, aside)
+        print(f"an unfinished report with other overrides is kept in {aside}/; starting afresh")
+    (work / "logs").mkdir(parents=True)
+    state.write_text(json.dumps({"overrides": overrides, "started": now()}))
+    return work
+
+
+def runnable(cfg: DictConfig, device: torch.device) -> tuple[list[str], dict[str, str]]:
+    """The strategies to profile, and why the others cannot run here."""
+    names = list(cfg.report.strategies) or list(STRATEGIES)
+    skipped = {}
+    for name in names:
+        strategy = get_strategy(name)
+        reason = strategy.unavailable(device) or speed_option_refusal(strategy, cfg.train, 1, device)
+        if reason:
+            skipped[name] = reason
+    return [n for n in names if n not in skipped], skipped
+
+
+def plan(cfg, device, work: Path, strategies: list[str], overrides: list[str], sections: dict) -> list[Part]:
+    def passed(command: str) -> list[str]:
+        return [o for o in overrides if o.partition("=")[0].split(".")[0] in sections[command]]
+
+    rcfg = cfg.report
+    parts = []
+    for name in strategies:
+        short = SHORT_PROFILE if name in rcfg.short else []
+        args = ["profile", f"profile.strategy={name}", f"profile.out_dir={work / 'profile'}", *passed("profile")]
+        parts.append(Part(f"profile {name}", args + short, work / "profile" / name / "done"))
+    compare = work / "compare"
+    parts.append(
+        Part("compare", ["compare", "--dir", str(work / "profile"), "--out", str(compare)], compare / "compare.json")
+    )
+    for name in [n for n in rcfg.train_strategies if n in strategies]:
+        args = ["train", f"train.strategy={name}", f"train.steps={rcfg.train_steps}", f"train.out_dir={work / 'train'}"]
+        args += ["train.checkpoint_every=0", "train.log_every=10", *passed("train")]
+        parts.append(Part(f"train {name}", args, work / "train" / "default" / name / "summary.json"))
+    targets = ["losses"] + (["kernels", "step"] if device.type == "cuda" else [])
+    for target in targets:
+        args = ["bench", target, f"bench.out={work / 'bench' / 'bench.json'}", *passed("bench")]
+        parts.append(Part(f"bench {target}", args, work / "bench" / f"{target}.md"))
+    return parts
+
+
+def run_part(part: Part, log: Path) -> None:
+    """Run one part, its output shown and kept in ``log``; a failure stops the report in one line."""
+    with open(log, "w") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "detector", *part.args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=os.environ | {"PYTHONUNBUFFERED": "1"},
+        )
+        for line in process.stdout:
+            out.write(line)
+            print(f"    {line}", end="", flush=True)
+        code = process.wait()
+    if code:
+        raise UserError(
+            f"report: `{part.command()}` failed (exit {code}); its output is in {log}. "
+            "Run make report again to resume after fixing it"
+        )
+    if part.done.name == "done":
+        part.done.parent.mkdir(parents=True, exist_ok=True)
+        part.done.write_text(now())  # the profile's own folder is timestamped: mark the strategy done
+
+
+# ----------------------------------------------------------------------------- the document
+
+
+def write_document(cfg: DictConfig, device, work: Path, parts: list[Part], skipped: dict, overrides: list[str]) -> Path:
+    out_dir = Path(cfg.report.out_dir)
+    slug = device_slug(device_name(device))
+    path, charts = out_dir / f"{slug}.md", out_dir / slug
+    compare = json.loads((work / "compare" / "compare.json").read_text())
+    lines = [
+        f"# Results on {device_name(device)}",
+        "",
+        machine_line(device),
+        "",
+        f"Written by `make report{' ARGS=' + quote(' '.join(overrides)) if overrides else ''}` on {now()[:10]}; "
+        f"each section names its commands (`python -m detector ...`, run from the repository root). "
+        f"The runs themselves are in `{work.parent}/<time>/`.",
+        "",
+        "## The training step of each strategy",
+        "",
+        "```",
+        *(p.command() for p in parts if p.args[0] in ("profile", "compare") and p.done.parent.name != "synced"),
+        "```",
+        "",
+    ]
+    if skipped:
+        lines += ["Not profiled here:", "", *(f"- {n}: {why}" for n, why in skipped.items()), ""]
+    lines += [f"![{c}]({slug}/{c})" for c in CHARTS if (work / "compare" / c).exists()]
+    lines += ["", demote(section(work / "compare" / "compare.md", "## mode=train"))]
+    lines += ["", "## The profile against training", "", "```"]
+    lines += [p.command() for p in parts if p.args[0] == "train"] + ["```", ""]
+    lines += [profile_vs_training(work, compare, cfg.report.train_strategies)]
+    synced = [p for p in parts if "profile.sync_regions=true" in p.args]
+    if synced:
+        lines += ["", "## The article's protocol: a synchronize after each region", "", "```", synced[0].command()]
+        lines += ["```", "", synced_section(work, compare)]
+    for part in (p for p in parts if p.args[0] == "bench"):
+        lines += ["", f"## {part.title}", "", "```", part.command(), "```", "", demote(part.done.read_text().strip())]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fresh = charts.with_name(f".{slug}.new")
+    shutil.rmtree(fresh, ignore_errors=True)  # our own leftover from a failed write
+    fresh.mkdir()
+    for chart in CHARTS:
+        if (work / "compare" / chart).exists():
+            shutil.copy(work / "compare" / chart, fresh / chart)
+    temp = path.with_name(f".{path.name}.new")
+    temp.write_text("\n".join(lines) + "\n")
+    old = charts.with_name(f".{slug}.old")
+    if charts.exists():
+        os.replace(charts, old)
+    os.replace(fresh, charts)
+    os.replace(temp, path)
+    shutil.rmtree(old, ignore_errors=True)  # replaced: the new charts and document are in place
+    return path
+
+
+def machine_line(device) -> str:
+    """Device, host, torch, CUDA and the commit the figures came from."""
+    cores = os.cpu_count()
+    info = f"**{device_name(device)}**, host {platform.processor() or platform.machine()} with {cores} cores, "
+    info += f"Python {platform.python_version()}, torch {torch.__version__}"
+    if device.type == "cuda":
+        info += f", CUDA {torch.version.cuda}"
+    return info + f", commit {commit()}."
+
+
+def commit() -> str:
+    """The checkout's commit, with ``+ uncommitted changes`` when the tree differs from it."""
+
+    def git(*args):
+        result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        return result.stdout.strip() if result.returncode == 0 else ""
+
+    head = git("rev-parse", "--short=10", "HEAD") or "unknown (not a git checkout)"
+    return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
+def section(path: Path, heading: str) -> str:
+    """The part of a markdown file from ``heading`` to the next heading of the same level."""
+    text = path.read_text()
+    start = text.find(heading)
+    if start < 0:
+        return ""
+    level = heading.split(" ")[0]
+    end = text.find(f"\n{level} ", start + len(heading))
+    return text[start : end if end >= 0 else len(text)].strip()
+
+
+def demote(markdown: str) -> str:
+    """Each heading one level down, to sit under a section of the report."""
+    return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
+
+
+def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
+    """Per strategy: training's median step, the profiled step and the steps timed without the profiler."""
+    mode = compare["modes"].get("train", {})
+    rows, trained = [], {}
+    for name in names:
+        summary = work / "train" / "default" / name / "summary.json"
+        if not summary.exists() or name not in mode.get("regions", {}).get("step", {}):
+            continue
+        train_ms = json.loads(summary.read_text())["step_ms"]
+        step, timed = mode["regions"]["step"][name]["wall_ms"], (mode["timed"].get(name) or {})
+        trained[name] = train_ms
+        row = [name, significant(train_ms), cell(step), f"{step['median'] / train_ms:.2f}"]
+        row += [cell(timed), f"{timed['median'] / train_ms:.2f}" if timed.get("median") else "—"]
+        rows.append(row)
+    if not rows:
+        return "(no strategy both trained and profiled)"
+    headers = ["strategy", "train step ms", "profiled step ms", "profiled / train", "timed ms", "timed / train"]
+    text = [
+        "`train step ms`: the median wall time per step that `make train` reports. `profiled step ms`: the "
+        "median [q1–q3] ProfilerStep of `make profile`; `timed ms`: the steps `make profile` times after the "
+        "profiler's window, with neither profiler nor regions.",
+        "",
+        markdown_table(headers, rows),
+    ]
+    if len(trained) > 1:
+        first, *others = trained
+        base = mode["labels"][0] if mode.get("baseline") else None
+        for other in others:
+            verdict = mode["step_verdicts"].get(other) if base == first else None
+            said = times(verdict)
+            text += [
+                "",
+                f"{first} / {other}: training {trained[first] / trained[other]:.3f}; the profile's verdict "
+                f"{said} (≈: the interquartile ranges overlap).",
+            ]
+    return "\n".join(text)
+
+
+def synced_section(work: Path, compare: dict) -> str:
+    """padded profiled with synchronised regions, against its profile as training runs it."""
+    found = sorted((work / "synced").glob(f"{SYNCED}/*/summary.json"))
+    free = compare["modes"].get("train", {}).get("regions", {}).get("step", {}).get(SYNCED)
+    if not found or not free:
+        return "(no synchronised profile)"
+    summary = json.loads(found[-1].read_text())
+    step = summary["analysis"]["regions"]["step"]
+    rows = [
+        ["regions as training runs them", cell(free["wall_ms"]), "—"],
+        ["regions synchronised", cell(step["wall_ms"]), cell(step["sync_wait_ms"])],
+    ]
+    table = markdown_table([f"{SYNCED}, profiled", "step ms", "host waiting in the lab's syncs, ms"], rows)
+    return "\n".join([table, "", timed_note(summary)])
+
+
+def cell(stats: dict) -> str:
+    if not stats or stats.get("median") is None:
+        return "—"
+    return f"{significant(stats['median'])} [{significant(stats['q1'])}–{significant(stats['q3'])}]"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
