@@ -230,10 +230,20 @@ def write_document(cfg: DictConfig, device, work: Path, parts: list[Part], skipp
     return path
 
 
+def host_cpu() -> str:
+    """The host processor's model name (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def machine_line(device) -> str:
     """Device, host, torch, CUDA and the commit the figures came from."""
-    cores = os.cpu_count()
-    info = f"**{device_name(device)}**, host {platform.processor() or platform.machine()} with {cores} cores, "
+    info = f"**{device_name(device)}**, host {host_cpu()} ({os.cpu_count()} cores), "
     info += f"Python {platform.python_version()}, torch {torch.__version__}"
     if device.type == "cuda":
         info += f", CUDA {torch.version.cuda}"
@@ -299,8 +309,9 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
             said = times(verdict)
             text += [
                 "",
-                f"{first} / {other}: training {trained[first] / trained[other]:.3f}; the profile's verdict "
-                f"{said} (≈: the interquartile ranges overlap).",
+                f"{other} against {first}: training's steps give {trained[first] / trained[other]:.3f}× "
+                f"({first}'s step / {other}'s); the profile's verdict on the step is {said} "
+                "(≈: the interquartile ranges overlap).",
             ]
     return "\n".join(text)
 
