@@ -109,7 +109,7 @@ class Trace:
     threads: dict = field(default_factory=lambda: defaultdict(set))  # pid -> tids with calls or operators
     gpu: list = field(default_factory=list)  # (ts, end, category, stream, correlation) by ts
     busy: tuple = ([], [], [0.0])  # merged GPU intervals: starts, ends, prefix sums of lengths
-    launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [(ts, end)] GPU work
+    launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [(ts, end, category)]
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
     kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
     lab_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} inside "lab sync" annotations
@@ -178,7 +178,7 @@ def _index(name: str, events: list[dict]) -> Trace:
             args = e.get("args", {})
             corr = args.get("correlation")
             trace.gpu.append((e["ts"], e["ts"] + e["dur"], cat, args.get("stream", e.get("tid")), corr))
-            trace.launched[corr].append((e["ts"], e["ts"] + e["dur"]))
+            trace.launched[corr].append((e["ts"], e["ts"] + e["dur"], cat))
             if cat == "kernel":
                 trace.kernels[corr] += 1
             elif cat == "gpu_memcpy":
@@ -286,7 +286,7 @@ def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]]
     for name in ("wall_ms", "runtime_ms", "sync_wait_ms"):
         out[name] = total[name] / 1e3  # µs -> ms
     out["gpu_ms"] = _merge(sorted(launched))[2][-1] / 1e3
-    out["gpu_idle_share"] = None
+    out["gpu_idle_share"] = out["device_step_ms"] = None  # the step's alone (measure_steps sets the period)
     if whole_step and out["wall_ms"] > 0:
         (start, end), *_ = spans
         out["gpu_idle_share"] = 1.0 - _busy(trace, start, end) / (end - start)
@@ -363,7 +363,7 @@ def _busy(trace: Trace, start: float, end: float) -> float:
 def measure_steps(source) -> list[dict]:
     """[{"step": N, "start_us": ts, "regions": {region: {measure: value}}}] for each ProfilerStep, in order."""
     trace = load_trace(source)
-    steps = []
+    steps, spans = [], []
     for step in trace.steps:
         threads = step_threads(trace, step)
         regions = {
@@ -371,7 +371,25 @@ def measure_steps(source) -> list[dict]:
             for name, spans in step_regions(trace, step).items()
         }
         steps.append({"step": int(STEP_NAME.match(step["name"]).group(1)), "start_us": step["ts"], "regions": regions})
+        spans.append(_gpu_span(trace, threads, step["ts"], step["ts"] + step["dur"]))
+    for i, (step, (first, last)) in enumerate(zip(steps, spans, strict=True)):
+        later = [s[0] for s in spans[i + 1 :] if s[0] is not None]
+        if trace.has_gpu and first is not None:
+            step["regions"]["step"]["device_step_ms"] = ((later[0] if later else last) - first) / 1e3
     return steps
+
+
+def _gpu_span(trace: Trace, threads: list, start: float, end: float) -> tuple[float | None, float | None]:
+    """(start of the first, end of the last) kernel launched by the calls in [start, end) on ``threads``.
+    Kernels, not copies: the loader copies the next batch on a stream of its own, which starts at once."""
+    found = []
+    for tid in threads:
+        calls = trace.calls.get(tid, [])
+        lo, hi = _call_range(trace, tid, start, end)
+        found += [g for c in calls[lo:hi] for g in trace.launched.get(c.correlation, ()) if g[2] == "kernel"]
+    if not found:
+        return None, None
+    return min(g[0] for g in found), max(g[1] for g in found)
 
 
 ADDITIVE = ("wall_ms", "ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies")
@@ -413,15 +431,23 @@ def check_steps(source, steps: list[dict]) -> list[str]:
 
 
 def _unmatched_launches(trace: Trace) -> list[str]:
-    """Launches in the active steps without a kernel, and GPU events there without a launching call."""
+    """Launches in the active steps without a kernel, and GPU events there without a launching call. The
+    host runs ahead, so work launched before the profiler recorded (no call in the trace) still runs at
+    the start of the window: on each stream, only an event that starts after the stream's first event
+    launched inside the window has lost its call."""
     if not trace.has_gpu:
         return []
     start, end = trace.steps[0]["ts"], max(s["ts"] + s["dur"] for s in trace.steps)
     calls = [c for tid in trace.calls for c in trace.calls[tid][slice(*_call_range(trace, tid, start, end))]]
+    inside = {c.correlation for c in calls}
     known = {c.correlation for tid in trace.calls for c in trace.calls[tid]}
+    first = {}  # stream -> start of its first event launched inside the window
+    for ts, _, _, stream, corr in trace.gpu:
+        if corr in inside:
+            first[stream] = min(first.get(stream, ts), ts)
     launches = [c for c in calls if c.name in LAUNCHES]
     lost = sum(1 for c in launches if not trace.kernels.get(c.correlation))
-    orphans = [g for g in trace.gpu if start <= g[0] < end and g[4] not in known]
+    orphans = [g for g in trace.gpu if g[4] not in known and g[3] in first and first[g[3]] <= g[0] < end]
     out = []
     if lost:
         out.append(

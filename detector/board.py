@@ -37,7 +37,12 @@ from detector.measures import MEASURES, WHY, format_value, gpu_note, legend
 from detector.tables import markdown_table, significant
 from detector.timeline import REGION_COLORS, draw_step
 
-TIME = ("wall_ms", "gpu_ms", "gpu_idle_share")  # a run table's first columns, then the why measures present
+TIME = (
+    "wall_ms",
+    "gpu_ms",
+    "device_step_ms",
+    "gpu_idle_share",
+)  # a run table's first columns, then the why measures present
 
 
 def present(summaries: list[dict], names=tuple(MEASURES)) -> list[str]:

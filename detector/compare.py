@@ -200,8 +200,18 @@ def without_data_wait(run: dict) -> Spread | None:
 
 
 def step_verdict(base: dict, run: dict) -> tuple[float | None, str]:
-    """(the step's speed-up against ``base``, or None for ≈; a note). A difference the data wait alone makes
-    (none without it, or the other way) is ≈ with the note "data wait": the loader is not the strategy."""
+    """(the profiled step's speed-up against ``base``, or None for ≈; a note): on a GPU by the step as the
+    device runs it (the host, running ahead, paces its steps by the launch queue), else ``host_step_verdict``."""
+    device = Spread.of(stats(base, "step", "device_step_ms")), Spread.of(stats(run, "step", "device_step_ms"))
+    if all(device):
+        return speedup(*device), ""
+    return host_step_verdict(base, run)
+
+
+def host_step_verdict(base: dict, run: dict) -> tuple[float | None, str]:
+    """(the step's host wall speed-up against ``base``, or None for ≈; a note). A difference the data wait
+    alone makes (none without it, or the other way) is ≈ with the note "data wait": the loader is not the
+    strategy."""
     x = speedup(Spread.of(stats(base, "step")), Spread.of(stats(run, "step")))
     if x is None:
         return None, ""
@@ -218,7 +228,7 @@ def time_cell(run: dict, base: dict | None, region: str, measure: str) -> str:
     if not s or base is None or base is run or not stats(base, region, measure):
         return cell
     if region == "step" and measure == "wall_ms":
-        x, note = step_verdict(base, run)
+        x, note = host_step_verdict(base, run)
         return f"{cell} · {times(x)}" + (f" ({note})" if note else "")
     return f"{cell} · {times(speedup(Spread.of(stats(base, region, measure)), Spread.of(s)))}"
 
@@ -265,6 +275,8 @@ def time_table(runs: list[dict], measure: str) -> str:
             continue  # the loader's copies: not the strategy's work
         name = f"**{region}**" if region == "step" else region
         rows.append([name] + [time_cell(run, base, region, measure) for run in runs])
+    if measure == "gpu_ms":
+        rows.append(["**step, on the device**"] + [time_cell(run, base, "step", "device_step_ms") for run in runs])
     if measure == "wall_ms":
         rows.append(["**step, as training runs it**"] + [timed_cell(run, base) for run in runs])
     return markdown_table(["region"] + [r["label"] for r in runs], rows)
@@ -358,7 +370,8 @@ def mode_markdown(mode: str, runs: list[dict]) -> str:
             "",
             "### GPU ms per step (device)",
             "",
-            "The kernels, copies and memsets each region launched, whenever they ran; the same rule.",
+            "The kernels, copies and memsets each region launched, whenever they ran; the same rule. The last "
+            "row: each step from the start of its first GPU work to the next step's, the profiled step's verdict.",
             "",
             time_table(runs, "gpu_ms"),
         ]

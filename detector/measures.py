@@ -41,6 +41,15 @@ MEASURES: dict[str, Measure] = {
             gpu_only=True,
         ),
         Measure(
+            "device_step_ms",
+            "device step ms",
+            "ms",
+            "the step as the device runs it: from the start of its first GPU work to the start of the next "
+            "step's (the last step: to the end of its own). The host runs ahead, so the host's step times "
+            "jitter with the launch queue; this is what training's throughput is made of",
+            gpu_only=True,
+        ),
+        Measure(
             "gpu_idle_share",
             "GPU idle",
             "share",

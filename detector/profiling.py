@@ -25,6 +25,7 @@ import json
 import shutil
 import time
 from datetime import datetime, timezone
+from itertools import pairwise
 from pathlib import Path
 
 import torch
@@ -101,20 +102,27 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
 
 
 def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) -> list[float]:
-    """The wall ms of ``count`` steps with neither profiler nor regions, as training runs them: the host
-    runs ahead of the device, and each step's wall time is what the host's pace allows."""
+    """The ms of ``count`` steps with neither profiler nor regions, as training runs them. On a GPU the host
+    runs ahead, so a step's host time says little: each step is the time between CUDA events recorded as
+    it starts and as the next one starts, i.e. what the device spent on it, idle gaps the host left
+    included (training's throughput). On the CPU, the host's wall time."""
     step.regions.active = False
     if count:
         print(f"  timing {count} steps without the profiler ...", flush=True)
-    walls = []
-    synchronize = torch.cuda.synchronize if device.type == "cuda" else lambda: None
-    synchronize()
-    for _ in range(count):
-        start = time.perf_counter()
-        run(next(batches))
-        walls.append((time.perf_counter() - start) * 1e3)
-    synchronize()
-    return walls
+    cuda = device.type == "cuda"
+    marks = []
+    for _ in range(count + 1):
+        if cuda:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
+        else:
+            marks.append(time.perf_counter())
+        if len(marks) <= count:
+            run(next(batches))
+    if cuda:
+        marks[-1].synchronize()
+        return [a.elapsed_time(b) for a, b in pairwise(marks)]
+    return [(b - a) * 1e3 for a, b in pairwise(marks)]
 
 
 def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: Path, timed: list[float]) -> dict:

@@ -85,7 +85,9 @@ def run_report(cfg: DictConfig, overrides: list[str], sections: dict[str, set[st
         if part.done.exists():
             continue
         print(f"[{i}/{len(parts)}] {part.title}: {part.command()}", flush=True)
+        began = time.perf_counter()
         run_part(part, work / "logs" / f"{i:02d}.log")
+        print(f"[{i}/{len(parts)}] {part.title}: done in {time.perf_counter() - began:.0f} s", flush=True)
     print(f"all parts done in {time.perf_counter() - started:.0f} s; writing the report", flush=True)
     path = write_document(cfg, device, work, parts, skipped, overrides)
     final = work.with_name(time.strftime("%Y%m%d-%H%M%S"))
@@ -140,10 +142,20 @@ def plan(cfg, device, work: Path, strategies: list[str], overrides: list[str], s
     parts.append(
         Part("compare", ["compare", "--dir", str(work / "profile"), "--out", str(compare)], compare / "compare.json")
     )
+    if device.type == "cuda" and SYNCED in strategies:  # the article's protocol, beside the profile as training runs
+        args = ["profile", f"profile.strategy={SYNCED}", f"profile.out_dir={work / 'synced'}", *passed("profile")]
+        parts.append(
+            Part(
+                f"profile {SYNCED}, regions synchronised",
+                args + ["profile.sync_regions=true"],
+                work / "synced" / "done",
+            )
+        )
     for name in [n for n in rcfg.train_strategies if n in strategies]:
-        args = ["train", f"train.strategy={name}", f"train.steps={rcfg.train_steps}", f"train.out_dir={work / 'train'}"]
+        out = work / "train" / name  # its own folder: the run's name depends on the speed options
+        args = ["train", f"train.strategy={name}", f"train.steps={rcfg.train_steps}", f"train.out_dir={out}"]
         args += ["train.checkpoint_every=0", "train.log_every=10", *passed("train")]
-        parts.append(Part(f"train {name}", args, work / "train" / "default" / name / "summary.json"))
+        parts.append(Part(f"train {name}", args, out / "done"))
     targets = ["losses"] + (["kernels", "step"] if device.type == "cuda" else [])
     for target in targets:
         args = ["bench", target, f"bench.out={work / 'bench' / 'bench.json'}", *passed("bench")]
@@ -170,9 +182,9 @@ def run_part(part: Part, log: Path) -> None:
             f"report: `{part.command()}` failed (exit {code}); its output is in {log}. "
             "Run make report again to resume after fixing it"
         )
-    if part.done.name == "done":
+    if part.done.name == "done":  # a profile's or a training's own folder is named by the run: mark the part done
         part.done.parent.mkdir(parents=True, exist_ok=True)
-        part.done.write_text(now())  # the profile's own folder is timestamped: mark the strategy done
+        part.done.write_text(now())
 
 
 # ----------------------------------------------------------------------------- the document
@@ -251,13 +263,22 @@ def machine_line(device) -> str:
 
 
 def commit() -> str:
-    """The checkout's commit, with ``+ uncommitted changes`` when the tree differs from it."""
+    """The checkout's commit, with ``+ uncommitted changes`` when the tree differs from it; ``$DETECTOR_COMMIT``
+    first where it is set (a copy of the tree on another machine may carry no .git, or someone else's)."""
+    given = os.environ.get("DETECTOR_COMMIT")
+    if given:
+        return f"{given} (a copy of its tree)"
 
     def git(*args):
-        result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        try:
+            result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+        except OSError:  # no git at all
+            return ""
         return result.stdout.strip() if result.returncode == 0 else ""
 
-    head = git("rev-parse", "--short=10", "HEAD") or "unknown (not a git checkout)"
+    head = git("rev-parse", "--short=10", "HEAD")
+    if not head:
+        return "unknown (not a git checkout)"
     return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
@@ -278,39 +299,46 @@ def demote(markdown: str) -> str:
 
 
 def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
-    """Per strategy: training's median step, the profiled step and the steps timed without the profiler."""
+    """Per strategy: training's median step against the profiled step (host and, on a GPU, device) and the
+    steps the profile timed without the profiler."""
     mode = compare["modes"].get("train", {})
-    rows, trained = [], {}
+    rows, trained, ratios = [], {}, []
     for name in names:
-        summary = work / "train" / "default" / name / "summary.json"
-        if not summary.exists() or name not in mode.get("regions", {}).get("step", {}):
+        summaries = sorted((work / "train" / name).glob("*/*/summary.json"))
+        if not summaries or name not in mode.get("regions", {}).get("step", {}):
             continue
-        train_ms = json.loads(summary.read_text())["step_ms"]
-        step, timed = mode["regions"]["step"][name]["wall_ms"], (mode["timed"].get(name) or {})
-        trained[name] = train_ms
-        row = [name, significant(train_ms), cell(step), f"{step['median'] / train_ms:.2f}"]
-        row += [cell(timed), f"{timed['median'] / train_ms:.2f}" if timed.get("median") else "—"]
+        train_ms = trained[name] = json.loads(summaries[-1].read_text())["step_ms"]
+        step = mode["regions"]["step"][name]
+        cells = [step["wall_ms"], step.get("device_step_ms"), mode["timed"].get(name)]
+        row = [name, significant(train_ms)]
+        for stats in cells:
+            ok = bool(stats and stats.get("median"))
+            row += [cell(stats), f"{stats['median'] / train_ms:.3f}" if ok else "—"]
+            ratios += [stats["median"] / train_ms] if ok else []
         rows.append(row)
     if not rows:
         return "(no strategy both trained and profiled)"
-    headers = ["strategy", "train step ms", "profiled step ms", "profiled / train", "timed ms", "timed / train"]
+    headers = ["strategy", "train step ms", "profiled step ms (host)", "/ train", "profiled, on the device", "/ train"]
+    headers += ["timed ms", "/ train"]
     text = [
-        "`train step ms`: the median wall time per step that `make train` reports. `profiled step ms`: the "
-        "median [q1–q3] ProfilerStep of `make profile`; `timed ms`: the steps `make profile` times after the "
-        "profiler's window, with neither profiler nor regions.",
+        "`train step ms`: the median wall time per step that `make train` reports. `profiled step ms (host)`: "
+        "the median [q1–q3] ProfilerStep of `make profile`; `on the device`: its steps from one step's first "
+        "kernel to the next's (GPU only); `timed`: the steps `make profile` times after the profiler's window, "
+        "with neither profiler nor regions.",
         "",
         markdown_table(headers, rows),
+        "",
+        f"Every profiled and timed step is within {100 * max(abs(r - 1) for r in ratios):.1f} % of training's.",
     ]
     if len(trained) > 1:
         first, *others = trained
         base = mode["labels"][0] if mode.get("baseline") else None
         for other in others:
             verdict = mode["step_verdicts"].get(other) if base == first else None
-            said = times(verdict)
             text += [
                 "",
                 f"{other} against {first}: training's steps give {trained[first] / trained[other]:.3f}× "
-                f"({first}'s step / {other}'s); the profile's verdict on the step is {said} "
+                f"({first}'s step / {other}'s); the profile's verdict on the step is {times(verdict)} "
                 "(≈: the interquartile ranges overlap).",
             ]
     return "\n".join(text)

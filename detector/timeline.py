@@ -4,7 +4,8 @@
 tick at each kernel launch (on the region's threads, the autograd thread included) and a red marker at
 each host-device sync; below it one row per GPU stream with kernels, memcpy and memset as bars.
 ``draw_steps`` stacks several runs' representative steps (one CPU row and one GPU row each) on one shared
-time axis, so a step ten times longer, a wall of launches or a GPU that idles is seen at a glance. The
+time axis, so a step four times longer, a wall of launches or a GPU that idles is seen at a glance; the
+axis ends at four times the median step, and a longer step is cut there with its length written. The
 representative step is the one with the median wall time; time is in ms from the step's start. The
 host runs ahead of the device, so a step's kernels may still run after its host part has ended: the GPU
 rows show what ran during the step's wall time, whichever step launched it.
@@ -42,6 +43,7 @@ GPU_COLORS = {"kernel": "#3b5b92", "gpu_memcpy": "#d62728", "gpu_memset": "#e7ba
 GPU_LABELS = {"kernel": "kernel", "gpu_memcpy": "memcpy", "gpu_memset": "memset"}
 LEGEND_ORDER = REGIONS + ("kernel launch", "host-device sync") + tuple(GPU_LABELS.values())
 PIXELS = 2000  # bars closer than 1/PIXELS of the axis merge: the loop strategy's 10⁵ kernels draw fast
+CLIP = 4  # draw_steps' axis ends at 4x the median step: longer steps are cut, their length written
 
 
 def draw_step(events, path, step: int | None = None, title: str = "") -> Path:
@@ -71,17 +73,20 @@ def draw_steps(runs: list[tuple[str, object]], path, title: str = "") -> Path:
         picked.append((label, trace, _step(trace, None)))
     rows = 2 * len(picked)
     fig, ax = _figure(rows, title or "representative step of each run")
-    width = max(step["dur"] for *_, step in picked) / 1e3
+    durations = sorted(step["dur"] / 1e3 for *_, step in picked)
+    width = min(durations[-1], CLIP * durations[(len(durations) - 1) // 2])  # a 100x slower step stays readable
     labels = []
     for i, (label, trace, step) in enumerate(picked):
         y = rows - 1 - 2 * i
         _draw_cpu(ax, y, trace, step)
         _draw_gpu(ax, y - 1, trace, step, width, stream=None)
-        ax.text(step["dur"] / 1e3, y, f" {step['dur'] / 1e3:.1f} ms", va="center", ha="left", fontsize=8)
+        ms = step["dur"] / 1e3
+        text = f" {ms:.1f} ms" if ms <= width else f" → {ms:.0f} ms (cut)"
+        ax.text(min(ms, width), y, text, va="center", ha="left", fontsize=8)
         labels += [f"{label} CPU", f"{label} GPU"]
         if i:
             ax.axhline(y + 0.5, color="grey", linewidth=0.6)  # between runs
-    return _finish(fig, ax, labels[::-1], width * 1.08, path)
+    return _finish(fig, ax, labels[::-1], width * 1.12, path)
 
 
 def _step(trace: Trace, number: int | None) -> dict:

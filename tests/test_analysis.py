@@ -24,7 +24,8 @@ from detector.measures import MEASURES
 from detector.timeline import draw_step, draw_steps
 
 GPU_TRACE = Path(__file__).parent / "data" / "padded_gpu_trace.json.gz"
-# AUTOGRAD: the autograd engine's thread, here with no thread_name metadata at all: found by its pid alone
+# AUTOGRAD: the autograd engine's thread. As in an H100 trace of the packed strategy, the trace names it twice,
+# "pt_autograd_0" and then "python3": a reader that keeps the last name loses the backward's launches
 PID, MAIN, AUTOGRAD = 100, 1, 2
 LOAD = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
 
@@ -63,7 +64,8 @@ def synthetic_events() -> list[dict]:
     """Two steps (µs). Step 5: data wait, copy data, forward, calc loss, backward, each region closed by the
     lab's synchronize, then an .item() and a bare synchronize outside the regions. Step 6: "copy data" and
     a data wait that occurs twice."""
-    meta = [{"ph": "M", "name": "thread_name", "pid": PID, "tid": MAIN, "args": {"name": "thread 1 (python)"}}]
+    names = [(MAIN, "thread 1 (python3)"), (AUTOGRAD, "thread 2 (pt_autograd_0)"), (AUTOGRAD, "thread 2 (python3)")]
+    meta = [{"ph": "M", "name": "thread_name", "pid": PID, "tid": tid, "args": {"name": n}} for tid, n in names]
     step5 = [mark("ProfilerStep#5", 0, 1000), mark(LOAD, 10, 40)]
     # copy data [100, 200): two H2D copies; a memset that runs on into forward (170-230)
     step5 += [mark("copy data", 100, 100), call("cudaMemcpyAsync", 110, 5, 1), call("cudaMemcpyAsync", 120, 5, 2)]

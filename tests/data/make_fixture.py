@@ -20,6 +20,7 @@ DEST = Path(__file__).with_name("padded_gpu_trace.json.gz")
 STEPS = 3
 CATEGORIES = {"user_annotation", "cpu_op", "cuda_runtime", "cuda_driver", "kernel", "gpu_memcpy", "gpu_memset"}
 ARGS = ("correlation", "bytes", "stream")
+GPU = {"kernel", "gpu_memcpy", "gpu_memset"}
 
 
 def trim(trace: dict, steps: int = STEPS) -> dict:
@@ -30,10 +31,13 @@ def trim(trace: dict, steps: int = STEPS) -> dict:
     )[:steps]
     start, end = marks[0]["ts"], marks[-1]["ts"] + marks[-1]["dur"]
     kept = [e for e in events if e.get("ph") == "M" and e["name"] == "thread_name"]
-    for e in events:
-        if e.get("ph") == "X" and e.get("cat") in CATEGORIES and start <= e["ts"] < end:
-            args = {k: e["args"][k] for k in ARGS if k in e.get("args", {})}
-            kept.append({k: e[k] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur")} | {"args": args})
+    inside = [e for e in events if e.get("ph") == "X" and e.get("cat") in CATEGORIES and start <= e["ts"] < end]
+    # the host runs ahead: the GPU work its calls launched may run after the window, and is kept too
+    launched = {e["args"].get("correlation") for e in inside if e["cat"] in ("cuda_runtime", "cuda_driver")}
+    later = [e for e in events if e.get("cat") in GPU and e["ts"] >= end and e["args"].get("correlation") in launched]
+    for e in inside + later:
+        args = {k: e["args"][k] for k in ARGS if k in e.get("args", {})}
+        kept.append({k: e[k] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur")} | {"args": args})
     return {
         "schemaVersion": trace.get("schemaVersion"),
         "displayTimeUnit": "ms",

@@ -1,0 +1,150 @@
+"""`make report` (detector.report): the standard set run part by part into one document, resumed where it
+stopped, written only once every part has run, naming the machine, the commit and the commands."""
+
+import json
+import re
+
+import pytest
+
+from detector import cli, report
+from detector.errors import UserError
+
+TINY = [
+    "preset=cpu",
+    "data.batch_size=8",
+    "data.image_size=16",
+    "data.max_boxes=16",
+    "model.hidden=8",
+    "profile.wait=1",
+    "profile.warmup=1",
+    "profile.active=3",
+    "profile.timed=3",
+    "bench.batch_sizes=[8]",
+    "bench.repeats=3",
+    "bench.max_seconds=0.2",
+    "bench.distributions=[seed]",
+    "bench.strategies=[padded,loop]",
+    "report.strategies=[padded,loop]",
+    "report.train_strategies=[padded,loop]",
+    "report.train_steps=11",
+]
+
+
+def make_report(tmp_path, *extra) -> int:
+    folders = [f"report.out_dir={tmp_path / 'docs'}", f"report.work_dir={tmp_path / 'work'}"]
+    return cli.main(["report", *TINY, *folders, *extra])
+
+
+@pytest.mark.slow
+def test_report_runs_the_standard_set_and_writes_one_document(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("DETECTOR_COMMIT", "abc1234")
+    assert make_report(tmp_path) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\[6/6\] bench losses: done in \d+ s", out)
+    doc = (tmp_path / "docs" / "cpu.md").read_text()
+    assert doc.startswith("# Results on cpu\n") and "commit abc1234 (a copy of its tree)" in doc
+    for command in (
+        "python -m detector profile profile.strategy=padded",
+        "python -m detector compare --dir",
+        "python -m detector train train.strategy=loop train.steps=11",
+        "python -m detector bench losses",
+    ):
+        assert command in doc, command
+    assert "profile.wait=1 profile.warmup=1 profile.active=3 profile.timed=2" in doc  # loop: the short profile
+    assert "#### Verdicts" in doc and "- **loop**:" in doc
+    assert re.search(r"\| padded \| [\d.]+ \| [\d.]+ \[", doc)  # the profile against training, row by row
+    assert "loop against padded: training's steps give" in doc
+    assert "| strategy | batch | boxes |" in doc  # bench losses' table
+    charts = sorted(p.name for p in (tmp_path / "docs" / "cpu").iterdir())
+    assert charts == ["counts-train.png", "ms-per-step-train.png", "timeline-train.png"]
+    assert all(f"](cpu/{chart})" in doc for chart in charts)
+    (finished,) = [p for p in (tmp_path / "work" / "cpu").iterdir()]
+    assert re.fullmatch(r"\d{8}-\d{6}", finished.name)  # the runs keep their timestamp; no "current" left
+
+
+@pytest.mark.slow
+def test_a_stopped_report_resumes_and_other_overrides_start_afresh(tmp_path, capsys, monkeypatch):
+    calls = []
+    real = report.run_part
+
+    def fail_at_training(part, log):
+        calls.append(part.title)
+        if part.title == "train padded" and calls.count("train padded") == 1:
+            raise UserError("stopped")
+        real(part, log)
+
+    monkeypatch.setattr(report, "run_part", fail_at_training)
+    assert make_report(tmp_path) == 2 and not (tmp_path / "docs").exists()  # nothing written yet
+    assert "error: stopped" in capsys.readouterr().err
+    assert make_report(tmp_path) == 0
+    assert calls.count("profile padded") == 1 and calls.count("train padded") == 2  # resumed, not redone
+    assert "resuming the unfinished report" in capsys.readouterr().out
+
+    first = (tmp_path / "docs" / "cpu.md").read_text()
+
+    def broken(part, log):
+        raise UserError("broken")
+
+    monkeypatch.setattr(report, "run_part", broken)
+    assert make_report(tmp_path) == 2
+    assert (tmp_path / "docs" / "cpu.md").read_text() == first  # the last document stays until a new one is made
+    assert make_report(tmp_path, "data.seed=1") == 2  # other overrides: the unfinished one is kept aside
+    assert "is kept in" in capsys.readouterr().out
+    assert [p.name.startswith("unfinished-") for p in (tmp_path / "work" / "cpu").iterdir()].count(True) == 1
+
+
+def test_a_failing_part_is_one_line_naming_its_command_and_log(tmp_path, capsys):
+    assert make_report(tmp_path, "profile.active=0") == 2  # the config refuses it before any part runs
+    assert "profile.active=0 is out of range" in capsys.readouterr().err
+    part = report.Part("profile nothing", ["profile", "profile.strategy=nothing"], tmp_path / "done")
+    (tmp_path / "logs").mkdir()
+    with pytest.raises(UserError, match=r"`python -m detector profile profile.strategy=nothing` failed \(exit 2\)"):
+        report.run_part(part, tmp_path / "logs" / "01.log")
+    assert (
+        "unknown strategy" in (tmp_path / "logs" / "01.log").read_text()
+        or "out of range" in (tmp_path / "logs" / "01.log").read_text()
+    )
+    assert not part.done.exists()
+
+
+def test_the_device_name_becomes_a_file_name():
+    assert report.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert report.device_slug("cpu") == "cpu"
+
+
+def test_the_profile_against_training_table_reads_the_runs(tmp_path):
+    compare = {
+        "modes": {
+            "train": {
+                "labels": ["padded", "packed"],
+                "baseline": "padded",
+                "regions": {
+                    "step": {
+                        name: {"wall_ms": stats(ms), "device_step_ms": stats(ms * 1.01)}
+                        for name, ms in (("padded", 43.0), ("packed", 42.0))
+                    }
+                },
+                "timed": {"padded": stats(43.5), "packed": stats(42.5)},
+                "step_verdicts": {"padded": None, "packed": None},
+            }
+        }
+    }
+    for name, ms in (("padded", 43.2), ("packed", 42.1)):
+        run = tmp_path / "train" / name / "default" / f"{name}+compile"
+        run.mkdir(parents=True)
+        (run / "summary.json").write_text(json.dumps({"step_ms": ms}))
+    text = report.profile_vs_training(tmp_path, compare, ["padded", "packed"])
+    assert "| padded | 43.2 | 43.0 [42.6–43.4] | 0.995 | 43.4 [43.0–43.9] | 1.005 | 43.5 [43.1–43.9] | 1.007 |" in text
+    assert "within 1.0 % of training's" in text  # packed's timed step: 42.5 / 42.1
+    assert "packed against padded: training's steps give 1.026× (padded's step / packed's); the profile's " in text
+
+
+def stats(median: float) -> dict:
+    return {
+        "median": median,
+        "q1": median * 0.99,
+        "q3": median * 1.01,
+        "min": median * 0.98,
+        "max": median * 1.02,
+        "n": 5,
+    }
