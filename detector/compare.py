@@ -13,8 +13,9 @@ and mode), or the run folders named. Per mode:
   decides it;
 - a why table: per region and strategy, the medians of the measures of detector.measures that are not
   zero in every run (a CPU comparison says once which ones need a GPU);
-- charts: stacked wall and GPU ms per step, the counts per region (log), and every strategy's
-  representative step on one time axis (detector.timeline.draw_steps).
+- charts: stacked wall and GPU ms per step (the axis ends at 4x the median step, a longer bar is cut with
+  its total written), the counts per region (log), and every strategy's representative step on one time
+  axis (detector.timeline.draw_steps).
 
 Everything goes to a new ``runs/compare/<time>/`` (compare.md, compare.json, the PNGs) together with
 TensorBoard event files: run ``compare/<time>`` has the tables as Text and the charts as Images, the
@@ -40,7 +41,7 @@ from detector.errors import UserError
 from detector.losses import STRATEGIES
 from detector.measures import COUNTS, MEASURES, WHY, format_value, gpu_note, legend
 from detector.tables import Spread, markdown_table, speedup, times
-from detector.timeline import REGION_COLORS, draw_steps
+from detector.timeline import CLIP, REGION_COLORS, draw_steps
 
 BASELINE = "padded"
 MODES = ("train", "forward")
@@ -317,6 +318,8 @@ def verdicts(runs: list[dict]) -> list[str]:
             line = f"- **{run['label']}**: {relation(trained)} as training runs it; {profiled}."
         else:
             trained, line = None, f"- **{run['label']}**: {profiled} (not timed without the profiler)."
+        emulated = run["summary"].get("emulated")
+        line += f" Its times are not its kernels': {emulated} here." if emulated else ""
         lines.append(line + (f" {explain(base, run)}" if x is not None or trained is not None else ""))
     return lines
 
@@ -428,7 +431,8 @@ def draw_stacked(runs: list[dict], mode: str, path: Path) -> Path:
     fig = Figure(figsize=(max(7.0, 3.5 + 1.2 * len(runs) * len(kinds)), 5.5), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(kinds)
-    top = 0.0
+    totals = sorted(median(r, "step", kind) for r in runs for kind in kinds)
+    top = min(totals[-1], CLIP * totals[(len(totals) - 1) // 2]) * 1.12 or 1  # a 100x slower step stays readable
     for k, kind in enumerate(kinds):
         xs = np.arange(len(runs)) + (k - (len(kinds) - 1) / 2) * width
         bottom = np.zeros(len(runs))
@@ -448,14 +452,24 @@ def draw_stacked(runs: list[dict], mode: str, path: Path) -> Path:
             )
             bottom += heights
         for x, run, height in zip(xs, runs, bottom, strict=True):
-            total = median(run, "step", kind)
-            ax.text(x, height, f"{'GPU ' if kind == 'gpu_ms' else ''}{total:.3g}", ha="center", va="bottom", fontsize=8)
-        top = max(top, bottom.max())
-    ax.set_xticks(np.arange(len(runs)), [r["label"] for r in runs], rotation=20 if len(runs) > 5 else 0)
-    ax.set_ylim(0, top * 1.12 or 1)
+            total = f"{'GPU ' if kind == 'gpu_ms' else ''}{median(run, 'step', kind):.3g}"
+            cut = height > top
+            ax.text(
+                x,
+                min(height, top),
+                total + (" ↑ cut" if cut else ""),
+                ha="center",
+                va="top" if cut else "bottom",
+                fontsize=8,
+                fontweight="bold" if cut else None,
+            )
+    labels = [r["label"] + (" *" if r["summary"].get("emulated") else "") for r in runs]
+    ax.set_xticks(np.arange(len(runs)), labels, rotation=20 if len(runs) > 5 else 0)
+    ax.set_ylim(0, top)
     pair = " (left: wall on the host; right, hatched: GPU time each region launched)" if len(kinds) == 2 else ""
     ax.set_ylabel(f"ms per step, median over the active steps{pair}", fontsize=9)
-    ax.set_title(f"mode={mode}: where a step's time goes — {setting(runs)}", fontsize=10)
+    emulated = " (* its kernels emulated here)" if any(r["summary"].get("emulated") for r in runs) else ""
+    ax.set_title(f"mode={mode}: where a step's time goes — {setting(runs)}{emulated}", fontsize=10)
     handles, labels = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.savefig(path, dpi=100)

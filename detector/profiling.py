@@ -35,6 +35,7 @@ from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 from detector import analysis, board, runs
 from detector.config import resolve_device
 from detector.data import build_loader
+from detector.losses import get_strategy
 from detector.tables import device_name
 from detector.train.step import TrainStep
 
@@ -140,6 +141,7 @@ def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: P
         "image_size": cfg.data.image_size,
         "max_boxes": cfg.data.max_boxes,
         "sync_regions": bool(cfg.profile.sync_regions and device.type == "cuda"),
+        "emulated": get_strategy(cfg.profile.strategy).emulated(device),  # its times are an emulator's
         "run": run_dir.name,
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "trace": str(trace.relative_to(run_dir)),

@@ -339,7 +339,7 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
                 "",
                 f"{other} against {first}: training's steps give {trained[first] / trained[other]:.3f}× "
                 f"({first}'s step / {other}'s); the profile's verdict on the step is {times(verdict)} "
-                "(≈: the interquartile ranges overlap).",
+                "(≈ where the interquartile ranges of the profiled steps overlap).",
             ]
     return "\n".join(text)
 

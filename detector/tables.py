@@ -75,6 +75,8 @@ def times(x: float | None) -> str:
     if x is None:
         return "≈"
     text = significant(x, 2)
+    if text == "1.0":  # 1.03x is not 1x: a third digit where two say nothing
+        text = significant(x, 3)
     return (text[:-2] if text.endswith(".0") else text) + "×"
 
 

@@ -7,7 +7,8 @@ serves it on 127.0.0.1. The browser tests run Chromium offline (every host but 1
 and drive it over the DevTools protocol on a pipe (no extra packages): TensorBoard's Images and Text
 dashboards draw into shadow DOM, which ``--dump-dom`` does not show. They are skipped where Debian's
 ``chromium`` is not installed. Screenshots go to the test's tmp folder, and to $TENSORBOARD_SCREENSHOTS
-when set (``TENSORBOARD_SCREENSHOTS=docs pytest tests/test_browser.py`` regenerates docs/tensorboard-*.png).
+when set (``TENSORBOARD_SCREENSHOTS=docs pytest tests/test_browser.py`` regenerates the README's
+docs/tensorboard-*.png, taken after the CPU quick start).
 """
 
 import base64
@@ -269,7 +270,6 @@ def test_images_dashboard_shows_the_timelines(served, browser):
     assert browser.evaluate(CLICK_ACTUAL_SIZE), "no 'Show actual image size' checkbox"
     shot = browser.screenshot(served["shots"] / "tensorboard-images.png")
     assert shot.stat().st_size > 20_000
-    keep(shot)
 
 
 def test_text_dashboard_shows_the_tables(served, browser):
@@ -287,7 +287,6 @@ def test_text_dashboard_shows_the_tables(served, browser):
     assert "No text data was found" not in text
     shot = browser.screenshot(served["shots"] / "tensorboard-text.png")
     assert shot.stat().st_size > 20_000
-    keep(shot)
 
 
 # ----------------------------------------------------------------------------- after the CPU quick start

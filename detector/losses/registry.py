@@ -20,6 +20,8 @@ class Strategy:
     description: str  # one line, shown by `python -m detector strategies`
     # Why it cannot run on a device (e.g. "the extension is not built: run make setup"), or None if it can.
     unavailable: Callable[[torch.device], str | None] = lambda device: None
+    # Why its times on a device are not those of the code it is built for (an emulator), or None.
+    emulated: Callable[[torch.device], str | None] = lambda device: None
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

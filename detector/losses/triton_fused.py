@@ -25,5 +25,6 @@ register(
         giou_loss_triton_fused,
         "Triton kernels: loss and mean forward, gradient recomputed backward",
         unavailable=triton_unavailable,
+        emulated=lambda device: None if device.type == "cuda" else "Triton's interpreter runs its kernels",
     )
 )
