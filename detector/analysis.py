@@ -89,6 +89,25 @@ class Call(NamedTuple):
     correlation: int | None
 
 
+class Gpu(NamedTuple):
+    """A kernel, memcpy or memset on a GPU stream (times in µs)."""
+
+    ts: float
+    end: float
+    category: str  # "kernel" | "gpu_memcpy" | "gpu_memset"
+    stream: object
+    correlation: int | None  # the launching call's
+    name: str
+
+
+class Op(NamedTuple):
+    """An operator (``cpu_op``) on a CPU thread (times in µs)."""
+
+    ts: float
+    end: float
+    name: str
+
+
 class Copy(NamedTuple):
     direction: str  # "h2d" | "d2h"
     bytes: int
@@ -106,10 +125,11 @@ class Trace:
     calls: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Call] by ts
     call_starts: dict = field(default_factory=dict)  # tid -> [ts], for bisect
     ops: dict = field(default_factory=dict)  # tid -> ([ts], {op measure: prefix counts}) of aten operators
+    op_events: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Op] by ts, every operator
     threads: dict = field(default_factory=lambda: defaultdict(set))  # pid -> tids with calls or operators
-    gpu: list = field(default_factory=list)  # (ts, end, category, stream, correlation) by ts
+    gpu: list = field(default_factory=list)  # [Gpu] by ts
     busy: tuple = ([], [], [0.0])  # merged GPU intervals: starts, ends, prefix sums of lengths
-    launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [(ts, end, category)]
+    launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Gpu] it launched
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
     kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
     lab_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} inside "lab sync" annotations
@@ -167,6 +187,7 @@ def _index(name: str, events: list[dict]) -> Trace:
             if STEP_NAME.match(e["name"]):
                 trace.steps.append(e)
         elif cat == "cpu_op":
+            trace.op_events[e["tid"]].append(Op(e["ts"], e["ts"] + e["dur"], e["name"]))
             if e["name"].startswith("aten::"):
                 ops[e["tid"]].append((e["ts"], OP_KINDS.get(e["name"])))
                 trace.threads[e["pid"]].add(e["tid"])
@@ -177,8 +198,8 @@ def _index(name: str, events: list[dict]) -> Trace:
         elif cat in GPU_CATEGORIES:
             args = e.get("args", {})
             corr = args.get("correlation")
-            trace.gpu.append((e["ts"], e["ts"] + e["dur"], cat, args.get("stream", e.get("tid")), corr))
-            trace.launched[corr].append((e["ts"], e["ts"] + e["dur"], cat))
+            trace.gpu.append(Gpu(e["ts"], e["ts"] + e["dur"], cat, args.get("stream", e.get("tid")), corr, e["name"]))
+            trace.launched[corr].append(trace.gpu[-1])
             if cat == "kernel":
                 trace.kernels[corr] += 1
             elif cat == "gpu_memcpy":
@@ -205,6 +226,8 @@ def _index(name: str, events: list[dict]) -> Trace:
                 prefix[m].append(prefix[m][-1] + (m == "ops" or m == kind))
         trace.ops[tid] = ([ts for ts, _ in found], prefix)
     trace.gpu.sort(key=lambda g: g[:2])
+    for found in trace.op_events.values():
+        found.sort()
     trace.busy = _merge(trace.gpu)
     trace.lab_syncs = _lab_syncs(trace)
     return trace
@@ -231,11 +254,11 @@ def _lab_syncs(trace: Trace) -> dict:
     for tid, marks in trace.annotations.items():
         for e in marks:
             if e["name"] == LAB_SYNC:
-                found[tid].update(range(*_call_range(trace, tid, e["ts"], e["ts"] + e["dur"])))
+                found[tid].update(range(*call_range(trace, tid, e["ts"], e["ts"] + e["dur"])))
     return dict(found)
 
 
-def _call_range(trace: Trace, tid, start: float, end: float) -> tuple[int, int]:
+def call_range(trace: Trace, tid, start: float, end: float) -> tuple[int, int]:
     """Indices [lo, hi) of the calls on ``tid`` that start in [start, end)."""
     starts = trace.call_starts.get(tid, [])
     return bisect_left(starts, start), bisect_left(starts, end)
@@ -285,7 +308,7 @@ def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]]
     out = {name: total[name] for name in MEASURES}
     for name in ("wall_ms", "runtime_ms", "sync_wait_ms"):
         out[name] = total[name] / 1e3  # µs -> ms
-    out["gpu_ms"] = _merge(sorted(launched))[2][-1] / 1e3
+    out["gpu_ms"] = _merge(sorted(launched, key=lambda g: (g.ts, g.end)))[2][-1] / 1e3
     out["gpu_idle_share"] = out["device_step_ms"] = None  # the step's alone (measure_steps sets the period)
     if whole_step and out["wall_ms"] > 0:
         (start, end), *_ = spans
@@ -298,7 +321,7 @@ def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]]
 def _count_calls(trace: Trace, tid, start: float, end: float, out: Counter, launched: list) -> None:
     """Add the CUDA calls on ``tid`` that start in [start, end) to ``out``; collect their GPU work."""
     calls, lab = trace.calls.get(tid, []), trace.lab_syncs.get(tid, ())
-    lo, hi = _call_range(trace, tid, start, end)
+    lo, hi = call_range(trace, tid, start, end)
     covered = start  # runtime_ms is a union: a driver call nested in a runtime call counts once
     launches = syncs = 0  # locals, not Counter updates: the loop strategy has 10⁵ calls a step
     for i in range(lo, hi):
@@ -385,11 +408,11 @@ def _gpu_span(trace: Trace, threads: list, start: float, end: float) -> tuple[fl
     found = []
     for tid in threads:
         calls = trace.calls.get(tid, [])
-        lo, hi = _call_range(trace, tid, start, end)
-        found += [g for c in calls[lo:hi] for g in trace.launched.get(c.correlation, ()) if g[2] == "kernel"]
+        lo, hi = call_range(trace, tid, start, end)
+        found += [g for c in calls[lo:hi] for g in trace.launched.get(c.correlation, ()) if g.category == "kernel"]
     if not found:
         return None, None
-    return min(g[0] for g in found), max(g[1] for g in found)
+    return min(g.ts for g in found), max(g.end for g in found)
 
 
 ADDITIVE = ("wall_ms", "ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies")
@@ -438,16 +461,18 @@ def _unmatched_launches(trace: Trace) -> list[str]:
     if not trace.has_gpu:
         return []
     start, end = trace.steps[0]["ts"], max(s["ts"] + s["dur"] for s in trace.steps)
-    calls = [c for tid in trace.calls for c in trace.calls[tid][slice(*_call_range(trace, tid, start, end))]]
+    calls = [c for tid in trace.calls for c in trace.calls[tid][slice(*call_range(trace, tid, start, end))]]
     inside = {c.correlation for c in calls}
     known = {c.correlation for tid in trace.calls for c in trace.calls[tid]}
     first = {}  # stream -> start of its first event launched inside the window
-    for ts, _, _, stream, corr in trace.gpu:
-        if corr in inside:
-            first[stream] = min(first.get(stream, ts), ts)
+    for g in trace.gpu:
+        if g.correlation in inside:
+            first[g.stream] = min(first.get(g.stream, g.ts), g.ts)
     launches = [c for c in calls if c.name in LAUNCHES]
     lost = sum(1 for c in launches if not trace.kernels.get(c.correlation))
-    orphans = [g for g in trace.gpu if g[4] not in known and g[3] in first and first[g[3]] <= g[0] < end]
+    orphans = [
+        g for g in trace.gpu if g.correlation not in known and g.stream in first and first[g.stream] <= g.ts < end
+    ]
     out = []
     if lost:
         out.append(
@@ -455,7 +480,7 @@ def _unmatched_launches(trace: Trace) -> list[str]:
             "profiler dropped GPU records?): kernels and GPU ms are too low"
         )
     if orphans:
-        ms = sum(g[1] - g[0] for g in orphans) / 1e3
+        ms = sum(g.end - g.ts for g in orphans) / 1e3
         out.append(
             f"{len(orphans)} GPU events ({ms:.3g} ms) in the active steps have no launching call in the "
             "trace: no region counts them"

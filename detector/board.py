@@ -15,17 +15,11 @@ what TensorBoard's own dashboards draw without the internet:
   step) and ``<n> each run/ms per region`` (median wall and GPU time per region, with the counts that
   explain them).
 
-``main`` serves a folder with plain TensorBoard. The PyTorch Profiler plugin (torch-tb-profiler, the
-optional ``tb-profiler`` extra) is deprecated upstream and its pages load their charts from the
-internet; when it is installed we still patch it for new traces: 0.4.3 knows only the old ``runtime``
-event category, and without ``cuda_runtime``/``cuda_driver`` every GPU operator shows 0 device time. Its
-loader processes fork (instead of spawn) so that they inherit the patch.
+``main`` serves a folder with TensorBoard and its Traces tab (detector.trace_view), all offline.
 """
 
 from __future__ import annotations
 
-import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -211,35 +205,27 @@ def read_png(path) -> np.ndarray:
 # ----------------------------------------------------------------------------- make tensorboard
 
 
-def load_profiler_plugin() -> bool:
-    """Patch the optional PyTorch Profiler plugin for new traces; False when it is not installed."""
-    try:
-        from torch_tb_profiler.profiler import trace
-    except ImportError:
-        return False
-    os.environ.setdefault("TORCH_PROFILER_START_METHOD", "fork")  # loader processes inherit the patch
-    for category in ("cuda_runtime", "cuda_driver"):
-        trace.EventTypeMap.setdefault(category, trace.EventTypes.RUNTIME)
-    return True
-
-
 def main(logdir: str = "runs", port: int = 6006, host: str | None = None) -> None:
-    """TensorBoard on ``logdir`` (every interface unless ``host`` is given); blocks until stopped."""
-    from tensorboard.main import run_main
+    """TensorBoard on ``logdir`` (every interface unless ``host`` is given), with the Traces tab
+    (detector.trace_view) also where the package is not installed; blocks until stopped."""
+    from absl import app
+    from tensorboard import default, main_lib, program
 
-    if load_profiler_plugin():
-        print(
-            "PyTorch Profiler plugin found (#pytorch_profiler): deprecated upstream, and its charts need "
-            "internet access in the browser; the dashboards below work offline."
-        )
+    from detector.trace_view import TracesPlugin
+
+    plugins = default.get_plugins()
+    if not any(getattr(p, "plugin_name", None) == TracesPlugin.plugin_name for p in plugins):
+        plugins.append(TracesPlugin)  # not installed as a package: its entry point is not there
     where = ["--host", host] if host else ["--bind_all"]
-    sys.argv = ["tensorboard", "--logdir", str(logdir), "--port", str(port), *where]
+    argv = ["tensorboard", "--logdir", str(logdir), "--port", str(port), *where]
     url = f"http://{host or 'localhost'}:{port}/"
     print(
         f"TensorBoard on {url}\n"
-        f"  Scalars {url}#scalars     per-step ms, launches, syncs by region: tick runs to overlay; smoothing 0\n"
-        f"  Text    {url}#text        each run's tables, and `make compare`'s\n"
-        f"  Images  {url}#images      timelines of a representative step, bar charts",
+        f"  Time Series {url}#timeseries  the comparison's charts first, then each measure per step: tick runs\n"
+        f"  Traces      {url}#traces      steps of several runs as lanes on one time axis: zoom, hover, click\n"
+        f"  Text        {url}#text        the comparison's verdicts and tables, each run's table",
         flush=True,
     )
-    run_main()
+    main_lib.global_init()
+    tensorboard = program.TensorBoard(plugins=plugins)
+    app.run(tensorboard.main, argv=argv, flags_parser=tensorboard.configure)

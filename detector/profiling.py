@@ -14,6 +14,7 @@ Each run gets its own folder, ``<profile.out_dir>/<strategy>[-forward]/<YYYYmmdd
     trace/           the gzipped Kineto trace, alone (HolisticTraceAnalysis and Perfetto open the folder)
     summary.json     the run's facts; per region, the spread over the active steps of every measure
                      (detector.measures); the timed steps; the analysis' warnings
+    extract.json.gz  each active step's regions, operators, calls and GPU work: TensorBoard's Traces tab
     events.out.*     TensorBoard: per-step scalars, the tables as text, a timeline of one step
 
 A failed run removes only its own new folder; older runs are never touched.
@@ -32,7 +33,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 
-from detector import analysis, board, runs
+from detector import analysis, board, extract, runs
 from detector.config import resolve_device
 from detector.data import build_loader
 from detector.losses import get_strategy
@@ -151,5 +152,7 @@ def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: P
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    about = {key: summary[key] for key in ("strategy", "mode", "device", "torch", "batch_size")}
+    extract.write(run_dir, extract.build(parsed, steps, about))  # what TensorBoard's Traces tab draws
     board.write_profile_events(run_dir, summary, parsed)
     return summary

@@ -51,7 +51,7 @@ def draw_step(events, path, step: int | None = None, title: str = "") -> Path:
     (path, dict or event list). Rows: the CPU thread, then each GPU stream. Returns ``path``."""
     trace = events if isinstance(events, Trace) else load_trace(events)
     chosen = _step(trace, step)
-    streams = sorted({bar[3] for bar in _gpu_bars(trace, chosen)}, key=str)
+    streams = sorted({bar.stream for bar in _gpu_bars(trace, chosen)}, key=str)
     rows = 1 + max(len(streams), 1)
     fig, ax = _figure(rows, title or f"{Path(trace.name).name}: {chosen['name']}")
     width = chosen["dur"] / 1e3
@@ -138,9 +138,9 @@ def _draw_cpu(ax, y: float, trace: Trace, step: dict) -> None:
 def _draw_gpu(ax, y: float, trace: Trace, step: dict, width: float, stream) -> None:
     """Kernel, memset and memcpy bars of one stream (every stream when ``stream`` is None) in row ``y``."""
     t0 = step["ts"]
-    bars = [b for b in _gpu_bars(trace, step) if stream is None or b[3] == stream]
+    bars = [b for b in _gpu_bars(trace, step) if stream is None or b.stream == stream]
     for category in ("kernel", "gpu_memset", "gpu_memcpy"):  # copies last: drawn on top
-        merged = _merge_close([b for b in bars if b[2] == category], gap=width * 1e3 / PIXELS)
+        merged = _merge_close([b for b in bars if b.category == category], gap=width * 1e3 / PIXELS)
         if not merged:
             continue  # no empty legend entries
         spans = [((a - t0) / 1e3, (b - a) / 1e3) for a, b in merged]

@@ -47,8 +47,8 @@ def lab_sync(ts, dur, corr):
     return [mark(LAB_SYNC, ts, dur), call("cudaDeviceSynchronize", ts, dur, corr)]
 
 
-def op(name, ts, tid=MAIN):
-    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": 1}
+def op(name, ts, tid=MAIN, dur=1):
+    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur}
 
 
 def gpu(cat, name, ts, dur, corr, stream=7, nbytes=None):
@@ -85,7 +85,7 @@ def synthetic_events() -> list[dict]:
         gpu("kernel", "late", 1200, 100, 17),
     ]
     step5 += [gpu("kernel", f"graph{i}", 350 + 10 * i, 10, 15) for i in range(3)]
-    step5 += [op("aten::linear", 205), op("aten::addmm", 206), op("aten::relu", 300)]
+    step5 += [op("aten::linear", 205, dur=5), op("aten::addmm", 206), op("aten::relu", 300)]  # addmm inside linear
     # calc loss [400, 600): 2 launches; syncs: .item() pair (1), D2H into pageable memory unpaired (1),
     # D2H into pinned memory without a sync (0), cudaMemcpy (1), cudaEventSynchronize (1), .cpu() pair: D2H
     # into pageable memory then cudaStreamSynchronize (1); a DtoD copy (on-device: GPU ms only)

@@ -7,7 +7,6 @@ padded strategy (tests/data); test_compare.py and test_browser.py build theirs w
 
 import gzip
 import json
-import sys
 from functools import cache
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from detector import analysis, board
 from detector.measures import MEASURES
+from detector.trace_view import TracesPlugin
 
 GPU_TRACE = Path(__file__).parent / "data" / "padded_gpu_trace.json.gz"
 GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -131,34 +131,15 @@ def test_a_summary_with_warnings_shows_them(tmp_path):
     assert "**warning**: 3 of 9 kernel launches have no kernel" in board.summary_markdown(summary)
 
 
-def test_tensorboard_launcher_without_the_profiler_plugin(monkeypatch, capsys):
-    monkeypatch.setitem(sys.modules, "torch_tb_profiler", None)  # import fails: as if not installed
-    monkeypatch.setitem(sys.modules, "torch_tb_profiler.profiler", None)
+def test_tensorboard_launcher_serves_the_traces_tab(monkeypatch, capsys):
     started = []
-    monkeypatch.setattr("tensorboard.main.run_main", lambda: started.append(list(sys.argv)))
-    monkeypatch.setattr(sys, "argv", ["pytest"])
+    monkeypatch.setattr("absl.app.run", lambda main, argv, flags_parser: started.append((main, argv)))
+    monkeypatch.setattr("tensorboard.default.get_dynamic_plugins", lambda: [])  # as if not installed
 
-    assert board.load_profiler_plugin() is False
     board.main("somewhere/runs", 6123, host="127.0.0.1")
 
-    assert started == [["tensorboard", "--logdir", "somewhere/runs", "--port", "6123", "--host", "127.0.0.1"]]
+    ((main, argv),) = started
+    assert argv == ["tensorboard", "--logdir", "somewhere/runs", "--port", "6123", "--host", "127.0.0.1"]
+    assert main.__self__.plugin_loaders[-1].plugin_class is TracesPlugin  # added: no entry point here
     out = capsys.readouterr().out
-    assert "http://127.0.0.1:6123/" in out and "#images" in out and "#text" in out and "#scalars" in out
-    assert "PyTorch Profiler" not in out
-
-
-def test_tensorboard_launcher_patches_the_profiler_plugin(monkeypatch, capsys):
-    trace = pytest.importorskip("torch_tb_profiler.profiler.trace", reason="the optional tb-profiler extra")
-    monkeypatch.setenv("TORCH_PROFILER_START_METHOD", "")  # restored (removed) after the test
-    monkeypatch.delenv("TORCH_PROFILER_START_METHOD")
-    for category in ("cuda_runtime", "cuda_driver"):
-        monkeypatch.delitem(trace.EventTypeMap, category, raising=False)
-    monkeypatch.setattr("tensorboard.main.run_main", lambda: None)
-    monkeypatch.setattr(sys, "argv", ["pytest"])
-
-    board.main("runs", 6006)
-
-    assert trace.EventTypeMap["cuda_runtime"] == trace.EventTypeMap["cuda_driver"] == trace.EventTypes.RUNTIME
-    assert board.os.environ["TORCH_PROFILER_START_METHOD"] == "fork"
-    assert sys.argv[-1] == "--bind_all"
-    assert "deprecated upstream" in capsys.readouterr().out
+    assert "http://127.0.0.1:6123/" in out and "#traces" in out and "#timeseries" in out and "#text" in out

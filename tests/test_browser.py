@@ -13,6 +13,7 @@ docs/tensorboard-*.png, taken after the CPU quick start).
 
 import base64
 import fcntl
+import gzip
 import json
 import os
 import select
@@ -29,7 +30,7 @@ from pathlib import Path
 import pytest
 from test_board import make_run
 
-from detector import profiling
+from detector import analysis, profiling
 from detector.board import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_profile_events
 from detector.compare import run_compare
 from detector.config import load_config
@@ -135,6 +136,7 @@ DEEP_TEXT = """(() => {  // text of the page, shadow roots included, and how man
     if (node.nodeType === Node.TEXT_NODE) texts.push(node.data);
     if (node.tagName === 'IMG' && node.complete && node.naturalWidth > 0) images++;
     if (node.shadowRoot) visit(node.shadowRoot);
+    if (node.tagName === 'IFRAME' && node.contentDocument) visit(node.contentDocument);  // a plugin's page
     for (const child of node.childNodes) visit(child);
   };
   visit(document);
@@ -318,7 +320,7 @@ def serve(logdir: Path, runs: list[str]):
     url, deadline = f"http://127.0.0.1:{port}", time.monotonic() + 120
     while True:
         try:
-            if set(runs) <= set(get_json(f"{url}/data/runs")):
+            if set(runs) <= set(get_json(f"{url}/data/runs")) and get_json(f"{url}/data/plugins_listing"):
                 return url, stop
         except OSError:
             pass  # not listening yet
@@ -356,3 +358,145 @@ def test_the_comparison_text_leads_with_the_verdicts(quick_start, browser):
     assert text.index("Verdicts") < text.index("Wall ms per step") < text.index("Why (mode=train)")
     assert "concat" in text and "slices" in text and "operators" in text
     keep(browser.screenshot(browser.profile.parent / "tensorboard-compare.png"))
+
+
+# ----------------------------------------------------------------------------- the Traces tab
+
+IN_TRACES = """((body) => {  // run body(doc, win) inside the Traces tab's iframe; JSON of its result
+  const find = (root) => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.tagName === 'IFRAME' && (el.src || '').includes('name=traces')) return el;
+      const inner = el.shadowRoot && find(el.shadowRoot);
+      if (inner) return inner;
+    }
+    return null;
+  };
+  const frame = find(document);
+  if (!frame || !frame.contentDocument) return JSON.stringify(null);
+  return JSON.stringify(body(frame.contentDocument, frame.contentWindow));
+})(%s)"""
+
+POINT_AT = """(doc, win) => {  // the pointer over the middle of the first lane's first drawn event, then %s
+  const canvas = doc.getElementById('canvas');
+  const box = canvas.getBoundingClientRect();
+  const label = [...doc.querySelectorAll('.lane-label')].find((l) => l.textContent === '%s');
+  const y = box.top + label.offsetTop + 9;
+  const x = box.left + %f * box.width;
+  const type = '%s';
+  const Event = type === 'wheel' ? win.WheelEvent : win.MouseEvent;
+  canvas.dispatchEvent(new Event(type, {clientX: x, clientY: y, bubbles: true, cancelable: true, deltaY: -600}));
+  return true;
+}"""
+
+
+def in_traces(browser, body: str):
+    return json.loads(browser.evaluate(IN_TRACES % body) or "null")
+
+
+def wait_for(browser, body: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = in_traces(browser, body)
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"the Traces tab did not show {body!r} within {timeout} s"
+        time.sleep(0.25)
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """Five profile runs of the recorded H200 step (padded, and four made-up strategies at other speeds)
+    served by TensorBoard; their extracts are built on first read, as for any older run."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    logdir = tmp_path_factory.mktemp("traces") / "runs"
+    names = [("padded", 1.0), ("synthetic_2x", 0.5), ("synthetic_3x", 0.33), ("synthetic_4x", 0.25), ("slower", 1.5)]
+    for i, (strategy, scale) in enumerate(names):
+        make_run(logdir / "profile", strategy, f"20261122-03150{i}", scale=scale)
+    url, stop = serve(logdir, [])  # no event files: TensorBoard's own run list stays empty
+    yield url
+    stop()
+
+
+def test_the_traces_tab_draws_five_runs_and_explains_what_the_pointer_is_on(traces, browser):
+    browser.show(f"{traces}/#traces", ["padded · train · step", "synthetic_2x · train · step", "GPU stream 7"])
+    drawn = wait_for(
+        browser, "(doc) => doc.body.dataset.readyMs && JSON.parse(doc.getElementById('canvas').dataset.drawn)"
+    )
+    assert len(drawn) == 5 and all(count > 0 for count in drawn.values())  # every run's lanes have events drawn
+    ready = in_traces(browser, "(doc) => Number(doc.body.dataset.readyMs)")
+    assert ready <= 2000, f"five seed-scale steps took {ready} ms to show"
+
+    before = in_traces(browser, "(doc) => doc.getElementById('range').textContent")
+    in_traces(browser, POINT_AT % ("zoom in", "regions", 0.3, "wheel"))
+    after = in_traces(browser, "(doc) => doc.getElementById('range').textContent")
+    span = lambda text: float(text.split("–")[1].split()[0]) - float(text.split("–")[0])  # noqa: E731
+    assert span(after) < span(before), (before, after)
+
+    in_traces(browser, "(doc) => (doc.getElementById('reset').click(), true)")
+    in_traces(browser, POINT_AT % ("hover", "regions", 0.3, "mousemove"))
+    tip = wait_for(
+        browser,
+        "(doc) => doc.getElementById('tooltip').style.display === 'block' && doc.getElementById('tooltip').textContent",
+    )
+    assert "ms" in tip and any(region in tip for region in ("forward", "backward", "optimizer step"))
+    in_traces(browser, POINT_AT % ("click", "regions", 0.3, "click"))
+    why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
+    assert "why, in the steps shown" in why and "synthetic_2x" in why and "launches" in why
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces.png"))
+
+
+def loop_like_trace(images: int = 1024, per_image: int = 28) -> dict:
+    """One profiled step shaped like the loop strategy's on a GPU: ~29k kernel launches in calc loss, each
+    with its operator and kernel, and the lab's other regions around them."""
+    pid, tid, events, corr = 1, 1, [], 0
+
+    def x(cat, name, ts, dur, **args):
+        return {
+            "ph": "X",
+            "cat": cat,
+            "name": name,
+            "pid": pid if cat != "kernel" else 0,
+            "tid": tid,
+            "ts": ts,
+            "dur": dur,
+            "args": args,
+        }
+
+    events.append(x("user_annotation", "ProfilerStep#7", 0, 2_000_000))
+    events.append(x("user_annotation", "forward", 1_000, 20_000))
+    events.append(x("user_annotation", "calc loss", 21_000, images * per_image * 30 + 1_000))
+    t = 21_500
+    for _ in range(images * per_image):
+        corr += 1
+        events.append(x("cpu_op", "aten::mul", t, 20))
+        events.append(x("cuda_runtime", "cudaLaunchKernel", t + 5, 8, correlation=corr))
+        events.append(x("kernel", "elementwise_kernel", t + 40, 3, correlation=corr, stream=7) | {"tid": 7})
+        t += 30
+    return {"traceEvents": events}
+
+
+def test_the_traces_tab_stays_responsive_on_a_step_of_thirty_thousand_launches(tmp_path, browser):
+    logdir = tmp_path / "runs"
+    run = logdir / "profile" / "loop" / "20261122-040000"
+    (run / "trace").mkdir(parents=True)
+    trace = run / "trace" / "loop.pt.trace.json.gz"
+    trace.write_bytes(gzip.compress(json.dumps(loop_like_trace()).encode(), compresslevel=1))
+    steps = analysis.measure_steps(trace)
+    summary = {"strategy": "loop", "mode": "train", "device": "NVIDIA H200", "trace": "trace/" + trace.name}
+    summary |= {"analysis": analysis.trace_summary(trace, steps), "per_step": steps}
+    (run / "summary.json").write_text(json.dumps(summary))
+    url, stop = serve(logdir, [])
+    try:
+        browser.show(f"{url}/#traces", ["loop · train · step 7", "GPU stream 7"], timeout=60)
+        drawn = wait_for(
+            browser, "(doc) => doc.body.dataset.readyMs && JSON.parse(doc.getElementById('canvas').dataset.drawn)"
+        )
+        events = 3 * 1024 * 28  # operators, launches and kernels
+        assert 0 < sum(drawn.values()) < events / 10  # merged at the whole step's zoom
+        for _ in range(3):
+            in_traces(browser, POINT_AT % ("zoom in", "GPU stream 7", 0.5, "wheel"))
+        redraw = in_traces(browser, "(doc) => Number(doc.body.dataset.drawMs)")
+        assert redraw < 300, f"a redraw of the loop-like step took {redraw} ms"
+    finally:
+        stop()
