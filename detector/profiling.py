@@ -23,6 +23,7 @@ A failed run removes only its own new folder; older runs are never touched.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from datetime import datetime, timezone
@@ -43,6 +44,9 @@ from detector.train.step import TrainStep
 
 def make_profiler(pcfg: DictConfig, out: Path, device: torch.device, worker_name: str):
     """torch.profiler on the ``pcfg`` schedule, writing one gzipped trace into ``out``."""
+    # Kineto's own log lines (USDT profiler_start/stop, stage notes) would mix into our progress lines; it
+    # reads this when the first profiler starts, and a user who set it keeps theirs
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     return torch.profiler.profile(
         activities=activities,
