@@ -481,3 +481,28 @@ def test_broken_or_foreign_file_is_a_clear_error(tmp_path, name, content):
 def test_missing_file_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="absent.json"):
         load_trace(tmp_path / "absent.json")
+
+
+# ----------------------------------------------------------------------------- recorded H100 traces, as training runs
+
+
+@pytest.mark.parametrize("strategy, backward_launches", [("padded", 125), ("packed", 40)])
+def test_h100_traces_count_the_backward_from_the_autograd_thread(strategy, backward_launches):
+    """`make profile` on an H100 (seed scale, torch 2.11, regions unsynchronised; tests/data/make_fixture.py
+    trimmed them to three steps): the autograd thread is named twice, "python3" and "pt_autograd_0", and
+    launches the backward's kernels; every count adds up, and no invariant is violated."""
+    path = Path(__file__).parent / "data" / f"{strategy}_h100_trace.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    names = {}
+    for e in events:
+        if e.get("ph") == "M" and e["name"] == "thread_name":
+            names.setdefault(e["tid"], []).append(e["args"]["name"])
+    assert any(len(n) == 2 and any("pt_autograd" in x for x in n) for n in names.values())
+    steps = measure_steps(events)
+    assert check_steps(events, steps) == []
+    for step in steps:
+        regions = step["regions"]
+        assert regions["backward"]["launches"] == regions["backward"]["kernels"] == backward_launches
+        assert regions["backward"]["gpu_ms"] > 10  # the conv and Linear layers' gradients
+        assert 40 < regions["step"]["device_step_ms"] < 46  # the device paces the step, not the host
+        assert regions["step"]["syncs"] == 1 and regions["step"]["sync_wait_ms"] == 0  # the loader's, no lab sync
