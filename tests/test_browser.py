@@ -64,39 +64,10 @@ def served(tmp_path_factory):
         run = make_run(logdir / "profile", strategy, stamp, scale=scale)
         write_profile_events(run, json.loads((run / "summary.json").read_text()))
     compare = run_compare(logdir / "profile", out_dir=logdir / "compare" / "20261122-032000")
-    port = free_port()
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    script = "import sys; from detector.board import main; main(sys.argv[1], int(sys.argv[2]), host='127.0.0.1')"
-    log = open(logdir.parent / "tensorboard.log", "wb")  # noqa: SIM115  closed below
-    server = subprocess.Popen(
-        [sys.executable, "-c", script, str(logdir), str(port)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        env=env,
-        start_new_session=True,  # its own process group: the plugin's loader processes stop with it
-    )
-    url = f"http://127.0.0.1:{port}"
     runs = [PADDED, FAST, "compare/20261122-032000"]
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                if set(runs) <= set(get_json(f"{url}/data/runs")):
-                    break
-            except OSError:
-                pass  # not listening yet
-            assert server.poll() is None, (logdir.parent / "tensorboard.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "TensorBoard did not list the runs within 120 s"
-            time.sleep(1)
-        yield {"url": url, "runs": runs, "compare": compare, "shots": logdir.parent}
-    finally:
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+    url, stop = serve(logdir, runs)
+    yield {"url": url, "runs": runs, "compare": compare, "shots": logdir.parent}
+    stop()
 
 
 def test_tensorboard_serves_our_runs(served):
@@ -295,7 +266,8 @@ def test_text_dashboard_shows_the_tables(served, browser):
 
 
 def serve(logdir: Path, runs: list[str]):
-    """TensorBoard (detector.board.main) on 127.0.0.1 over ``logdir``, once it lists ``runs``: (url, stop)."""
+    """TensorBoard (detector.board.main) on 127.0.0.1 over ``logdir``, once it lists ``runs``: (url, stop),
+    stop() ending its whole process group."""
     port = free_port()
     env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     script = "import sys; from detector.board import main; main(sys.argv[1], int(sys.argv[2]), host='127.0.0.1')"
