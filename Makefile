@@ -1,7 +1,8 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
 #   make bench [TARGET=losses|kernels|layers|step] [ARGS="bench.repeats=50"]
-#   make compare [RUNS="runs/profile/padded/<time> ..."] | report | tensorboard | train EXPERIMENT=... | test | lint
+#   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | lint
+#   make tensorboard [ARGS="--port 6007"]
 #   make gpu-check
 
 # The interpreter that creates the virtualenv (Python >= 3.10).
@@ -37,9 +38,12 @@ endif
 
 setup: $(SETUP)
 
+# numpy before torch: torch imported without it (by the probe below and by setup.py) warns "Failed to initialize NumPy".
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
+	@echo "setting up $(VENV) (once, and again when pyproject.toml, setup.py or extensions/ change): pip, torch, the project's packages, then the detector._C extension"
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
 	$(VENV)/bin/pip install -q $(if $(WHEELS),$(PIP_OFFLINE),--upgrade) pip setuptools wheel ninja
+	$(VENV)/bin/pip install -q $(PIP_OFFLINE) numpy
 	@if $(VENV)/bin/python -c "import torch" 2>/dev/null; then \
 		echo "using the installed torch $$($(VENV)/bin/python -c 'import torch; print(torch.__version__)')"; \
 	elif command -v nvidia-smi >/dev/null 2>&1; then \
@@ -47,7 +51,9 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	else \
 		echo "no NVIDIA GPU: installing the CPU build torch==$(CPU_TORCH)"; $(VENV)/bin/pip install -q torch==$(CPU_TORCH); \
 	fi
-	$(VENV)/bin/pip install -q --no-build-isolation $(PIP_OFFLINE) -e ".[dev]"
+	@echo "installing the project and building its detector._C extension: about 1-2 minutes on 2 cores for the C++ CPU kernel, several more for the CUDA kernels where nvcc is found; pip is silent meanwhile"
+	@start=$$(date +%s); $(VENV)/bin/pip install -q --no-build-isolation $(PIP_OFFLINE) -e ".[dev]" \
+		&& echo "detector._C built and the project installed in $$(( $$(date +%s) - start )) s"
 	@touch $@
 
 test: $(SETUP)
@@ -64,7 +70,7 @@ report: $(SETUP)
 	$(PY) -m detector report $(ARGS)
 
 tensorboard: $(SETUP)
-	$(PY) -m detector tensorboard
+	$(PY) -m detector tensorboard $(ARGS)
 
 bench: $(SETUP)
 	$(PY) -m detector bench $(TARGET) $(ARGS)

@@ -3,19 +3,30 @@
 Each command has its own parser (``python -m detector <command> --help``) that takes only the options
 and the config sections it uses; anything else is refused. A user's mistake (an unknown command or
 option, a bad config value, a missing file) is one line ``error: ...`` on stderr and exit status 2;
-``--debug`` or ``DETECTOR_DEBUG=1`` shows the traceback instead.
+``--debug`` or ``DETECTOR_DEBUG=1`` shows the traceback instead. Ctrl-C is one line ``interrupted`` (with
+what was kept, where a command knows) and exit status 130, the shell's for SIGINT.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import os
+import socket
 import sys
 
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import UserError
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
+# bench's targets, for its help and its errors (the same keys as detector.bench.TARGETS; a test checks it)
+BENCH_HELP = {
+    "losses": "every strategy's loss alone, forward and forward+backward (the default; CPU or GPU)",
+    "kernels": "the custom kernels against their byte floors (GPU)",
+    "layers": "where the triton strategy's time goes, layer by layer (GPU)",
+    "step": "the training step against the machine's floor, and the data pipeline's images/s",
+}
+INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
 
 # command: (one-line help, the config sections it reads and why, or None when it reads no config)
 COMMANDS = {
@@ -76,10 +87,11 @@ class Parser(argparse.ArgumentParser):
 
 def command_parser(command: str) -> Parser:
     summary, sections = COMMANDS[command]
-    description = summary + "."
-    if sections is None:
-        description += "\n\nReads no configuration."
-    else:
+    description = summary + "." + ("\n\nReads no configuration." if sections is None else "")
+    if command == "bench":
+        width = max(map(len, BENCH_HELP))
+        description += "\n\nTargets:\n" + "\n".join(f"  {name:<{width}}  {why}" for name, why in BENCH_HELP.items())
+    if sections is not None:
         lines = [f"  {name:<8} {why}".rstrip() for name, why in sections.items()]
         description += "\n\nConfig sections it reads (override with key=value):\n" + "\n".join(lines)
         description += f"\n  and the top-level keys {', '.join(TOP_LEVEL)}."
@@ -101,7 +113,7 @@ def command_parser(command: str) -> Parser:
         parser.add_argument("--out", help="output folder (default: a new runs/compare/<time>/)")
     elif command == "tensorboard":
         parser.add_argument("--logdir", default="runs", help="folder to serve (default: runs)")
-        parser.add_argument("--port", type=int, default=6006, help="port (default: 6006)")
+        parser.add_argument("--port", type=port_number, default=6006, help="port (default: 6006)")
     elif command == "strategies":
         parser.add_argument("--names", action="store_true", help="names only, one per line")
     return parser
@@ -135,7 +147,41 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are written atomically
+        if debug:
+            raise
+        print(f"interrupted{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
+        return INTERRUPTED
     return 0
+
+
+def port_number(text: str) -> int:
+    port = int(text) if text.isdigit() else -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
+def check_port(port: int) -> None:
+    """Refuse a port another program listens on, before TensorBoard announces its address and then fails."""
+    problem = port_problem(port)
+    if problem == errno.EADDRINUSE:
+        free = next((p for p in range(port + 1, min(port + 100, 65536)) if port_problem(p) is None), None)
+        example = f', e.g. make tensorboard ARGS="--port {free}"' if free else ""
+        raise UserError(f"port {port} is already in use (another TensorBoard?): choose another with --port{example}")
+    if problem is not None:
+        raise UserError(f"port {port} cannot be opened ({os.strerror(problem)}): choose another with --port")
+
+
+def port_problem(port: int) -> int | None:
+    """The errno of binding ``port`` on every interface, as TensorBoard's --bind_all does, or None if it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server does: TIME_WAIT is no conflict
+        try:
+            probe.bind(("", port))
+        except OSError as err:
+            return err.errno
+    return None
 
 
 def run(command: str, args: argparse.Namespace) -> None:
@@ -147,6 +193,7 @@ def run(command: str, args: argparse.Namespace) -> None:
     elif command == "tensorboard":
         from detector.board import main as tensorboard
 
+        check_port(args.port)
         tensorboard(args.logdir, args.port)
     elif command == "strategies":
         for s in load_strategies().values():
@@ -161,12 +208,22 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
     from detector.config import load_config
 
     target = "losses"
-    if command == "bench" and args.overrides and args.overrides[0] in BENCH_TARGETS:
+    if command == "bench" and args.overrides and "=" not in args.overrides[0]:  # a target, not an override
         target = args.overrides.pop(0)
+        if target not in BENCH_TARGETS:
+            raise UserError(
+                f"unknown bench target {target!r}: the targets are {', '.join(BENCH_TARGETS)} "
+                "(python -m detector bench --help says what each measures)"
+            )
     check_sections(command, args.overrides)
     strategies = load_strategies()
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, one announcement
-    cfg = load_config(args.overrides, args.experiment, announce=print if main_process else None, strategies=strategies)
+    announce = None
+    if main_process:  # `config > my.yaml` gets pure YAML: its announcement goes to stderr
+        announce = (lambda line: print(line, file=sys.stderr)) if command == "config" else print
+    cfg = load_config(args.overrides, args.experiment, announce=announce, strategies=strategies)
+    if main_process:
+        emulation_note(strategies, run_strategies(command, cfg, target, strategies))
     if command == "config":
         print(OmegaConf.to_yaml(cfg))
     elif command == "profile":
@@ -207,8 +264,32 @@ def load_strategies():
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         # before detector.kernels.triton_giou is imported: it reads the variable once
         os.environ["TRITON_INTERPRET"] = "1"
-        if os.environ.get("RANK", "0") == "0":
-            print("note: no CUDA device, Triton kernels run in the interpreter (TRITON_INTERPRET=1)", file=sys.stderr)
     from detector.losses import STRATEGIES
 
     return STRATEGIES
+
+
+def run_strategies(command: str, cfg, target: str, strategies) -> list[str]:
+    """The strategies ``command`` runs with ``cfg`` (its loss, or every one)."""
+    every = list(strategies)
+    if command == "profile":
+        return [cfg.profile.strategy]
+    if command == "train":
+        return every if cfg.train.strategy == "all" else [cfg.train.strategy]
+    if command == "bench":
+        return {"losses": list(cfg.bench.strategies) or every, "layers": ["triton"]}.get(target, [])
+    if command == "report":
+        return list(cfg.report.strategies) or every
+    return []
+
+
+def emulation_note(strategies, names: list[str]) -> None:
+    """One line on stderr for each strategy to run whose times here are an emulator's (triton without a GPU)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    for name in names:
+        reason = strategies[name].emulated(torch.device("cpu")) if name in strategies else None
+        if reason:
+            print(f"note: {name}: {reason} here (no CUDA device: TRITON_INTERPRET=1)", file=sys.stderr)

@@ -93,23 +93,32 @@ def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> dict:
 def latest_runs(profile_dir) -> list[dict]:
     """The newest readable run of each ``<strategy>[-forward]/`` folder (broken ones skipped, warned)."""
     root = Path(profile_dir)
-    found = []
-    for group in sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []:
-        # newest first; a summary.json in the group itself is the old layout (one run, overwritten)
-        candidates = sorted((p.parent for p in group.glob(f"*/{SUMMARY}")), key=lambda p: p.name, reverse=True)
-        for folder in candidates + ([group] if (group / SUMMARY).is_file() else []):
-            run = read_run(folder)
-            if run:
-                found.append(run)
-                break
-    return found
+    groups = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [run for run in map(latest_in, groups) if run]
+
+
+def latest_in(group: Path) -> dict | None:
+    """The newest readable run of a ``<strategy>[-forward]/`` folder, or None."""
+    # newest first; a summary.json in the group itself is the old layout (one run, overwritten)
+    candidates = sorted((p.parent for p in group.glob(f"*/{SUMMARY}")), key=lambda p: p.name, reverse=True)
+    for folder in candidates + ([group] if (group / SUMMARY).is_file() else []):
+        run = read_run(folder)
+        if run:
+            return run
+    return None
 
 
 def read_run(path) -> dict | None:
-    """{"strategy", "mode", "run", "dir", "summary"} of a run folder (or its summary.json); None with a
-    one-line warning when its summary.json is missing, broken or not one that `make profile` writes."""
+    """{"strategy", "mode", "run", "dir", "summary"} of a run folder (or its summary.json, or a strategy's folder
+    of runs: its newest); None with a one-line warning when its summary.json is missing, broken or not one that
+    `make profile` writes. A path that does not exist is a UserError naming it. Values that no measure can
+    take (not finite, negative, beyond 10^15) are left out, with one warning naming them."""
     path = Path(path)
+    if not path.exists():
+        raise UserError(f"no run folder {path}: mistyped?{nearby(path)}")
     folder = path.parent if path.name == SUMMARY else path
+    if not (folder / SUMMARY).exists() and any(folder.glob(f"*/{SUMMARY}")):
+        return latest_in(folder)
     try:
         summary = json.loads((folder / SUMMARY).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as err:
@@ -117,9 +126,67 @@ def read_run(path) -> dict | None:
     reason = foreign(summary)
     if reason:
         return warn(folder / SUMMARY, reason)
+    left_out = drop_unusable(summary)
+    if not summary["analysis"]["regions"]["step"]["wall_ms"]["n"]:
+        return warn(folder / SUMMARY, f"its step wall time is not usable: {left_out[0]}")
+    if left_out:
+        shown = ", ".join(left_out[:3]) + (f" and {len(left_out) - 3} more" if len(left_out) > 3 else "")
+        print(f"warning: {folder / SUMMARY}: left out {shown}: not finite, negative or beyond 10^15", file=sys.stderr)
     return {"strategy": summary["strategy"], "mode": summary["mode"], "run": folder.name, "dir": folder} | {
         "summary": summary
     }
+
+
+def nearby(path: Path) -> str:
+    """What the deepest existing folder above ``path`` holds, to spot a typo by."""
+    parent = next((p for p in path.parents if p.is_dir()), Path("."))
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+    shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return f" {parent} holds {shown}" if names else f" {parent} holds no run folders"
+
+
+LIMIT = 1e15  # beyond any measure of a step (10^15 ms is 30,000 years; bytes: a petabyte); charts overflow near 1e308
+STAT_KEYS = ("median", "q1", "q3", "min", "max")
+
+
+def unusable(value) -> bool:
+    """Whether a measured value cannot be one: None is an absent measure; NaN fails every comparison."""
+    if value is None:
+        return False
+    return isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= LIMIT
+
+
+def drop_unusable(summary: dict) -> list[str]:
+    """Make every spread with an unusable value absent (n 0), and drop the steps with one; returns their keys."""
+    left_out = []
+    sections = [(f"analysis.regions.{name}", measures) for name, measures in summary["analysis"]["regions"].items()]
+    sections.append(("timed", summary.get("timed") or {}))
+    for prefix, measures in sections:
+        for measure, stats in measures.items() if isinstance(measures, dict) else ():
+            bad = [key for key in STAT_KEYS if isinstance(stats, dict) and unusable(stats.get(key))]
+            if bad:
+                left_out.append(f"{prefix}.{measure}.{bad[0]} ({stats[bad[0]]!r})")
+                measures[measure] = dict.fromkeys(STAT_KEYS) | {"n": 0}
+    kept = []
+    for i, step in enumerate(summary["per_step"]):
+        bad = step_problems(step, f"per_step[{i}]")
+        left_out += bad
+        kept += [] if bad else [step]
+    summary["per_step"] = kept
+    return left_out
+
+
+def step_problems(step, key: str) -> list[str]:
+    """The unusable values of one entry of per_step, or why it is no step (it needs the step's wall time)."""
+    regions = step.get("regions") if isinstance(step, dict) else None
+    if not isinstance(regions, dict) or not isinstance(regions.get("step"), dict) or "wall_ms" not in regions["step"]:
+        return [f"{key} (no step wall time)"]
+    return [
+        f"{key}.regions.{name}.{measure} ({value!r})"
+        for name, measures in regions.items()
+        for measure, value in (measures.items() if isinstance(measures, dict) else [("", "not a region")])
+        if unusable(value)
+    ]
 
 
 def foreign(summary) -> str | None:
@@ -129,6 +196,8 @@ def foreign(summary) -> str | None:
     missing = [key for key in ("strategy", "mode", "analysis", "per_step") if key not in summary]
     if missing:
         return f"no {', '.join(missing)}: not written by (this version of) make profile; re-run it"
+    if not isinstance(summary["per_step"], list):
+        return "its per_step is not a list of steps"
     if not isinstance(summary["strategy"], str) or not summary["strategy"]:
         return f"its strategy {summary['strategy']!r} is not a name"
     if summary["mode"] not in MODES:

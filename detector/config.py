@@ -174,9 +174,16 @@ def resolve_preset(preset: str) -> str:
 
 
 def experiment_path(name: str) -> Path:
+    """``experiments/<name>.yaml``; or, for a name with a folder or a .yaml suffix, that file (a bare
+    ``<name>.yaml`` not found here is looked for in experiments/)."""
     path = Path(name)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        return path
+    if path.suffix in (".yaml", ".yml") or len(path.parts) > 1:
+        candidates = [path] + ([EXPERIMENTS_DIR / path] if len(path.parts) == 1 else [])
+        found = [p for p in candidates if p.is_file()]
+        if not found:
+            where = " or ".join(str(p) for p in candidates)
+            raise ConfigFileNotFound(f"no experiment file {name} (looked for {where}, from {Path.cwd()})")
+        return found[0]
     path = EXPERIMENTS_DIR / f"{name}.yaml"
     if not path.exists():
         known = sorted(p.stem for p in EXPERIMENTS_DIR.glob("*.yaml"))
@@ -277,6 +284,10 @@ def check_values(
             torch.device(cfg.device)
         except RuntimeError:
             raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N") from None
+    if schema is Config and cfg.data.image_size % 2 ** len(cfg.model.channels):
+        blocks = len(cfg.model.channels)
+        allowed = f"multiples of {2**blocks}: each of the model's {blocks} conv blocks (model.channels) pools by 2"
+        raise ConfigError(f"data.image_size={cfg.data.image_size} is out of range: allowed {allowed}")
     if schema is Config and cfg.model.head_blocks > cfg.model.hidden:  # 0 (auto) never is
         allowed = f"1 to model.hidden ({cfg.model.hidden}), one output slice per block"
         raise ConfigError(f"model.head_blocks={cfg.model.head_blocks} is out of range: allowed {allowed}")

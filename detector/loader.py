@@ -8,22 +8,35 @@ anonymous shared memory that forked workers inherit) and, for a CUDA device, pag
 so a slot is copied to the device directly and asynchronously.
 
 Flow: the main process hands (batch b, free slot k) to a task queue; a worker (forked; workers never
-touch CUDA) draws batch b into slot k, builds its targets and sends back (b, k, targets). The main
-process yields batches in order. For a CUDA device it copies a batch on a side stream (the next
-batch's copy is issued while the consumer's step runs), makes the consumer's stream wait for the copy
-and gives slot k back only once the copy has finished. On the CPU it yields a copy of the slot (a
-consumer may keep batches, e.g. ``list(loader)``). With 0 workers batches are drawn in this process.
+touch CUDA) draws batch b into slot k, builds its targets and sends back (b, k, targets) through a pipe
+of its own. The main process yields batches in order. For a CUDA device it copies a batch on a side
+stream (the next batch's copy is issued while the consumer's step runs), makes the consumer's stream
+wait for the copy and gives slot k back only once the copy has finished. On the CPU it yields a copy of
+the slot (a consumer may keep batches, e.g. ``list(loader)``). With 0 workers batches are drawn in this
+process.
 
 A batch is a pure function of its index (``draw``): the same whatever the number of workers.
+
+Faults: a worker that dies, however (a signal, ``os._exit``, the kernel's out-of-memory killer), ends the
+iteration at the consumer's next batch with ``DataWorkerDied``, one line naming the worker and its exit
+code, even when every batch due was drawn already (a wait watches the workers' exits as well as their pipes).
+Nothing waits on a worker without a bound: each worker writes its results into its own pipe (a worker
+killed half-way through a message, which may well exceed the pipe's 64 KiB, leaves the partial message in
+its own pipe only, and holds no lock another worker needs), and the main process reads the pipes without
+blocking, gathering bytes until a whole message is there, while it watches the workers' exits.
+Before the ring is allocated, its size is checked against the memory available (``MemoryRefusal``).
 """
 
 from __future__ import annotations
 
 import mmap
 import multiprocessing
+import multiprocessing.connection
 import os
+import pickle
 import queue
 import signal
+import struct
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -33,11 +46,48 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detector.errors import UserError
 from detector.targets import ListTargets, Targets
 
 WATCHDOG_SECONDS = 1.0  # how often a waiting worker checks its parent, and the main process its workers
+HEADER = struct.Struct("<Q")  # a result message's length, in front of its pickle
 # torch.profiler's name for a DataLoader's wait: detector.analysis reads it as "data wait"
 PROFILE_NAME = "enumerate(DataLoader)#BatchLoader.__next__"
+
+
+class DataWorkerDied(UserError, RuntimeError):
+    """A data worker ended while batches were still due: the run cannot go on without it (one line; a
+    UserError so that the command ends with exit status 2 and no traceback of the main process's wait)."""
+
+
+class MemoryRefusal(UserError, MemoryError):
+    """What a run would allocate does not fit the memory available: refused before allocating it."""
+
+
+GIB = 2**30
+
+
+def available_memory() -> int | None:
+    """Bytes the kernel says can be allocated without swapping (/proc/meminfo's MemAvailable), or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_memory(subject: str, needed: int, hint: str, detail: str = "") -> None:
+    """Refuse in one line when ``needed`` bytes exceed the machine's available memory (unknown: no check):
+    "<subject> <needed> GiB of memory<detail>, but this machine has ... available: <hint>"."""
+    available = available_memory()
+    if available is not None and needed > available:
+        raise MemoryRefusal(
+            f"{subject} {needed / GIB:.1f} GiB of memory{detail}, but this machine has {available / GIB:.1f} GiB "
+            f"available (MemAvailable): {hint}"
+        )
 
 
 @dataclass(frozen=True)
@@ -57,6 +107,15 @@ class BatchLoader:
     def __len__(self) -> int:
         return self.batches
 
+    @property
+    def slot_count(self) -> int:
+        return self.slots or default_slots(self.workers)
+
+    @property
+    def ring_bytes(self) -> int:
+        """The host memory of the ring of slots that each iteration allocates."""
+        return self.slot_count * int(np.prod(self.batch_shape))
+
     def __iter__(self) -> Iterator[tuple[Tensor, Targets]]:
         if not self.batches:
             return
@@ -66,6 +125,10 @@ class BatchLoader:
                 yield ring.take(b)
         finally:
             ring.close()
+
+
+def default_slots(workers: int) -> int:
+    return 2 * workers + 2  # each worker finds a free slot while earlier batches wait
 
 
 def shared_slots(count: int, shape: tuple[int, ...]) -> Tensor:
@@ -108,23 +171,74 @@ def unpack_targets(message: tuple[type, list[np.ndarray]], device: torch.device)
     return kind(*tensors), tensors
 
 
-def worker_loop(draw, slots: Tensor, tasks, results, stop, parent: int) -> None:
+def send(fd: int, message) -> None:
+    """Write ``message`` to our own result pipe: its length, then its pickle (blocking while the pipe is full)."""
+    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+    view = memoryview(HEADER.pack(len(payload)) + payload)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+class Inbox:
+    """The main process's end of one worker's result pipe, read without ever blocking: bytes are gathered
+    until a whole message is there, so a message cut short by its writer's death never blocks a read."""
+
+    def __init__(self, fd: int):
+        self.fd, self.buffer = fd, bytearray()
+        os.set_blocking(fd, False)
+
+    def read(self) -> list:
+        """The whole messages that have arrived (possibly none)."""
+        try:
+            while chunk := os.read(self.fd, 1 << 20):
+                self.buffer += chunk
+        except BlockingIOError:
+            pass
+        messages = []
+        while len(self.buffer) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self.buffer)
+            end = HEADER.size + length
+            if len(self.buffer) < end:
+                break
+            messages.append(pickle.loads(self.buffer[HEADER.size : end]))
+            del self.buffer[:end]
+        return messages
+
+
+def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int], stop, parent: int) -> None:
     """A worker: draws the batches of ``tasks`` into their slots until told to stop or orphaned."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the main process stops us
+    for fd in read_fds:  # the read ends forked with us: once the main process closes its own, our write fails at once
+        os.close(fd)
     torch.set_num_threads(1)  # one core per worker, as DataLoader's workers
-    results.cancel_join_thread()  # exit without waiting for the main process to read what is left
-    while not stop.is_set() and os.getppid() == parent:  # else the main process died without closing us
+    while not stop.value and os.getppid() == parent:  # else the main process died without closing us
         try:
             task = tasks.get(timeout=WATCHDOG_SECONDS)
         except queue.Empty:
             continue
-        if task is None or stop.is_set():  # queued tasks are dropped once we are stopped
+        if task is None or stop.value:  # queued tasks are dropped once we are stopped
             return
         batch, slot = task
         try:
-            results.put((batch, slot, host_arrays(draw(batch, slots[slot])), None))
-        except Exception:  # reported, and we go on: returning now could drop the report with our queue
-            results.put((batch, slot, None, traceback.format_exc()))
+            message = (batch, slot, host_arrays(draw(batch, slots[slot])), None)
+        except Exception:  # reported to the main process, which raises it
+            message = (batch, slot, None, traceback.format_exc())
+        try:
+            send(result_fd, message)
+        except BrokenPipeError:  # the main process has gone: nobody to report to
+            return
+
+
+def exit_description(code: int | None) -> str:
+    """How a worker ended, from its exit code (negative: the signal that killed it)."""
+    if code is not None and code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        hint = " (kill -9, or the kernel's out-of-memory killer)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}, exit code {code}{hint}"
+    return f"exited unexpectedly with code {code}"
 
 
 class Ring:
@@ -132,14 +246,20 @@ class Ring:
 
     def __init__(self, loader: BatchLoader):
         self.loader, self.device = loader, loader.device
-        count = loader.slots or 2 * loader.workers + 2  # each worker finds a free slot while earlier batches wait
+        count = loader.slot_count
+        check_memory(
+            f"the loader's ring of {count} slots for batches of {list(loader.batch_shape)} uint8 needs",
+            loader.ring_bytes,
+            "lower data.batch_size or data.image_size (or data.num_workers: two slots each)",
+        )
         self.slots = shared_slots(count, loader.batch_shape)  # [K, B, 1, S, S] uint8
         self.free = deque(range(count))  # slots no batch holds
         self.drawn = {}  # batch -> (slot, host_arrays message): drawn, not yet handed to the device
         self.staged = {}  # batch -> (images, targets, copy event, device tensors) ready for the consumer
         self.copying = deque()  # (event, slot): a slot goes back to `free` once its copy has finished
         self.next_task = 0  # the next batch to hand to a worker
-        self.stream, self.locked, self.processes = None, False, []
+        self.wanted = 0  # the batch the consumer asks for
+        self.stream, self.locked, self.processes, self.inboxes = None, False, [], []
         try:
             if loader.workers:  # before page-locking: a driver may keep locked pages out of a forked child
                 self.start_workers()
@@ -153,11 +273,20 @@ class Ring:
 
     def start_workers(self) -> None:
         context = multiprocessing.get_context("fork")  # workers inherit the slots and `draw`, nothing is pickled
-        self.tasks, self.results, self.stop = context.Queue(), context.Queue(), context.Event()
-        args = (self.loader.draw, self.slots, self.tasks, self.results, self.stop, os.getpid())
+        # tasks: one queue, written by this process only (a task is far below a pipe's atomic write size), read
+        # by whichever worker is free; results: a pipe per worker, so that no worker's death blocks another
+        # stop: a flag in shared memory, not an Event, whose lock a worker killed inside is_set() would keep
+        self.tasks, self.stop = context.Queue(), context.RawValue("b", 0)
         for _ in range(self.loader.workers):
+            read_fd, write_fd = os.pipe()
+            self.inboxes.append(Inbox(read_fd))
+            read_fds = [inbox.fd for inbox in self.inboxes]
+            args = (self.loader.draw, self.slots, self.tasks, write_fd, read_fds, self.stop, os.getpid())
             process = context.Process(target=worker_loop, args=args, daemon=True)  # daemon: killed at our exit
-            process.start()
+            try:
+                process.start()
+            finally:
+                os.close(write_fd)  # the worker has its own copy
             self.processes.append(process)
         self.submit()
 
@@ -170,6 +299,8 @@ class Ring:
     def take(self, b: int) -> tuple[Tensor, Targets]:
         """Batch b (the caller asks in order), on the device; the next batch's copy is issued meanwhile."""
         with torch.profiler.record_function(PROFILE_NAME):
+            self.wanted = b
+            self.check_workers()  # also when every batch due is drawn already: a death never goes unnoticed
             self.recycle()
             if b not in self.staged:
                 self.stage(b, *self.wait_for(b))
@@ -198,25 +329,32 @@ class Ring:
         return self.drawn.pop(b)
 
     def receive(self, block: bool) -> None:
-        """Collect drawn batches from the workers; raise a worker's error, or on a worker's death."""
+        """Collect drawn batches from the workers (with ``block``, wait for at least one, WATCHDOG_SECONDS at
+        a time); raise a worker's error, or on a worker's death."""
         while True:
-            try:
-                message = self.results.get(timeout=WATCHDOG_SECONDS) if block else self.results.get_nowait()
-            except queue.Empty:
-                dead = [p for p in self.processes if not p.is_alive()]
-                if dead:
-                    raise RuntimeError(
-                        f"data worker (pid {dead[0].pid}) exited unexpectedly with code {dead[0].exitcode}"
-                    ) from None
-                if block:
-                    continue
+            watched = [inbox.fd for inbox in self.inboxes] + [p.sentinel for p in self.processes]
+            ready = multiprocessing.connection.wait(watched, WATCHDOG_SECONDS if block else 0)
+            received = False
+            for inbox in self.inboxes:
+                if inbox.fd in ready:
+                    for batch, slot, targets, error in inbox.read():
+                        if error is not None:
+                            raise RuntimeError(f"data worker failed drawing batch {batch}:\n{error}")
+                        self.drawn[batch] = (slot, targets)
+                        received = True
+            self.check_workers()
+            if received or not block:
                 return
-            batch, slot, targets, error = message
-            if error is not None:
-                raise RuntimeError(f"data worker failed drawing batch {batch}:\n{error}")
-            self.drawn[batch] = (slot, targets)
-            if block:
-                return
+
+    def check_workers(self) -> None:
+        """Raise DataWorkerDied if a worker has ended: workers end only when the ring closes."""
+        for i, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise DataWorkerDied(
+                    f"data worker {i + 1} of {len(self.processes)} (pid {process.pid}) "
+                    f"{exit_description(process.exitcode)}, before batch {self.wanted} of "
+                    f"{self.loader.batches} was loaded"
+                )
 
     def stage(self, b: int, slot: int, message: tuple) -> None:
         """Batch b's images and targets as the consumer gets them: copied to the device, or out of the slot."""
@@ -245,19 +383,22 @@ class Ring:
 
     def close(self) -> None:
         """Stop the workers (at once: a batch half drawn is dropped), then unlock the slots once no copy reads them."""
+        for inbox in self.inboxes:  # first: a worker blocked writing a result nobody will read fails at once
+            os.close(inbox.fd)
+        self.inboxes = []
         if self.processes:
-            self.stop.set()
+            self.stop.value = 1
             for _ in self.processes:
                 self.tasks.put(None)  # wakes a waiting worker at once
             for process in self.processes:
                 process.join(timeout=WATCHDOG_SECONDS)
-            for process in self.processes:
-                if process.is_alive():
-                    process.terminate()  # still drawing a batch: nothing of it is needed
-                    process.join()
-            for q in (self.tasks, self.results):
-                q.cancel_join_thread()  # do not block our exit on items nobody will read
-                q.close()
+            for stop in (lambda p: p.terminate(), lambda p: p.kill()):  # still drawing: nothing of it is needed
+                for process in self.processes:
+                    if process.is_alive():
+                        stop(process)
+                        process.join(timeout=WATCHDOG_SECONDS)
+            self.tasks.cancel_join_thread()  # do not block our exit on tasks nobody will read
+            self.tasks.close()
             self.processes = []
         if self.locked:
             self.stream.synchronize()

@@ -4,16 +4,19 @@
   running TensorBoard picks up re-runs and older runs stay comparable.
 - ``locked``: one process at a time per run folder (a lock file beside it); a second one is refused
   with the pid of the first.
-- ``replacing``: a fresh training run in a folder that holds an older one moves the older one aside
-  and deletes it only once the new run has finished; if the new run fails, the older one stays.
+- ``set_aside``: a fresh training run in a folder that holds an earlier one moves the earlier one to a
+  visible sibling, ``<run>-<YYYYmmdd-HHMMSS of its start>``, and says so in one line. Nothing is deleted
+  and nothing is hidden: a re-run never destroys results, and a folder set aside is a run TensorBoard
+  shows beside the new one. (Earlier versions hid them as ``.<run>.previous-<n>``; ``reveal_hidden``
+  gives those their visible name.)
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
-import shutil
 import time
 from pathlib import Path
 
@@ -59,19 +62,52 @@ def locked(run_dir: Path):
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-@contextlib.contextmanager
-def replacing(run_dir: Path, say=print):
-    """A fresh ``run_dir``; an older one there is kept aside until the body has finished without error."""
-    old = None
-    if run_dir.exists():
-        old = run_dir.with_name(f".{run_dir.name}.previous-{time.time_ns()}")
-        os.replace(run_dir, old)
-    run_dir.mkdir(parents=True)
+def set_aside(run_dir: Path, say=print) -> Path | None:
+    """Move the earlier run in ``run_dir`` (if it holds anything) to a visible sibling named by its start and
+    say where; ``run_dir`` is then an empty folder. Returns where the earlier run went, or None."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not any(run_dir.iterdir()):
+        return None
+    aside = free_name(run_dir, started(run_dir))
+    os.replace(run_dir, aside)
+    run_dir.mkdir()
+    say(f"{run_dir} held an earlier run ({describe(aside)}): moved to {aside}/ (nothing is deleted)")
+    return aside
+
+
+def reveal_hidden(run_dir: Path, say=print) -> None:
+    """Give the hidden ``.<run>.previous-<n>`` folders of earlier versions a visible name, and say so."""
+    for hidden in sorted(run_dir.parent.glob(f".{run_dir.name}.previous-*")):
+        if hidden.is_dir():
+            visible = free_name(run_dir, started(hidden))
+            os.replace(hidden, visible)
+            say(f"an earlier run of {run_dir} was hidden in {hidden.name}/: moved to {visible}/")
+
+
+def free_name(run_dir: Path, when: float) -> Path:
+    """``<run_dir>-<YYYYmmdd-HHMMSS of when>``, with -2, -3 ... if taken."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(when))
+    for suffix in ["", *(f"-{i}" for i in range(2, 1000))]:
+        path = run_dir.with_name(f"{run_dir.name}-{stamp}{suffix}")
+        if not path.exists():
+            return path
+    raise UserError(f"{run_dir}: too many earlier runs started at {stamp}")
+
+
+def started(folder: Path) -> float:
+    """When the run in ``folder`` started: its first TensorBoard event file was created then (the time is in
+    the file's name; its config.yaml is rewritten on resume), else its oldest file's modification."""
+    stamps = [p.name.split(".")[3] for p in folder.glob("events.out.tfevents.*")]
+    stamps = [int(stamp) for stamp in stamps if stamp.isdigit()]
+    return min(stamps or [p.stat().st_mtime for p in folder.iterdir()] or [folder.stat().st_mtime])
+
+
+def describe(folder: Path) -> str:
+    """A run folder in a few words: how far it got, and its size on disk."""
     try:
-        yield run_dir
-    except BaseException:
-        if old is not None:
-            say(f"the previous run of {run_dir} is kept in {old}")
-        raise
-    if old is not None:
-        shutil.rmtree(old)
+        summary = json.loads((folder / "summary.json").read_text())
+        what = f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}"
+    except (OSError, ValueError, KeyError, TypeError):
+        what = "no summary: unfinished" + (", with a checkpoint" if (folder / "checkpoint.pt").exists() else "")
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"

@@ -83,9 +83,13 @@ def make_targets(boxes_list: Sequence, layout: str, max_boxes: int) -> Targets:
     coordinate (int16 beyond 2048 next to fp16 boxes, int64 beyond 2**24 next to fp32 boxes). So
     integer coordinates never wrap or round. Empty images do not take part unless all are empty.
 
+    Every layout is built on the boxes' device (numpy arrays and lists are on the CPU), counts included;
+    empty images, which hold no data, may be anywhere and are moved there.
+
     Raises ValueError naming the images when no dtype holds them all (int64 beyond 2**53 next to
-    floating boxes), when an image has more boxes than ``max_boxes`` slots, or when ``boxes_list[i]``
-    is not [n, 4]; TypeError when ``boxes_list[i]`` is not array-like or holds bool or complex values.
+    floating boxes), when two images' boxes are on different devices, when an image has more boxes than
+    ``max_boxes`` slots, or when ``boxes_list[i]`` is not [n, 4]; TypeError when ``boxes_list[i]`` is not
+    array-like or holds bool or complex values.
     """
     if layout not in LAYOUTS:
         raise ValueError(f"unknown target layout {layout!r}; valid layouts: {', '.join(LAYOUTS)}")
@@ -93,18 +97,33 @@ def make_targets(boxes_list: Sequence, layout: str, max_boxes: int) -> Targets:
     for i, boxes in enumerate(boxes_list):
         if boxes.shape[0] > max_boxes:
             raise ValueError(f"image {i} has {boxes.shape[0]} boxes but there are only max_boxes={max_boxes} slots")
+    device = common_box_device(boxes_list)
     dtype = common_box_dtype(boxes_list)
-    boxes_list = [b.to(dtype) for b in boxes_list]
+    boxes_list = [b.to(device, dtype) for b in boxes_list]
     if layout == "list":
         return ListTargets(boxes_list)
-    counts = torch.tensor([b.shape[0] for b in boxes_list], dtype=torch.int64)
-    packed = torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype)  # [N, 4]
+    counts = torch.tensor([b.shape[0] for b in boxes_list], dtype=torch.int64, device=device)
+    packed = torch.cat(boxes_list) if boxes_list else torch.zeros(0, 4, dtype=dtype, device=device)  # [N, 4]
     if layout == "packed":
         return PackedTargets(packed, counts)
-    padded = torch.zeros(len(boxes_list), max_boxes, 4, dtype=dtype)
+    padded = torch.zeros(len(boxes_list), max_boxes, 4, dtype=dtype, device=device)
     # the valid slots in row-major order are the packed order: one assignment instead of one per image (5 ms at B=1024)
-    padded[torch.arange(max_boxes) < counts[:, None]] = packed
+    padded[torch.arange(max_boxes, device=device) < counts[:, None]] = packed
     return PaddedTargets(padded, counts)
+
+
+def common_box_device(boxes_list: list[Tensor]) -> torch.device:
+    """The device of every non-empty image's boxes (all empty: the first image's); a ValueError naming two
+    images on different devices."""
+    placed = [(i, b.device) for i, b in enumerate(boxes_list) if b.numel()]
+    for i, device in placed[1:]:
+        if device != placed[0][1]:
+            first, where = placed[0]
+            raise ValueError(
+                f"boxes_list[{first}] is on {where} but boxes_list[{i}] is on {device}: put every image's "
+                "boxes on one device"
+            )
+    return placed[0][1] if placed else (boxes_list[0].device if boxes_list else torch.device("cpu"))
 
 
 def _as_boxes(boxes, i: int) -> Tensor:

@@ -1,14 +1,19 @@
 """The command line: per-command parsers, one-line errors with exit status 2, the entry points it calls."""
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
 from detector import cli
-from detector.config import ConfigError
+from detector.bench import TARGETS as BENCH_TARGETS
+from detector.config import ConfigError, load_config
 from detector.errors import UserError
 from detector.losses import STRATEGIES
 
@@ -177,9 +182,69 @@ def run_module(*argv):
 def test_python_m_detector_end_to_end():
     result = run_module("config", "data.batch_size=0")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert result.stderr.splitlines() == [
-        "note: no CUDA device, Triton kernels run in the interpreter (TRITON_INTERPRET=1)",
-        "error: data.batch_size=0 is out of range: allowed >= 1",
-    ]
+    assert result.stderr.splitlines() == ["error: data.batch_size=0 is out of range: allowed >= 1"]  # nothing else
     result = run_module("strategies", "--names")
-    assert result.returncode == 0 and result.stdout.split() == list(STRATEGIES)  # the note goes to stderr
+    assert result.returncode == 0 and result.stdout.split() == list(STRATEGIES) and not result.stderr
+
+
+def test_config_prints_pure_yaml_and_announces_on_stderr():
+    result = run_module("config", "--experiment", "cpu_smoke", "train.steps=7")
+    assert result.returncode == 0 and result.stderr == "preset: cpu (no GPU found), experiment: cpu_smoke\n"
+    printed = yaml.safe_load(result.stdout)  # `config > my.yaml` is a configuration
+    assert printed["preset"] == "cpu" and printed["train"]["steps"] == 7 and printed["data"]["image_size"] == 64
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the note is about running without a CUDA device")
+def test_the_interpreter_note_comes_only_where_an_emulated_strategy_runs(capsys):
+    cfg = load_config(["preset=cpu", "train.strategy=all"], announce=None)
+    assert cli.run_strategies("config", cfg, "losses", STRATEGIES) == []
+    assert cli.run_strategies("profile", cfg, "losses", STRATEGIES) == ["padded"]
+    assert cli.run_strategies("train", cfg, "losses", STRATEGIES) == list(STRATEGIES)
+    assert cli.run_strategies("bench", cfg, "kernels", STRATEGIES) == []
+    cli.emulation_note(STRATEGIES, ["padded", "concat"])
+    assert capsys.readouterr().err == ""
+    cli.emulation_note(STRATEGIES, list(STRATEGIES))
+    assert capsys.readouterr().err == (
+        "note: triton: Triton's interpreter runs its kernels here (no CUDA device: TRITON_INTERPRET=1)\n"
+    )
+
+
+def test_bench_lists_its_targets_in_its_help_and_its_errors(capsys):
+    assert set(cli.BENCH_HELP) == set(BENCH_TARGETS)
+    fails_with_one_line(capsys, ["bench", "nope"], "unknown bench target 'nope'", "losses, kernels, layers, step")
+    fails_with_one_line(capsys, ["bench", "nope", "bench.repeats=2"], "unknown bench target 'nope'")
+    with pytest.raises(SystemExit):
+        cli.main(["bench", "--help"])
+    out = capsys.readouterr().out
+    for target, why in cli.BENCH_HELP.items():
+        assert f"  {target}" in out and why in out
+
+
+def test_a_busy_port_is_refused_in_one_line_before_tensorboard_starts(capsys, monkeypatch):
+    import detector.board
+
+    started = Calls()
+    monkeypatch.setattr(detector.board, "main", started)
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        fails_with_one_line(capsys, ["tensorboard", "--port", str(port)], f"port {port} is already in use", "--port")
+    assert capsys.readouterr().out == "" and not started
+    fails_with_one_line(capsys, ["tensorboard", "--port", "70000"], "'70000' is not a port number (1-65535)")
+
+
+def make_dry_run(*args) -> str:
+    result = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_the_set_up_says_what_it_builds_and_installs_numpy_before_torch(tmp_path):
+    out = make_dry_run("setup", f"VENV={tmp_path / 'venv'}")
+    assert out.index("pip install -q  numpy") < out.index("import torch")  # torch without numpy warns
+    build = next(line for line in out.splitlines() if "building its detector._C extension" in line)
+    assert "minutes" in build and "pip is silent meanwhile" in build
+    assert "detector._C built and the project installed in" in out
+    assert "tensorboard --port 7000" in make_dry_run("tensorboard", "PY=python3", "ARGS=--port 7000")

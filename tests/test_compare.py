@@ -108,7 +108,40 @@ def test_compare_without_runs(tmp_path, capsys):
     with pytest.raises(UserError, match="no profile runs"):
         run_compare(tmp_path / "runs")
     assert "skipped" in capsys.readouterr().err and not (tmp_path / "compare").exists()
-    assert read_run(tmp_path / "missing") is None
+
+
+def test_a_mistyped_run_path_is_named_as_such(profiles, tmp_path):
+    with pytest.raises(
+        UserError, match=r"no run folder \S+/profile/nope: mistyped\? \S+/profile holds concat, cuda_fused"
+    ):
+        run_compare(profiles["root"], runs=[profiles["padded"], profiles["root"] / "nope"], out_dir=tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_strategy_folder_named_is_its_newest_run(profiles):
+    assert read_run(profiles["root"] / "padded")["dir"] == profiles["padded"]
+
+
+def test_values_no_measure_can_take_are_left_out_with_one_warning_naming_them(profiles, tmp_path, capsys):
+    root = tmp_path / "profile"
+    make_run(root, "padded", "20261122-031500")
+    bad = make_run(root, "concat", "20261122-031600", scale=2.0)
+    summary = json.loads((bad / "summary.json").read_text())
+    summary["analysis"]["regions"]["forward"]["wall_ms"]["median"] = float("nan")
+    summary["analysis"]["regions"]["backward"]["gpu_ms"]["q3"] = -1.0
+    summary["timed"]["step_ms"]["max"] = 1e308
+    summary["per_step"][0]["regions"]["calc loss"]["ops"] = float("inf")
+    (bad / "summary.json").write_text(json.dumps(summary))
+    report = run_compare(root, out_dir=tmp_path / "out")
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert warning.startswith(
+        f"warning: {bad / 'summary.json'}: left out analysis.regions.forward.wall_ms.median (nan)"
+    )
+    assert "analysis.regions.backward.gpu_ms.q3 (-1.0)" in warning and "timed.step_ms.max (1e+308)" in warning
+    assert "and 1 more: not finite, negative or beyond 10^15" in warning
+    mode = report["modes"]["train"]
+    assert mode["labels"] == ["padded", "concat"] and mode["timed_verdicts"]["concat"] is None  # absent, not NaN
+    assert (tmp_path / "out" / "ms-per-step-train.png").exists()
 
 
 @pytest.mark.parametrize(

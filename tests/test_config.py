@@ -1,12 +1,15 @@
 """Configuration: every value checked at load, and every mistake one ConfigError line naming it."""
 
+import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from detector.config import EXPERIMENTS_DIR, ConfigError, load_config
 from detector.errors import UserError
 from detector.losses import STRATEGIES
+from detector.model import build_model
 
 
 def load(*overrides, experiment=None):
@@ -52,6 +55,16 @@ def test_values_out_of_range_are_refused_at_load(override, allowed):
     with pytest.raises(ConfigError) as err:
         load(override)
     assert_one_line(err, field, value.split(",")[-1].strip("]"), allowed)
+
+
+def test_an_image_size_the_model_cannot_pool_is_refused_at_load():
+    with pytest.raises(ConfigError) as err:
+        load("preset=cpu", "data.image_size=7")  # the CPU preset's model: 2 conv blocks
+    assert_one_line(err, "data.image_size=7", "multiples of 4", "2 conv blocks (model.channels)")
+    with pytest.raises(ConfigError) as err:
+        load("preset=seed_scale", "data.image_size=40")
+    assert_one_line(err, "data.image_size=40", "multiples of 16")
+    assert load("preset=seed_scale", "data.image_size=48").data.image_size == 48
 
 
 def test_more_head_blocks_than_hidden_units_are_refused():
@@ -122,6 +135,36 @@ def test_missing_experiment_and_preset(tmp_path):
     with pytest.raises(ConfigError) as err:
         load("preset=huge")
     assert_one_line(err, "no preset 'huge'", "known presets: auto, cpu, seed_scale")
+
+
+def test_an_experiment_given_as_a_path_is_that_file(tmp_path, monkeypatch):
+    path = tmp_path / "some" / "dir" / "x.yaml"
+    with pytest.raises(ConfigError) as err:
+        load(experiment=str(path))
+    assert_one_line(err, f"no experiment file {path}", f"looked for {path},")
+    assert ".yaml.yaml" not in str(err.value)
+    path.parent.mkdir(parents=True)
+    path.write_text("train:\n  steps: 7\n")
+    assert load(experiment=str(path)).train.steps == 7
+    monkeypatch.chdir(tmp_path)
+    assert load(experiment="some/dir/x.yaml").train.steps == 7  # relative to the working folder
+    assert load(experiment="cpu_smoke.yaml").train.steps == load(experiment="cpu_smoke").train.steps  # experiments/
+
+
+PARAMETERS = re.compile(r"(\d+(?:\.\d+)?) ([MB])-parameter")
+
+
+@pytest.mark.parametrize("path", sorted(EXPERIMENTS_DIR.rglob("*.yaml")), ids=lambda p: p.name)
+def test_the_parameter_counts_in_the_experiments_comments_are_true(path):
+    """A figure in a comment is the model's: `1.47 M-parameter` rounds the count of the model the file builds."""
+    comments = "".join(line.partition("#")[2] for line in path.read_text().splitlines())
+    preset = [f"preset={path.stem}"] if path.parent.name == "presets" else []
+    cfg = load(*preset, experiment=None if preset else path.stem)
+    with torch.device("meta"):
+        count = sum(p.numel() for p in build_model(cfg.model, cfg.data).parameters())
+    for figure, unit in PARAMETERS.findall(comments):
+        decimals = len(figure.partition(".")[2])
+        assert round(count / {"M": 1e6, "B": 1e9}[unit], decimals) == float(figure), f"{figure} {unit}: {count:,}"
 
 
 @pytest.mark.parametrize(

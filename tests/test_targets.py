@@ -103,3 +103,30 @@ def test_reference_and_loop_agree_on_hand_built_mixed_dtype_targets():
     pred = torch.tensor([[[0, 0, 2, 2]], [[0, 0, 1.5, 2]]], dtype=torch.float64)
     assert giou_loss_reference(pred, targets).item() == pytest.approx(0.0, abs=1e-6)  # eps / area
     assert giou_loss_reference(pred, targets).item() == pytest.approx(STRATEGIES["loop"](pred, targets).item())
+
+
+@pytest.mark.parametrize("layout", ["list", "padded", "packed"])
+def test_every_layout_is_built_on_the_boxes_device(layout):
+    """The "meta" device stands in for a GPU here: shapes and devices without data."""
+    meta = [b.to("meta") for b in BOXES]
+    meta[1] = torch.zeros(0, 4, dtype=torch.uint8)  # an empty image may be anywhere: it holds no data
+    targets = make_targets(meta, layout, 3)
+    tensors = targets.boxes if layout == "list" else list(targets)
+    assert all(t.device.type == "meta" for t in tensors)
+    shapes = {"list": [(1, 4), (0, 4), (2, 4)], "padded": [(3, 3, 4), (3,)], "packed": [(3, 4), (3,)]}[layout]
+    assert [tuple(t.shape) for t in tensors] == shapes
+
+
+def test_boxes_on_two_devices_are_refused_naming_two_images():
+    boxes = [BOXES[0], BOXES[1], BOXES[2].to("meta")]
+    with pytest.raises(ValueError, match=r"^boxes_list\[0\] is on cpu but boxes_list\[2\] is on meta: put every"):
+        make_targets(boxes, "padded", 3)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("layout", ["list", "padded", "packed"])
+def test_cuda_boxes_give_cuda_targets_equal_to_the_cpu_ones(layout):
+    on_gpu = make_targets([b.cuda() for b in BOXES], layout, 3)
+    on_cpu = make_targets(BOXES, layout, 3)
+    assert torch.equal(to_padded(on_gpu, 3).boxes.cpu(), to_padded(on_cpu, 3).boxes)
+    assert all(t.is_cuda for t in (on_gpu.boxes if layout == "list" else on_gpu))

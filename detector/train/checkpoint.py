@@ -11,6 +11,7 @@ import hashlib
 import io
 import os
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from detector.errors import UserError
 
 MAGIC = b"detector-checkpoint v1"
+HEADER_VALUES = re.compile(re.escape(MAGIC) + rb" sha256=[0-9a-f]{64} bytes=[0-9]{1,20}")  # what save_checkpoint writes
 # Settings that change how a run is watched or how fast it goes, never its losses: a checkpoint
 # written under other values of these still resumes.
 RUN_CONTROL = {"resume", "stop_after", "log_every", "eval_every", "checkpoint_every", "out_dir", "profile"}
@@ -79,11 +81,15 @@ def save_checkpoint(path: Path, state: dict) -> None:
     payload = buffer.getvalue()
     header = MAGIC + f" sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n".encode()
     tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(header + payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(header + payload)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:  # Ctrl-C or a full disk mid-write: the previous checkpoint stands, no stray file
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_checkpoint(path: Path) -> dict:
@@ -91,9 +97,9 @@ def read_checkpoint(path: Path) -> dict:
     fix = "delete it or set train.resume=false to start this run afresh"
     data = path.read_bytes()
     header, _, payload = data.partition(b"\n")
-    fields = dict(f.split(b"=", 1) for f in header[len(MAGIC) :].split() if b"=" in f)
-    if not header.startswith(MAGIC) or set(fields) != {b"sha256", b"bytes"}:
+    if not HEADER_VALUES.fullmatch(header):
         raise CheckpointError(f"{path} is not a detector checkpoint (empty, foreign or garbled header): {fix}")
+    fields = dict(field.split(b"=", 1) for field in header[len(MAGIC) :].split())
     if len(payload) != int(fields[b"bytes"]):
         raise CheckpointError(f"{path} is truncated ({len(payload)} of {int(fields[b'bytes'])} bytes): {fix}")
     if hashlib.sha256(payload).hexdigest().encode() != fields[b"sha256"]:

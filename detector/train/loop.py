@@ -16,7 +16,10 @@ Guarantees:
   every step is kept in the checkpoint; log lines fall on multiples of train.log_every).
 - A non-finite loss stops the run at the next log line, naming the first bad step, with the last
   good checkpoint kept (train.nonfinite=skip skips such steps' updates instead).
-- One process per run folder (a lock); a fresh run keeps the folder's older run until it finishes.
+- One process per run folder (a lock); a fresh run moves the folder's earlier run to a visible sibling
+  ``<run>-<its start time>/`` and says so (detector/runs.py): a re-run never destroys results.
+- What cannot fit is refused before it is allocated, in one line with the figures (``check_run_memory``).
+- A data worker's death or Ctrl-C stops the run in one line naming the last checkpoint, which stays intact.
 - Throughput is reported by the wall clock (data waits included), with the device time beside it and the
   device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
@@ -31,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import statistics
 import time
 from pathlib import Path
@@ -40,8 +44,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from detector import runs
-from detector.data import build_loader
+from detector.data import build_loader, resolve_workers
 from detector.errors import UserError
+from detector.loader import GIB, DataWorkerDied, MemoryRefusal, check_memory, default_slots
+from detector.model import build_model
 from detector.profiling import make_profiler
 from detector.tables import device_name
 from detector.train import distributed
@@ -181,9 +187,64 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
             f"{tcfg.steps} steps x {global_batch} images reach past train.eval_start={tcfg.eval_start}: "
             "training would see held-out images"
         )
+    check_run_memory(cfg, env.world_size, device)
     run_dir = Path(tcfg.out_dir) / experiment / run_name(tcfg, env.world_size)
     with runs.locked(run_dir) if env.is_main else contextlib.nullcontext():
+        if env.is_main:
+            runs.reveal_hidden(run_dir)
         return Run(cfg, experiment, env, device, run_dir).go()
+
+
+def run_memory(cfg: DictConfig, world_size: int, device: torch.device) -> dict[str, int]:
+    """Bytes a process of this run needs at least, by what needs them, before any of it is allocated."""
+    data, batch_pixels = cfg.data, cfg.data.batch_size * cfg.data.image_size**2
+    with torch.device("meta"):  # the exact parameter count, without memory
+        parameters = sum(p.numel() for p in build_model(cfg.model, data, world_size).parameters())
+    # fp32 weights and gradients, and AdamW's two moments (shared out under a sharded optimizer: at least 1/N each)
+    model = parameters * (8 + 8 // world_size)
+    return {
+        "the loader's ring of batch slots": default_slots(resolve_workers(data.num_workers)) * batch_pixels,
+        "the model with its gradients and optimizer state": model,
+        "the activations of a batch": data.batch_size * activations_per_image(cfg, device),
+        "the held-out images": cfg.train.eval_batches * world_size * batch_pixels,
+    }
+
+
+def activations_per_image(cfg: DictConfig, device: torch.device) -> int:
+    """Bytes of an image's activations that the forward keeps for the backward, at least: the float input, each
+    conv block's output, its pooled output, the pool's int64 indices and the ReLU's output (a fused block keeps its
+    pooled output only), and the head's hidden layer; more is allocated on the way."""
+    size = 2 if cfg.autocast else 4  # bf16 under autocast
+    fused = cfg.train.fused_blocks if device.type == "cuda" else 0
+    side, total = cfg.data.image_size, cfg.data.image_size**2 * 4
+    for block, channels in enumerate(cfg.model.channels):
+        pooled = channels * (side // 2) ** 2
+        total += pooled * size if block < fused else channels * side**2 * size + pooled * (2 * size + 8)
+        side //= 2
+    return total + cfg.model.hidden * 2 * size + cfg.data.max_boxes * 4 * 4
+
+
+def check_run_memory(cfg: DictConfig, world_size: int, device: torch.device) -> None:
+    """Refuse, in one line with the figures, a run that cannot fit in the host's (and the GPU's) memory."""
+    need = run_memory(cfg, world_size, device)
+    hint = "lower data.batch_size, data.image_size, train.eval_batches or the model's size"
+    ring, held_out = "the loader's ring of batch slots", "the held-out images"
+    host = need if device.type != "cuda" else {ring: need[ring]}  # on a GPU the rest lives on the device
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))  # the processes of this host share its memory
+    # every process has its ring, model and activations; the main process alone holds the held-out images
+    total = sum(size * (1 if what == held_out else processes) for what, size in host.items())
+    each = f" each of {processes} processes:" if processes > 1 else ""
+    parts = ", ".join(f"{what} {size / GIB:.1f} GiB" for what, size in host.items())
+    check_memory("this run needs at least", total, hint, f" ({each}{parts})")
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        on_device = {what: size for what, size in need.items() if what != ring}
+        if sum(on_device.values()) > free:
+            parts = ", ".join(f"{what} {size / GIB:.1f} GiB" for what, size in on_device.items())
+            raise MemoryRefusal(
+                f"this run needs at least {sum(on_device.values()) / GIB:.1f} GiB on {device} ({parts}), but it "
+                f"has {free / GIB:.1f} GiB free: {hint}"
+            )
 
 
 class Run:
@@ -195,6 +256,7 @@ class Run:
         self.say = print if env.is_main else (lambda *args, **kwargs: None)
         self.global_batch = cfg.data.batch_size * env.world_size
         self.expected = fingerprint(cfg, env.world_size)
+        self.writer = None  # TensorBoard's, on the main process, once the loop starts
 
     def go(self) -> dict:
         tcfg = self.tcfg
@@ -206,12 +268,26 @@ class Run:
         if self.step >= tcfg.steps:
             self.say(f"{self.run_dir} is complete ({self.step} steps): nothing to resume")
             return self.finish_complete()
-        fresh = self.env.is_main and not self.resumed_at
-        with runs.replacing(self.run_dir, self.say) if fresh else contextlib.nullcontext():
-            if self.env.is_main:
-                OmegaConf.save(self.cfg, self.run_dir / "config.yaml")
+        if self.env.is_main:
+            if not self.resumed_at:  # a fresh run: an earlier one in the folder is kept, visibly
+                runs.set_aside(self.run_dir, self.say)
+            OmegaConf.save(self.cfg, self.run_dir / "config.yaml")
+        try:
             self.loop()
-            return self.finish()
+        except (DataWorkerDied, KeyboardInterrupt) as err:  # one line: what stopped the run, and how to go on
+            raise type(err)(self.stopped(err)) from None
+        finally:
+            if self.writer:
+                self.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+        return self.finish()
+
+    def stopped(self, err: BaseException) -> str:
+        """``err``'s message, then where the run stopped and what to continue it from."""
+        kept = "no checkpoint was written (train.checkpoint_every)"
+        if self.checkpoint_step > 0:
+            kept = f"its last checkpoint is step {self.checkpoint_step} in {self.checkpoint_path}: continue with "
+            kept += "train.resume=true"
+        return "; ".join(filter(None, [str(err), f"the run stopped after step {self.step}", kept]))
 
     def resume(self) -> dict:
         """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's."""
@@ -397,7 +473,7 @@ class Run:
     def finish(self) -> dict:
         summary = self.summary()
         if self.env.is_main:
-            (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+            write_atomically(self.run_dir / "summary.json", json.dumps(summary, indent=2))
             self.writer.close()
             if self.tcfg.profile:
                 self.say(f"profiler window: trace in {self.run_dir / 'profile'}/ (make compare / make tensorboard)")
@@ -412,13 +488,25 @@ class Run:
     def finish_complete(self) -> dict:
         """A complete run: its summary, rebuilt from the checkpoint if a kill came before it was written."""
         path = self.run_dir / "summary.json"
-        if path.exists():
+        try:
             return json.loads(path.read_text())
+        except (OSError, ValueError):  # missing (killed before it), or written by a version without atomic writes
+            pass
         summary = self.summary()
         if self.env.is_main:
-            path.write_text(json.dumps(summary, indent=2))
+            write_atomically(path, json.dumps(summary, indent=2))
             self.say(f"wrote the missing {path} from the checkpoint")
         return summary
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 # ----------------------------------------------------------------------------- experiments and sweeps

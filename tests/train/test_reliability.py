@@ -36,10 +36,15 @@ def damage(path, how: str) -> None:
         raw = bytearray(b"not a checkpoint at all\n" * 100)
     elif how == "empty":
         raw = bytearray()
+    elif how in ("bad length", "bad hash"):  # a header of the right form but for one value
+        header, _, payload = bytes(raw).partition(b"\n")
+        field = b"bytes=" if how == "bad length" else b"sha256="
+        start = header.index(field) + len(field)
+        raw = bytearray(header[:start] + b"12ab" + header[start + 4 :] + b"\n" + payload)
     path.write_bytes(bytes(raw))
 
 
-@pytest.mark.parametrize("how", ["overwritten", "zeroed", "truncated", "garbage", "empty"])
+@pytest.mark.parametrize("how", ["overwritten", "zeroed", "truncated", "garbage", "empty", "bad length", "bad hash"])
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, how):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     path = run_dir(tmp_path) / "checkpoint.pt"
@@ -118,16 +123,51 @@ def test_a_second_process_on_one_run_folder_is_refused(tmp_path):
             run_training(tiny_cfg(tmp_path, *RUN))
 
 
-def test_a_fresh_run_keeps_the_older_run_until_it_has_finished(tmp_path, nan_from_step_4):
-    cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}", "train.nonfinite=skip")
-    run_training(cfg)
-    older = run_dir(tmp_path, nan_from_step_4)
+def visible_runs(folder) -> dict[str, int]:
+    """Run folder name -> steps of its summary (0 without one); a hidden entry fails the test."""
+    assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
+    runs_ = {}
+    for p in folder.iterdir():
+        if p.is_dir():
+            summary = p / "summary.json"
+            runs_[p.name] = json.loads(summary.read_text())["steps"] if summary.exists() else 0
+    return runs_
+
+
+def test_a_re_run_keeps_every_earlier_run_visible_and_says_where(tmp_path, capsys):
+    folder = run_dir(tmp_path).parent
+    run_training(tiny_cfg(tmp_path, *RUN))  # 6 steps
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))  # a fresh run, stopped (or killed) after step 3
+    out = capsys.readouterr().out
+    (earlier,) = [name for name in visible_runs(folder) if name != "padded"]
+    assert earlier.startswith("padded-") and visible_runs(folder) == {earlier: 6, "padded": 3}
+    assert f"{run_dir(tmp_path)} held an earlier run (6 steps, final loss " in out
+    assert f"moved to {folder / earlier}/ (nothing is deleted)" in out
+
+    run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))  # a resume continues in place
+    assert "held an earlier run" not in capsys.readouterr().out
+    assert visible_runs(folder) == {earlier: 6, "padded": 6}
+    run_training(tiny_cfg(tmp_path, *RUN))  # and a third run keeps both
+    assert sorted(visible_runs(folder).values()) == [6, 6, 6]
+
+
+def test_a_fresh_run_that_fails_leaves_the_earlier_run_where_it_said(tmp_path, nan_from_step_4, capsys):
+    run = [*RUN, f"train.strategy={nan_from_step_4}"]
+    run_training(tiny_cfg(tmp_path, *run, "train.nonfinite=skip"))  # 6 steps; the strategy's NaNs from now on
     with pytest.raises(NonFiniteLoss):
-        run_training(tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}"))  # fails at step 4
-    (kept,) = older.parent.glob(f".{older.name}.previous-*")
-    assert json.loads((kept / "summary.json").read_text())["steps"] == 6
-    run_training(cfg)  # a fresh run that succeeds removes the run it replaced, and only that one
-    assert json.loads((older / "summary.json").read_text())["steps"] == 6 and kept.exists()
+        run_training(tiny_cfg(tmp_path, *run))
+    folder = run_dir(tmp_path, nan_from_step_4).parent
+    (earlier,) = [name for name in visible_runs(folder) if name != nan_from_step_4]
+    assert visible_runs(folder)[earlier] == 6 and f"moved to {folder / earlier}/" in capsys.readouterr().out
+
+
+def test_hidden_runs_of_earlier_versions_are_given_a_visible_name(tmp_path, capsys):
+    run_training(tiny_cfg(tmp_path, *RUN))
+    folder = run_dir(tmp_path)
+    folder.rename(folder.with_name(f".{folder.name}.previous-1795617542820514288"))  # as the old `replacing` left it
+    run_training(tiny_cfg(tmp_path, *RUN))
+    assert "was hidden in .padded.previous-1795617542820514288/: moved to" in capsys.readouterr().out
+    assert sorted(visible_runs(folder.parent).values()) == [6, 6]
 
 
 # ----------------------------------------------------------------------------- throughput
