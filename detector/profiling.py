@@ -23,7 +23,6 @@ A failed run removes only its own new folder; older runs are never touched.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from datetime import datetime, timezone
@@ -32,30 +31,14 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from torch.profiler import ProfilerActivity, schedule, tensorboard_trace_handler
 
 from detector import analysis, board, extract, runs
 from detector.config import resolve_device
 from detector.data import build_loader
 from detector.losses import get_strategy
 from detector.tables import device_name
+from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
-
-
-def make_profiler(pcfg: DictConfig, out: Path, device: torch.device, worker_name: str):
-    """torch.profiler on the ``pcfg`` schedule, writing one gzipped trace into ``out``."""
-    # Kineto's own log lines (USDT profiler_start/stop, stage notes) would mix into our progress lines; it
-    # reads this when the first profiler starts, and a user who set it keeps theirs
-    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-    return torch.profiler.profile(
-        activities=activities,
-        schedule=schedule(wait=pcfg.wait, warmup=pcfg.warmup, active=pcfg.active, repeat=1),
-        # gzip: the loop strategy's GPU trace is ~750 MB as plain JSON; readers take .gz directly
-        on_trace_ready=tensorboard_trace_handler(str(out), worker_name=worker_name, use_gzip=True),
-        profile_memory=pcfg.profile_memory,
-        record_shapes=pcfg.record_shapes,
-    )
 
 
 def run_profile(cfg: DictConfig) -> dict:

@@ -22,10 +22,9 @@ from omegaconf import OmegaConf
 import detector
 from detector import analysis
 from detector.config import DataConfig
-from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, to_device
+from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
 from detector.errors import UserError
 from detector.loader import HEADER, PROFILE_NAME, DataWorkerDied, page_unlock
-from detector.train.distributed import DistEnv, rank_loader
 
 ROOT = Path(detector.__file__).resolve().parent.parent  # this checkout, not an installed copy
 
@@ -100,7 +99,7 @@ def test_few_slots_many_batches_keep_the_order():
 
 def test_rank_loaders_read_the_blocks_of_the_global_batch():
     cfg = data_cfg(num_workers=1, length=24)  # 3 global batches of 2 x 4
-    ranks = [list(rank_loader(cfg, "list", torch.device("cpu"), DistEnv(r, 2), start=8, steps=2)) for r in (0, 1)]
+    ranks = [list(rank_loader(cfg, "list", torch.device("cpu"), r, 2, start=8, steps=2)) for r in (0, 1)]
     global_batches = per_sample_batches(data_cfg(batch_size=8, length=16), "list", start=8)
     for step, (images, targets) in enumerate(global_batches):
         for r in (0, 1):

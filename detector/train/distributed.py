@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from detector.config import resolve_device
-from detector.data import ListTargets, Targets, build_dataset, loader_for
+from detector.data import ListTargets, Targets
 
 
 @dataclass(frozen=True)
@@ -291,41 +291,6 @@ class ShardedBlocks:
                 "param_groups": [{**group, "params": list(range(len(mine)))}],
             }
         )
-
-
-class RankBlocks(torch.utils.data.Dataset):
-    """Rank r's view of a dataset: of each global batch of ``world_size * batch`` samples, block r."""
-
-    def __init__(self, dataset, batch: int, rank: int, world_size: int):
-        if len(dataset) % (batch * world_size):
-            raise ValueError(
-                f"dataset length {len(dataset)} is not a multiple of the global batch {batch * world_size}"
-            )
-        self.dataset, self.batch, self.rank, self.world_size = dataset, batch, rank, world_size
-
-    def __len__(self) -> int:
-        return len(self.dataset) // self.world_size
-
-    def __getitem__(self, i: int):
-        return self.dataset[self.dataset_index(i)]
-
-    def dataset_index(self, i: int) -> int:
-        step, j = divmod(i, self.batch)
-        return (step * self.world_size + self.rank) * self.batch + j
-
-    @property
-    def sampler(self):
-        return self.dataset.sampler
-
-    def sample_index(self, i: int) -> int:
-        """The sampler's index of item i, so that the loader draws whole batches through the sampler."""
-        return self.dataset.sample_index(self.dataset_index(i))
-
-
-def rank_loader(data_cfg, layout: str, device: torch.device, env: DistEnv, start: int, steps: int):
-    """This rank's batches of ``steps`` global batches from sample index ``start`` on, in ``layout``."""
-    dataset = build_dataset(data_cfg, start, steps * data_cfg.batch_size * env.world_size)
-    return loader_for(RankBlocks(dataset, data_cfg.batch_size, env.rank, env.world_size), data_cfg, layout, device)
 
 
 def count_valid(targets: Targets, device: torch.device) -> Tensor:

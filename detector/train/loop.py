@@ -44,16 +44,16 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from detector import runs
-from detector.data import build_loader, resolve_workers
+from detector.data import build_loader, rank_loader, resolve_workers
 from detector.errors import UserError
 from detector.loader import GIB, DataWorkerDied, MemoryRefusal, check_memory, default_slots
 from detector.model import build_model
-from detector.profiling import make_profiler
 from detector.tables import device_name
 from detector.train import distributed
 from detector.train.checkpoint import fingerprint, load_checkpoint, rng_state, save_checkpoint
-from detector.train.distributed import DistEnv, rank_loader
+from detector.train.distributed import DistEnv
 from detector.train.metrics import evaluate
+from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
 from detector.train.sweep import run_sweep
 
@@ -302,7 +302,8 @@ class Run:
     def loop(self) -> None:
         tcfg, cfg, env = self.tcfg, self.cfg, self.env
         layout = self.step_fn.strategy.layout
-        loader = rank_loader(cfg.data, layout, self.device, env, self.step * self.global_batch, tcfg.steps - self.step)
+        start, steps = self.step * self.global_batch, tcfg.steps - self.step
+        loader = rank_loader(cfg.data, layout, self.device, env.rank, env.world_size, start, steps)
         self.eval_set = self.held_out_set() if env.is_main else []
         self.writer = (
             SummaryWriter(str(self.run_dir), purge_step=self.step + 1 if self.step else None) if env.is_main else None

@@ -16,13 +16,13 @@ from train_helpers import losses, tiny_cfg
 from detector import analysis
 from detector.cli import main as cli_main
 from detector.config import load_config
-from detector.data import PaddedTargets, build_loader
+from detector.data import PaddedTargets, RankBlocks, build_loader, rank_loader
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
 from detector.train import distributed, sweep
 from detector.train.checkpoint import read_checkpoint
-from detector.train.distributed import RankBlocks, count_valid, global_mean, rank_loader
+from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
 from detector.train.step import lr_factor, shard_refusal, speed_option_refusal
@@ -137,7 +137,7 @@ def _ddp_worker(rank: int, out: str) -> None:
     torch.manual_seed(cfg.train.seed)
     model = build_model(cfg.model, cfg.data, env.world_size)  # the head in blocks, as TrainStep builds it
     ddp = nn.parallel.DistributedDataParallel(model)
-    images, targets = next(iter(rank_loader(cfg.data, "padded", device, env, start=0, steps=1)))
+    images, targets = next(iter(rank_loader(cfg.data, "padded", device, env.rank, env.world_size, start=0, steps=1)))
     local = get_strategy("padded")(ddp(images), targets)
     backward, loss = global_mean(local, count_valid(targets, device), env.world_size)
     backward.backward()
