@@ -140,8 +140,8 @@ class TrainConfig:
     cudnn_benchmark: bool = True
     # NHWC activations: cuDNN's NHWC convolutions run without layout conversions (`make bench-step` times it)
     channels_last: bool = True
-    # the first 1 or 2 conv blocks (conv, pool, ReLU) as Triton kernels (detector/kernels/stem.py,
-    # conv_pool.py), CUDA only: cuDNN has no fast path for 1 or 4 input channels, and spends many times what
+    # the first 1 or 2 conv blocks (conv, pool, ReLU) as Triton kernels (detector/model/stem_kernel.py,
+    # conv_pool_kernel.py), CUDA only: cuDNN has no fast path for 1 or 4 input channels, and spends many times what
     # their ~0.2 and ~1 GB of data need (`make bench-step` times the step with and without); 0 = cuDNN's layers
     fused_blocks: int = ranged(2, 0, 2)
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)

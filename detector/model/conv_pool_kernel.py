@@ -1,7 +1,7 @@
 """A detector block — 3x3 convolution (C_in >= 2 -> C_out >= 16 channels, zero "same" padding), 2x2 max-pool,
 ReLU — as Triton kernels: one forward, and two backward (the weight and bias gradients; the input's).
 
-Why: after the fused first block (stem.py), cuDNN runs the second block (4 -> 16 channels at 128 px) in an
+Why: after the fused first block (stem_kernel.py), cuDNN runs the second block (4 -> 16 channels at 128 px) in an
 engine without tensor cores, pads its channels and runs the pool's backward as kernels of their own: many
 times what its ~1 GB of data takes at the copy rate (~0.25 ms). ``python -m detector bench step`` times the
 step with and without the fused blocks (train.fused_blocks).
@@ -28,13 +28,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.kernels.stem import kernels_unavailable, launch
 from detector.kernels.triton_giou import INTERPRETED, triton
+from detector.model.stem_kernel import kernels_unavailable, launch
 
 if triton is not None:
     import triton.language as tl
 
-    from detector.kernels.stem import _add, _round_bf16  # the same helpers: round as autocast, sum
+    from detector.model.stem_kernel import _add, _round_bf16  # the same helpers: round as autocast, sum
 
 # (pixels per program, warps) of each kernel; pixels: pooled for forward and wgrad, input for dgrad
 CONFIGS = {"forward": (64, 4), "wgrad": (64, 4), "dgrad": (64, 4), "interpreted": (256, 1)}

@@ -41,7 +41,7 @@ MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in regis
 
 
 def kernels_unavailable(device: torch.device) -> str | None:
-    """Why the fused blocks' Triton kernels (this module's and conv_pool.py's) cannot run on ``device``."""
+    """Why the fused blocks' Triton kernels (this module's and conv_pool_kernel.py's) cannot run on ``device``."""
     if triton is None:
         return "triton is not installed"
     if device.type != "cuda" and not INTERPRETED:

@@ -17,8 +17,8 @@ import itertools
 import torch
 from torch import Tensor, nn
 
-from detector.kernels.conv_pool import conv_pool, conv_pool_unavailable
-from detector.kernels.stem import stem, stem_unavailable
+from detector.model.conv_pool_kernel import conv_pool, conv_pool_unavailable
+from detector.model.stem_kernel import stem, stem_unavailable
 
 
 class _LowPrecisionLinear(torch.autograd.Function):
@@ -128,7 +128,7 @@ class FaceDetector(nn.Module):
         self.fused_blocks = 0  # the first blocks as Triton kernels (train.fused_blocks), same parameters
 
     def forward(self, images: Tensor) -> Tensor:
-        if self.fused_blocks:  # normalise + block 1 in one kernel (stem.py); block 2 in conv_pool.py's
+        if self.fused_blocks:  # normalise + block 1 in one kernel (stem_kernel.py); block 2 in conv_pool_kernel.py's
             first = self.features[0]
             x = stem(images, first.weight, first.bias, self.channels_last)
             if self.fused_blocks > 1:

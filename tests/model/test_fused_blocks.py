@@ -1,4 +1,4 @@
-"""The fused blocks (detector/kernels/stem.py, conv_pool.py) against the layers they replace.
+"""The fused blocks (detector/model/stem_kernel.py, conv_pool_kernel.py) against the layers they replace.
 
 References: conv2d -> max_pool2d -> relu in float64 (fp32 kernel: loss-free tolerance 1e-5 on outputs of
 magnitude ~1, gradients 1e-5 relative); the same layers under bf16 autocast (the kernel rounds as they do:
@@ -12,10 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from detector.errors import UserError
-from detector.kernels import stem as stem_module
-from detector.kernels.conv_pool import conv_pool
-from detector.kernels.stem import stem, stem_unavailable
 from detector.model import FaceDetector, fused_blocks_unavailable
+from detector.model import stem_kernel as stem_module
+from detector.model.conv_pool_kernel import conv_pool
+from detector.model.stem_kernel import stem, stem_unavailable
 
 pytestmark = pytest.mark.skipif(stem_module.triton is None, reason="triton is not installed")
 HAS_CUDA = torch.cuda.is_available()
