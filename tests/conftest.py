@@ -1,6 +1,9 @@
-"""Shared test set-up: the Triton interpreter where there is no GPU, and dynamo's recompile limit."""
+"""Shared test set-up: the Triton interpreter where there is no GPU, dynamo's recompile limit, and a bound on
+tests that could hang."""
 
+import contextlib
 import os
+import signal
 
 import torch
 
@@ -13,3 +16,19 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
 # The grid compiles the `compiled` strategy once per (dtype, shape) variant; keep them all compiled
 # instead of letting dynamo fall back to eager after its default 8 recompilations.
 torch._dynamo.config.recompile_limit = 64
+
+
+@contextlib.contextmanager
+def fails_after(seconds: int):
+    """A hang inside the block fails the test after ``seconds`` (SIGALRM) instead of blocking the suite."""
+
+    def hung(signum, frame):
+        raise TimeoutError(f"the test hung for {seconds} s")
+
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)

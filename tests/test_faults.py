@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fails_after
 
 from detector import cli, data
 from detector.config import load_config
@@ -40,15 +41,8 @@ TINY = [
 @pytest.fixture(autouse=True)
 def no_hang():
     """A hang fails the test after 120 s instead of blocking the suite."""
-
-    def hung(signum, frame):
-        raise TimeoutError("the test hung for 120 s")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(120)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+    with fails_after(120):
+        yield
 
 
 def one_error_line(err: str, prefix: str = "error: ") -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import fails_after
 from omegaconf import OmegaConf
 
 import detector
@@ -38,15 +39,8 @@ def data_cfg(**overrides):
 @pytest.fixture(autouse=True)
 def no_hang():
     """A hang fails the test after 60 s instead of blocking the suite."""
-
-    def hung(signum, frame):
-        raise TimeoutError("the test hung for 60 s")
-
-    previous = signal.signal(signal.SIGALRM, hung)
-    signal.alarm(60)
-    yield
-    signal.alarm(0)
-    signal.signal(signal.SIGALRM, previous)
+    with fails_after(60):
+        yield
 
 
 def assert_same_batch(batch, expected, layout):
