@@ -2,6 +2,7 @@
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
 #   make bench [TARGET=losses|kernels|layers|step] [ARGS="bench.repeats=50"]
 #   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | lint
+#   make train EXPERIMENT=... [NPROC=N] [NNODES=M RDZV_ENDPOINT=host:port]
 #   make tensorboard [ARGS="--port 6007"]
 #   make gpu-check
 
@@ -23,6 +24,13 @@ TARGET ?= losses
 # compare: profile run folders to compare (default: the latest run of each strategy and mode)
 RUNS ?=
 NPROC ?= 1
+# train on several machines: on each of them the same command with NNODES=M, RDZV_ENDPOINT=<host:port of one of
+# them> and RDZV_ID; c10d numbers the nodes as they join (RDZV_BACKEND=static: NODE_RANK=0..M-1, node 0 at the endpoint)
+NNODES ?= 1
+NODE_RANK ?= 0
+RDZV_BACKEND ?= c10d
+RDZV_ENDPOINT ?= localhost:29400
+RDZV_ID ?= $(EXPERIMENT)
 ARGS ?=
 PYTEST_ARGS ?=
 # WHEELS=<dir>: a machine without network installs the Python packages it lacks from wheel files in <dir>.
@@ -39,6 +47,9 @@ endif
 setup: $(SETUP)
 
 # numpy before torch: torch imported without it (by the probe below and by setup.py) warns "Failed to initialize NumPy".
+# torchvision (optional: the torchvision strategies) comes last, from the installed torch's family (minor + 15: torch 2.11
+# -> 0.26), --no-deps to keep that torch, after the project (its matplotlib brings pillow, which torchvision imports);
+# a build that cannot load against this torch (the registry's CUDA build beside a CPU torch) is uninstalled again.
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	@echo "setting up $(VENV) (once, and again when pyproject.toml, setup.py or extensions/ change): pip, torch, the project's packages, then the detector._C extension"
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
@@ -54,6 +65,20 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	@echo "installing the project and building its detector._C extension: about 1-2 minutes on 2 cores for the C++ CPU kernel, several more for the CUDA kernels where nvcc is found; pip is silent meanwhile"
 	@start=$$(date +%s); $(VENV)/bin/pip install -q --no-build-isolation $(PIP_OFFLINE) -e ".[dev]" \
 		&& echo "detector._C built and the project installed in $$(( $$(date +%s) - start )) s"
+	@if $(VENV)/bin/python -c "import torchvision.ops" 2>/dev/null; then \
+		echo "using the installed torchvision $$($(VENV)/bin/python -c 'import torchvision; print(torchvision.__version__)')"; \
+	else \
+		torch=$$($(VENV)/bin/python -c 'import torch; print(torch.__version__)'); \
+		tv="torchvision==0.$$(( $$(echo $$torch | cut -d. -f2) + 15 )).*"; \
+		if ! $(VENV)/bin/pip install -q --no-deps $(PIP_OFFLINE) "$$tv" >/dev/null 2>&1; then \
+			echo "no $$tv (the family of torch $$torch) to install: the torchvision strategies are unavailable"; \
+		elif ! err=$$($(VENV)/bin/python -c "import torchvision.ops" 2>&1); then \
+			$(VENV)/bin/pip uninstall -q -y torchvision; \
+			echo "$$tv cannot load against torch $$torch ($$(echo "$$err" | tail -n 1)): uninstalled, the torchvision strategies are unavailable"; \
+		else \
+			echo "installed torchvision $$($(VENV)/bin/python -c 'import torchvision; print(torchvision.__version__)') for torch $$torch"; \
+		fi; \
+	fi
 	@touch $@
 
 test: $(SETUP)
@@ -84,7 +109,11 @@ bench-step: $(SETUP)
 	$(PY) -m detector bench step $(ARGS)
 
 train: $(SETUP)
-ifeq ($(NPROC),1)
+ifneq ($(NNODES),1)
+	$(PY) -m torch.distributed.run --nnodes=$(NNODES) --node_rank=$(NODE_RANK) --rdzv-backend=$(RDZV_BACKEND) \
+		--rdzv-endpoint=$(RDZV_ENDPOINT) --rdzv-id=$(RDZV_ID) --nproc_per_node=$(NPROC) \
+		-m detector train --experiment $(EXPERIMENT) $(ARGS)
+else ifeq ($(NPROC),1)
 	$(PY) -m detector train --experiment $(EXPERIMENT) $(ARGS)
 else
 	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(ARGS)

@@ -27,6 +27,7 @@ from detector.errors import UserError
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 STRATEGY = "a registered strategy"  # choices entry: any name in detector.losses.STRATEGIES
+SHARD_ALIASES = {"True": "blocks", "False": "off"}  # train.shard_optimizer's earlier values, true and false
 
 
 class ConfigError(UserError, ValueError):
@@ -100,6 +101,11 @@ class BenchConfig:
     warmup: int = ranged(10, 0)
     repeats: int = ranged(100, 1)
     max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy takes ~0.6 s a call at batch 1024
+    # bench losses: a strategy whose forward+backward takes longer than this at a batch size is not timed at the
+    # larger ones (the loop takes seconds a call at batch 16384), and says so
+    max_call_ms: float = ranged(200.0, 0.0)
+    # bench step: the speed-option rows timed beside the config's own step (GPU); empty = every row of its ladder
+    variants: list[str] = field(default_factory=list)
     out: str = "runs/bench/bench.json"
 
 
@@ -145,10 +151,15 @@ class TrainConfig:
     # their ~0.2 and ~1 GB of data need (`make bench-step` times the step with and without); 0 = cuDNN's layers
     fused_blocks: int = ranged(2, 0, 2)
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
-    # under DDP, ZeRO stage 1 for the head's blocks (train/distributed.py, ShardedBlocks): each process keeps
-    # AdamW's state of, and updates, only its own blocks, then sends them to the others; false = every
-    # process updates the whole model after an all-reduce of every gradient
-    shard_optimizer: bool = True
+    # several processes: blocks = ZeRO stage 1 for the head's blocks under DDP (train/distributed.py,
+    # ShardedBlocks): each process keeps AdamW's state of, and updates, only its own blocks; fsdp2 = the model
+    # under torch's fully_shard (FullyShardedModel): parameters, gradients and AdamW's state sharded; off =
+    # every process updates the whole model after an all-reduce of every gradient. true/false: blocks/off
+    shard_optimizer: str = ranged("blocks", choices=("blocks", "fsdp2", "off"))
+    # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
+    # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
+    # then torch's fused AdamW, then autocast's cast of every weight at the next forward (`make bench-step` times both)
+    optimizer: str = ranged("one_pass", choices=("one_pass", "torch"))
     # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update
     nonfinite: str = ranged("stop", choices=("stop", "skip"))
     profile: bool = False  # one torch.profiler window (profile.wait/warmup/active) with make profile's regions
@@ -221,6 +232,8 @@ def load_config(
             message = (getattr(err, "msg", None) or str(err)).splitlines()[0]
             raise ConfigError(f"{key}{message} (in {source})") from None
     cfg.preset = preset
+    if schema is Config:  # OmegaConf reads a YAML true/false into a str field as "True"/"False"
+        cfg.train.shard_optimizer = SHARD_ALIASES.get(cfg.train.shard_optimizer, cfg.train.shard_optimizer)
     check_values(cfg, schema, strategies)
     if announce:
         why = "" if preset != "cpu" or torch.cuda.is_available() else " (no GPU found)"

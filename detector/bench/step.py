@@ -2,7 +2,7 @@
 
 1. The floor, measured in the same run: a bf16 matrix product's rate (8192^3) and a device-to-device
    copy's rate. The step's floor is its two Linear layers' matrix products (forward + backward, 6 B
-   in out FLOPs each) at that rate, plus the bytes the optimizer must move per parameter
+   in out FLOPs each) at that rate, plus the bytes one optimizer pass must move per parameter
    (OPTIMIZER_BYTES) and the convolution stack's activations (ACTIVATION_PASSES passes over every conv
    and pool output, bf16) at the copy rate. An estimate of what no implementation can beat.
 2. The step of the config, and of the speed-option variants in ``VARIANTS`` (each a set of overrides of
@@ -24,26 +24,43 @@ from detector import bench
 from detector.bench.timing import event_ms
 from detector.config import resolve_device
 from detector.data import build_loader, images_per_second, to_device
+from detector.errors import UserError
 from detector.model import build_model
 from detector.tables import markdown_table, run_header, significant, spread_cell
 from detector.train.step import TrainStep
 
-# fused AdamW reads param, grad, m, v (16 B) and writes param, m, v (12 B); clipping reads the fp32
-# gradient for its norm and rescales it (12 B); autocast casts each weight to bf16 (6 B)
-OPTIMIZER_BYTES = 28 + 12 + 6
+# The bytes one optimizer pass must move per parameter (train/optimizer.py): the clip's norm reads the fp32
+# gradient (4 B) before anything can be updated; then one pass reads param, grad, m and v (16 B) and writes
+# param, m and v (12 B) and the bf16 weight the next forward reads (2 B). torch's pieces (train.optimizer=torch)
+# move 46 B: the clip also rescales the gradient in place (8 B) and autocast casts each weight at the forward
+# (6 B in place of 2).
+OPTIMIZER_BYTES = 4 + 16 + 12 + 2
 ACTIVATION_PASSES = 6  # forward: write + read; backward: read the saved input, write and read the gradient
 # The speed options one at a time (train.* overrides): each row adds one to "+compile" or the row above;
 # CUDA graphs and the fused blocks each come on top of compile, since graphs cannot capture the fused
 # blocks yet (train.step.speed_option_refusal). A row equal to the configured step reuses its timing.
+_OFF = {"optimizer": "torch", "cudnn_benchmark": "false", "channels_last": "false", "compile": "false"}
+_OFF |= {"fused_blocks": "0", "cuda_graphs": "false"}
 _LADDER = [
-    ("eager", "cudnn_benchmark=false channels_last=false compile=false fused_blocks=0 cuda_graphs=false"),
-    ("+cudnn_benchmark", "cudnn_benchmark=true channels_last=false compile=false fused_blocks=0 cuda_graphs=false"),
-    ("+channels_last", "cudnn_benchmark=true channels_last=true compile=false fused_blocks=0 cuda_graphs=false"),
-    ("+compile", "cudnn_benchmark=true channels_last=true compile=true fused_blocks=0 cuda_graphs=false"),
-    ("+compile+cuda_graphs", "cudnn_benchmark=true channels_last=true compile=true fused_blocks=0 cuda_graphs=true"),
-    ("+compile+fused_blocks", "cudnn_benchmark=true channels_last=true compile=true fused_blocks=2 cuda_graphs=false"),
+    ("eager", {}),
+    ("+cudnn_benchmark", {"cudnn_benchmark": "true"}),
+    ("+channels_last", {"channels_last": "true"}),
+    ("+compile", {"compile": "true"}),
+    ("+one_pass", {"optimizer": "one_pass"}),
+    ("+cuda_graphs", {"cuda_graphs": "true"}),
+    ("+fused_blocks", {"cuda_graphs": "false", "fused_blocks": "2"}),
 ]
-VARIANTS = {name: [f"train.{o}" for o in options.split()] for name, options in _LADDER}
+
+
+def _ladder() -> dict[str, list[str]]:
+    options, rows = dict(_OFF), {}
+    for name, changes in _LADDER:
+        options |= changes
+        rows[name] = [f"train.{key}={value}" for key, value in options.items()]
+    return rows
+
+
+VARIANTS = _ladder()
 
 
 def floors(cfg: DictConfig, model) -> dict:
@@ -101,7 +118,11 @@ def run_bench(cfg: DictConfig) -> dict:
     device = resolve_device(cfg)
     print(f"bench step: {run_header(device)}, batch {cfg.data.batch_size} x {cfg.data.image_size}px")
     batch = device_batch(cfg, "padded", device)
-    variants = {"config": []} | (VARIANTS if device.type == "cuda" else {})
+    unknown = set(cfg.bench.variants) - set(VARIANTS)
+    if unknown:
+        raise UserError(f"bench.variants: unknown {sorted(unknown)}; expected some of {list(VARIANTS)}")
+    ladder = {name: VARIANTS[name] for name in cfg.bench.variants or VARIANTS}
+    variants = {"config": []} | (ladder if device.type == "cuda" else {})
     steps = {}
     for name, overrides in variants.items():
         variant = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))

@@ -32,9 +32,9 @@ class _LowPrecisionLinear(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor, dtype: torch.dtype) -> Tensor:
-        x, weight = x.to(dtype), weight.to(dtype)
+        x, weight = x.to(dtype), low_precision(weight, dtype)
         ctx.save_for_backward(x, weight)
-        return torch.addmm(bias.to(dtype), x, weight.t())
+        return torch.addmm(low_precision(bias, dtype), x, weight.t())
 
     @staticmethod
     def backward(ctx, dy: Tensor):
@@ -42,6 +42,15 @@ class _LowPrecisionLinear(torch.autograd.Function):
         dx = dy @ weight if ctx.needs_input_grad[0] else None
         dw = torch.mm(dy.t(), x, out_dtype=torch.float32)
         return dx, dw, dy.float().sum(0), None
+
+
+def low_precision(param: Tensor, dtype: torch.dtype) -> Tensor:
+    """``param.to(dtype)``: the copy the optimizer wrote in the same pass as the update (train/optimizer.py)
+    while ``param`` is unchanged since (its version counter), else a fresh cast."""
+    held = getattr(param, "low_precision", None)
+    if held is not None and held[0].dtype == dtype and held[1] == param._version:
+        return held[0]
+    return param.to(dtype)
 
 
 def linear(x: Tensor, layer: nn.Linear) -> Tensor:

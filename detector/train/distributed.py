@@ -1,10 +1,15 @@
 """Data-parallel plumbing: the process group from torchrun's environment, each rank's slice of the data,
-and the loss normalised by the *global* number of valid boxes.
+the loss normalised by the *global* number of valid boxes, and the three ways the ranks share the model
+(train.shard_optimizer): ``ShardedBlocks`` (blocks), ``FullyShardedModel`` (fsdp2), ``EarlyAllReduce`` (off).
+
+Processes: one node or several alike. ``RANK``/``WORLD_SIZE`` are global (the data block, who writes
+files: global rank 0); only the device is the node's own, ``cuda:LOCAL_RANK``.
 
 Data: a step consumes one global batch of ``world_size * B`` consecutive sample indices; rank r reads the
 r-th block of B of them. The union over ranks of step s is therefore exactly the batch a single process
 with batch ``world_size * B`` reads at step s, so a run's data does not depend on how many processes
-share it, and resuming at step s means starting the indices at ``s * world_size * B``.
+share it, and resuming at step s means starting the indices at ``s * world_size * B``, whatever number
+of processes wrote the checkpoint (train/checkpoint.py: the same global batch is the same run).
 
 Loss: every strategy returns the mean over the valid boxes of its own (rank-local) batch,
 ``S_r / max(n_r, 1)``. The contract's loss of the global batch is ``sum_r S_r / max(n, 1)`` with
@@ -26,6 +31,14 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.fsdp import fully_shard
 
 from detector.config import resolve_device
 from detector.data import ListTargets, Targets
@@ -148,19 +161,23 @@ class ShardedBlocks:
     Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters
     at seed scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the
     all-gather together move the same bytes as that all-reduce. ``make train EXPERIMENT=seed_scale NPROC=2``
-    with ``train.shard_optimizer=false`` and with the default measures the difference.
+    with ``train.shard_optimizer=off`` and with the default measures the difference.
 
     Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the
     ranks of their own blocks' squared norms, one scalar all-reduce with no host wait (``clip_grad_norm_``).
     Checkpoints keep one process's layout: ``full_state_dict`` gathers the optimizer's state onto rank 0,
     ``load_state_dict`` keeps this rank's share of it, so a run resumes whatever saved it.
+
+    ``FullyShardedModel`` offers the same methods, so that the step and the loop use either the same way.
     """
 
     STATE = ("step", "exp_avg", "exp_avg_sq")  # AdamW's state of one parameter (no amsgrad)
+    collective_forward = False  # the forward reads whole weights: rank 0 evaluates alone
 
     def __init__(self, model: torch.nn.Module, layers: dict, rank: int, world_size: int):
         """``layers``: name -> BlockedLinear, each with a multiple of ``world_size`` blocks in equal shares."""
-        self.rank, self.world_size = rank, world_size
+        self.model, self.rank, self.world_size = model, rank, world_size
+        self.description = f"the head's optimizer sharded over the {world_size} processes"
         self.nccl = dist.get_backend() == dist.Backend.NCCL
         self.params = list(model.parameters())  # one process's optimizer order: the checkpoint's layout
         self.owner: dict[int, int] = {}  # id of a block parameter -> the rank that updates it
@@ -280,6 +297,12 @@ class ShardedBlocks:
             dist.recv(state[key], src=owner)
         return state
 
+    def model_state(self) -> dict:
+        return self.model.state_dict()  # every rank holds the whole model once wait_weights has run
+
+    def load_model_state(self, state: dict) -> None:
+        self.model.load_state_dict(state)
+
     def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
         """Load this rank's share of a one-process-layout optimizer state dict (``full_state_dict``'s)."""
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -291,6 +314,89 @@ class ShardedBlocks:
                 "param_groups": [{**group, "params": list(range(len(mine)))}],
             }
         )
+
+
+class FullyShardedModel:
+    """The model under torch's FSDP2 (``fully_shard``): parameters, gradients and AdamW's state sharded on
+    dim 0 over the ranks (DTensors); no DDP. ``train.shard_optimizer=fsdp2``.
+
+    Units: each BlockedLinear is one unit (its blocks are views inside its forward, not modules called
+    there, so a unit per block would never be gathered); the root unit holds the rest (the trunk). A step:
+    the forward all-gathers each unit (the head's all-gather is issued with the trunk's, ahead of its use:
+    ``set_modules_to_forward_prefetch``), ``reshard_after_forward=False`` keeps the gathered weights for the
+    backward, whose end reduce-scatters each unit's gradient (averaged over the ranks, as DDP's all-reduce,
+    so ``global_mean``'s scaling holds); the head's reduce-scatter runs while the trunk's backward computes.
+    The optimizer (torch's AdamW over the DTensor shards) updates this rank's shard of every parameter.
+
+    Against ShardedBlocks: the same bytes on the wire (a reduce-scatter and an all-gather per step), the
+    optimizer's work split likewise, and the trunk sharded too; what FSDP2 adds is its copies into and out of
+    its flat communication buffers. ``docs/training.md`` ("Measuring the sharding on 2 GPUs") compares them.
+
+    Every rank takes part in each forward (an all-gather), so every rank evaluates (``collective_forward``).
+    Checkpoints keep one process's layout: ``torch.distributed.checkpoint.state_dict`` with
+    ``full_state_dict=True`` gathers the model and the optimizer state onto rank 0 keyed by parameter name,
+    and on load shards the whole state that every rank read.
+    """
+
+    collective_forward = True
+
+    def __init__(self, model: torch.nn.Module, layers: dict, world_size: int):
+        """``layers``: name -> BlockedLinear of ``model``."""
+        self.model = model
+        self.description = f"the model fully sharded (FSDP2) over the {world_size} processes"
+        for layer in layers.values():
+            fully_shard(layer, reshard_after_forward=False)
+            layer._whole = None  # its rows now live in the shards: do not keep a whole copy of the head alive
+        fully_shard(model, reshard_after_forward=False)
+        model.set_modules_to_forward_prefetch(list(layers.values()))
+        self.owned = list(model.parameters())  # this rank's shards (DTensors), in model order
+        self.names = [name for name, _ in model.named_parameters()]  # the state dicts' keys, in model order
+
+    def clip_grad_norm_(self, max_norm: float) -> Tensor:
+        """The whole model's gradient norm, clipped (the DTensor norm reduces over the shards)."""
+        return torch.nn.utils.clip_grad_norm_(self.owned, max_norm).full_tensor()
+
+    def wait_gradients(self) -> None:
+        pass  # FSDP2 waits for its reduce-scatters at the end of the backward
+
+    def gather_weights(self) -> None:
+        pass  # FSDP2 all-gathers in the next forward
+
+    def wait_weights(self) -> None:
+        pass
+
+    def options(self, gather: bool):
+        # gather: the whole state onto rank 0's CPU memory only; load: every rank holds the whole state it read
+        return StateDictOptions(full_state_dict=True, cpu_offload=gather)
+
+    def model_state(self) -> dict:
+        """The whole model's state dict on rank 0 ({} on the others): every rank calls it."""
+        return get_model_state_dict(self.model, options=self.options(gather=True))
+
+    def load_model_state(self, state: dict) -> None:
+        set_model_state_dict(self.model, state, options=self.options(gather=False))
+
+    def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The optimizer's state dict in one process's layout (indices in model order) on rank 0, None on
+        the others: every rank calls it."""
+        full = get_optimizer_state_dict(self.model, optimizer, options=self.options(gather=True))
+        if dist.get_rank() != 0:
+            return None
+        index = {name: i for i, name in enumerate(self.names)}
+        (group,) = full["param_groups"]  # build_optimizer makes one group
+        return {
+            "state": {index[name]: state for name, state in full["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}],
+        }
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        """Load this rank's shards of a one-process-layout optimizer state dict (``full_state_dict``'s)."""
+        (group,) = full["param_groups"]
+        by_name = {
+            "state": {self.names[i]: state for i, state in full["state"].items()},
+            "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]}],
+        }
+        set_optimizer_state_dict(self.model, optimizer, by_name, options=self.options(gather=False))
 
 
 def count_valid(targets: Targets, device: torch.device) -> Tensor:

@@ -2,7 +2,8 @@
 
 ``train`` reads top to bottom: the run folder, the step (detector/train/step.py, the same step that
 `make profile` times), the checkpoint to resume from, data, the loop, the summary. A run writes to
-``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs][+ddpN]``:
+``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs]``, whatever the number of
+processes (a run resumes on another number of them, with the same global batch):
 
     config.yaml       the merged configuration
     events.out.*      TensorBoard scalars: train/, eval/, time/, memory/
@@ -24,9 +25,10 @@ Guarantees:
   device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
 Multi-GPU: under torchrun each rank reads its own block of every global batch and the loss is the
-global mean over valid boxes (detector/train/distributed.py); rank 0 evaluates, logs and checkpoints
-(with train.shard_optimizer the other ranks send it their share of the optimizer's state first, so the
-checkpoint is one process's, whatever the setting that resumes it).
+global mean over valid boxes (detector/train/distributed.py); rank 0 (the global one, on several nodes)
+evaluates, logs and checkpoints (under train.shard_optimizer=fsdp2 every rank takes part in the
+evaluation's forward). The other ranks send rank 0 their shares of the state first, so the checkpoint is
+one process's, whatever the setting or number of processes that resumes it (detector/train/checkpoint.py).
 """
 
 from __future__ import annotations
@@ -50,7 +52,15 @@ from detector.loader import GIB, DataWorkerDied, MemoryRefusal, check_memory, de
 from detector.model import build_model
 from detector.tables import device_name
 from detector.train import distributed
-from detector.train.checkpoint import fingerprint, load_checkpoint, rng_state, save_checkpoint
+from detector.train.checkpoint import (
+    LAYOUT,
+    fingerprint,
+    load_checkpoint,
+    one_linear,
+    rng_state,
+    save_checkpoint,
+    shared_checkpoint,
+)
 from detector.train.distributed import DistEnv
 from detector.train.metrics import evaluate
 from detector.train.profile_window import make_profiler
@@ -64,9 +74,8 @@ class NonFiniteLoss(UserError):
     pass
 
 
-def run_name(tcfg, world_size: int) -> str:
+def run_name(tcfg) -> str:
     options = [name for name in ("compile", "cuda_graphs") if tcfg[name]]
-    options += [f"ddp{world_size}"] if world_size > 1 else []
     return "+".join([tcfg.strategy, *options])
 
 
@@ -188,7 +197,7 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
             "training would see held-out images"
         )
     check_run_memory(cfg, env.world_size, device)
-    run_dir = Path(tcfg.out_dir) / experiment / run_name(tcfg, env.world_size)
+    run_dir = Path(tcfg.out_dir) / experiment / run_name(tcfg)
     with runs.locked(run_dir) if env.is_main else contextlib.nullcontext():
         if env.is_main:
             runs.reveal_hidden(run_dir)
@@ -261,6 +270,8 @@ class Run:
     def go(self) -> dict:
         tcfg = self.tcfg
         self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
+        # rank 0 evaluates; under FSDP2 every rank runs the forward with it, since each forward gathers the shards
+        self.evaluates = self.env.is_main or bool(self.step_fn.shard and self.step_fn.shard.collective_forward)
         saved = self.resume()
         self.step, self.resumed_at, self.evals = saved["step"], saved["step"], saved["evals"]
         self.log = Log(self.device, saved["losses"])
@@ -291,7 +302,7 @@ class Run:
 
     def resume(self) -> dict:
         """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's."""
-        if self.tcfg.resume and self.checkpoint_path.exists():
+        if self.tcfg.resume and shared_checkpoint(self.checkpoint_path, self.env.world_size):
             state = load_checkpoint(self.checkpoint_path, self.step_fn, self.expected, self.global_batch)
             self.say(f"resuming {self.run_dir} at step {state['step']}")
             return state
@@ -304,7 +315,7 @@ class Run:
         layout = self.step_fn.strategy.layout
         start, steps = self.step * self.global_batch, tcfg.steps - self.step
         loader = rank_loader(cfg.data, layout, self.device, env.rank, env.world_size, start, steps)
-        self.eval_set = self.held_out_set() if env.is_main else []
+        self.eval_set = self.held_out_set() if self.evaluates else []
         self.writer = (
             SummaryWriter(str(self.run_dir), purge_step=self.step + 1 if self.step else None) if env.is_main else None
         )
@@ -349,7 +360,7 @@ class Run:
             f"x {self.env.world_size}: steps {self.step + 1}-{tcfg.steps}, batch {cfg.data.batch_size} x "
             f"{self.env.world_size} of {cfg.data.image_size}px, {parameters:,} parameters, "
             f"autocast {'bf16' if cfg.autocast else 'off'}"
-            + (f", the head's optimizer sharded over the {self.env.world_size} processes" if self.step_fn.shard else "")
+            + (f", {self.step_fn.shard.description}" if self.step_fn.shard else "")
         )
 
     def after_step(self) -> bool:
@@ -357,7 +368,7 @@ class Run:
         tcfg, step = self.tcfg, self.step
         last = step == tcfg.steps or step == tcfg.stop_after
         log_due = step % tcfg.log_every == 0 or last
-        eval_due = self.env.is_main and (step % tcfg.eval_every == 0 or last)
+        eval_due = self.evaluates and (step % tcfg.eval_every == 0 or last)
         # every rank: a sharded optimizer's state is gathered to rank 0, which writes the file
         checkpoint_due = (
             tcfg.checkpoint_every and (step % tcfg.checkpoint_every == 0 or step == tcfg.steps)
@@ -423,19 +434,21 @@ class Run:
             flush=True,
         )
         for name, value in metrics.items():
-            if name != "boxes":
+            if name != "boxes" and self.writer:
                 self.writer.add_scalar(f"eval/{name}", value, self.step)
 
     def save(self) -> None:
         """Write the checkpoint (rank 0); every rank calls it, to send its share of a sharded optimizer."""
         step_fn = self.step_fn
         step_fn.wait_weights()
-        optimizer = step_fn.optimizer_state()
+        model, optimizer = step_fn.model_state(), step_fn.optimizer_state()  # every rank: shards onto rank 0
         if not self.env.is_main:
             return
+        model, optimizer = one_linear(step_fn.model, model, optimizer)  # any number of processes resumes it
         state = {
+            "layout": LAYOUT,
             "step": self.step,
-            "model": step_fn.model.state_dict(),
+            "model": model,
             "optimizer": optimizer,
             "scheduler": step_fn.scheduler.state_dict(),
             "rng": rng_state(),

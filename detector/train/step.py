@@ -24,7 +24,7 @@ import math
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
 from torch.profiler import record_function
@@ -35,7 +35,15 @@ from detector.errors import UserError
 from detector.losses import get_strategy
 from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
 from detector.targets import PaddedTargets
-from detector.train.distributed import EarlyAllReduce, ShardedBlocks, average_gradients, count_valid, global_mean
+from detector.train.distributed import (
+    EarlyAllReduce,
+    FullyShardedModel,
+    ShardedBlocks,
+    average_gradients,
+    count_valid,
+    global_mean,
+)
+from detector.train.optimizer import OnePassAdamW, clip_scale
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {
@@ -77,14 +85,17 @@ def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
     return min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def build_optimizer(params, tcfg, device: torch.device) -> torch.optim.AdamW:
-    """AdamW over ``params``: fused on CUDA; with CUDA graphs also capturable with a device-tensor lr that
-    the schedule updates in place (the graph reads its address)."""
+def build_optimizer(params, tcfg, device: torch.device, low_precision=()) -> torch.optim.Optimizer:
+    """AdamW over ``params``: ``OnePassAdamW`` (train.optimizer=one_pass, train/optimizer.py: clipping, AdamW and
+    the bf16 copies of ``low_precision`` in one pass, compiled on CUDA), or torch's own (fused on CUDA). With
+    CUDA graphs the lr is a device tensor that the schedule updates in place (the graph reads its address)."""
+    lr = torch.tensor(tcfg.lr, device=device) if tcfg.cuda_graphs else tcfg.lr
+    if tcfg.optimizer == "one_pass":
+        cuda = device.type == "cuda"
+        return OnePassAdamW(params, lr, tcfg.weight_decay, low_precision if cuda else (), compile=cuda)
     kwargs = {"fused": True} if device.type == "cuda" else {}
-    lr = tcfg.lr
     if tcfg.cuda_graphs:
         kwargs["capturable"] = True
-        lr = torch.tensor(tcfg.lr, device=device)
     return torch.optim.AdamW(params, lr=lr, weight_decay=tcfg.weight_decay, **kwargs)
 
 
@@ -151,24 +162,31 @@ class TrainStep:
         if world_size > 1:
             modules = self.model.named_modules()
             blocked = {n: m for n, m in modules if isinstance(m, BlockedLinear)}
-            if tcfg.shard_optimizer:
+            if tcfg.shard_optimizer == "fsdp2":  # no DDP: FSDP2 reduce-scatters every gradient itself
+                self.shard = FullyShardedModel(self.model, blocked, world_size)
+                params = self.shard.owned
+                tcfg = OmegaConf.merge(tcfg, {"optimizer": "torch"})  # torch's AdamW steps DTensor shards
+            elif tcfg.shard_optimizer == "blocks":
                 reason = shard_refusal(blocked, world_size)
                 if reason:
-                    raise UserError(f"train.shard_optimizer=true cannot share the head among the processes: {reason}")
+                    raise UserError(f"train.shard_optimizer=blocks cannot share the head among the processes: {reason}")
                 self.shard = ShardedBlocks(self.model, blocked, dist.get_rank(), world_size)
                 params = self.shard.owned
             else:
                 split = [(n, m) for n, m in blocked.items() if len(m.blocks) > 1]
                 names = [f"{n}.{p}" for n, m in split for p, _ in m.named_parameters()]
                 self.early = EarlyAllReduce(self.model, names)
-            ids = [device] if device.type == "cuda" else None
-            # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them at
-            # seed scale are not copied into the buckets and back every step
-            self.net = torch.nn.parallel.DistributedDataParallel(
-                self.model, device_ids=ids, gradient_as_bucket_view=True
-            )
-            self.net.register_comm_hook(None, average_gradients)
-        self.optimizer = build_optimizer(params, tcfg, device)
+            if self.shard is None or not self.shard.collective_forward:
+                ids = [device] if device.type == "cuda" else None
+                # gradient_as_bucket_view: the gradients live in DDP's all-reduce buckets, so the 4.4 GB of them
+                # at seed scale are not copied into the buckets and back every step
+                self.net = torch.nn.parallel.DistributedDataParallel(
+                    self.model, device_ids=ids, gradient_as_bucket_view=True
+                )
+                self.net.register_comm_hook(None, average_gradients)
+        # the head's weights, which the forward casts to bf16 under autocast: the one-pass optimizer writes that copy
+        head = [p for m in self.model.modules() if isinstance(m, BlockedLinear) for p in m.parameters()]
+        self.optimizer = build_optimizer(params, tcfg, device, head if cfg.autocast else ())
         schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
         self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
         if tcfg.compile:  # the model only: the loss stays the strategy under test (`compiled` is its own one)
@@ -209,17 +227,22 @@ class TrainStep:
                 self.early.wait()
             if self.shard is not None:
                 self.shard.wait_gradients()
+            one_pass = isinstance(self.optimizer, OnePassAdamW)
+            scale = None
             if self.tcfg.grad_clip > 0 and self.shard is not None:
-                self.shard.clip_grad_norm_(self.tcfg.grad_clip)
+                self.shard.clip_grad_norm_(self.tcfg.grad_clip)  # the norm needs every rank's share: clipped here
+            elif self.tcfg.grad_clip > 0 and one_pass:  # the norm now, the clip inside the optimizer's pass
+                scale = clip_scale([p.grad for p in self.model.parameters() if p.grad is not None], self.tcfg.grad_clip)
             elif self.tcfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.tcfg.grad_clip)
-            if self.tcfg.nonfinite == "skip":
-                bad = ~torch.isfinite(loss)
-                if self.optimizer.defaults.get("fused"):
-                    self.optimizer.found_inf = bad.float()  # the fused kernel skips the update on the device
-                elif bad.item():  # the CPU has no device to wait for
-                    return
-            self.optimizer.step()
+            skip = ~torch.isfinite(loss) if self.tcfg.nonfinite == "skip" else None
+            if one_pass:
+                self.optimizer.step(scale=scale, skip=skip)
+            elif skip is not None and self.optimizer.defaults.get("fused"):
+                self.optimizer.found_inf = skip.float()  # the fused kernel skips the update on the device
+                self.optimizer.step()
+            elif skip is None or not skip.item():  # the CPU has no device to wait for
+                self.optimizer.step()
             if self.shard is not None:
                 self.shard.gather_weights()
 
@@ -227,6 +250,18 @@ class TrainStep:
         """Before reading the parameters outside a forward (a checkpoint): wait for the last step's update."""
         if self.shard is not None:
             self.shard.wait_weights()
+
+    def model_state(self) -> dict:
+        """The model's state dict in one process's layout. Under fsdp2 every rank must call it (they gather
+        the shards onto rank 0); the other ranks get {}."""
+        return self.shard.model_state() if self.shard else self.model.state_dict()
+
+    def load_model_state(self, state: dict) -> None:
+        """Load a ``model_state`` (this rank's shards of it, under fsdp2)."""
+        if self.shard is not None:
+            self.shard.load_model_state(state)
+        else:
+            self.model.load_state_dict(state)
 
     def optimizer_state(self) -> dict | None:
         """The optimizer's state dict in one process's layout. With a sharded optimizer every rank must call

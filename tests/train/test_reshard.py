@@ -1,0 +1,105 @@
+"""Checkpoints that reshard: a run stopped on 2 processes (gloo) resumes on 1 with the same global batch, and
+the other way round, under each train.shard_optimizer (blocks, fsdp2, off), with the losses of an
+uninterrupted run; FSDP2's losses are those of ShardedBlocks and of the plain all-reduce."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from test_loop import spawn_two
+from train_helpers import losses, tiny_cfg
+
+from detector.model import build_model
+from detector.train.checkpoint import CheckpointError, into_blocks, one_linear, read_checkpoint, save_checkpoint
+from detector.train.loop import run_training
+
+RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3"]
+ONE = ["data.batch_size=8"]  # 1 process with the global batch of 2 processes of tiny_cfg's 4
+MODES = ("blocks", "fsdp2", "off")
+# 1 and 2 processes sum the gradient in a different order; Adam divides by sqrt(v), so a near-zero gradient's
+# rounding moves an update by more than the rounding itself (as in test_loop's DDP test)
+RTOL = 1e-4
+
+
+def _two_processes(rank: int, out: str) -> None:
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    results = {}
+    for mode in MODES:
+        run = [*RUN, f"train.shard_optimizer={mode}"]
+        results[f"straight_{mode}"] = run_training(tiny_cfg(Path(out) / f"straight_{mode}", *run))[0]["history"]
+        run_training(tiny_cfg(Path(out) / f"to_one_{mode}", *run, "train.stop_after=3"))  # the test resumes it on 1
+        resumed = run_training(tiny_cfg(Path(out) / f"from_one_{mode}", *run, "train.resume=true"))[0]
+        results[f"from_one_{mode}"] = resumed["history"] if resumed["resumed_at"] == 3 else "not resumed"
+    if rank == 0:
+        (Path(out) / "results.json").write_text(json.dumps(results))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_checkpoint_resumes_on_another_number_of_processes_with_the_same_losses(tmp_path):
+    straight = losses(run_training(tiny_cfg(tmp_path / "straight", *RUN, *ONE)))
+    for mode in MODES:  # 1 process stopped at step 3: resumed on 2 in _two_processes
+        run_training(tiny_cfg(tmp_path / f"from_one_{mode}", *RUN, *ONE, "train.stop_after=3"))
+    spawn_two(_two_processes, str(tmp_path), timeout=120)
+    results = json.loads((tmp_path / "results.json").read_text())
+
+    # another global batch is refused in one line, saying which batch resumes it here
+    with pytest.raises(CheckpointError) as refused:
+        run_training(tiny_cfg(tmp_path / "to_one_blocks", *RUN, "train.resume=true"))
+    message = str(refused.value)
+    assert "global batch of 8" in message and "data.batch_size=8 on 1 process" in message and "\n" not in message
+
+    # FSDP2 against ShardedBlocks and the plain all-reduce (equal to the last bit, test_loop.py): its reduce-scatter
+    # averages with arithmetic of its own, so equal to rounding, well inside the 1 vs 2 processes' tolerance
+    for mode in ("blocks", "off"):
+        torch.testing.assert_close(
+            losses([{"history": results["straight_fsdp2"]}]),
+            losses([{"history": results[f"straight_{mode}"]}]),
+            rtol=1e-5,
+            atol=0,
+        )
+    for mode in MODES:
+        to_one = run_training(tiny_cfg(tmp_path / f"to_one_{mode}", *RUN, *ONE, "train.resume=true"))
+        assert to_one[0]["resumed_at"] == 3 and to_one[0]["world_size"] == 1
+        for name, curve in [
+            ("2 processes", results[f"straight_{mode}"]),
+            ("1 -> 2", results[f"from_one_{mode}"]),
+            ("2 -> 1", to_one[0]["history"]),
+        ]:
+            assert len(losses([{"history": curve}])) == 6, (mode, name)
+            torch.testing.assert_close(losses([{"history": curve}]), straight, rtol=RTOL, atol=0, msg=f"{mode} {name}")
+
+
+def test_the_checkpoint_layout_joins_the_blocks_and_splits_them_for_any_number():
+    cfg = tiny_cfg("unused")
+    two, one = (build_model(cfg.model, cfg.data, world_size) for world_size in (2, 1))  # 2 blocks, 1 block
+    optimizer = torch.optim.AdamW(two.parameters())
+    two(torch.zeros(2, 1, 32, 32, dtype=torch.uint8)).sum().backward()
+    optimizer.step()
+    model_state, optimizer_state = one_linear(two, two.state_dict(), optimizer.state_dict())
+    assert set(model_state) == {key.replace(".blocks.0.", ".") for key in one.state_dict()}  # head.1.weight, ...
+    assert len(optimizer_state["state"]) == len(model_state)  # one Linear, one optimizer state
+    # 2 blocks again: exactly what was saved, every block with a step of its own
+    back_model, back_optimizer = into_blocks(two, model_state, optimizer_state)
+    for key, value in two.state_dict().items():
+        assert torch.equal(back_model[key], value), key
+    for i, state in optimizer.state_dict()["state"].items():
+        for key, value in state.items():
+            assert torch.equal(back_optimizer["state"][i][key], value), (i, key)
+    steps = [state["step"] for state in back_optimizer["state"].values()]
+    assert len({id(step) for step in steps}) == len(steps)
+    one.load_state_dict(into_blocks(one, model_state, optimizer_state)[0])
+
+
+def test_a_checkpoint_of_the_earlier_layout_is_refused_in_one_line(tmp_path):
+    run = ["train.steps=4", "train.checkpoint_every=2"]
+    run_training(tiny_cfg(tmp_path, *run, "train.stop_after=2"))
+    path = tmp_path / "default" / "padded" / "checkpoint.pt"
+    state = read_checkpoint(path)
+    del state["layout"]
+    save_checkpoint(path, state)
+    with pytest.raises(CheckpointError, match="earlier version of detector.*train.resume=false"):
+        run_training(tiny_cfg(tmp_path, *run, "train.resume=true"))
