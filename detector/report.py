@@ -8,7 +8,8 @@ exact command and each part starts from a clean process):
 2. ``compare`` of those profiles;
 3. ``train``: ``report.train_steps`` steps of each of ``report.train_strategies``, whose measured step the
    profiles must agree with;
-4. ``bench losses``, and on a GPU also ``bench kernels`` and ``bench step``.
+4. ``bench losses`` (on a GPU at batch 1024 and 16384), and on a GPU also ``bench kernels`` and ``bench step``.
+   Its "which strategy should I use?" table opens the document.
 
 Every override given to `make report` (``ARGS="preset=seed_scale"``) goes to each part that reads its
 config section. The runs go to ``<report.work_dir>/<device>/current/``; a part whose output is there
@@ -43,6 +44,8 @@ from detector.tables import device_name, markdown_table, significant, times
 from detector.train.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
+GPU_BATCHES = (1024, 16384)  # bench losses on a GPU: the seed's batch, and one where the loss's own work shows
+WHICH = "### Which strategy should I use?"  # bench losses' table of the fastest strategy per situation
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=3", "profile.timed=2"]
 CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png")
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +162,8 @@ def plan(cfg, device, work: Path, strategies: list[str], overrides: list[str], s
     targets = ["losses"] + (["kernels", "step"] if device.type == "cuda" else [])
     for target in targets:
         args = ["bench", target, f"bench.out={work / 'bench' / 'bench.json'}", *passed("bench")]
+        if target == "losses" and device.type == "cuda" and not any(a.startswith("bench.batch_sizes=") for a in args):
+            args.append(f"bench.batch_sizes=[{','.join(map(str, GPU_BATCHES))}]")
         parts.append(Part(f"bench {target}", args, work / "bench" / f"{target}.md"))
     return parts
 
@@ -203,6 +208,13 @@ def write_document(cfg: DictConfig, device, work: Path, parts: list[Part], skipp
         f"Written by `make report{' ARGS=' + quote(' '.join(overrides)) if overrides else ''}` on {now()[:10]}; "
         f"each section names its commands (`python -m detector ...`, run from the repository root). "
         f"The runs themselves are in `{work.parent}/<time>/`.",
+        "",
+        "## Which strategy should I use?",
+        "",
+        "The loss alone, forward and backward, on the seed's boxes: the fastest strategy in each situation timed "
+        "by `bench losses` below, and what torchvision's loss and torch.nested cost against it.",
+        "",
+        section(work / "bench" / "losses.md", WHICH).partition("\n")[2].strip(),
         "",
         "## The training step of each strategy",
         "",

@@ -18,7 +18,7 @@ from detector.bench.cases import random_case
 from detector.bench.timing import budget, event_ms, graph_ms, loss_closures
 from detector.config import resolve_device
 from detector.losses import STRATEGIES, get_strategy
-from detector.tables import markdown_table, run_header, speedup_cell, spread_cell
+from detector.tables import markdown_table, run_header, speedup, speedup_cell, spread_cell, times
 from detector.targets import make_targets
 
 BASELINE = "padded"  # speed-ups are against this strategy in the same case
@@ -82,15 +82,22 @@ def run_bench(cfg: DictConfig) -> list[dict]:
             print(f"skipping {name}: {reason}")
         else:
             runnable.append(name)
-    cases = [(b, d) for b in cfg.bench.batch_sizes for d in cfg.bench.distributions]
+    # smallest batch first: a strategy slower than bench.max_call_ms there is not timed at the larger ones
+    cases = [(b, d) for b in sorted(cfg.bench.batch_sizes) for d in cfg.bench.distributions]
     print(
         f"bench losses: {len(runnable)} strategies x {len(cases)} cases on {run_header(device)} "
         f"(pred {cfg.bench.pred_dtype}, {cfg.data.max_boxes} slots; median [quartiles] ms of up to "
         f"{cfg.bench.repeats} synchronised calls)"
     )
-    records = []
+    records, too_slow = [], {}  # name -> (batch, ms) of the call that exceeded bench.max_call_ms
     for batch, distribution in cases:
         for name in runnable:
+            if name in too_slow and too_slow[name][0] < batch:
+                print(
+                    f"  {name:<17} batch {batch:<6} {distribution:<6} not timed: {too_slow[name][1]:.0f} ms a call at "
+                    f"batch {too_slow[name][0]}, over bench.max_call_ms={cfg.bench.max_call_ms:g}"
+                )
+                continue
             r = bench_case(name, batch, distribution, cfg, device)
             print(
                 f"  {name:<17} batch {batch:<6} {distribution:<6} fwd {spread_cell(r['forward_ms'])} ms   "
@@ -98,5 +105,53 @@ def run_bench(cfg: DictConfig) -> list[dict]:
                 flush=True,
             )
             records.append(r)
-    bench.save(cfg, "losses", device, records, f"{run_header(device)}\n\n{format_table(records)}")
+            if r["forward_backward_ms"].median > cfg.bench.max_call_ms:
+                too_slow.setdefault(name, (batch, r["forward_backward_ms"].median))
+    tables = f"{run_header(device)}\n\n{format_table(records)}\n\n### Which strategy should I use?\n\n{which(records)}"
+    bench.save(cfg, "losses", device, records, tables)
     return records
+
+
+# The strategies users arrive with, each column of the "which strategy" table: what they cost against the winner.
+NEWCOMERS = {"torchvision": ("torchvision", "torchvision_padded"), "torch.nested": ("nested", "nested_compiled")}
+
+
+def which(records: list[dict]) -> str:
+    """Which strategy should I use? Per situation measured here (seed boxes: each batch size eager, as a CUDA
+    graph on a GPU, and among the strategies that are torch.compile'd), the fastest strategy's forward+backward, the
+    others within its noise (overlapping interquartile ranges), and what each newcomer costs against it. Every
+    registered strategy passes the same correctness grid (tests/losses), so the fastest is the fastest correct."""
+    seed = [r for r in records if r["distribution"] == "seed"]
+    situations = []
+    for batch in sorted({r["batch_size"] for r in seed}):
+        rows = [r for r in seed if r["batch_size"] == batch]
+        compiled = [r for r in rows if get_strategy(r["strategy"]).compiled]
+        eager = [r for r in rows if r not in compiled]
+        situations.append((f"eager, batch {batch}", eager, "forward_backward_ms"))
+        if any(r["graph_forward_backward_ms"] for r in eager):
+            situations.append((f"one CUDA graph, batch {batch}", eager, "graph_forward_backward_ms"))
+        if compiled:
+            situations.append((f"torch.compile'd, batch {batch}", compiled, "forward_backward_ms"))
+    table = []
+    for label, rows, key in situations:
+        timed = sorted((r for r in rows if r[key]), key=lambda r: r[key].median)
+        if not timed:
+            continue
+        best = timed[0]
+        ties = [r["strategy"] for r in timed[1:] if speedup(r[key], best[key]) is None]
+        row = [label, best["strategy"] + (f" (≈ {', '.join(ties)})" if ties else ""), spread_cell(best[key])]
+        for names in NEWCOMERS.values():
+            theirs = sorted((r for r in timed if r["strategy"] in names), key=lambda r: r[key].median)
+            if theirs and theirs[0] is best:
+                row.append(f"{best['strategy']} is the fastest")
+            elif theirs:
+                row.append(f"{theirs[0]['strategy']}: {times(theirs[0][key].median / best[key].median)} the time")
+            elif key == "graph_forward_backward_ms" and any(r["strategy"] in names for r in rows):
+                row.append("its CUDA-graph capture failed (the log says why)")
+            else:
+                row.append("—")
+        table.append(row)
+    if not table:
+        return "(no strategy timed)"
+    headers = ["situation", "fastest", "fwd+bwd ms", *(f"{k}, against it" for k in NEWCOMERS)]
+    return markdown_table(headers, table, align="lllll")

@@ -12,5 +12,6 @@ from detector.losses.registry import STRATEGIES, Strategy, get_strategy, registe
 # Importing a strategy module registers it; the order here is the order of tables and plots.
 from detector.losses import loop, concat, padded, compiled, triton_fused, cuda_fused, cuda_conditional, packed  # noqa: E402,F401  isort: skip
 from detector.losses import packed_torch  # noqa: E402,F401  isort: skip
+from detector.losses import torchvision_concat, torchvision_padded, nested, nested_compiled  # noqa: E402,F401  isort: skip
 
 __all__ = ["STRATEGIES", "Strategy", "get_strategy", "giou_loss_reference", "register"]

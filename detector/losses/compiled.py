@@ -42,4 +42,4 @@ def giou_loss_compiled(pred: Tensor, targets: PaddedTargets) -> Tensor:
     return _FirstOrderOnly.apply(_compiled_padded()(pred, targets))
 
 
-register(Strategy("compiled", "padded", giou_loss_compiled, "torch.compile of the padded strategy"))
+register(Strategy("compiled", "padded", giou_loss_compiled, "torch.compile of the padded strategy", compiled=True))

@@ -22,6 +22,7 @@ class Strategy:
     unavailable: Callable[[torch.device], str | None] = lambda device: None
     # Why its times on a device are not those of the code it is built for (an emulator), or None.
     emulated: Callable[[torch.device], str | None] = lambda device: None
+    compiled: bool = False  # whether it runs through torch.compile (the "which strategy" table's compiled row)
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 from detector import bench
+from detector.bench import losses
+from detector.bench.timing import Stats
 from detector.config import load_config
 from detector.losses import STRATEGIES
 
@@ -68,3 +70,55 @@ def test_step_times_the_configs_training_step_and_the_data_pipeline(tmp_path, ca
     out = capsys.readouterr().out
     assert "| config | step |" in out and "images/s drawn" in out
     assert json.loads((tmp_path / "step.json").read_text())["target"] == "step"
+
+
+def record(strategy, batch, fwd_bwd, graph=None, distribution="seed"):
+    """A bench losses record with a spread of +-5 % around each median."""
+    spread = lambda m: m and Stats(m, m * 0.95, m * 1.05, 10)  # noqa: E731
+    return {
+        "strategy": strategy,
+        "batch_size": batch,
+        "distribution": distribution,
+        "forward_backward_ms": spread(fwd_bwd),
+        "graph_forward_backward_ms": spread(graph),
+    }
+
+
+def test_which_strategy_names_the_fastest_per_situation_and_what_the_newcomers_cost():
+    records = [
+        record("padded", 1024, 2.5, graph=1.0),
+        record("cuda_conditional", 1024, 0.16, graph=0.05),
+        record("packed", 1024, 0.162, graph=0.2),  # within cuda_conditional's spread eager, not in a graph
+        record("torchvision", 1024, 4.0),
+        record("nested", 1024, 8.0),
+        record("compiled", 1024, 0.5, graph=0.3),
+        record("nested_compiled", 1024, 1.5, graph=0.6),
+        record("padded", 1024, 0.01, distribution="tail"),  # another distribution: not in the table
+    ]
+    rows = {line.split("|")[1].strip(): line for line in losses.which(records).splitlines()[2:]}
+    assert list(rows) == ["eager, batch 1024", "one CUDA graph, batch 1024", "torch.compile'd, batch 1024"]
+    eager = [c.strip() for c in rows["eager, batch 1024"].split("|")[1:-1]]
+    assert eager[1] == "cuda_conditional (≈ packed)" and eager[2].startswith("0.160 [")
+    assert eager[3] == "torchvision: 25× the time" and eager[4] == "nested: 50× the time"
+    graph = [c.strip() for c in rows["one CUDA graph, batch 1024"].split("|")[1:-1]]
+    assert graph[1] == "cuda_conditional" and graph[3] == "its CUDA-graph capture failed (the log says why)"
+    compiled = [c.strip() for c in rows["torch.compile'd, batch 1024"].split("|")[1:-1]]
+    assert compiled[1] == "compiled" and compiled[4] == "nested_compiled: 3× the time"
+    records.append(record("nested_compiled", 2048, 0.4))
+    records.append(record("compiled", 2048, 0.9))
+    rows = {line.split("|")[1].strip(): line for line in losses.which(records).splitlines()[2:]}
+    assert "| nested_compiled is the fastest |" in rows["torch.compile'd, batch 2048"]
+
+
+def test_losses_stops_timing_a_strategy_past_max_call_ms(tmp_path, capsys):
+    cfg = bench_config(
+        tmp_path,
+        "bench.batch_sizes=[16,2]",
+        "bench.distributions=[seed]",
+        "bench.strategies=[loop,padded]",
+        "bench.max_call_ms=0.000001",  # every call is slower: each strategy is timed at the smallest batch only
+    )
+    records = bench.run(cfg, "losses")
+    assert [(r["strategy"], r["batch_size"]) for r in records] == [("loop", 2), ("padded", 2)]
+    out = capsys.readouterr().out
+    assert "loop              batch 16     seed   not timed:" in out and "over bench.max_call_ms=1e-06" in out

@@ -1,9 +1,10 @@
 """Second derivatives: every strategy either gives padded's (autograd all the way) or refuses clearly.
 
 The fused strategies compute their gradient in a kernel with no graph behind it (triton inside its
-forward kernel; cuda_fused, cuda_conditional and packed in one backward kernel), and torch.compile's
-backward cannot be differentiated again: a backward with create_graph=True must raise at once, never
-return a wrong (zero or missing) second derivative.
+forward kernel; cuda_fused, cuda_conditional and packed in one backward kernel), and neither
+torch.compile's backward nor that of chunk and amax on jagged nested tensors (nested) can be
+differentiated again: a backward with create_graph=True must raise at once, never return a wrong (zero
+or missing) second derivative.
 """
 
 import warnings
@@ -16,7 +17,7 @@ from detector.data import make_targets
 from detector.losses import STRATEGIES
 
 # Strategies whose gradient has no graph: a backward with create_graph=True must raise.
-FIRST_ORDER_ONLY = {"compiled", "triton", "cuda_fused", "cuda_conditional", "packed"}
+FIRST_ORDER_ONLY = {"compiled", "triton", "cuda_fused", "cuda_conditional", "packed", "nested", "nested_compiled"}
 
 
 def case():

@@ -1,0 +1,36 @@
+"""``nested_compiled``: ``torch.compile`` of the ``nested`` strategy's jagged nested tensors.
+
+Compiled lazily on the first call. The packed boxes' length N changes with every batch's counts, so
+it is marked dynamic: one graph serves every N >= 2 (0 and 1 are specialised, as dynamo does for
+every size); a new pred dtype, B or M compiles again. First-order gradients only, like ``nested``.
+"""
+
+import functools
+
+import torch
+from torch import Tensor
+
+from detector.losses.nested import FirstOrderOnly, giou_loss_njt
+from detector.losses.registry import Strategy, register
+from detector.targets import PackedTargets
+
+
+@functools.cache
+def _compiled_njt():
+    return torch.compile(giou_loss_njt)
+
+
+def giou_loss_nested_compiled(pred: Tensor, targets: PackedTargets) -> Tensor:
+    torch._dynamo.maybe_mark_dynamic(targets.boxes, 0)  # N: no recompilation when the counts change
+    return FirstOrderOnly.apply(_compiled_njt()(pred, targets), "nested_compiled")
+
+
+register(
+    Strategy(
+        "nested_compiled",
+        "packed",
+        giou_loss_nested_compiled,
+        "torch.compile of the nested (NJT) strategy",
+        compiled=True,
+    )
+)
