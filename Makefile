@@ -1,6 +1,6 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
-#   make bench [TARGET=losses|kernels|layers|step] [ARGS="bench.repeats=50"]
+#   make bench [TARGET=losses|kernels|layers|blocks|step] [ARGS="bench.repeats=50"]
 #   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | lint
 #   make train EXPERIMENT=... [NPROC=N] [NNODES=M RDZV_ENDPOINT=host:port]
 #   make tensorboard [ARGS="--port 6007"]
@@ -19,7 +19,7 @@ STRATEGY ?= padded
 MODE ?= train
 EXPERIMENT ?= cpu_smoke
 # bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by
-# layer), step (the training step against the machine's floor)
+# layer), blocks (GPU: the fused conv blocks' launch configurations), step (the training step against the floor)
 TARGET ?= losses
 # compare: profile run folders to compare (default: the latest run of each strategy and mode)
 RUNS ?=

@@ -24,6 +24,7 @@ BENCH_HELP = {
     "losses": "every strategy's loss alone, forward and forward+backward (the default; CPU or GPU)",
     "kernels": "the custom kernels against their byte floors (GPU)",
     "layers": "where the triton strategy's time goes, layer by layer (GPU)",
+    "blocks": "the fused conv blocks' kernels under each launch configuration, and the step with the fastest (GPU)",
     "step": "the training step against the machine's floor, and the data pipeline's images/s",
 }
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
@@ -49,7 +50,7 @@ COMMANDS = {
         },
     ),
     "bench": (
-        "benchmark a target: losses (default), kernels, layers or step",
+        "benchmark a target: losses (default), kernels, layers, blocks or step",
         {
             "bench": "strategies, batch sizes, distributions, repeats, output folder",
             "data": "slots, and the batch of the step target",

@@ -36,6 +36,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from detector.bench.losses import WHICH_HEADING
 from detector.board import timed_note
 from detector.config import resolve_device
 from detector.errors import UserError
@@ -45,7 +46,6 @@ from detector.train.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
 GPU_BATCHES = (1024, 16384)  # bench losses on a GPU: the seed's batch, and one where the loss's own work shows
-WHICH = "### Which strategy should I use?"  # bench losses' table of the fastest strategy per situation
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=3", "profile.timed=2"]
 CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png")
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,7 +214,7 @@ def write_document(cfg: DictConfig, device, work: Path, parts: list[Part], skipp
         "The loss alone, forward and backward, on the seed's boxes: the fastest strategy in each situation timed "
         "by `bench losses` below, and what torchvision's loss and torch.nested cost against it.",
         "",
-        section(work / "bench" / "losses.md", WHICH).partition("\n")[2].strip(),
+        section(work / "bench" / "losses.md", WHICH_HEADING).partition("\n")[2].strip(),
         "",
         "## The training step of each strategy",
         "",

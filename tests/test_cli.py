@@ -211,7 +211,9 @@ def test_the_interpreter_note_comes_only_where_an_emulated_strategy_runs(capsys)
 
 def test_bench_lists_its_targets_in_its_help_and_its_errors(capsys):
     assert set(cli.BENCH_HELP) == set(BENCH_TARGETS)
-    fails_with_one_line(capsys, ["bench", "nope"], "unknown bench target 'nope'", "losses, kernels, layers, step")
+    fails_with_one_line(
+        capsys, ["bench", "nope"], "unknown bench target 'nope'", "losses, kernels, layers, step, blocks"
+    )
     fails_with_one_line(capsys, ["bench", "nope", "bench.repeats=2"], "unknown bench target 'nope'")
     with pytest.raises(SystemExit):
         cli.main(["bench", "--help"])

@@ -3,6 +3,7 @@
 - ``losses``: every registered strategy's loss alone, forward and forward+backward (CPU or GPU)
 - ``kernels``: the custom kernels: host floors, headline times, byte floors, packed scaling, skipping (GPU)
 - ``layers``: where the triton strategy's time goes, layer by layer and kernel by kernel (GPU)
+- ``blocks``: the fused conv blocks' Triton kernels under each launch configuration (GPU)
 - ``step``: the training step, its speed options and its pieces against the machine's floor, and the
   data pipeline's images/s
 
@@ -30,6 +31,7 @@ TARGETS = {
     "kernels": "detector.bench.kernels",
     "layers": "detector.bench.layers",
     "step": "detector.bench.step",
+    "blocks": "detector.bench.blocks",
 }
 
 

@@ -75,11 +75,12 @@ def format_table(records: list[dict]) -> str:
 
 def run_bench(cfg: DictConfig) -> list[dict]:
     device = resolve_device(cfg)
-    runnable = []
+    runnable, unavailable = [], {}
     for name in list(cfg.bench.strategies) or list(STRATEGIES):
         reason = get_strategy(name).unavailable(device)
         if reason:
             print(f"skipping {name}: {reason}")
+            unavailable[name] = reason
         else:
             runnable.append(name)
     # smallest batch first: a strategy slower than bench.max_call_ms there is not timed at the larger ones
@@ -107,16 +108,17 @@ def run_bench(cfg: DictConfig) -> list[dict]:
             records.append(r)
             if r["forward_backward_ms"].median > cfg.bench.max_call_ms:
                 too_slow.setdefault(name, (batch, r["forward_backward_ms"].median))
-    tables = f"{run_header(device)}\n\n{format_table(records)}\n\n### Which strategy should I use?\n\n{which(records)}"
-    bench.save(cfg, "losses", device, records, tables)
+    tables = [run_header(device), format_table(records), WHICH_HEADING, which(records, unavailable)]
+    bench.save(cfg, "losses", device, records, "\n\n".join(tables))
     return records
 
 
+WHICH_HEADING = "### Which strategy should I use?"  # make report opens its document with this table
 # The strategies users arrive with, each column of the "which strategy" table: what they cost against the winner.
 NEWCOMERS = {"torchvision": ("torchvision", "torchvision_padded"), "torch.nested": ("nested", "nested_compiled")}
 
 
-def which(records: list[dict]) -> str:
+def which(records: list[dict], unavailable: dict[str, str] | None = None) -> str:
     """Which strategy should I use? Per situation measured here (seed boxes: each batch size eager, as a CUDA
     graph on a GPU, and among the strategies that are torch.compile'd), the fastest strategy's forward+backward, the
     others within its noise (overlapping interquartile ranges), and what each newcomer costs against it. Every
@@ -146,6 +148,8 @@ def which(records: list[dict]) -> str:
                 row.append(f"{best['strategy']} is the fastest")
             elif theirs:
                 row.append(f"{theirs[0]['strategy']}: {times(theirs[0][key].median / best[key].median)} the time")
+            elif all(name in (unavailable or {}) for name in names):
+                row.append(f"unavailable here: {unavailable[names[0]]}")
             elif key == "graph_forward_backward_ms" and any(r["strategy"] in names for r in rows):
                 row.append("its CUDA-graph capture failed (the log says why)")
             else:

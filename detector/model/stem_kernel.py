@@ -34,9 +34,10 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-# (pooled pixels per program, warps) of each kernel: the fastest in a sweep at seed scale on an H200;
-# in the interpreter each operation has a fixed cost: fewer, larger programs
-CONFIGS = {"forward": (256, 8), "backward": (128, 4), "interpreted": (1024, 1)}
+# (pooled pixels per program, warps) of each kernel: the fastest at seed scale in `make bench TARGET=blocks` on
+# an H100 (an H200's sweep had chosen (256, 8) and (128, 4): within 2 % and 15 % of these on the H100; the
+# bench sweeps them on yours); in the interpreter each operation has a fixed cost: fewer, larger programs
+CONFIGS = {"forward": (128, 4), "backward": (64, 2), "interpreted": (1024, 1)}
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 
 

@@ -45,7 +45,7 @@ def test_losses_times_every_registered_strategy(tmp_path):
     assert len(json.loads((tmp_path / "losses.json").read_text())["results"]) == len(records)
 
 
-@pytest.mark.parametrize("target", ["kernels", "layers"])
+@pytest.mark.parametrize("target", ["kernels", "layers", "blocks"])
 def test_gpu_only_targets_say_so_in_one_line_on_the_cpu(tmp_path, capsys, target):
     assert bench.run(bench_config(tmp_path), target) is None
     out = capsys.readouterr().out
@@ -108,6 +108,25 @@ def test_which_strategy_names_the_fastest_per_situation_and_what_the_newcomers_c
     records.append(record("compiled", 2048, 0.9))
     rows = {line.split("|")[1].strip(): line for line in losses.which(records).splitlines()[2:]}
     assert "| nested_compiled is the fastest |" in rows["torch.compile'd, batch 2048"]
+    gone = [r for r in records if not r["strategy"].startswith("torchvision")]
+    reasons = {"torchvision": "it is not installed", "torchvision_padded": "it is not installed"}
+    assert "| unavailable here: it is not installed |" in losses.which(gone, reasons).splitlines()[2]
+
+
+def test_blocks_sweep_skips_configurations_that_fail_and_restores_the_one_in_use():
+    from detector.bench import blocks
+    from detector.model import conv_pool_kernel
+
+    in_use = dict(conv_pool_kernel.CONFIGS)
+
+    def call():  # stands in for a kernel launch: the widest blocks "run out of registers"
+        if conv_pool_kernel.CONFIGS["dgrad"][0] == 256:
+            raise RuntimeError("out of resources: registers")
+
+    cfg = load_config(["device=cpu", "bench.warmup=0", "bench.repeats=2"], announce=None)
+    times = blocks.sweep(call, conv_pool_kernel, "dgrad", cfg, torch.device("cpu"))
+    assert sorted(times) == [(b, w) for b in (32, 64, 128) for w in blocks.WARPS]
+    assert conv_pool_kernel.CONFIGS == in_use
 
 
 def test_losses_stops_timing_a_strategy_past_max_call_ms(tmp_path, capsys):
