@@ -146,19 +146,28 @@ def summary_markdown(summary: dict) -> str:
 
 def timed_note(summary: dict) -> str:
     """One line: the step as training runs it (timed without the profiler) against the profiled step, and
-    what the difference is (the profiler's overhead, and the article's syncs under profile.sync_regions)."""
+    what the difference is (the profiler's overhead, and the article's syncs under profile.sync_regions).
+
+    On a GPU the profiled step compared is the device's (first kernel to the next step's first kernel): the
+    timed steps are CUDA-event times of the device too, while the host's ProfilerStep jitters with how far
+    the host runs ahead of the device. On the CPU both are host times."""
     timed = (summary.get("timed") or {}).get("step_ms") or {}
-    profiled = summary["analysis"]["regions"]["step"]["wall_ms"]
+    step = summary["analysis"]["regions"]["step"]
+    device = step.get("device_step_ms") or {}
+    profiled, where = (device, " on the device") if device.get("median") else (step["wall_ms"], "")
     if not timed.get("n"):
         return "No steps were timed without the profiler (profile.timed=0)."
     ratio = profiled["median"] / timed["median"]
     cause = "the synchronised regions and the profiler" if summary.get("sync_regions") else "the profiler"
     text = (
         f"As training runs it (no profiler, no regions; {timed['n']} steps): step {significant(timed['median'])} ms "
-        f"[{significant(timed['q1'])}–{significant(timed['q3'])}]. The profiled step is {ratio:.2f}× that: "
-        f"{cause} add{'s' if cause == 'the profiler' else ''} {100 * (ratio - 1):+.0f} %."
+        f"[{significant(timed['q1'])}–{significant(timed['q3'])}]. The profiled step{where} is {ratio:.2f}× that"
     )
-    wait = summary["analysis"]["regions"]["step"].get("sync_wait_ms", {}).get("median")
+    if ratio >= 1:
+        text += f": {cause} add{'s' if cause == 'the profiler' else ''} {100 * (ratio - 1):+.0f} %."
+    else:  # a profiler cannot make a step faster: the two samples differ by their noise
+        text += f" ({100 * (1 - ratio):.0f} % shorter: the profiled and the timed steps differ by their noise)."
+    wait = step.get("sync_wait_ms", {}).get("median")
     if summary.get("sync_regions") and wait is not None:
         text += f" The regions' closing synchronize kept the host waiting {significant(wait)} ms per step."
     return text

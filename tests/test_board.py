@@ -143,3 +143,17 @@ def test_tensorboard_launcher_serves_the_traces_tab(monkeypatch, capsys):
     assert main.__self__.plugin_loaders[-1].plugin_class is TracesPlugin  # added: no entry point here
     out = capsys.readouterr().out
     assert "http://127.0.0.1:6123/" in out and "#traces" in out and "#timeseries" in out and "#text" in out
+
+
+def test_timed_note_compares_the_device_step_on_a_gpu_and_never_calls_noise_an_overhead():
+    def summary(host, device, timed):
+        step = {"wall_ms": {"median": host}, "device_step_ms": {"median": device} if device else None}
+        return {"analysis": {"regions": {"step": step}}, "timed": {"step_ms": {"n": 10, **timed}}}
+
+    timed = {"median": 34.8, "q1": 34.8, "q3": 34.9}
+    # a GPU: the host's ProfilerStep (30.1, running ahead) is not what the timed CUDA events measure
+    note = board.timed_note(summary(30.1, 35.1, timed))
+    assert "The profiled step on the device is 1.01× that: the profiler adds +1 %." in note
+    note = board.timed_note(summary(30.1, None, timed))  # the CPU: host times both
+    assert "The profiled step is 0.86× that (14 % shorter: the profiled and the timed steps differ" in note
+    assert "adds" not in note
