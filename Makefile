@@ -132,7 +132,7 @@ format: $(SETUP)
 gpu-check:
 	$(PY) -m pip install -q --no-build-isolation $(PIP_OFFLINE) -e .
 	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
-	for t in losses kernels layers step; do $(PY) -m detector bench $$t $(ARGS) || exit 1; done
+	for t in losses kernels layers blocks step; do $(PY) -m detector bench $$t $(ARGS) || exit 1; done
 
 # Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
 STRATEGIES ?=
