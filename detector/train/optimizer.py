@@ -64,7 +64,7 @@ class OnePassAdamW(torch.optim.Optimizer):
         self.copy_ids = {id(p) for p in low_precision}
         self.copy_dtype = copy_dtype
         self.copies: dict[int, Tensor] = {}  # id of a parameter -> its low-precision copy
-        self.lr_tensors: dict[int, Tensor] = {}  # group index -> its lr on the device (a float lr is filled in)
+        self.scalars: dict[tuple, Tensor] = {}  # the pass's 0-dim device arguments, made once (see scalar)
         self.update = torch.compile(adamw_pass, fullgraph=True, dynamic=False) if compile else adamw_pass
 
     @torch.no_grad()
@@ -79,8 +79,7 @@ class OnePassAdamW(torch.optim.Optimizer):
             states = [self.state_of(p) for p in params]
             lr = group["lr"]
             if not isinstance(lr, Tensor):  # filled in, not copied: no host-to-device transfer, no recompilation
-                lr = self.lr_tensors.setdefault(index, torch.zeros((), device=device)).fill_(lr)
-            one = torch.ones((), device=device)
+                lr = self.scalar(("lr", index), device, torch.float32).fill_(lr)
             beta1, beta2 = group["betas"]
             self.update(
                 params,
@@ -90,14 +89,22 @@ class OnePassAdamW(torch.optim.Optimizer):
                 [s["step"] for s in states],
                 [self.copy_of(p) for p in params],
                 lr,
-                one if scale is None else scale,
-                torch.zeros((), dtype=torch.bool, device=device) if skip is None else skip,
+                self.scalar(("no clip",), device, torch.float32, 1.0) if scale is None else scale,
+                self.scalar(("no skip",), device, torch.bool, False) if skip is None else skip,
                 beta1,
                 beta2,
                 group["eps"],
                 group["weight_decay"],
             )
         self.mark_copies_current()
+
+    def scalar(self, key: tuple, device: torch.device, dtype: torch.dtype, value: float = 0) -> Tensor:
+        """The 0-dim tensor of ``key`` on ``device``, made once: a step allocates nothing and launches no fill
+        for its constants (and a CUDA graph's capture reads tensors made before it)."""
+        key = (*key, device)
+        if key not in self.scalars:
+            self.scalars[key] = torch.full((), value, dtype=dtype, device=device)
+        return self.scalars[key]
 
     def state_of(self, param: Tensor) -> dict:
         state = self.state[param]
