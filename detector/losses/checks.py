@@ -1,4 +1,5 @@
-"""Input checks of the loss API, made once, at the public entry (``Strategy.__call__``).
+"""Input checks of the loss API, made once, at the public entry (``Strategy.__call__``), and the refusal of a
+second derivative that a strategy cannot give (``first_order_only``).
 
 Shapes, dtypes and devices only: nothing here reads a device value, so checking never synchronises
 with the GPU. The layers below (strategy functions, kernel wrappers) trust their caller; a direct call
@@ -106,3 +107,24 @@ def check_targets(pred: Tensor, targets: Targets) -> None:
             f"targets must be ListTargets, PaddedTargets or PackedTargets (detector.targets.make_targets), "
             f"got {type(targets).__name__}"
         )
+
+
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on the loss; its backward raises ``why`` under ``create_graph=True``."""
+
+    @staticmethod
+    def forward(ctx, loss: Tensor, why: str) -> Tensor:
+        ctx.why = why
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        if torch.is_grad_enabled():
+            raise RuntimeError(ctx.why)
+        return grad, None
+
+
+def first_order_only(loss: Tensor, why: str) -> Tensor:
+    """``loss``, whose backward refuses ``create_graph=True`` with ``why``: for a strategy whose backward cannot
+    be differentiated again, and would otherwise give no second derivative without a word."""
+    return _FirstOrderOnly.apply(loss, why)

@@ -11,6 +11,7 @@ import functools
 import torch
 from torch import Tensor
 
+from detector.losses.checks import first_order_only
 from detector.losses.padded import giou_loss_padded
 from detector.losses.registry import Strategy, register
 from detector.targets import PaddedTargets
@@ -21,25 +22,15 @@ def _compiled_padded():
     return torch.compile(giou_loss_padded, dynamic=False)
 
 
-class _FirstOrderOnly(torch.autograd.Function):
-    """The identity on the loss; its backward refuses ``create_graph=True`` with the reason."""
-
-    @staticmethod
-    def forward(ctx, loss: Tensor) -> Tensor:
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                "double backward through 'compiled' is not supported: torch.compile's (AOTAutograd's) backward "
-                "cannot be differentiated again; use the 'padded' strategy for higher-order gradients"
-            )
-        return grad
+# why a backward with create_graph=True raises
+SECOND_ORDER = (
+    "double backward through 'compiled' is not supported: torch.compile's (AOTAutograd's) backward "
+    "cannot be differentiated again; use the 'padded' strategy for higher-order gradients"
+)
 
 
 def giou_loss_compiled(pred: Tensor, targets: PaddedTargets) -> Tensor:
-    return _FirstOrderOnly.apply(_compiled_padded()(pred, targets))
+    return first_order_only(_compiled_padded()(pred, targets), SECOND_ORDER)
 
 
 register(Strategy("compiled", "padded", giou_loss_compiled, "torch.compile of the padded strategy", compiled=True))

@@ -18,13 +18,14 @@ What NJT cannot express here, and what stands in for it (torch 2.11 to 2.13):
   boxes the value and the gradient of ``where``.
 - no component at all (B = 0, M = 0, no box): handled before any NJT is built, from host shapes.
 - second derivatives: the backward of ``chunk`` and ``amax`` on an NJT cannot be differentiated
-  again, so a backward with ``create_graph=True`` raises (``FirstOrderOnly``) instead.
+  again, so a backward with ``create_graph=True`` raises (``first_order_only``) instead.
 """
 
 import torch
 from torch import Tensor
 from torch.nested._internal.nested_tensor import nested_from_padded
 
+from detector.losses.checks import first_order_only
 from detector.losses.geometry import EPS, compute_dtype
 from detector.losses.registry import Strategy, register
 from detector.targets import PackedTargets
@@ -38,26 +39,16 @@ def _minimum(a: Tensor, b: Tensor) -> Tensor:
     return torch.stack([a, b], dim=-1).amin(-1)
 
 
-class FirstOrderOnly(torch.autograd.Function):
-    """The identity on the loss; its backward refuses ``create_graph=True``, naming the strategy."""
-
-    @staticmethod
-    def forward(ctx, loss: Tensor, name: str) -> Tensor:
-        ctx.name = name
-        return loss
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        if torch.is_grad_enabled():
-            raise RuntimeError(
-                f"double backward through {ctx.name!r} is not supported: the backward of chunk and amax on "
-                "jagged nested tensors cannot be differentiated again; use 'padded' for higher-order gradients"
-            )
-        return grad, None
+def second_order(name: str) -> str:
+    """Why a backward with create_graph=True through strategy ``name`` raises."""
+    return (
+        f"double backward through {name!r} is not supported: the backward of chunk and amax on "
+        "jagged nested tensors cannot be differentiated again; use 'padded' for higher-order gradients"
+    )
 
 
 def giou_loss_njt(pred: Tensor, targets: PackedTargets) -> Tensor:
-    """The loss over jagged nested tensors; its backward cannot be differentiated again (FirstOrderOnly)."""
+    """The loss over jagged nested tensors; its backward cannot be differentiated again (second_order)."""
     boxes, counts = targets  # [N, 4], [B]
     dtype, slots, total = compute_dtype(pred), pred.shape[1], boxes.shape[0]
     if pred.shape[0] * slots == 0 or total == 0:  # no box (host shapes): 0, still connected to the graph
@@ -77,7 +68,7 @@ def giou_loss_njt(pred: Tensor, targets: PackedTargets) -> Tensor:
 
 
 def giou_loss_nested(pred: Tensor, targets: PackedTargets) -> Tensor:
-    return FirstOrderOnly.apply(giou_loss_njt(pred, targets), "nested")
+    return first_order_only(giou_loss_njt(pred, targets), second_order("nested"))
 
 
 register(Strategy("nested", "packed", giou_loss_nested, "packed targets as jagged nested tensors (NJT), one call"))

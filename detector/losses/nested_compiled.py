@@ -10,7 +10,8 @@ import functools
 import torch
 from torch import Tensor
 
-from detector.losses.nested import FirstOrderOnly, giou_loss_njt
+from detector.losses.checks import first_order_only
+from detector.losses.nested import giou_loss_njt, second_order
 from detector.losses.registry import Strategy, register
 from detector.targets import PackedTargets
 
@@ -22,7 +23,7 @@ def _compiled_njt():
 
 def giou_loss_nested_compiled(pred: Tensor, targets: PackedTargets) -> Tensor:
     torch._dynamo.maybe_mark_dynamic(targets.boxes, 0)  # N: no recompilation when the counts change
-    return FirstOrderOnly.apply(_compiled_njt()(pred, targets), "nested_compiled")
+    return first_order_only(_compiled_njt()(pred, targets), second_order("nested_compiled"))
 
 
 register(
