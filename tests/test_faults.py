@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import fails_after
+from train_helpers import TINY as TRAIN_TINY
 
 from detector import cli, data
 from detector.config import load_config
@@ -21,21 +22,8 @@ from detector.train.checkpoint import read_checkpoint, save_checkpoint
 from detector.train.loop import check_run_memory, run_memory
 
 ROOT = Path(__file__).resolve().parent.parent
-# a detector of a few thousand parameters on 32 px images (tests/train/train_helpers.py), from the command line
-TINY = [
-    "preset=cpu",
-    "data.image_size=32",
-    "data.max_boxes=16",
-    "data.batch_size=4",
-    "model.channels=[4,8]",
-    "model.hidden=32",
-    "train.lr=0.01",
-    "train.warmup_steps=2",
-    "train.log_every=1",
-    "train.eval_every=1000",
-    "train.eval_batches=1",
-    "train.checkpoint_every=3",
-]
+# the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps
+TINY = [*TRAIN_TINY, "train.checkpoint_every=3"]
 
 
 @pytest.fixture(autouse=True)

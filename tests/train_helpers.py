@@ -1,4 +1,4 @@
-"""The tiny training configuration the tests in tests/train/ share."""
+"""The tiny training configuration the training tests share (tests/train/, tests/test_faults.py)."""
 
 from detector.config import load_config
 
