@@ -15,9 +15,11 @@ two KP) form one row of a [BLOCK, KP] tile, multiplied by the [KP, C_out] weight
   output value, which of the 4 positions won (``winner``, uint8; 255 where the ReLU blocked the gradient).
 - Weight gradient, BLOCK pooled pixels per program: sum over pixels of the output gradient routed to its
   winning position times that position's patch, [C_out, KP] per program; one ``sum`` over programs.
-- Input gradient, BLOCK input pixels per program: each of the 9 taps reads the output gradient of the
-  pooled pixel whose window holds the convolution that tap feeds, keeps it where that convolution won,
-  and multiplies by the tap's [C_out, C_in] weights.
+- Input gradient, BLOCK 2x2 quads of input pixels per program: the 16 convolutions that feed a quad (rows
+  and columns 2q-1 .. 2q+2) each read the output gradient of the pooled pixel whose window holds them, keep
+  it where that convolution won, and multiply it by the weights of each tap through which it feeds each of
+  the quad's pixels ([C_out, C_in] a tap). Routed once for four pixels: one pixel at a time routes each
+  convolution 9 times, and took 1.5 ms at seed scale on an H100 where the quads take 1.0.
 
 Under bf16 autocast (bf16 input) the products take bf16 operands with fp32 sums and each convolution is
 rounded to bf16 before the pool, as the layers do. Runs on CUDA, or on the CPU in the Triton interpreter.
@@ -36,9 +38,10 @@ if triton is not None:
 
     from detector.model.stem_kernel import _add, _round_bf16  # the same helpers: round as autocast, sum
 
-# (pixels per program, warps) of each kernel; pixels: pooled for forward and wgrad, input for dgrad. The fastest
-# at seed scale in `make bench TARGET=blocks` on an H100, 9-10 % faster each than (64, 4)
-CONFIGS = {"forward": (32, 2), "wgrad": (32, 2), "dgrad": (128, 4), "interpreted": (256, 1)}
+# (pixels per program, warps) of each kernel; pixels: pooled for forward and wgrad, 2x2 input quads for dgrad. The
+# fastest at seed scale in `make bench TARGET=blocks` on an H100 (forward and wgrad 9-10 % faster each than (64, 4);
+# dgrad of (32..128, 2..8): (64, 4), with (64, 2) and (128, 4) within 3 %)
+CONFIGS = {"forward": (32, 2), "wgrad": (32, 2), "dgrad": (64, 4), "interpreted": (256, 1)}
 NO_WINNER = 255  # `winner` where the ReLU passed no gradient
 
 
@@ -196,13 +199,35 @@ if triton is not None:
         tl.store(base + KP, tl.reduce(passed, 0, _add))
 
     @triton.jit
+    def _routed(gout_ptr, winner_ptr, b, cy, cx, live, W2, sg_b, sg_c, sg_h, sg_w, C_OUT: tl.constexpr):
+        """[BLOCK, C_OUT] gradient of the convolutions at (cy, cx): the pooled gradient where that convolution won
+        its window, else 0 (and 0 outside the pooled windows)."""
+        o = tl.arange(0, C_OUT)
+        feeds = live & (cy >= 0) & (cy < 2 * W2) & (cx >= 0) & (cx < 2 * W2)
+        py, px = tl.where(feeds, cy // 2, 0), tl.where(feeds, cx // 2, 0)
+        mask = feeds[:, None]
+        g = tl.load(gout_ptr + (b * sg_b + py * sg_h + px * sg_w)[:, None] + (o * sg_c)[None, :], mask=mask, other=0)
+        flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
+        won = tl.load(winner_ptr + flat, mask=mask, other=255).to(tl.int32) == ((cy % 2) * 2 + cx % 2)[:, None]
+        return tl.where(won, g, 0.0)
+
+    @triton.jit
+    def _tap(w_ptr, ty: tl.constexpr, tx: tl.constexpr, C_IN: tl.constexpr, C_OUT: tl.constexpr, CP: tl.constexpr):
+        """[C_OUT, CP] weights of tap (ty, tx), fp32, zero past C_IN."""
+        o, c = tl.arange(0, C_OUT), tl.arange(0, CP)
+        mask = (c < C_IN)[None, :]
+        w = tl.load(w_ptr + o[:, None] * (C_IN * 9) + (c * 9 + ty * 3 + tx)[None, :], mask=mask, other=0)
+        return w.to(tl.float32)
+
+    @triton.jit
     def _conv_pool_dgrad_kernel(
         w_ptr,
         gout_ptr,
         winner_ptr,
         dx_ptr,
-        n_pixels,
+        n_quads,
         S,
+        Q,
         W2,
         sg_b,
         sg_c,
@@ -218,31 +243,42 @@ if triton is not None:
         UPCAST: tl.constexpr,
         BLOCK: tl.constexpr,
     ):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)  # flat input pixel (b, y, x)
-        live = i < n_pixels
-        b = (i // (S * S)).to(tl.int64)
-        y = (i // S) % S
-        x = i % S
-        o = tl.arange(0, C_OUT)
-        c = tl.arange(0, CP)
-        dx = tl.zeros((BLOCK, CP), dtype=tl.float32)
-        for tap in tl.static_range(9):
-            cy = y + 1 - tap // 3  # the convolution this tap of pixel (y, x) feeds
-            cx = x + 1 - tap % 3
-            feeds = live & (cy >= 0) & (cy < 2 * W2) & (cx >= 0) & (cx < 2 * W2)  # a pooled convolution
-            py, px = tl.where(feeds, cy // 2, 0), tl.where(feeds, cx // 2, 0)
-            position = (cy % 2) * 2 + cx % 2
-            mask = feeds[:, None]
-            g = tl.load(
-                gout_ptr + (b * sg_b + py * sg_h + px * sg_w)[:, None] + (o * sg_c)[None, :], mask=mask, other=0
-            )
-            flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
-            won = tl.load(winner_ptr + flat, mask=mask, other=255).to(tl.int32) == position[:, None]
-            routed = tl.where(won, g, 0.0).to(dx_ptr.dtype.element_ty)
-            w = tl.load(w_ptr + o[:, None] * (C_IN * 9) + (c * 9 + tap)[None, :], mask=(c < C_IN)[None, :], other=0)
-            dx += _dot(routed, _as_operand(w.to(tl.float32), routed.dtype), UPCAST)
-        offsets = (b * sd_b + y * sd_h + x * sd_w)[:, None] + (c * sd_c)[None, :]
-        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=live[:, None] & (c < C_IN)[None, :])
+        """The input gradient of BLOCK 2x2 quads of input pixels per program (Q x Q quads per image): the 16
+        convolutions that feed a quad's 4 pixels (rows and columns 2q-1 .. 2q+2) are routed once each and
+        multiplied into every pixel they feed, where one pixel at a time would route each 9 times."""
+        q = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        live = q < n_quads
+        b = (q // (Q * Q)).to(tl.int64)
+        y0 = 2 * ((q // Q) % Q)  # the quad's top-left input pixel
+        x0 = 2 * (q % Q)
+        dt = dx_ptr.dtype.element_ty
+        d00 = tl.zeros((BLOCK, CP), dtype=tl.float32)
+        d01 = tl.zeros((BLOCK, CP), dtype=tl.float32)
+        d10 = tl.zeros((BLOCK, CP), dtype=tl.float32)
+        d11 = tl.zeros((BLOCK, CP), dtype=tl.float32)
+        for r in tl.static_range(4):
+            for c in tl.static_range(4):
+                # the convolution at (y0 - 1 + r, x0 - 1 + c) feeds pixel (y0 + i, x0 + j) by tap (i + 2 - r, j + 2 - c)
+                cy, cx = y0 - 1 + r, x0 - 1 + c
+                routed = _routed(gout_ptr, winner_ptr, b, cy, cx, live, W2, sg_b, sg_c, sg_h, sg_w, C_OUT).to(dt)
+                if r <= 2:
+                    if c <= 2:
+                        d00 += _dot(routed, _as_operand(_tap(w_ptr, 2 - r, 2 - c, C_IN, C_OUT, CP), dt), UPCAST)
+                    if c >= 1:
+                        d01 += _dot(routed, _as_operand(_tap(w_ptr, 2 - r, 3 - c, C_IN, C_OUT, CP), dt), UPCAST)
+                if r >= 1:
+                    if c <= 2:
+                        d10 += _dot(routed, _as_operand(_tap(w_ptr, 3 - r, 2 - c, C_IN, C_OUT, CP), dt), UPCAST)
+                    if c >= 1:
+                        d11 += _dot(routed, _as_operand(_tap(w_ptr, 3 - r, 3 - c, C_IN, C_OUT, CP), dt), UPCAST)
+        ch = tl.arange(0, CP)
+        top_left = dx_ptr + (b * sd_b + y0 * sd_h + x0 * sd_w)[:, None] + (ch * sd_c)[None, :]
+        keep = live[:, None] & (ch < C_IN)[None, :]
+        right, below = (x0 + 1 < S)[:, None], (y0 + 1 < S)[:, None]  # an odd side's last quad is half outside
+        tl.store(top_left, d00.to(dt), mask=keep)
+        tl.store(top_left + sd_w, d01.to(dt), mask=keep & right)
+        tl.store(top_left + sd_h, d10.to(dt), mask=keep & below)
+        tl.store(top_left + sd_h + sd_w, d11.to(dt), mask=keep & below & right)
 
 
 # ----------------------------------------------------------------------------- launchers and the op
@@ -305,9 +341,10 @@ if triton is not None:
                 C_IN=c_in, C_OUT=c_out, KP=kp, **launch,
             )  # fmt: skip
         if needs_input_grad and x.numel():
-            grid, launch = _launch("dgrad", batch * side * side)
+            quads = (side + 1) // 2
+            grid, launch = _launch("dgrad", batch * quads * quads)
             _conv_pool_dgrad_kernel[grid](
-                weight.contiguous(), grad_out, winner, d_x, batch * side * side, side, side // 2,
+                weight.contiguous(), grad_out, winner, d_x, batch * quads * quads, side, quads, side // 2,
                 *grad_out.stride(), *d_x.stride(), C_IN=c_in, C_OUT=c_out, CP=max(16, triton.next_power_of_2(c_in)),
                 **launch,
             )  # fmt: skip
