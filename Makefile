@@ -2,6 +2,7 @@
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
 #   make bench [TARGET=losses|kernels|layers|blocks|step] [ARGS="bench.repeats=50"]
 #   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | lint
+#   make curves RUNS="runs/train/<experiment>/<run> ..."
 #   make train EXPERIMENT=... [NPROC=N] [NNODES=M RDZV_ENDPOINT=host:port]
 #   make tensorboard [ARGS="--port 6007"]
 #   make gpu-check
@@ -21,7 +22,7 @@ EXPERIMENT ?= cpu_smoke
 # bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by
 # layer), blocks (GPU: the fused conv blocks' launch configurations), step (the training step against the floor)
 TARGET ?= losses
-# compare: profile run folders to compare (default: the latest run of each strategy and mode)
+# compare: profile run folders to compare (default: the latest run of each strategy and mode); curves: training runs
 RUNS ?=
 NPROC ?= 1
 # train on several machines: on each of them the same command with NNODES=M, RDZV_ENDPOINT=<host:port of one of
@@ -36,13 +37,15 @@ PYTEST_ARGS ?=
 # WHEELS=<dir>: a machine without network installs the Python packages it lacks from wheel files in <dir>.
 WHEELS ?=
 PIP_OFFLINE = $(if $(WHEELS),--no-index --find-links $(WHEELS))
+# train.float8's library, as pyproject.toml's `float8` extra pins it (torch >= 2.11)
+TORCHAO ?= torchao>=0.18
 
 # Set-up runs only for the project's own virtualenv, and again when the build inputs change.
 ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: setup test profile profile-all compare report tensorboard bench bench-kernels bench-step train lint format gpu-check clean
+.PHONY: setup test profile profile-all compare curves report tensorboard bench bench-kernels bench-step train lint format gpu-check clean
 
 setup: $(SETUP)
 
@@ -50,6 +53,7 @@ setup: $(SETUP)
 # torchvision (optional: the torchvision strategies) comes last, from the installed torch's family (minor + 15: torch 2.11
 # -> 0.26), --no-deps to keep that torch, after the project (its matplotlib brings pillow, which torchvision imports);
 # a build that cannot load against this torch (the registry's CUDA build beside a CPU torch) is uninstalled again.
+# torchao (optional: train.float8, the project's `float8` extra) likewise, --no-deps; its CPU tests run where it loads.
 $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	@echo "setting up $(VENV) (once, and again when pyproject.toml, setup.py or extensions/ change): pip, torch, the project's packages, then the detector._C extension"
 	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(if $(SYSTEM_TORCH),--system-site-packages) $(VENV)
@@ -79,6 +83,16 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 			echo "installed torchvision $$($(VENV)/bin/python -c 'import torchvision; print(torchvision.__version__)') for torch $$torch"; \
 		fi; \
 	fi
+	@if $(VENV)/bin/python -c "import torchao.float8" 2>/dev/null; then \
+		echo "using the installed torchao $$($(VENV)/bin/pip show torchao | sed -n 's/^Version: //p')"; \
+	elif ! $(VENV)/bin/pip install -q --no-deps $(PIP_OFFLINE) "$(TORCHAO)" >/dev/null 2>&1; then \
+		echo "no $(TORCHAO) to install: train.float8 is unavailable (pip install torchao, or WHEELS=<dir> holding its wheel)"; \
+	elif ! err=$$($(VENV)/bin/python -c "import torchao.float8" 2>&1); then \
+		$(VENV)/bin/pip uninstall -q -y torchao; \
+		echo "torchao cannot load against this torch ($$(echo "$$err" | tail -n 1)): uninstalled, train.float8 is unavailable"; \
+	else \
+		echo "installed torchao $$($(VENV)/bin/pip show torchao | sed -n 's/^Version: //p') for train.float8"; \
+	fi
 	@touch $@
 
 test: $(SETUP)
@@ -89,6 +103,10 @@ profile: $(SETUP)
 
 compare: $(SETUP)
 	$(PY) -m detector compare $(RUNS)
+
+# Training runs' loss curves side by side: the first is the baseline, the last of three or more the noise reference.
+curves: $(SETUP)
+	$(PY) -m detector curves $(RUNS)
 
 # The lab's standard set on this machine -> docs/results/<device>.md (resumes where a stopped one stopped).
 report: $(SETUP)

@@ -59,6 +59,7 @@ COMMANDS = {
         },
     ),
     "compare": ("compare the latest profile run of each strategy (or the runs named): tables, charts", None),
+    "curves": ("training runs' loss curves side by side: the first the baseline, the last of 3+ the noise", None),
     "report": (
         "run the lab's standard set here (profiles, compare, training, benches) into docs/results/<device>.md",
         {
@@ -112,6 +113,10 @@ def command_parser(command: str) -> Parser:
         parser.add_argument("runs", nargs="*", metavar="RUN", help="profile run folders (default: the latest of each)")
         parser.add_argument("--dir", default="runs/profile", help="folder of profile runs (default: runs/profile)")
         parser.add_argument("--out", help="output folder (default: a new runs/compare/<time>/)")
+    elif command == "curves":
+        parser.add_argument(
+            "runs", nargs="+", metavar="RUN", help="training run folders: runs/train/<experiment>/<run>"
+        )
     elif command == "tensorboard":
         parser.add_argument("--logdir", default="runs", help="folder to serve (default: runs)")
         parser.add_argument("--port", type=port_number, default=6006, help="port (default: 6006)")
@@ -191,6 +196,10 @@ def run(command: str, args: argparse.Namespace) -> None:
         from detector.compare import run_compare
 
         run_compare(args.dir, args.runs or None, args.out)
+    elif command == "curves":
+        from detector.curves import run_curves
+
+        run_curves(args.runs)
     elif command == "tensorboard":
         from detector.board import main as tensorboard
 

@@ -150,7 +150,16 @@ class TrainConfig:
     # conv_pool_kernel.py), CUDA only: cuDNN has no fast path for 1 or 4 input channels, and spends many times what
     # their ~0.2 and ~1 GB of data need (`make bench-step` times the step with and without); 0 = cuDNN's layers
     fused_blocks: int = ranged(2, 0, 2)
+    # the other blocks' bias, 2x2 max-pool and ReLU after cuDNN's bias-less convolution as one Triton kernel forward
+    # and one backward (detector/model/bias_pool_kernel.py), CUDA only: compiled, they are 3 passes each way over
+    # the pre-pool output, which the backward keeps; here one each way, keeping a byte per pooled value
+    # (`make bench-step` times the step with and without)
+    fused_pool: bool = True
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
+    # the head's big Linear in float8 (torchao's float8 training, tensorwise dynamic scaling; train/float8.py):
+    # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
+    # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
+    float8: bool = False
     # several processes: blocks = ZeRO stage 1 for the head's blocks under DDP (train/distributed.py,
     # ShardedBlocks): each process keeps AdamW's state of, and updates, only its own blocks; fsdp2 = the model
     # under torch's fully_shard (FullyShardedModel): parameters, gradients and AdamW's state sharded; off =

@@ -100,6 +100,7 @@ SECTIONS = {
     "train": ["data", "model", "train"],
     "bench": ["bench", "data", "losses|kernels|layers|step"],
     "compare": ["Reads no configuration", "--dir", "--out", "RUN"],
+    "curves": ["Reads no configuration", "training run folders", "RUN [RUN ...]"],
     "tensorboard": ["Reads no configuration", "--logdir", "--port"],
     "strategies": ["Reads no configuration", "--names"],
     "config": ["data", "model", "train", "profile", "bench", "report"],

@@ -2,8 +2,10 @@
 
 For each kernel of ``stem_kernel.CONFIGS`` and ``conv_pool_kernel.CONFIGS`` (the first block's forward and
 backward; the second's forward, weight gradient and input gradient), at the config's batch and image size
-and the model's first two channel counts: the device time of the op that launches it, for every (BLOCK,
-num_warps) in ``BLOCKS`` x ``WARPS``, the others kept at their configured values. The table marks the
+and the model's first two channel counts, and of ``bias_pool_kernel.CONFIGS`` (train.fused_pool's forward and
+backward, one call over every block after train.fused_blocks, as the step runs them): the device time of the
+op that launches it, for every (BLOCK, num_warps) in ``BLOCKS`` x ``WARPS``, the others kept at their
+configured values. The table marks the
 configuration in use and the fastest; the kernels' arithmetic does not depend on it (the weight
 gradients' partial sums are added in another grouping), so a faster one can replace the default in
 CONFIGS. Then the configured training step with the configurations in use and with the fastest, side by
@@ -20,7 +22,7 @@ from omegaconf import DictConfig
 from detector import bench
 from detector.bench.step import device_batch, step_stats
 from detector.bench.timing import budget, event_ms
-from detector.model import conv_pool_kernel, stem_kernel
+from detector.model import bias_pool_kernel, conv_pool_kernel, stem_kernel
 from detector.tables import markdown_table, run_header, spread_cell
 
 BLOCKS = (32, 64, 128, 256)
@@ -57,6 +59,26 @@ def calls(cfg: DictConfig, device: torch.device) -> dict:
         (conv_pool_kernel, "forward"): lambda: torch.ops.detector.conv_pool_forward(stem_out, w2, b2),
         (conv_pool_kernel, "wgrad"): lambda: backward(g2, stem_out, w2, winner, False),  # no input gradient
         (conv_pool_kernel, "dgrad"): lambda: backward(g2, stem_out, w2, winner, True),  # wgrad + dgrad
+    } | pool_calls(cfg, device, gen)
+
+
+def pool_calls(cfg: DictConfig, device: torch.device, gen: torch.Generator) -> dict:
+    """(bias_pool_kernel, kernel) -> one call of its op on each block after train.fused_blocks (bf16, channels_last,
+    as trained); none without such blocks or without train.fused_pool."""
+    blocks = list(enumerate(cfg.model.channels))[cfg.train.fused_blocks :]
+    if not cfg.train.fused_pool or not blocks:
+        return {}
+    inputs = []
+    for block, channels in blocks:
+        side = cfg.data.image_size // 2**block
+        y = torch.randn(cfg.data.batch_size, channels, side, side, device=device, dtype=torch.bfloat16, generator=gen)
+        y, bias = y.contiguous(memory_format=torch.channels_last), torch.randn(channels, device=device, generator=gen)
+        out, winner = torch.ops.detector.bias_pool_forward(y, bias)
+        inputs.append((y, bias, torch.randn_like(out), winner))
+    forward, backward = torch.ops.detector.bias_pool_forward, torch.ops.detector.bias_pool_backward
+    return {
+        (bias_pool_kernel, "forward"): lambda: [forward(y, bias) for y, bias, _, _ in inputs],
+        (bias_pool_kernel, "backward"): lambda: [backward(g, w, *y.shape[2:], True) for y, _, g, w in inputs],
     }
 
 

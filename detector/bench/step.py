@@ -8,7 +8,8 @@
 2. The step of the config, and of the speed-option variants in ``VARIANTS`` (each a set of overrides of
    train.*): median [quartiles] of the whole step (CUDA events over a fixed device batch, no data
    loading), its ratio to the floor, and for the config's own step its pieces: forward, forward +
-   loss + backward, and clip + optimizer.
+   loss + backward, and clip + optimizer. A variant this machine cannot run (``+float8`` without torchao or
+   float8 tensor cores, say) is a row saying why.
 3. The data pipeline: images/s of the configured batch loader (and of one process's sampler), against the
    images/s the step consumes (``detector.data.images_per_second``).
 
@@ -38,9 +39,11 @@ OPTIMIZER_BYTES = 4 + 16 + 12 + 2
 ACTIVATION_PASSES = 6  # forward: write + read; backward: read the saved input, write and read the gradient
 # The speed options one at a time (train.* overrides): each row adds one to "+compile" or the row above;
 # CUDA graphs and the fused blocks each come on top of compile, since graphs cannot capture the fused
-# blocks yet (train.step.speed_option_refusal). A row equal to the configured step reuses its timing.
+# kernels yet (train.step.speed_option_refusal); the fused pool comes on top of the fused blocks (the
+# defaults). A row equal to the configured step reuses its timing.
 _OFF = {"optimizer": "torch", "cudnn_benchmark": "false", "channels_last": "false", "compile": "false"}
-_OFF |= {"fused_blocks": "0", "cuda_graphs": "false"}
+_OFF |= {"fused_blocks": "0", "fused_pool": "false", "cuda_graphs": "false"}
+_OFF |= {"float8": "false"}  # the ladder is bf16's: "+float8" below is the configured step with a float8 head
 _LADDER = [
     ("eager", {}),
     ("+cudnn_benchmark", {"cudnn_benchmark": "true"}),
@@ -49,6 +52,7 @@ _LADDER = [
     ("+one_pass", {"optimizer": "one_pass"}),
     ("+cuda_graphs", {"cuda_graphs": "true"}),
     ("+fused_blocks", {"cuda_graphs": "false", "fused_blocks": "2"}),
+    ("+fused_pool", {"fused_pool": "true"}),
 ]
 
 
@@ -61,6 +65,9 @@ def _ladder() -> dict[str, list[str]]:
 
 
 VARIANTS = _ladder()
+# Not a rung: the configured step (the defaults: every speed option that pays) with the head in float8
+# (train.float8, detector/train/float8.py), against the config's row and the bf16 floor in the same run
+VARIANTS["+float8"] = ["train.float8=true"]
 
 
 def floors(cfg: DictConfig, model) -> dict:
@@ -123,20 +130,27 @@ def run_bench(cfg: DictConfig) -> dict:
         raise UserError(f"bench.variants: unknown {sorted(unknown)}; expected some of {list(VARIANTS)}")
     ladder = {name: VARIANTS[name] for name in cfg.bench.variants or VARIANTS}
     variants = {"config": []} | (ladder if device.type == "cuda" else {})
-    steps = {}
+    steps, unavailable = {}, {}
     for name, overrides in variants.items():
         variant = OmegaConf.merge(cfg, OmegaConf.from_dotlist(overrides))
         if name != "config" and variant.train == cfg.train:
             steps[name] = {"step": steps["config"]["step"]}  # the configured step: timed once
             continue
         print(f"  timing {name} ...", flush=True)
-        steps[name] = step_stats(variant, device, batch, name == "config")
+        try:
+            steps[name] = step_stats(variant, device, batch, name == "config")
+        except UserError as err:  # an option this machine cannot run (train.float8 without torchao, say)
+            if name == "config":
+                raise
+            unavailable[name] = str(err)
+            print(f"  {name}: {err}", flush=True)
     with torch.device("meta"):  # the shapes only: its layers' sizes give the floor
         model = build_model(cfg.model, cfg.data)
     floor = floors(cfg, model) if device.type == "cuda" else None
     rates = images_per_second(cfg.data, seconds=cfg.bench.max_seconds, device=device.type)
     results = {
         "steps": steps,
+        "unavailable": unavailable,  # variant -> why it cannot run here
         "floor": floor,
         "data_images_per_s": rates["loader"],
         "sampler_images_per_s": rates["sampler"],
@@ -154,6 +168,7 @@ def tables(results: dict, batch: int, header: str) -> str:
             rows.append(
                 [name, piece, spread_cell(s), ratio, significant(batch / s.median * 1e3) if piece == "step" else "—"]
             )
+    rows += [[name, "step", f"unavailable here: {why}", "—", "—"] for name, why in results["unavailable"].items()]
     lines = [header, "", markdown_table(["variant", "piece", "ms", "vs floor", "images/s"], rows, align="llrrr")]
     if floor:
         pieces = ", ".join(f"{k} {significant(v)} ms" for k, v in floor["floor_pieces_ms"].items())

@@ -15,8 +15,10 @@ from __future__ import annotations
 import itertools
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
+from detector.model.bias_pool_kernel import bias_pool
 from detector.model.conv_pool_kernel import conv_pool, conv_pool_unavailable
 from detector.model.stem_kernel import stem, stem_unavailable
 
@@ -90,6 +92,9 @@ class BlockedLinear(nn.Module):
         # first, while the others' weights are still on their way), and a call before block i's weights are read
         self.order: list[int] | None = None
         self.before_block = None
+        # train/float8.py sets this: the blocks are then torchao's Float8Linear, each called as itself (its own
+        # float8 casts and products; compiled one by one under train.compile) in place of `linear`
+        self.float8 = False
 
     def rows(self, first: int, stop: int) -> tuple[Tensor, Tensor]:
         """The weights and biases of blocks first..stop-1 as one [rows, in] and one [rows] tensor, views of
@@ -104,14 +109,15 @@ class BlockedLinear(nn.Module):
     # Not compiled: under torch.compile the whole head's backward would be one autograd node, and all the
     # blocks' gradients would arrive together at its end. Eager, each block's gradient is ready (and its
     # all-reduce can start) before the next block's backward runs. A Linear has nothing to fuse but its
-    # casts, and `linear` needs no cast of the weight gradient.
+    # casts, and `linear` needs no cast of the weight gradient. (Float8 blocks have casts to fuse: train/float8.py
+    # compiles each block on its own, which keeps one autograd node per block.)
     @torch.compiler.disable
     def forward(self, x: Tensor) -> Tensor:
         outputs = [None] * len(self.blocks)
         for i in self.order or range(len(self.blocks)):
             if self.before_block is not None:
                 self.before_block(i)
-            outputs[i] = linear(x, self.blocks[i])
+            outputs[i] = self.blocks[i](x) if self.float8 else linear(x, self.blocks[i])
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
 
 
@@ -135,6 +141,7 @@ class FaceDetector(nn.Module):
         self.image_size, self.max_boxes = image_size, max_boxes
         self.channels_last = False  # NHWC activations (train.channels_last)
         self.fused_blocks = 0  # the first blocks as Triton kernels (train.fused_blocks), same parameters
+        self.fused_pool = False  # the other blocks' bias, pool and ReLU as Triton kernels (train.fused_pool)
 
     def forward(self, images: Tensor) -> Tensor:
         if self.fused_blocks:  # normalise + block 1 in one kernel (stem_kernel.py); block 2 in conv_pool_kernel.py's
@@ -143,12 +150,16 @@ class FaceDetector(nn.Module):
             if self.fused_blocks > 1:
                 second = self.features[3]
                 x = conv_pool(x, second.weight, second.bias)
-            x = self.features[3 * self.fused_blocks :](x)
         else:
             x = images.float() / 127.5 - 1  # [B, 1, S, S] uint8 -> [-1, 1]
             if self.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
-            x = self.features(x)
+        rest = self.features[3 * self.fused_blocks :]
+        if self.fused_pool:  # cuDNN's bias-less convolution, then bias + pool + ReLU in one kernel (bias_pool_kernel)
+            for conv in rest[::3]:
+                x = bias_pool(F.conv2d(x, conv.weight, None, padding=1), conv.bias)
+        else:
+            x = rest(x)
         # contiguous: NCHW order for the head's flatten, inside the compiled graph (fused into its last kernel)
         raw = self.head(x.contiguous()).view(-1, self.max_boxes, 4)  # [B, M, 4]
         centre, size = (self.image_size * torch.sigmoid(raw)).split(2, dim=-1)  # [B, M, 2] each

@@ -43,9 +43,10 @@ HEADER_VALUES = re.compile(re.escape(MAGIC) + rb" sha256=[0-9a-f]{64} bytes=[0-9
 # Settings that change how a run is watched or how fast it goes, never its losses: a checkpoint
 # written under other values of these still resumes.
 RUN_CONTROL = {"resume", "stop_after", "log_every", "eval_every", "checkpoint_every", "out_dir", "profile"}
-RUN_CONTROL |= {"compile", "cuda_graphs", "channels_last", "cudnn_benchmark", "fused_blocks", "nonfinite"}
+RUN_CONTROL |= {"compile", "cuda_graphs", "channels_last", "cudnn_benchmark", "fused_blocks", "fused_pool", "nonfinite"}
 RUN_CONTROL |= {"shard_optimizer"}  # the checkpoint holds one process's layout whatever shards it
 RUN_CONTROL |= {"optimizer"}  # one pass or torch's pieces: the same AdamW and the same state keys
+# Not train.float8: its products round to 3 mantissa bits and change the losses (the same state keys, though)
 
 
 class CheckpointError(UserError):

@@ -2,8 +2,8 @@
 
 ``train`` reads top to bottom: the run folder, the step (detector/train/step.py, the same step that
 `make profile` times), the checkpoint to resume from, data, the loop, the summary. A run writes to
-``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs]``, whatever the number of
-processes (a run resumes on another number of them, with the same global batch):
+``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs][+float8]``, whatever the number
+of processes (a run resumes on another number of them, with the same global batch):
 
     config.yaml       the merged configuration
     events.out.*      TensorBoard scalars: train/, eval/, time/, memory/
@@ -75,7 +75,7 @@ class NonFiniteLoss(UserError):
 
 
 def run_name(tcfg) -> str:
-    options = [name for name in ("compile", "cuda_graphs") if tcfg[name]]
+    options = [name for name in ("compile", "cuda_graphs", "float8") if tcfg[name]]
     return "+".join([tcfg.strategy, *options])
 
 
@@ -222,13 +222,20 @@ def run_memory(cfg: DictConfig, world_size: int, device: torch.device) -> dict[s
 def activations_per_image(cfg: DictConfig, device: torch.device) -> int:
     """Bytes of an image's activations that the forward keeps for the backward, at least: the float input, each
     conv block's output, its pooled output, the pool's int64 indices and the ReLU's output (a fused block keeps its
-    pooled output only), and the head's hidden layer; more is allocated on the way."""
+    pooled output only, a block under train.fused_pool its pooled output and a byte per pooled value), and the
+    head's hidden layer; more is allocated on the way."""
     size = 2 if cfg.autocast else 4  # bf16 under autocast
-    fused = cfg.train.fused_blocks if device.type == "cuda" else 0
+    cuda = device.type == "cuda"
+    fused, fused_pool = (cfg.train.fused_blocks, cfg.train.fused_pool) if cuda else (0, False)
     side, total = cfg.data.image_size, cfg.data.image_size**2 * 4
     for block, channels in enumerate(cfg.model.channels):
         pooled = channels * (side // 2) ** 2
-        total += pooled * size if block < fused else channels * side**2 * size + pooled * (2 * size + 8)
+        if block < fused:
+            total += pooled * size
+        elif fused_pool:
+            total += pooled * (size + 1)
+        else:
+            total += channels * side**2 * size + pooled * (2 * size + 8)
         side //= 2
     return total + cfg.model.hidden * 2 * size + cfg.data.max_boxes * 4 * 4
 

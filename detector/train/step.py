@@ -34,6 +34,7 @@ from detector.data import to_device
 from detector.errors import UserError
 from detector.losses import get_strategy
 from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
+from detector.model.bias_pool_kernel import bias_pool_unavailable
 from detector.targets import PaddedTargets
 from detector.train.distributed import (
     EarlyAllReduce,
@@ -43,6 +44,7 @@ from detector.train.distributed import (
     count_valid,
     global_mean,
 )
+from detector.train.float8 import float8_unavailable, to_float8
 from detector.train.optimizer import OnePassAdamW, clip_scale
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
@@ -109,11 +111,15 @@ def speed_option_refusal(strategy, tcfg, world_size: int, device: torch.device) 
         return f"train.cuda_graphs=true needs a CUDA device, this run is on {device}"
     if world_size > 1:
         return "train.cuda_graphs=true runs on one GPU: capturing DDP's gradient all-reduce is not supported here"
-    if tcfg.fused_blocks:
-        # a capture of their forward and backward under autocast, after a torch.compile in the same process,
-        # failed with "operation would make the legacy stream depend on a capturing blocking stream" (torch
-        # 2.11, triton 3.6), while the kernels alone capture: refused until the full step is shown to capture
-        return "train.cuda_graphs=true cannot capture the fused blocks' Triton kernels yet: set train.fused_blocks=0"
+    # a capture of the fused blocks' forward and backward under autocast, after a torch.compile in the same process,
+    # failed with "operation would make the legacy stream depend on a capturing blocking stream" (torch 2.11, triton
+    # 3.6), while the kernels alone capture: refused, and the fused pool's untried kernels with them, until the full
+    # step is shown to capture
+    fused = {"fused blocks'": "train.fused_blocks=0"} if tcfg.fused_blocks else {}
+    fused |= {"fused pool's": "train.fused_pool=false"} if tcfg.fused_pool else {}
+    if fused:
+        what, fix = " and the ".join(fused), " and ".join(fused.values())
+        return f"train.cuda_graphs=true cannot capture the {what} Triton kernels yet: set {fix}"
     return None
 
 
@@ -154,6 +160,17 @@ class TrainStep:
                     f"train.fused_blocks={tcfg.fused_blocks} cannot run here: {reason}; set train.fused_blocks=0"
                 )
             self.model.fused_blocks = tcfg.fused_blocks
+        if tcfg.fused_pool:
+            reason = bias_pool_unavailable(device)
+            if reason:
+                raise UserError(f"train.fused_pool=true cannot run here: {reason}; set train.fused_pool=false")
+            self.model.fused_pool = True
+        heads = [m for m in self.model.modules() if isinstance(m, BlockedLinear)]
+        if tcfg.float8:  # before DDP or sharding wrap the model: the blocks keep their Parameters
+            reason = float8_unavailable(cfg, heads, world_size, device)
+            if reason:
+                raise UserError(f"train.float8=true cannot run here: {reason}; set train.float8=false")
+            to_float8(heads, compile=bool(tcfg.compile))
         if device.type == "cuda":
             torch.backends.cudnn.benchmark = bool(tcfg.cudnn_benchmark)
         self.net = self.model
@@ -184,9 +201,10 @@ class TrainStep:
                     self.model, device_ids=ids, gradient_as_bucket_view=True
                 )
                 self.net.register_comm_hook(None, average_gradients)
-        # the head's weights, which the forward casts to bf16 under autocast: the one-pass optimizer writes that copy
-        head = [p for m in self.model.modules() if isinstance(m, BlockedLinear) for p in m.parameters()]
-        self.optimizer = build_optimizer(params, tcfg, device, head if cfg.autocast else ())
+        # the head's weights, which the forward casts to bf16 under autocast: the one-pass optimizer writes that copy;
+        # not under train.float8, whose blocks cast the fp32 weights to float8 themselves and would never read it
+        head = [p for m in heads for p in m.parameters()] if cfg.autocast and not tcfg.float8 else ()
+        self.optimizer = build_optimizer(params, tcfg, device, head)
         schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
         self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
         if tcfg.compile:  # the model only: the loss stays the strategy under test (`compiled` is its own one)

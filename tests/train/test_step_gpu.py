@@ -9,7 +9,7 @@ from detector.config import load_config
 from detector.train.step import TrainStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the speed options are CUDA's: no GPU here")
-PLAIN = ["train.fused_blocks=0", "train.cuda_graphs=false", "train.channels_last=false"]
+PLAIN = ["train.fused_blocks=0", "train.fused_pool=false", "train.cuda_graphs=false", "train.channels_last=false"]
 
 
 def step_losses(*overrides, steps=6) -> list[float]:
@@ -25,6 +25,8 @@ def step_losses(*overrides, steps=6) -> list[float]:
     [
         ["train.fused_blocks=2"],
         ["train.fused_blocks=2", "train.channels_last=true"],
+        ["train.fused_pool=true"],
+        ["train.fused_blocks=2", "train.fused_pool=true", "train.channels_last=true"],
         ["train.cuda_graphs=true"],
     ],
 )
