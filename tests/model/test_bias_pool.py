@@ -10,6 +10,7 @@ the CPU the kernels run in the Triton interpreter (tests/conftest.py): sizes sta
 import pytest
 import torch
 import torch.nn.functional as F
+from compile_helpers import assert_compiled_matches_eager
 
 from detector.errors import UserError
 from detector.model import FaceDetector
@@ -278,17 +279,7 @@ def test_compiles_with_fullgraph():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return bias_pool(F.conv2d(x, conv.weight, None, padding=1), conv.bias)
 
-    def step(fn):
-        out = fn()
-        out.float().square().sum().backward()
-        grads = [p.grad.clone() for p in (conv.weight, conv.bias)]
-        conv.weight.grad = conv.bias.grad = None
-        return out, grads
-
-    eager_out, eager_grads = step(forward)
-    out, grads = step(torch.compile(forward, fullgraph=True))
-    torch.testing.assert_close(out, eager_out)
-    torch.testing.assert_close(grads, eager_grads)
+    assert_compiled_matches_eager(forward, (conv.weight, conv.bias))
 
 
 def test_bench_blocks_times_the_blocks_after_the_fused_ones():

@@ -10,6 +10,7 @@ in the Triton interpreter (tests/conftest.py).
 import pytest
 import torch
 import torch.nn.functional as F
+from compile_helpers import assert_compiled_matches_eager
 
 from detector.errors import UserError
 from detector.model import FaceDetector, fused_blocks_unavailable
@@ -230,17 +231,7 @@ def test_compiles_with_fullgraph():
         with torch.autocast("cuda", dtype=torch.bfloat16):
             return conv_pool(stem(images, conv.weight, conv.bias, True), second.weight, second.bias)
 
-    def step(fn):
-        out = fn()
-        out.float().square().sum().backward()
-        grads = [p.grad.clone() for p in (conv.weight, second.weight)]
-        conv.weight.grad = second.weight.grad = None
-        return out, grads
-
-    eager_out, eager_grads = step(forward)
-    out, grads = step(torch.compile(forward, fullgraph=True))
-    torch.testing.assert_close(out, eager_out)
-    torch.testing.assert_close(grads, eager_grads)
+    assert_compiled_matches_eager(forward, (conv.weight, second.weight))
 
 
 def test_cuda_graphs_refuse_the_fused_blocks_in_one_line():
