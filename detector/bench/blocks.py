@@ -2,14 +2,13 @@
 
 For each kernel of ``stem_kernel.CONFIGS`` and ``conv_pool_kernel.CONFIGS`` (the first block's forward and
 backward; the second's forward, weight gradient and input gradient), at the config's batch and image size
-and the model's first two channel counts, and of ``bias_pool_kernel.CONFIGS`` (train.fused_pool's forward and
-backward, one call over every block after train.fused_blocks, as the step runs them): the device time of the
-op that launches it, for every (BLOCK, num_warps) in ``BLOCKS`` x ``WARPS``, the others kept at their
-configured values. The table marks the
-configuration in use and the fastest; the kernels' arithmetic does not depend on it (the weight
-gradients' partial sums are added in another grouping), so a faster one can replace the default in
-CONFIGS. Then the configured training step with the configurations in use and with the fastest, side by
-side. CUDA only.
+and the model's first two channel counts, and of ``bias_pool_kernel.CONFIGS`` (train.fused_pool's forward
+and backward, one call over every block after train.fused_blocks, as the step runs them): the device time
+of the op that launches it, for every (BLOCK, num_warps) in ``BLOCKS`` x ``WARPS``, the others kept at
+their configured values. The table marks the configuration in use and the fastest; the kernels' arithmetic
+does not depend on it (the weight gradients' partial sums are added in another grouping), so a faster one
+can replace the default in CONFIGS. Then the configured training step with the configurations in use and
+with the fastest, side by side. CUDA only.
 """
 
 from __future__ import annotations
