@@ -37,7 +37,9 @@ import contextlib
 import json
 import math
 import os
+import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -263,6 +265,32 @@ def check_run_memory(cfg: DictConfig, world_size: int, device: torch.device) -> 
             )
 
 
+class DeferredInterrupt:
+    """Ctrl-C (SIGINT) within the loop: the first stops the run at the next step's start (``check``), a second at
+    once. A KeyboardInterrupt raised anywhere could land inside a library's bookkeeping, as TensorBoard's
+    writer handing a scalar to its thread (``Queue.put``): that thread then never woke, and closing the writer
+    waited for it for good. On the main thread only (Python delivers signals there)."""
+
+    def __enter__(self):
+        self.requested, self.previous = False, None
+        if threading.current_thread() is threading.main_thread():
+            self.previous = signal.signal(signal.SIGINT, self.handle)
+        return self
+
+    def handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def check(self) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+
+    def __exit__(self, *exc):
+        if self.previous is not None:
+            signal.signal(signal.SIGINT, self.previous)
+
+
 class Run:
     """A training run's state and its phases, each a short method; ``go`` reads straight down."""
 
@@ -335,8 +363,9 @@ class Run:
         self.announce()
         self.run_start = time.perf_counter()
         batches = iter(loader)
-        with profiler or contextlib.nullcontext():
+        with profiler or contextlib.nullcontext(), DeferredInterrupt() as interrupt:
             while self.step < tcfg.steps:
+                interrupt.check()
                 index = self.step - self.resumed_at  # this process's step count: the profiler window
                 self.step_fn.regions.active = profiling and index >= cfg.profile.wait
                 started = time.perf_counter()
