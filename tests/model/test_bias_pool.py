@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from compile_helpers import assert_compiled_matches_eager
 
 from detector.errors import UserError
-from detector.model import FaceDetector
 from detector.model import stem_kernel as stem_module
 from detector.model.bias_pool_kernel import NO_WINNER, bias_pool, bias_pool_unavailable
 
@@ -168,32 +167,6 @@ def test_ops_and_their_fakes_agree(device, dtype, channels_last):
     grad = torch.randn_like(out)
     torch.library.opcheck(torch.ops.detector.bias_pool_backward, (grad, winner, 4, 4, channels_last))
     torch.library.opcheck(torch.ops.detector.bias_pool_backward, (grad, winner, 5, 4, channels_last))  # odd
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_model_with_and_without_the_fused_pool_agrees(device, channels_last, monkeypatch):
-    """Same parameters, same outputs and gradients: train.fused_pool changes speed, not the model."""
-    skip_if_unavailable(device)
-    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the layers in full fp32, as the kernels
-    torch.manual_seed(0)
-    model = FaceDetector(image_size=32, max_boxes=8, channels=[4, 16, 8, 8], hidden=16).to(device)
-    if channels_last:
-        model.to(memory_format=torch.channels_last)
-        model.channels_last = True
-    images = torch.randint(0, 256, (2, 1, 32, 32), dtype=torch.uint8, device=device)
-    results = {}
-    for fused_blocks, fused_pool in [(0, False), (0, True), (2, True)]:  # the pool of all 4 blocks, of the last 2
-        model.fused_blocks, model.fused_pool = fused_blocks, fused_pool
-        model.zero_grad()
-        out = model(images)
-        out.square().sum().backward()
-        results[fused_blocks, fused_pool] = out.detach(), [p.grad.clone() for p in model.parameters()]
-    layers_out, layers_grads = results.pop((0, False))
-    for out, grads in results.values():  # conv + bias in one sum or two: fp32 roundings apart
-        torch.testing.assert_close(out, layers_out, rtol=1e-5, atol=1e-4)
-        for fused_grad, layer_grad in zip(grads, layers_grads, strict=True):
-            torch.testing.assert_close(fused_grad, layer_grad, rtol=1e-4, atol=1e-4)
 
 
 def test_unavailable_says_why(monkeypatch):

@@ -103,8 +103,9 @@ def test_empty_batch(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("channels_last", [False, True])
-def test_model_with_and_without_the_fused_blocks_agrees(device, channels_last, monkeypatch):
-    """Same parameters, same outputs and gradients: train.fused_blocks changes speed, not the model."""
+def test_model_with_and_without_the_fused_kernels_agrees(device, channels_last, monkeypatch):
+    """Same parameters, same outputs and gradients: train.fused_blocks and train.fused_pool (bias_pool_kernel.py)
+    change speed, not the model."""
     skip_if_unavailable(device)
     monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", False)  # the layers in full fp32, as the kernels
     torch.manual_seed(0)
@@ -113,17 +114,18 @@ def test_model_with_and_without_the_fused_blocks_agrees(device, channels_last, m
         model.to(memory_format=torch.channels_last)
         model.channels_last = True
     images = torch.randint(0, 256, (2, 1, 32, 32), dtype=torch.uint8, device=device)
-    outputs, grads = [], []
-    for fused in (0, 1, 2):
-        model.fused_blocks = fused
+    results = {}
+    # (fused_blocks, fused_pool): the layers; 1 or 2 fused blocks; the pool of all 4 blocks, of the last 2
+    for options in [(0, False), (1, False), (2, False), (0, True), (2, True)]:
+        model.fused_blocks, model.fused_pool = options
         model.zero_grad()
         out = model(images)
         out.square().sum().backward()
-        outputs.append(out.detach())
-        grads.append([p.grad.clone() for p in model.parameters()])
-    for fused in (1, 2):
-        torch.testing.assert_close(outputs[fused], outputs[0], rtol=1e-5, atol=1e-4)
-        for fused_grad, layer_grad in zip(grads[fused], grads[0], strict=True):
+        results[options] = out.detach(), [p.grad.clone() for p in model.parameters()]
+    layers_out, layers_grads = results.pop((0, False))
+    for out, grads in results.values():  # conv + bias in one sum or two, other orders of sums: fp32 roundings apart
+        torch.testing.assert_close(out, layers_out, rtol=1e-5, atol=1e-4)
+        for fused_grad, layer_grad in zip(grads, layers_grads, strict=True):
             torch.testing.assert_close(fused_grad, layer_grad, rtol=1e-4, atol=1e-4)
 
 
