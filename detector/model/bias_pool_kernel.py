@@ -37,7 +37,7 @@ import torch
 from torch import Tensor
 
 from detector.kernels.triton_giou import triton
-from detector.model.stem_kernel import kernels_unavailable, launch
+from detector.model.stem_kernel import is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
     import triton.language as tl
@@ -164,10 +164,6 @@ def _launch(kernel: str, n_pooled: int, channels: int) -> tuple[int, int, dict]:
     return pixel_tiles, triton.cdiv(channels, tile), keywords | {"CB": tile}
 
 
-def _channels_last(t: Tensor) -> bool:
-    return t.shape[1] > 1 and t.is_contiguous(memory_format=torch.channels_last)
-
-
 def _empty(t: Tensor, shape: tuple, dtype: torch.dtype, channels_last: bool) -> Tensor:
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     return torch.empty(shape, dtype=dtype, device=t.device, memory_format=fmt)
@@ -175,7 +171,7 @@ def _empty(t: Tensor, shape: tuple, dtype: torch.dtype, channels_last: bool) -> 
 
 def _forward_outputs(y: Tensor) -> tuple[Tensor, Tensor]:
     batch, channels, height, width = y.shape
-    out = _empty(y, (batch, channels, height // 2, width // 2), y.dtype, _channels_last(y))
+    out = _empty(y, (batch, channels, height // 2, width // 2), y.dtype, is_channels_last(y))
     return out, _empty(y, (batch, height // 2, width // 2, channels), torch.uint8, False)
 
 
@@ -231,7 +227,7 @@ if triton is not None:
         y, bias = inputs
         ctx.save_for_backward(output[1])  # the winners only: neither y nor the output
         ctx.height, ctx.width = y.shape[2:]
-        ctx.channels_last, ctx.bias_dtype = _channels_last(y), bias.dtype
+        ctx.channels_last, ctx.bias_dtype = is_channels_last(y), bias.dtype
 
     def _backward(ctx, grad_out, _grad_winner):
         (winner,) = ctx.saved_tensors

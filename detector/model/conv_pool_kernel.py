@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from detector.kernels.triton_giou import INTERPRETED, triton
-from detector.model.stem_kernel import kernels_unavailable, launch
+from detector.model.stem_kernel import is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
     import triton.language as tl
@@ -292,10 +292,8 @@ def _launch(kernel: str, items: int) -> tuple[tuple[int], dict]:
 
 def _empty_like_output(x: Tensor, c_out: int, dtype: torch.dtype) -> Tensor:
     batch, _, side, _ = x.shape
-    fmt = torch.channels_last if x.is_contiguous(memory_format=torch.channels_last) and x.shape[1] > 1 else None
-    return torch.empty(
-        batch, c_out, side // 2, side // 2, dtype=dtype, device=x.device, memory_format=fmt or torch.contiguous_format
-    )
+    fmt = torch.channels_last if is_channels_last(x) else torch.contiguous_format
+    return torch.empty(batch, c_out, side // 2, side // 2, dtype=dtype, device=x.device, memory_format=fmt)
 
 
 if triton is not None:

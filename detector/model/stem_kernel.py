@@ -59,6 +59,12 @@ def launch(configs: dict, kernel: str, items: int) -> tuple[int, dict]:
     return triton.cdiv(items, block), {"BLOCK": block, "num_warps": warps}
 
 
+def is_channels_last(t: Tensor) -> bool:
+    """Whether the fused kernels' output keeps ``t``'s NHWC layout: NHWC-contiguous with more than one channel
+    (one channel is contiguous in both layouts, and is taken as NCHW)."""
+    return t.shape[1] > 1 and t.is_contiguous(memory_format=torch.channels_last)
+
+
 def stem_unavailable(device: torch.device, channels: int) -> str | None:
     """Why the fused first block cannot run here, or None."""
     if reason := kernels_unavailable(device):
