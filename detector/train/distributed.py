@@ -38,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_optimizer_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from detector.config import resolve_device
@@ -344,10 +345,19 @@ class FullyShardedModel:
         """``layers``: name -> BlockedLinear of ``model``."""
         self.model = model
         self.description = f"the model fully sharded (FSDP2) over the {world_size} processes"
+        # FSDP2 shards contiguous parameters only, and its all-gathered weights are contiguous whatever the
+        # layout before: the NHWC conv weights (train.channels_last) go back to NCHW, and the convolutions
+        # reorder these few kilobytes themselves (cuDNN, and the fused kernels' .contiguous())
+        for p in model.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+        # the mesh of the model's device: fully_shard's default is the accelerator's, which on a machine with
+        # GPUs would move a CPU (gloo) run's shards to cuda:<rank>
+        mesh = init_device_mesh(next(model.parameters()).device.type, (world_size,))
         for layer in layers.values():
-            fully_shard(layer, reshard_after_forward=False)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=False)
             layer._whole = None  # its rows now live in the shards: do not keep a whole copy of the head alive
-        fully_shard(model, reshard_after_forward=False)
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
         model.set_modules_to_forward_prefetch(list(layers.values()))
         self.owned = list(model.parameters())  # this rank's shards (DTensors), in model order
         self.names = [name for name, _ in model.named_parameters()]  # the state dicts' keys, in model order

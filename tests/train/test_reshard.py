@@ -15,7 +15,8 @@ from detector.model import build_model
 from detector.train.checkpoint import CheckpointError, into_blocks, one_linear, read_checkpoint, save_checkpoint
 from detector.train.loop import run_training
 
-RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3"]
+# channels_last as on a GPU: FSDP2 shards only contiguous parameters, and the NHWC conv weights are not
+RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3", "train.channels_last=true"]
 ONE = ["data.batch_size=8"]  # 1 process with the global batch of 2 processes of tiny_cfg's 4
 MODES = ("blocks", "fsdp2", "off")
 # 1 and 2 processes sum the gradient in a different order; Adam divides by sqrt(v), so a near-zero gradient's
