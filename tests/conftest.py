@@ -4,6 +4,7 @@ tests that could hang."""
 import contextlib
 import os
 import signal
+from pathlib import Path
 
 import torch
 
@@ -16,6 +17,17 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
 # The grid compiles the `compiled` strategy once per (dtype, shape) variant; keep them all compiled
 # instead of letting dynamo fall back to eager after its default 8 recompilations.
 torch._dynamo.config.recompile_limit = 64
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def child_env(**overrides: str) -> dict[str, str]:
+    """The environment of a child Python process that imports this tree's detector: the repository first on
+    PYTHONPATH, then whatever was there (packages a machine provides that way, e.g. wheels unpacked to a
+    folder), and ``overrides``."""
+    path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, "PYTHONPATH": path, **overrides}
 
 
 @contextlib.contextmanager

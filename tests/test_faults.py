@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fails_after
+from conftest import child_env, fails_after
 from train_helpers import TINY as TRAIN_TINY
 
 from detector import cli, data
@@ -89,7 +89,7 @@ def start_training(tmp_path, *overrides) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": ""},
+        env=child_env(CUDA_VISIBLE_DEVICES=""),
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's foreground program
     )

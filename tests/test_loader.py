@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import fails_after
+from conftest import child_env, fails_after
 from omegaconf import OmegaConf
 
 import detector
@@ -279,7 +279,7 @@ print(" ".join(str(p.pid) for p in multiprocessing.active_children()), flush=Tru
 )
 def test_workers_do_not_outlive_the_main_process(ending):
     code = textwrap.dedent(CHILD.format(ending=ending))
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = child_env()
     child = subprocess.Popen(
         [sys.executable, "-c", code],
         stdout=subprocess.PIPE,

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import fails_after
+from conftest import child_env, fails_after
 from test_loop import spawn_two
 from train_helpers import TINY, losses
 
@@ -35,7 +35,7 @@ def make_train_node(out: Path, port: int) -> subprocess.Popen:
     args = " ".join([*RUN, f"train.out_dir={out}"])
     command = ["make", "-s", "--no-print-directory", "train", f"PY={sys.executable}", "EXPERIMENT=cpu_smoke"]
     command += ["NNODES=2", "NPROC=1", f"RDZV_ENDPOINT=localhost:{port}", f"RDZV_ID=test-{port}", f"ARGS={args}"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
