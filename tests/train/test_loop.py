@@ -222,12 +222,24 @@ def _sharded_worker(rank: int, out: str, backend: str) -> None:
 def test_ddp_sharded_optimizer_is_the_all_reduce_step_and_checkpoints_one_layout(tmp_path, backend):
     spawn_two(_sharded_worker, str(tmp_path), backend)
     results = json.loads((tmp_path / "sharded.json").read_text())
+
     # the reduce onto the owner and the all-reduce add the same two numbers (NCCL's average halves each
-    # first, exactly), and the global gradient norm for clipping is the same number: the same losses to
-    # the last bit, as long as the model's own kernels are deterministic (the tiny model's are)
+    # first, exactly), and the global gradient norm for clipping is the same number: on the CPU, the same
+    # losses and weights to the last bit. On CUDA the optimizer's one pass is compiled for the tensors it
+    # updates (the whole model, or this rank's blocks), and inductor's kernels for the two sets may round a
+    # product differently (a fused multiply-add or not): a weight's element then differs by about one float32
+    # step (1.5e-8 seen on an H100), so there the check is to within a few steps of each tensor's scale.
+    def same(actual, expected, what):
+        if backend == "gloo":
+            assert actual == expected if isinstance(actual, list) else torch.equal(actual, expected), what
+        else:
+            actual, expected = torch.as_tensor(actual), torch.as_tensor(expected)
+            scale = expected.abs().max().item() if expected.numel() else 0.0
+            torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6 * scale, msg=str(what))
+
     expected = results["all_reduce"]
     for name in ("sharded", "resumed", "from_false", "from_true"):
-        assert results[name] == expected, name
+        same([loss for _, loss in results[name]], [loss for _, loss in expected], name)
     # the checkpoints: the same weights, and the sharded run's optimizer state gathered from both ranks into
     # one process's layout, equal to the state every rank of the all-reduce run held
     full, sharded = (
@@ -236,13 +248,13 @@ def test_ddp_sharded_optimizer_is_the_all_reduce_step_and_checkpoints_one_layout
     assert full["step"] == sharded["step"] == 4
     assert full["model"].keys() == sharded["model"].keys()
     for key, tensor in full["model"].items():
-        assert torch.equal(tensor, sharded["model"][key]), key
+        same(sharded["model"][key], tensor, key)
     assert full["optimizer"]["param_groups"] == sharded["optimizer"]["param_groups"]
     assert full["optimizer"]["state"].keys() == sharded["optimizer"]["state"].keys() == set(range(len(full["model"])))
     for i, state in full["optimizer"]["state"].items():
         assert state.keys() == sharded["optimizer"]["state"][i].keys()
         for key, value in state.items():
-            assert torch.equal(value, sharded["optimizer"]["state"][i][key]), (i, key)
+            same(sharded["optimizer"]["state"][i][key], value, (i, key))
     assert "model.head_blocks=3 is not a multiple of the 2 processes" in results["refused"]
 
 
