@@ -30,15 +30,25 @@ def read_summaries(folder: Path) -> dict[str, dict]:
     return found
 
 
+def loss_gap(run: dict, base: dict) -> float | None:
+    """The largest relative difference of ``run``'s losses from ``base``'s: step by step, or by log window
+    where a summary has no per-step losses (one written before they were kept); None if they do not pair."""
+    if "losses" in run and "losses" in base:
+        ours, theirs = run["losses"], base["losses"]
+    else:
+        ours, theirs = ([loss for _, loss in s["history"]] for s in (run, base))
+    if not ours or len(ours) != len(theirs):
+        return None
+    return max(abs(a - b) / abs(b) for a, b in zip(ours, theirs, strict=True))
+
+
 def table(summaries: dict[str, dict]) -> str:
     base = summaries.get("off")
     one = summaries.get("1gpu")
     rows = []
     for name, s in summaries.items():
         scaling = s["images_per_s"] / (s["world_size"] * one["images_per_s"]) if one else None
-        diff = None
-        if base and len(base["history"]) == len(s["history"]) and name != "1gpu":
-            diff = max(abs(a - b) / abs(b) for (_, a), (_, b) in zip(s["history"], base["history"], strict=True))
+        diff = loss_gap(s, base) if base and name != "1gpu" else None
         rows.append(
             [
                 name,

@@ -515,6 +515,7 @@ class Run:
             if self.device.type == "cuda"
             else None,
             "history": log.history(self.tcfg.log_every, step),
+            "losses": log.losses,  # every step's, read at log lines: per-step comparisons need no train.log_every=1
             "evals": self.evals,
             "checkpoint_step": self.checkpoint_step,
             "eval_step": self.eval_step,

@@ -11,7 +11,8 @@ def summary(world_size: int, step_ms: float, losses: list[float]) -> dict:
         "step_ms": step_ms,
         "images_per_s": 1024 * world_size / step_ms * 1e3,
         "peak_memory_gib": 30.0,
-        "history": list(enumerate(losses, 1)),
+        "history": [(len(losses), sum(losses) / len(losses))],  # one log window's mean
+        "losses": losses,  # every step's
     }
 
 
@@ -28,3 +29,10 @@ def test_the_table_and_the_three_percent_rule(tmp_path):
     assert "FSDP2 becomes the default" in sharding.verdict(found)  # blocks 2 % faster: not enough
     found["fsdp2"]["step_ms"] = 104
     assert "keep ShardedBlocks" in sharding.verdict(found)
+
+
+def test_losses_compare_step_by_step_and_by_log_window_where_a_summary_has_no_steps():
+    base, other = summary(2, 100, [1.0, 0.5]), summary(2, 100, [1.0001, 0.4999])
+    assert "| other | 2 | 100.0 | 20480 | 30.0 | - | 2.0e-04 |" in sharding.table({"off": base, "other": other})
+    del other["losses"]  # an earlier run's summary: the windows' means, here equal
+    assert "| other | 2 | 100.0 | 20480 | 30.0 | - | 0.0e+00 |" in sharding.table({"off": base, "other": other})

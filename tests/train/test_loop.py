@@ -45,6 +45,14 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     torch.testing.assert_close(losses(first), losses(straight)[:3], rtol=1e-6, atol=0)
 
 
+def test_the_summary_keeps_every_steps_loss_whatever_the_log_lines(tmp_path):
+    every = run_training(tiny_cfg(tmp_path / "every", "train.steps=6"))[0]  # TINY logs every step
+    windows = run_training(tiny_cfg(tmp_path / "windows", "train.steps=6", "train.log_every=3"))[0]
+    assert len(every["losses"]) == 6 and windows["losses"] == every["losses"] == losses([every])
+    assert [s for s, _ in windows["history"]] == [3, 6]
+    assert windows["history"][1][1] == pytest.approx(sum(every["losses"][3:]) / 3)
+
+
 def test_checkpoint_of_another_config_is_refused(tmp_path):
     run = ["train.steps=4", "train.checkpoint_every=2"]
     run_training(tiny_cfg(tmp_path, *run, "train.stop_after=2"))
