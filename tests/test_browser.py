@@ -28,6 +28,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 from test_board import make_run
 
 from detector import analysis, profiling
@@ -35,7 +36,6 @@ from detector.board import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_profile_e
 from detector.compare import run_compare
 from detector.config import load_config
 
-ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PADDED, FAST = "profile/padded/20261122-031500", "profile/synthetic_2x/20261122-031600"
 
@@ -269,7 +269,7 @@ def serve(logdir: Path, runs: list[str]):
     """TensorBoard (detector.board.main) on 127.0.0.1 over ``logdir``, once it lists ``runs``: (url, stop),
     stop() ending its whole process group."""
     port = free_port()
-    env = os.environ | {"PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = child_env()
     script = "import sys; from detector.board import main; main(sys.argv[1], int(sys.argv[2]), host='127.0.0.1')"
     log = open(logdir.parent / "tensorboard.log", "wb")  # noqa: SIM115  closed by stop()
     server = subprocess.Popen(

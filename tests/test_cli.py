@@ -1,23 +1,20 @@
 """The command line: per-command parsers, one-line errors with exit status 2, the entry points it calls."""
 
-import os
 import shutil
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from conftest import ROOT, child_env
 
 from detector import cli
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.config import ConfigError, load_config
 from detector.errors import UserError
 from detector.losses import STRATEGIES
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def fails_with_one_line(capsys, argv, *parts):
@@ -175,8 +172,8 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch):
 
 
 def run_module(*argv):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env.update(PYTHONPATH=str(ROOT), CUDA_VISIBLE_DEVICES="")
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    env.pop("TRITON_INTERPRET", None)
     return subprocess.run([sys.executable, "-m", "detector", *argv], capture_output=True, text=True, env=env, cwd=ROOT)
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, fails_after
+from conftest import ROOT, child_env, fails_after
 from train_helpers import TINY as TRAIN_TINY
 
 from detector import cli, data
@@ -21,7 +21,6 @@ from detector.train import checkpoint
 from detector.train.checkpoint import read_checkpoint, save_checkpoint
 from detector.train.loop import check_run_memory, run_memory
 
-ROOT = Path(__file__).resolve().parent.parent
 # the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps
 TINY = [*TRAIN_TINY, "train.checkpoint_every=3"]
 

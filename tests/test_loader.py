@@ -17,17 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import child_env, fails_after
+from conftest import ROOT, child_env, fails_after
 from omegaconf import OmegaConf
 
-import detector
 from detector import analysis
 from detector.config import DataConfig
 from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
 from detector.errors import UserError
 from detector.loader import HEADER, PROFILE_NAME, DataWorkerDied, page_unlock
-
-ROOT = Path(detector.__file__).resolve().parent.parent  # this checkout, not an installed copy
 
 
 def data_cfg(**overrides):

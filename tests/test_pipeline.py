@@ -5,12 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import ROOT
 from omegaconf import OmegaConf
 
 from detector.compare import latest_runs, run_compare
 from detector.config import load_config
 
-ROOT = Path(__file__).resolve().parent.parent
 TINY = "data.batch_size=4 data.image_size=32 model.hidden=16 profile.wait=1 profile.warmup=1 profile.active=2"
 
 

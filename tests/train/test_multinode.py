@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from conftest import child_env, fails_after
+from conftest import ROOT, child_env, fails_after
 from test_loop import spawn_two
 from train_helpers import TINY, losses
 
@@ -20,7 +20,6 @@ from detector.config import load_config
 from detector.train.checkpoint import CheckpointError, read_checkpoint, shared_checkpoint
 from detector.train.loop import run_training
 
-ROOT = Path(__file__).resolve().parents[2]
 RUN = [*TINY, "device=cpu", "data.num_workers=0", "train.steps=4", "train.checkpoint_every=4"]
 
 
