@@ -13,9 +13,13 @@ pooled output is written (NCHW or NHWC strides), so nothing is saved for backwar
 
 Backward (the images need no gradient): it recomputes the 4 convolution values, so it knows which position
 won the max-pool (the first maximum in row-major order, as PyTorch's max_pool2d) and whether the ReLU
-passed the gradient (output > 0, as PyTorch's threshold_backward). Each program writes its partial sums of
-the C x 9 weight gradients and C bias gradients; one ``sum`` over programs finishes them: deterministic,
-no atomics.
+passed the gradient (output > 0, as PyTorch's threshold_backward). At most BACKWARD_PROGRAMS programs loop
+over the blocks of BLOCK pooled pixels. Per block, the gradient routed to each position of the window
+[BLOCK, 4 C] transposed times the window's 16 input pixels [BLOCK, 16] is one ``tl.dot`` (on tensor cores
+under bf16 autocast), added to a [4 C, 16] fp32 sum that stays in registers across the program's blocks:
+no cross-thread sum per weight and per block. Each program writes that sum and its C bias sums once; one
+``sum`` over programs and a fold of the window's cells onto the 3x3 taps (tap (ky, kx) at position
+(dy, dx) reads cell (dy + ky, dx + kx)) finish them: deterministic, no atomics.
 
 Under bf16 autocast the kernel rounds as the layers do: the normalised pixel and the weights to bf16
 before the products (fp32 sums), and each convolution value to bf16 before the pool. The gradients are
@@ -34,10 +38,14 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-# (pooled pixels per program, warps) of each kernel: the fastest at seed scale in `make bench TARGET=blocks` on
-# an H100 (an H200's sweep had chosen (256, 8) and (128, 4): within 2 % and 15 % of these on the H100; the
-# bench sweeps them on yours); in the interpreter each operation has a fixed cost: fewer, larger programs
+# (pooled pixels per program, or per step of the backward's loop, warps) of each kernel. Forward: the fastest at
+# seed scale in `make bench TARGET=blocks` on an H100 (an H200's sweep had chosen (256, 8): within 2 % on the
+# H100; the bench sweeps them on yours). Backward: a first guess, to be replaced by the fastest of the bench on the
+# GPU we train on. In the interpreter each operation has a fixed cost: fewer, larger blocks
 CONFIGS = {"forward": (128, 4), "backward": (64, 2), "interpreted": (1024, 1)}
+# At most this many backward programs, each writing one [4 C, 16] partial sum (8.5 MB in all at C = 4): at seed
+# scale on an H200, 8192 and 16384 took 0.96 ms, 4096 1.02, 1024 1.08, 512 1.63
+BACKWARD_PROGRAMS = 8192
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 
 
@@ -191,10 +199,18 @@ if triton is not None:
         tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=live[:, None])
 
     @triton.jit
-    def _tap(g00, g01, g10, g11, a, b, c, d):
-        """[C]: one weight's gradient, sum over pixels of the gradient reaching each of the 4 positions times
-        the patch pixel that this tap multiplies there."""
-        return tl.reduce(g00 * a[:, None] + g01 * b[:, None] + g10 * c[:, None] + g11 * d[:, None], 0, _add)
+    def _dot(a, b, UPCAST: tl.constexpr):
+        """a @ b with fp32 sums; UPCAST (the interpreter, whose dot misreads bf16): fp32 operands, the same
+        products (a bf16 x bf16 product is exact in fp32)."""
+        if UPCAST:
+            a, b = a.to(tl.float32), b.to(tl.float32)
+        return tl.dot(a, b, input_precision="ieee", out_dtype=tl.float32)
+
+    @triton.jit
+    def _cat4(a, b, c, d):
+        """[BLOCK, 4 N]: column 4 n + i is column n of the i-th of a, b, c, d ([BLOCK, N] each, or [BLOCK])."""
+        t = tl.join(tl.join(a, c), tl.join(b, d))  # [BLOCK, (N,) 2, 2]: [..., i // 2, i % 2]
+        return tl.reshape(t, (t.shape[0], t.numel // t.shape[0]))
 
     @triton.jit
     def _stem_bwd_kernel(
@@ -202,7 +218,7 @@ if triton is not None:
         w_ptr,
         b_ptr,
         gout_ptr,  # [B, C, S/2, S/2] gradient of the output, strides below
-        partial_ptr,  # [programs, C, 10] fp32 out: the 9 weight gradients and the bias gradient
+        partial_ptr,  # [programs, ROWS * 16 + C] fp32 out: acc (below), then the bias gradient
         n_pooled,
         S,
         W2,
@@ -211,39 +227,50 @@ if triton is not None:
         sg_h,
         sg_w,
         C: tl.constexpr,
+        ROWS: tl.constexpr,  # max(4 C, 16): some Triton versions take no dot dimension under 16
         ROUND: tl.constexpr,
+        UPCAST: tl.constexpr,  # the interpreter: fp32 dot operands
         BLOCK: tl.constexpr,
     ):
-        pid = tl.program_id(0)
-        v00, v01, v10, v11, q, at = _window(img_ptr, w_ptr, b_ptr, pid * BLOCK, n_pooled, S, W2, C, ROUND, BLOCK)
-        b, py, px, live = at
+        # acc[j, cell]: over the program's pixels, the sum of the gradient routed to channel j // (ROWS / C) at window
+        # position (j // (ROWS / 4 C)) % 4 (row-major) times the 4x4 patch's cell (row-major); where ROWS > 4 C each
+        # row comes ROWS / 4 C times
+        acc = tl.zeros((ROWS, 16), dtype=tl.float32)
+        d_bias = tl.zeros((BLOCK, C), dtype=tl.float32)  # summed over pixels once, at the end
         ch = tl.arange(0, C)
-        g = tl.load(
-            gout_ptr + (b * sg_b + py * sg_h + px * sg_w)[:, None] + (ch * sg_c)[None, :],
-            mask=live[:, None],
-            other=0,
-        ).to(tl.float32)
-        top = tl.maximum(tl.maximum(v00, v01), tl.maximum(v10, v11))
-        g = tl.where(live[:, None] & (top > 0), g, 0.0)  # ReLU: the gradient passes where the output is > 0
-        # the first maximum in row-major order takes the whole gradient (PyTorch's max_pool2d)
-        first00 = v00 == top
-        first01 = (v01 == top) & ~first00
-        first10 = (v10 == top) & ~first00 & ~first01
-        first11 = ~first00 & ~first01 & ~first10
-        g00, g01 = tl.where(first00, g, 0.0), tl.where(first01, g, 0.0)
-        g10, g11 = tl.where(first10, g, 0.0), tl.where(first11, g, 0.0)
-        out = partial_ptr + pid * C * 10 + ch * 10
-        # tap (ky, kx) multiplies patch pixel (dy + ky, dx + kx) at position (dy, dx); q is the 4x4 patch
-        tl.store(out + 0, _tap(g00, g01, g10, g11, q[0], q[1], q[4], q[5]))
-        tl.store(out + 1, _tap(g00, g01, g10, g11, q[1], q[2], q[5], q[6]))
-        tl.store(out + 2, _tap(g00, g01, g10, g11, q[2], q[3], q[6], q[7]))
-        tl.store(out + 3, _tap(g00, g01, g10, g11, q[4], q[5], q[8], q[9]))
-        tl.store(out + 4, _tap(g00, g01, g10, g11, q[5], q[6], q[9], q[10]))
-        tl.store(out + 5, _tap(g00, g01, g10, g11, q[6], q[7], q[10], q[11]))
-        tl.store(out + 6, _tap(g00, g01, g10, g11, q[8], q[9], q[12], q[13]))
-        tl.store(out + 7, _tap(g00, g01, g10, g11, q[9], q[10], q[13], q[14]))
-        tl.store(out + 8, _tap(g00, g01, g10, g11, q[10], q[11], q[14], q[15]))
-        tl.store(out + 9, tl.reduce(g, 0, _add))
+        # under bf16 autocast both operands are bf16 values (the pixels rounded, the gradient bf16): exact products
+        operand: tl.constexpr = tl.bfloat16 if ROUND and gout_ptr.dtype.element_ty == tl.bfloat16 else tl.float32
+        for blk in range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0)):
+            v00, v01, v10, v11, q, at = _window(img_ptr, w_ptr, b_ptr, blk * BLOCK, n_pooled, S, W2, C, ROUND, BLOCK)
+            b, py, px, live = at
+            g = tl.load(
+                gout_ptr + (b * sg_b + py * sg_h + px * sg_w)[:, None] + (ch * sg_c)[None, :],
+                mask=live[:, None],
+                other=0,
+            ).to(tl.float32)
+            top = tl.maximum(tl.maximum(v00, v01), tl.maximum(v10, v11))
+            g = tl.where(live[:, None] & (top > 0), g, 0.0)  # ReLU: the gradient passes where the output is > 0
+            d_bias += g
+            # the first maximum in row-major order takes the whole gradient (PyTorch's max_pool2d)
+            first00 = v00 == top
+            first01 = (v01 == top) & ~first00
+            first10 = (v10 == top) & ~first00 & ~first01
+            first11 = ~first00 & ~first01 & ~first10
+            g00, g01 = tl.where(first00, g, 0.0), tl.where(first01, g, 0.0)
+            g10, g11 = tl.where(first10, g, 0.0), tl.where(first11, g, 0.0)
+            routed = _cat4(g00, g01, g10, g11)  # [BLOCK, 4 C]: channel-major, position-minor
+            if ROWS > 4 * C:
+                routed = tl.reshape(tl.broadcast_to(routed[:, :, None], (BLOCK, 4 * C, ROWS // (4 * C))), (BLOCK, ROWS))
+            patch = _cat4(  # [BLOCK, 16] row-major, from the patch's 4 columns
+                _cat4(q[0], q[4], q[8], q[12]),
+                _cat4(q[1], q[5], q[9], q[13]),
+                _cat4(q[2], q[6], q[10], q[14]),
+                _cat4(q[3], q[7], q[11], q[15]),
+            )
+            acc += _dot(tl.trans(routed.to(operand)), patch.to(operand), UPCAST)
+        out = partial_ptr + tl.program_id(0) * (ROWS * 16 + C)
+        tl.store(out + tl.arange(0, ROWS)[:, None] * 16 + tl.arange(0, 16)[None, :], acc)
+        tl.store(out + ROWS * 16 + ch, tl.reduce(d_bias, 0, _add))
 
 
 # ----------------------------------------------------------------------------- launchers and the op
@@ -282,18 +309,23 @@ if triton is not None:
     ) -> tuple[Tensor, Tensor]:
         """[d weight, d bias] of stem_forward, in the parameters' dtypes."""
         images, weight, bias = images.contiguous(), weight.contiguous(), bias.contiguous()
-        side, n_pooled, programs, launch = _launch_shape(images, "backward")
+        side, n_pooled, blocks, launch = _launch_shape(images, "backward")
         channels = weight.shape[0]
-        partial = torch.empty(programs, channels, 10, device=images.device, dtype=torch.float32)
+        rows = max(16, 4 * channels)
+        programs = min(blocks, BACKWARD_PROGRAMS)
+        partial = torch.empty(programs, rows * 16 + channels, device=images.device, dtype=torch.float32)
         if programs:
             _stem_bwd_kernel[(programs,)](
                 images, weight, bias, grad_out, partial, n_pooled, side, side // 2, *grad_out.stride(),
-                C=channels, ROUND=bf16, **launch,
+                C=channels, ROWS=rows, ROUND=bf16, UPCAST=INTERPRETED, **launch,
             )  # fmt: skip
-        total = partial.sum(0)  # [C, 10]
-        # copies: a custom op's outputs may not be views of one another
-        d_weight, d_bias = torch.empty_like(weight), torch.empty_like(bias)  # laid out as the fake's
-        return d_weight.copy_(total[:, :9].reshape(weight.shape)), d_bias.copy_(total[:, 9])
+        total = partial.sum(0)
+        # [channel, dy, dx, patch row, patch column]: tap (ky, kx) at position (dy, dx) reads cell (dy + ky, dx + kx)
+        acc = total[: rows * 16].view(channels, 2, 2, rows // (4 * channels), 4, 4)[:, :, :, 0]
+        d_weight = acc[:, 0, 0, :3, :3] + acc[:, 0, 1, :3, 1:] + acc[:, 1, 0, 1:, :3] + acc[:, 1, 1, 1:, 1:]
+        # copies laid out as the fake's: a custom op's outputs may not be views of one another
+        d_weight = torch.empty_like(weight).copy_(d_weight.reshape(weight.shape))
+        return d_weight, torch.empty_like(bias).copy_(total[rows * 16 :])
 
     @stem_backward.register_fake
     def _stem_backward_fake(

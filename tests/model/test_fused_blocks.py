@@ -101,6 +101,55 @@ def test_empty_batch(device):
     assert torch.equal(d_weight, torch.zeros_like(d_weight)) and torch.equal(d_bias, torch.zeros_like(d_bias))
 
 
+def loop_over_blocks_of_16(monkeypatch, programs):
+    """The stem's backward in blocks of 16 pooled pixels over at most ``programs`` programs, each looping over its
+    blocks (where the GPU runs it too)."""
+    monkeypatch.setitem(stem_module.CONFIGS, "interpreted", (16, 1))
+    monkeypatch.setitem(stem_module.CONFIGS, "backward", (16, 1))
+    monkeypatch.setattr(stem_module, "BACKWARD_PROGRAMS", programs)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+# 1 and 2 channels: a routed gradient of 4 and 8 rows repeated up to the dot's 16; 16 and 64: 64 and 256 rows
+@pytest.mark.parametrize(("channels", "programs"), [(4, 1), (4, 2), (4, 3), (1, 2), (2, 3), (16, 2), (64, 1)])
+def test_backward_programs_looping_over_several_blocks(device, channels, programs, monkeypatch):
+    """Fewer programs than blocks: 2 images of side 15 (the pool drops the last row and column) make 2 x 7 x 7 = 98
+    pooled pixels, 7 blocks of 16 with a partial last one, and each program sums 2 to 7 of them; against float64
+    layers, as test_fp32_matches_float64_layers_forward_and_gradient."""
+    skip_if_unavailable(device)
+    loop_over_blocks_of_16(monkeypatch, programs)
+    images, conv = images_and_layer(device, batch=2, side=15, channels=channels)
+    out = stem(images, conv.weight, conv.bias)
+    w64, b64 = conv.weight.detach().double().requires_grad_(), conv.bias.detach().double().requires_grad_()
+    ref = layers(images, w64, b64)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64).to(device)
+    mine = torch.autograd.grad(out, (conv.weight, conv.bias), grad.float())
+    theirs = torch.autograd.grad(ref, (w64, b64), grad)
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bf16_backward_programs_looping_over_several_blocks(device, monkeypatch):
+    """bf16 products (on a GPU: bf16 tensor-core operands) summed over 3 programs of 2 to 3 blocks each (7 blocks,
+    the last partial) equal the sums of one block per program to fp32 rounding: the loop changes how the sums are
+    grouped, not what is summed. (The bf16 test above compares with the layers; at this size, on a GPU whose
+    forward is one bf16 step from the CPU's, a moved pool winner would move a whole pixel's gradient.)"""
+    skip_if_unavailable(device)
+    images, conv = images_and_layer(device, batch=2, side=15)
+    grad = torch.randn(2, 4, 7, 7, generator=torch.Generator().manual_seed(2)).bfloat16().to(device)
+
+    def gradients(programs):
+        loop_over_blocks_of_16(monkeypatch, programs)
+        with torch.autocast(device, dtype=torch.bfloat16):
+            out = stem(images, conv.weight, conv.bias)
+        return torch.autograd.grad(out, (conv.weight, conv.bias), grad)
+
+    for a, b in zip(gradients(3), gradients(7), strict=True):
+        assert b.abs().max() > 0
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5 * b.abs().max().item())
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_model_with_and_without_the_fused_kernels_agrees(device, channels_last, monkeypatch):
