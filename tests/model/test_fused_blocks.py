@@ -14,6 +14,7 @@ from compile_helpers import assert_compiled_matches_eager
 
 from detector.errors import UserError
 from detector.model import FaceDetector, fused_blocks_unavailable
+from detector.model import conv_pool_kernel as conv_pool_module
 from detector.model import stem_kernel as stem_module
 from detector.model.conv_pool_kernel import conv_pool
 from detector.model.stem_kernel import stem, stem_unavailable
@@ -189,7 +190,8 @@ def block_input(device, batch=2, c_in=4, side=8, channels_last=False, seed=0):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(
-    ("c_in", "c_out", "side", "channels_last"), [(4, 16, 8, False), (4, 16, 9, True), (16, 32, 6, True)]
+    ("c_in", "c_out", "side", "channels_last"),
+    [(4, 16, 8, False), (4, 16, 9, True), (16, 16, 6, True), (8, 32, 6, True)],
 )
 def test_conv_pool_fp32_matches_float64_layers(device, c_in, c_out, side, channels_last):
     skip_if_unavailable(device)
@@ -247,6 +249,32 @@ def test_conv_pool_without_input_gradient_and_empty_batch(device):
     assert d_x.shape == empty.shape and torch.equal(d_weight, torch.zeros_like(d_weight))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("programs", [1, 2, 3])
+def test_conv_pool_programs_looping_over_several_blocks(device, programs, monkeypatch):
+    """The forward and the weight gradient with fewer programs than pixel blocks: each program takes several
+    blocks of 8 pooled pixels (and one a partial last block: 2 x 5 x 5 = 50 pooled pixels), its weight sums
+    adding up across them; against float64 layers, as the test above."""
+    skip_if_unavailable(device)
+    monkeypatch.setitem(conv_pool_module.CONFIGS, "interpreted", (8, 1))
+    monkeypatch.setitem(conv_pool_module.CONFIGS, "forward", (32, 4))  # where the GPU runs it: the same loop
+    monkeypatch.setitem(conv_pool_module.CONFIGS, "wgrad", (32, 4))
+    monkeypatch.setattr(conv_pool_module, "FORWARD_PROGRAMS", programs)
+    monkeypatch.setattr(conv_pool_module, "WGRAD_PROGRAMS", programs)
+    x = block_input(device, batch=2, side=11, channels_last=True)
+    torch.manual_seed(4)
+    conv = torch.nn.Conv2d(4, 16, 3, padding=1).to(device)
+    out = conv_pool(x, conv.weight, conv.bias)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, conv.weight, conv.bias))
+    ref = F.relu(F.max_pool2d(F.conv2d(x64, w64, b64, padding=1), 2))
+    torch.testing.assert_close(out.double(), ref, rtol=0, atol=1e-5)
+    grad = torch.randn(ref.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+    mine = torch.autograd.grad(out, (x, conv.weight, conv.bias), grad.float().to(device))
+    theirs = torch.autograd.grad(ref, (x64, w64, b64), grad.to(device))
+    for a, b in zip(mine, theirs, strict=True):
+        torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
 def test_unavailable_says_why(monkeypatch):
     assert "power of two" in stem_unavailable(torch.device("cuda"), 6)
     assert "power of two" in stem_unavailable(torch.device("cuda"), 128)
@@ -269,8 +297,13 @@ def test_train_step_refuses_it_in_one_line(monkeypatch):
 def test_fused_blocks_need_blocks_of_the_right_widths():
     device = torch.device("cuda")
     assert "has 1 blocks" in fused_blocks_unavailable(2, [4], device)
-    assert "2..16 input and 16, 32 or 64 output" in fused_blocks_unavailable(2, [4, 8, 64], device)
+    assert "2..16 input and 16 or 32 output" in fused_blocks_unavailable(2, [4, 8, 64], device)
     assert fused_blocks_unavailable(1, [4, 8, 64], device) is None or stem_module.triton is None
+    if stem_module.triton is not None:  # the window's tiles: 16 x 16 input channels x 32 outputs do not fit
+        assert "<= 4096 (2..8 -> 32, 9..16 -> 16)" in fused_blocks_unavailable(2, [16, 32], device)
+        assert "16 or 32 output" in fused_blocks_unavailable(2, [4, 64], device)
+        assert fused_blocks_unavailable(2, [16, 16], device) is None
+        assert fused_blocks_unavailable(2, [8, 32], device) is None
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="torch.compile of the kernels: CUDA only")
