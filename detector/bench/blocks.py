@@ -5,10 +5,12 @@ backward; the second's forward, weight gradient and input gradient), at the conf
 and the model's first two channel counts, and of ``bias_pool_kernel.CONFIGS`` (train.fused_pool's forward
 and backward, one call over every block after train.fused_blocks, as the step runs them): the device time
 of the op that launches it, for every (BLOCK, num_warps) in ``BLOCKS`` x ``WARPS``, the others kept at
-their configured values. The table marks the configuration in use and the fastest; the kernels' arithmetic
-does not depend on it (the weight gradients' partial sums are added in another grouping), so a faster one
-can replace the default in CONFIGS. Then the configured training step with the configurations in use and
-with the fastest, side by side. CUDA only.
+their configured values; then, for a kernel whose programs loop over the pixel blocks (its module's
+``PROGRAMS``), each program count of ``PROGRAM_COUNTS`` at its fastest configuration. The table marks the
+configuration in use and the fastest; the kernels' arithmetic does not depend on them (the weight gradients'
+partial sums are added in another grouping), so faster ones can replace the defaults in CONFIGS and
+PROGRAMS. Then the configured training step with the configurations in use and with the fastest, side by
+side. CUDA only.
 """
 
 from __future__ import annotations
@@ -26,17 +28,19 @@ from detector.tables import markdown_table, run_header, spread_cell
 
 BLOCKS = (32, 64, 128, 256)
 WARPS = (2, 4, 8)
+PROGRAM_COUNTS = (1024, 2048, 4096, 8192, 16384)
 
 
 @contextlib.contextmanager
-def configured(module, kernel: str, config: tuple[int, int]):
-    """``module.CONFIGS[kernel]`` set to ``config`` for the duration."""
-    saved = module.CONFIGS[kernel]
-    module.CONFIGS[kernel] = config
+def configured(module, kernel: str, config, table: str = "CONFIGS"):
+    """``module.<table>[kernel]`` (its CONFIGS, or its PROGRAMS) set to ``config`` for the duration."""
+    settings = getattr(module, table)
+    saved = settings[kernel]
+    settings[kernel] = config
     try:
         yield
     finally:
-        module.CONFIGS[kernel] = saved
+        settings[kernel] = saved
 
 
 def calls(cfg: DictConfig, device: torch.device) -> dict:
@@ -81,11 +85,12 @@ def pool_calls(cfg: DictConfig, device: torch.device, gen: torch.Generator) -> d
     }
 
 
-def sweep(call, module, kernel: str, cfg: DictConfig, device: torch.device) -> dict:
-    """config -> Stats of ``call()`` with ``module.CONFIGS[kernel]`` at each config the GPU can run."""
+def sweep(call, module, kernel: str, cfg: DictConfig, device: torch.device, table: str = "CONFIGS") -> dict:
+    """config -> Stats of ``call()`` with ``module.<table>[kernel]`` at each value the GPU can run: the (BLOCK,
+    warps) of ``BLOCKS`` x ``WARPS`` for CONFIGS, the counts of ``PROGRAM_COUNTS`` for PROGRAMS."""
     times = {}
-    for config in [(b, w) for b in BLOCKS for w in WARPS]:
-        with configured(module, kernel, config):
+    for config in [(b, w) for b in BLOCKS for w in WARPS] if table == "CONFIGS" else PROGRAM_COUNTS:
+        with configured(module, kernel, config, table):
             try:
                 times[config] = event_ms(call, device, **budget(cfg.bench))
             except Exception as err:  # noqa: BLE001  a config the GPU cannot run (registers, shared memory)
@@ -105,23 +110,36 @@ def run_bench(cfg: DictConfig) -> dict | None:
         times = sweep(call, module, kernel, cfg, device)
         in_use = module.CONFIGS[kernel]
         best = min(times, key=lambda c: times[c].median)
-        fastest.append((module, kernel, best))
-        print(f"  {name}: in use {in_use} {spread_cell(times.get(in_use))} ms, fastest {best} "
-              f"{spread_cell(times[best])} ms", flush=True)  # fmt: skip
-        results["kernels"][name] = {
-            "in_use": in_use,
-            "fastest": best,
-            "ms": {f"{b},{w}": t for (b, w), t in times.items()},
-        }
-        rows.append([name, str(in_use), spread_cell(times.get(in_use)), str(best), spread_cell(times[best])])
+        entry = {"in_use": in_use, "fastest": best, "ms": {f"{b},{w}": t for (b, w), t in times.items()}}
+        chosen, in_use_cell, best_cell, best_time = [(best, "CONFIGS")], str(in_use), str(best), times[best]
+        looped, counts = getattr(module, "PROGRAMS", {}), {}
+        if kernel in looped:  # its programs loop over the blocks: how many, at the fastest configuration
+            with configured(module, kernel, best):
+                counts = sweep(call, module, kernel, cfg, device, "PROGRAMS")
+        if counts:
+            count = min(counts, key=lambda n: counts[n].median)
+            entry["programs"] = {
+                "in_use": looped[kernel],
+                "fastest": count,
+                "ms": {str(n): t for n, t in counts.items()},
+            }
+            chosen.append((count, "PROGRAMS"))
+            in_use_cell, best_cell = f"{in_use}, {looped[kernel]} programs", f"{best}, {count} programs"
+            best_time = counts[count]
+        fastest.append((module, kernel, chosen))
+        cells = [in_use_cell, spread_cell(times.get(in_use)), best_cell, spread_cell(best_time)]
+        print(f"  {name}: in use {cells[0]} {cells[1]} ms, fastest {cells[2]} {cells[3]} ms", flush=True)
+        results["kernels"][name] = entry
+        rows.append([name, *cells])
     headers = ["kernel (op timed)", "(BLOCK, warps) in use", "ms", "fastest", "ms"]
     text = [run_header(device), "", markdown_table(headers, rows)]
     # the configured training step, with the configurations in use and with the fastest, side by side
     batch = device_batch(cfg, "padded", device)
     steps = {"in use": step_stats(cfg, device, batch, pieces=False)["step"]}
     with contextlib.ExitStack() as stack:
-        for module, kernel, best in fastest:
-            stack.enter_context(configured(module, kernel, best))
+        for module, kernel, chosen in fastest:
+            for value, table in chosen:
+                stack.enter_context(configured(module, kernel, value, table))
         steps["fastest"] = step_stats(cfg, device, batch, pieces=False)["step"]
     results["step_ms"] = steps
     text += [

@@ -20,7 +20,7 @@ address arithmetic, which, not the bytes, set these kernels' time.
   value, which of the 4 positions won (``winner``, uint8; 255 where the ReLU blocked the gradient).
 - Weight gradient, the same blocks: the output gradient routed to its winning position, [BLOCK, 4 C_out]
   (position-major), transposed times the window: [4 C_out, KW] summed in fp32 over every block of the program.
-  At most WGRAD_PROGRAMS programs, so their partial sums are few (34 MB at seed scale, where one per block of 32
+  At most PROGRAMS["wgrad"] programs, so their partial sums are few (34 MB at seed scale, where one per block of 32
   pixels would write and read back 2.2 GB); one ``sum`` over programs and a fold of the cells onto the 3x3 taps
   (tap (ky, kx) at position (dy, dx) read cell (dy + ky, dx + kx)) finish it: deterministic, no atomics.
 - Input gradient, BLOCK 2x2 quads of input pixels per program: the 16 convolutions that feed a quad (rows
@@ -54,9 +54,9 @@ if triton is not None:
 CONFIGS = {"forward": (32, 2), "wgrad": (64, 4), "dgrad": (64, 4), "interpreted": (256, 1)}
 # At most this many programs loop over the forward's and the weight gradient's pixel blocks: the forward loads its
 # 4 [KW, C_out] weight tiles once per program, the weight gradient writes one [4 C_out, KW + 1] partial sum per
-# program (a few per SM on a GPU of 132)
-FORWARD_PROGRAMS = 8192
-WGRAD_PROGRAMS = 2048
+# program. The fastest of 512..16384 at seed scale on an H200 (forward: 8192 and 16384 within 1 %; weight
+# gradient: 512..2048 within the noise, 16384 1.4x); `make bench TARGET=blocks` sweeps them too
+PROGRAMS = {"forward": 8192, "wgrad": 2048}
 NO_WINNER = 255  # `winner` where the ReLU passed no gradient
 # The largest window times output channels (KW x C_out) whose fp32 tiles fit an H100's or H200's 227 KB of shared
 # memory: 16 -> 32 channels (256 x 32) asked for 240 KB, and 4 -> 64 (64 x 64, 4 C_out = 256 routed columns) for
@@ -278,11 +278,11 @@ if triton is not None:
 # ----------------------------------------------------------------------------- launchers and the op
 
 
-def _launch(kernel: str, items: int, most: int | None = None) -> tuple[tuple[int], int, dict]:
+def _launch(kernel: str, items: int) -> tuple[tuple[int], int, dict]:
     """(grid, blocks, keyword arguments) of one of the CONFIGS kernels over ``items`` pixels in ``blocks`` blocks:
-    one program a block, or with ``most`` at most that many programs, which loop over the blocks."""
+    one program a block, or, for a kernel in PROGRAMS, at most that many programs, which loop over the blocks."""
     blocks, keywords = launch(CONFIGS, kernel, items)
-    return (blocks if most is None else min(blocks, most),), blocks, keywords | {"UPCAST": INTERPRETED}
+    return (min(blocks, PROGRAMS.get(kernel, blocks)),), blocks, keywords | {"UPCAST": INTERPRETED}
 
 
 def _window_weights(weight: Tensor, dtype: torch.dtype) -> Tensor:
@@ -337,7 +337,7 @@ if triton is not None:
         winner = torch.empty(batch, side // 2, side // 2, c_out, dtype=torch.uint8, device=x.device)
         n_pooled = winner.numel() // c_out
         if n_pooled:
-            grid, blocks, launch = _launch("forward", n_pooled, FORWARD_PROGRAMS)
+            grid, blocks, launch = _launch("forward", n_pooled)
             _conv_pool_fwd_kernel[grid](
                 x, _window_weights(weight, x.dtype), bias, out, winner, n_pooled, blocks, side, side // 2,
                 *x.stride(), *out.stride(), C_IN=c_in, C_OUT=c_out, KW=_k_window(c_in),
@@ -361,7 +361,7 @@ if triton is not None:
         batch, _, side, _ = x.shape
         kw = _k_window(c_in)
         n_pooled = winner.numel() // c_out
-        grid, blocks, launch = _launch("wgrad", n_pooled, WGRAD_PROGRAMS)
+        grid, blocks, launch = _launch("wgrad", n_pooled)
         partial = torch.empty(grid[0], 4 * c_out, kw + 1, device=x.device, dtype=torch.float32)
         d_x = torch.empty_like(x) if needs_input_grad else x.new_empty(0)
         if n_pooled:

@@ -13,7 +13,7 @@ pooled output is written (NCHW or NHWC strides), so nothing is saved for backwar
 
 Backward (the images need no gradient): it recomputes the 4 convolution values, so it knows which position
 won the max-pool (the first maximum in row-major order, as PyTorch's max_pool2d) and whether the ReLU
-passed the gradient (output > 0, as PyTorch's threshold_backward). At most BACKWARD_PROGRAMS programs loop
+passed the gradient (output > 0, as PyTorch's threshold_backward). At most PROGRAMS["backward"] programs loop
 over the blocks of BLOCK pooled pixels. Per block, the gradient routed to each position of the window
 [BLOCK, 4 C] transposed times the window's 16 input pixels [BLOCK, 16] is one ``tl.dot`` (on tensor cores
 under bf16 autocast), added to a [4 C, 16] fp32 sum that stays in registers across the program's blocks:
@@ -44,8 +44,8 @@ if triton is not None:
 # GPU we train on. In the interpreter each operation has a fixed cost: fewer, larger blocks
 CONFIGS = {"forward": (128, 4), "backward": (64, 2), "interpreted": (1024, 1)}
 # At most this many backward programs, each writing one [4 C, 16] partial sum (8.5 MB in all at C = 4): at seed
-# scale on an H200, 8192 and 16384 took 0.96 ms, 4096 1.02, 1024 1.08, 512 1.63
-BACKWARD_PROGRAMS = 8192
+# scale on an H200, 8192 and 16384 took 0.96 ms, 4096 1.02, 1024 1.08, 512 1.63; `make bench TARGET=blocks` sweeps it
+PROGRAMS = {"backward": 8192}
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 
 
@@ -312,7 +312,7 @@ if triton is not None:
         side, n_pooled, blocks, launch = _launch_shape(images, "backward")
         channels = weight.shape[0]
         rows = max(16, 4 * channels)
-        programs = min(blocks, BACKWARD_PROGRAMS)
+        programs = min(blocks, PROGRAMS["backward"])
         partial = torch.empty(programs, rows * 16 + channels, device=images.device, dtype=torch.float32)
         if programs:
             _stem_bwd_kernel[(programs,)](

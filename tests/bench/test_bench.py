@@ -129,6 +129,52 @@ def test_blocks_sweep_skips_configurations_that_fail_and_restores_the_one_in_use
     assert conv_pool_kernel.CONFIGS == in_use
 
 
+def test_blocks_picks_the_fastest_configuration_and_program_count_and_times_the_step_with_them(
+    tmp_path, monkeypatch, capsys
+):
+    """run_bench's choices on the CPU with a stand-in timer: the kernels' times are a function of the settings
+    in force when timed, fastest at (64, 4) and, for a kernel whose programs loop (its module's PROGRAMS), at
+    4096 programs; the step marked "fastest" runs with both, and the settings in use come back afterwards."""
+    from detector.bench import blocks
+    from detector.model import conv_pool_kernel, stem_kernel
+
+    saved = {m: (dict(m.CONFIGS), dict(m.PROGRAMS)) for m in (conv_pool_kernel, stem_kernel)}
+    kernels = [(stem_kernel, "backward"), (conv_pool_kernel, "dgrad")]
+    monkeypatch.setattr(blocks.bench, "gpu_device", lambda cfg, target, unavailable: torch.device("cpu"))
+    monkeypatch.setattr(blocks, "calls", lambda cfg, device: {k: k for k in kernels})
+    monkeypatch.setattr(blocks, "device_batch", lambda cfg, strategy, device: None)
+
+    def event_ms(key, device, **budget):
+        module, kernel = key
+        block, warps = module.CONFIGS[kernel]
+        ms = 1 + abs(block - 64) / 64 + abs(warps - 4) / 4 + abs(module.PROGRAMS.get(kernel, 4096) - 4096) / 4096
+        return Stats(ms, ms, ms, 3)
+
+    steps = []
+
+    def step_stats(cfg, device, batch, pieces):
+        steps.append({m.__name__: (dict(m.CONFIGS), dict(m.PROGRAMS)) for m in (conv_pool_kernel, stem_kernel)})
+        return {"step": Stats(10.0, 10.0, 10.0, 3)}
+
+    monkeypatch.setattr(blocks, "event_ms", event_ms)
+    monkeypatch.setattr(blocks, "step_stats", step_stats)
+    results = blocks.run_bench(bench_config(tmp_path))
+    stem = results["kernels"]["stem_kernel.backward"]
+    assert stem["fastest"] == (64, 4) and stem["programs"]["fastest"] == 4096
+    assert set(stem["programs"]["ms"]) == {str(n) for n in blocks.PROGRAM_COUNTS}
+    dgrad = results["kernels"]["conv_pool_kernel.dgrad"]
+    assert dgrad["fastest"] == (64, 4) and "programs" not in dgrad  # one program a block: nothing to sweep
+    in_use, fastest = steps
+    assert in_use["detector.model.stem_kernel"] == saved[stem_kernel]
+    assert fastest["detector.model.stem_kernel"][0]["backward"] == (64, 4)
+    assert fastest["detector.model.stem_kernel"][1]["backward"] == 4096
+    assert fastest["detector.model.conv_pool_kernel"][0]["dgrad"] == (64, 4)
+    assert {m: (m.CONFIGS, m.PROGRAMS) for m in saved} == saved
+    out = capsys.readouterr().out
+    in_use_cell = f"{saved[stem_kernel][0]['backward']}, {saved[stem_kernel][1]['backward']} programs"
+    assert f"| stem_kernel.backward | {in_use_cell} |" in out and "| (64, 4), 4096 programs | 1.00 [" in out
+
+
 def test_losses_stops_timing_a_strategy_past_max_call_ms(tmp_path, capsys):
     cfg = bench_config(
         tmp_path,

@@ -107,7 +107,7 @@ def loop_over_blocks_of_16(monkeypatch, programs):
     blocks (where the GPU runs it too)."""
     monkeypatch.setitem(stem_module.CONFIGS, "interpreted", (16, 1))
     monkeypatch.setitem(stem_module.CONFIGS, "backward", (16, 1))
-    monkeypatch.setattr(stem_module, "BACKWARD_PROGRAMS", programs)
+    monkeypatch.setitem(stem_module.PROGRAMS, "backward", programs)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -259,8 +259,8 @@ def test_conv_pool_programs_looping_over_several_blocks(device, programs, monkey
     monkeypatch.setitem(conv_pool_module.CONFIGS, "interpreted", (8, 1))
     monkeypatch.setitem(conv_pool_module.CONFIGS, "forward", (32, 4))  # where the GPU runs it: the same loop
     monkeypatch.setitem(conv_pool_module.CONFIGS, "wgrad", (32, 4))
-    monkeypatch.setattr(conv_pool_module, "FORWARD_PROGRAMS", programs)
-    monkeypatch.setattr(conv_pool_module, "WGRAD_PROGRAMS", programs)
+    monkeypatch.setitem(conv_pool_module.PROGRAMS, "forward", programs)
+    monkeypatch.setitem(conv_pool_module.PROGRAMS, "wgrad", programs)
     x = block_input(device, batch=2, side=11, channels_last=True)
     torch.manual_seed(4)
     conv = torch.nn.Conv2d(4, 16, 3, padding=1).to(device)
