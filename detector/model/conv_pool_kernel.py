@@ -48,9 +48,9 @@ if triton is not None:
 
     from detector.model.stem_kernel import _add, _dot, _round_bf16  # the same helpers: round as autocast, sum, dot
 
-# (pixels per block, warps) of each kernel; pixels: pooled for forward and wgrad, 2x2 input quads for dgrad. A first
-# guess for the window kernels (forward and wgrad), to be replaced by the fastest of `make bench TARGET=blocks` on
-# the GPU we train on; dgrad of (32..128, 2..8) on an H100: (64, 4), with (64, 2) and (128, 4) within 3 %
+# (pixels per block, warps) of each kernel; pixels: pooled for forward and wgrad, 2x2 input quads for dgrad. The
+# fastest of (16..128) x (2, 4, 8) at seed scale on an H200 (forward (128, 4) within 1 %; dgrad, timed with wgrad,
+# (32, 2) 6 % slower); `make bench TARGET=blocks` sweeps them on the GPU you train on
 CONFIGS = {"forward": (32, 2), "wgrad": (64, 4), "dgrad": (64, 4), "interpreted": (256, 1)}
 # At most this many programs loop over the forward's and the weight gradient's pixel blocks: the forward loads its
 # 4 [KW, C_out] weight tiles once per program, the weight gradient writes one [4 C_out, KW + 1] partial sum per
