@@ -40,8 +40,9 @@ if triton is not None:
 
 # (pooled pixels per program, or per step of the backward's loop, warps) of each kernel. Forward: the fastest at
 # seed scale in `make bench TARGET=blocks` on an H100 (an H200's sweep had chosen (256, 8): within 2 % on the
-# H100; the bench sweeps them on yours). Backward: a first guess, to be replaced by the fastest of the bench on the
-# GPU we train on. In the interpreter each operation has a fixed cost: fewer, larger blocks
+# H100; the bench sweeps them on yours). Backward: the fastest of (16..128) x (2, 4, 8) on an H200 (the next,
+# (128, 4), 20 % slower; 16 pixels a block or 8 warps 3-12x slower). In the interpreter each operation has a
+# fixed cost: fewer, larger blocks
 CONFIGS = {"forward": (128, 4), "backward": (64, 2), "interpreted": (1024, 1)}
 # At most this many backward programs, each writing one [4 C, 16] partial sum (8.5 MB in all at C = 4): at seed
 # scale on an H200, 8192 and 16384 took 0.96 ms, 4096 1.02, 1024 1.08, 512 1.63; `make bench TARGET=blocks` sweeps it
