@@ -24,7 +24,8 @@ BENCH_HELP = {
     "losses": "every strategy's loss alone, forward and forward+backward (the default; CPU or GPU)",
     "kernels": "the custom kernels against their byte floors (GPU)",
     "layers": "where the triton strategy's time goes, layer by layer (GPU)",
-    "blocks": "the fused conv blocks' kernels under each launch configuration, and the step with the fastest (GPU)",
+    "blocks": "the fused conv blocks' kernels under each launch configuration and program count, and the step "
+    "with the fastest (GPU)",
     "step": "the training step against the machine's floor, and the data pipeline's images/s",
 }
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
