@@ -89,12 +89,12 @@ def _k_window(c_in: int) -> int:
 if triton is not None:
 
     @triton.jit
-    def _pooled_pixels(first, n_pooled, W2, BLOCK: tl.constexpr):
+    def _pooled_pixels(first, n_pooled, W2: tl.constexpr, BLOCK: tl.constexpr):
         p = first + tl.arange(0, BLOCK)
         return (p // (W2 * W2)).to(tl.int64), (p // W2) % W2, p % W2, p < n_pooled
 
     @triton.jit
-    def _window(x_ptr, b, py, px, live, S, sx_b, sx_c, sx_h, sx_w, C_IN: tl.constexpr, KW: tl.constexpr):
+    def _window(x_ptr, b, py, px, live, S: tl.constexpr, sx_b, sx_c, sx_h, sx_w, C_IN: tl.constexpr, KW: tl.constexpr):
         """[BLOCK, KW] 4x4 input windows under the pooled pixels (b, py, px): rows 2py-1 .. 2py+2 and columns
         2px-1 .. 2px+2, cell-major (cell = 4 row + column), channel-minor; zeros outside the image (the
         convolution's padding) and past 16 C_IN."""
@@ -115,8 +115,8 @@ if triton is not None:
         winner_ptr,
         n_pooled,
         n_blocks,
-        S,
-        W2,
+        S: tl.constexpr,  # the input's side, a constant: the pixel index's divisions compile to shifts and multiplies
+        W2: tl.constexpr,  # S // 2
         sx_b,
         sx_c,
         sx_h,
@@ -182,8 +182,8 @@ if triton is not None:
         partial_ptr,  # [programs, 4 C_OUT, KW + 1] fp32: per position and output channel, the cells' sums, the bias's
         n_pooled,
         n_blocks,
-        S,
-        W2,
+        S: tl.constexpr,  # the input's side, a constant: the pixel index's divisions compile to shifts and multiplies
+        W2: tl.constexpr,  # S // 2
         sx_b,
         sx_c,
         sx_h,
@@ -224,9 +224,9 @@ if triton is not None:
         winner_ptr,
         dx_ptr,
         n_quads,
-        S,
-        Q,
-        W2,
+        S: tl.constexpr,  # as the forward's
+        Q: tl.constexpr,  # (S + 1) // 2 quads a side
+        W2: tl.constexpr,
         sg_b,
         sg_c,
         sg_h,

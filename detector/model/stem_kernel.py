@@ -100,7 +100,7 @@ if triton is not None:
         return bits.to(tl.float32, bitcast=True)
 
     @triton.jit
-    def _pixel(img_ptr, image, yy, xx, S, live, ROUND: tl.constexpr):
+    def _pixel(img_ptr, image, yy, xx, S: tl.constexpr, live, ROUND: tl.constexpr):
         """[BLOCK] normalised pixel (yy, xx) of each pixel's image; 0 outside it (the convolution's padding)."""
         inside = live & (yy >= 0) & (yy < S) & (xx >= 0) & (xx < S)
         raw = tl.load(img_ptr + image + yy * S + xx, mask=inside, other=0).to(tl.float32)
@@ -135,7 +135,16 @@ if triton is not None:
 
     @triton.jit
     def _window(
-        img_ptr, w_ptr, b_ptr, first, n_pooled, S, W2, C: tl.constexpr, ROUND: tl.constexpr, BLOCK: tl.constexpr
+        img_ptr,
+        w_ptr,
+        b_ptr,
+        first,
+        n_pooled,
+        S: tl.constexpr,
+        W2: tl.constexpr,
+        C: tl.constexpr,
+        ROUND: tl.constexpr,
+        BLOCK: tl.constexpr,
     ):
         """The 4 convolutions [BLOCK, C] under the 2x2 windows of pooled pixels first .. first + BLOCK - 1,
         their 16 patch pixels, and the pixels' coordinates."""
@@ -180,8 +189,8 @@ if triton is not None:
         b_ptr,  # [C]
         out_ptr,  # [B, C, S/2, S/2], strides below (NCHW or NHWC)
         n_pooled,  # B * (S/2)^2
-        S,
-        W2,  # S / 2
+        S: tl.constexpr,  # the image side: a constant, so the pixel index's divisions compile to shifts and multiplies
+        W2: tl.constexpr,  # S // 2
         so_b,
         so_c,
         so_h,
@@ -221,8 +230,8 @@ if triton is not None:
         gout_ptr,  # [B, C, S/2, S/2] gradient of the output, strides below
         partial_ptr,  # [programs, ROWS * 16 + C] fp32 out: acc (below), then the bias gradient
         n_pooled,
-        S,
-        W2,
+        S: tl.constexpr,
+        W2: tl.constexpr,
         sg_b,
         sg_c,
         sg_h,
