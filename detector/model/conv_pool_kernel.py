@@ -114,7 +114,6 @@ if triton is not None:
         out_ptr,
         winner_ptr,
         n_pooled,
-        n_blocks,
         S: tl.constexpr,  # the input's side, a constant: the pixel index's divisions compile to shifts and multiplies
         W2: tl.constexpr,  # S // 2
         sx_b,
@@ -141,7 +140,7 @@ if triton is not None:
         bias = tl.load(b_ptr + o).to(tl.float32)
         if ROUND:
             bias = _round_bf16(bias)
-        for block in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
+        for block in range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0)):
             b, py, px, live = _pooled_pixels(block * BLOCK, n_pooled, W2, BLOCK)
             window = _window(x_ptr, b, py, px, live, S, sx_b, sx_c, sx_h, sx_w, C_IN, KW)
             top = _conv(window, w0, bias, ROUND, UPCAST)
@@ -181,7 +180,6 @@ if triton is not None:
         winner_ptr,
         partial_ptr,  # [programs, 4 C_OUT, KW + 1] fp32: per position and output channel, the cells' sums, the bias's
         n_pooled,
-        n_blocks,
         S: tl.constexpr,  # the input's side, a constant: the pixel index's divisions compile to shifts and multiplies
         W2: tl.constexpr,  # S // 2
         sx_b,
@@ -202,7 +200,7 @@ if triton is not None:
         position, o = j // C_OUT, j % C_OUT
         acc = tl.zeros((4 * C_OUT, KW), dtype=tl.float32)
         passed = tl.zeros((BLOCK, 4 * C_OUT), dtype=tl.float32)  # summed over pixels once, at the end
-        for block in range(tl.program_id(0), n_blocks, tl.num_programs(0)):
+        for block in range(tl.program_id(0), tl.cdiv(n_pooled, BLOCK), tl.num_programs(0)):
             b, py, px, live = _pooled_pixels(block * BLOCK, n_pooled, W2, BLOCK)
             mask = live[:, None]
             pixel = b * sg_b + py * sg_h + px * sg_w
@@ -278,11 +276,11 @@ if triton is not None:
 # ----------------------------------------------------------------------------- launchers and the op
 
 
-def _launch(kernel: str, items: int) -> tuple[tuple[int], int, dict]:
-    """(grid, blocks, keyword arguments) of one of the CONFIGS kernels over ``items`` pixels in ``blocks`` blocks:
-    one program a block, or, for a kernel in PROGRAMS, at most that many programs, which loop over the blocks."""
-    blocks, keywords = launch(CONFIGS, kernel, items)
-    return (min(blocks, PROGRAMS.get(kernel, blocks)),), blocks, keywords | {"UPCAST": INTERPRETED}
+def _launch(kernel: str, items: int) -> tuple[tuple[int], dict]:
+    """(grid, keyword arguments) of one of the CONFIGS kernels over ``items`` pixels (PROGRAMS caps the looping
+    kernels' grids)."""
+    programs, keywords = launch(CONFIGS, kernel, items, PROGRAMS)
+    return (programs,), keywords | {"UPCAST": INTERPRETED}
 
 
 def _window_weights(weight: Tensor, dtype: torch.dtype) -> Tensor:
@@ -337,9 +335,9 @@ if triton is not None:
         winner = torch.empty(batch, side // 2, side // 2, c_out, dtype=torch.uint8, device=x.device)
         n_pooled = winner.numel() // c_out
         if n_pooled:
-            grid, blocks, launch = _launch("forward", n_pooled)
+            grid, launch = _launch("forward", n_pooled)
             _conv_pool_fwd_kernel[grid](
-                x, _window_weights(weight, x.dtype), bias, out, winner, n_pooled, blocks, side, side // 2,
+                x, _window_weights(weight, x.dtype), bias, out, winner, n_pooled, side, side // 2,
                 *x.stride(), *out.stride(), C_IN=c_in, C_OUT=c_out, KW=_k_window(c_in),
                 ROUND=x.dtype == torch.bfloat16, **launch,
             )  # fmt: skip
@@ -361,17 +359,17 @@ if triton is not None:
         batch, _, side, _ = x.shape
         kw = _k_window(c_in)
         n_pooled = winner.numel() // c_out
-        grid, blocks, launch = _launch("wgrad", n_pooled)
+        grid, launch = _launch("wgrad", n_pooled)
         partial = torch.empty(grid[0], 4 * c_out, kw + 1, device=x.device, dtype=torch.float32)
         d_x = torch.empty_like(x) if needs_input_grad else x.new_empty(0)
         if n_pooled:
             _conv_pool_wgrad_kernel[grid](
-                x, grad_out, winner, partial, n_pooled, blocks, side, side // 2, *x.stride(),
+                x, grad_out, winner, partial, n_pooled, side, side // 2, *x.stride(),
                 *grad_out.stride(), C_IN=c_in, C_OUT=c_out, KW=kw, **launch,
             )  # fmt: skip
         if needs_input_grad and x.numel():
             quads = (side + 1) // 2
-            grid, _, launch = _launch("dgrad", batch * quads * quads)
+            grid, launch = _launch("dgrad", batch * quads * quads)
             _conv_pool_dgrad_kernel[grid](
                 _quad_weights(weight, d_x.dtype), grad_out, winner, d_x, batch * quads * quads, side, quads,
                 side // 2, *grad_out.stride(), *d_x.stride(), C_IN=c_in, C_OUT=c_out, KQ=_k_quad(c_in), **launch,

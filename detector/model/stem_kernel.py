@@ -59,13 +59,15 @@ def kernels_unavailable(device: torch.device) -> str | None:
     return None
 
 
-def launch(configs: dict, kernel: str, items: int) -> tuple[int, dict]:
+def launch(configs: dict, kernel: str, items: int, most: dict | None = None) -> tuple[int, dict]:
     """(programs, launch keywords) of ``configs[kernel]`` (``configs["interpreted"]`` in the interpreter)
-    over ``items`` pixels, which the fused blocks' kernels index with int32."""
+    over ``items`` pixels, which the fused blocks' kernels index with int32: one program a block of pixels, or,
+    for a kernel that ``most`` (a module's PROGRAMS) names, at most that many, which loop over the blocks."""
     block, warps = configs["interpreted" if INTERPRETED else kernel]
     if items + block >= 2**31:
         raise ValueError(f"{items} pixels: the fused blocks' kernels index pixels with int32 (< 2**31)")
-    return triton.cdiv(items, block), {"BLOCK": block, "num_warps": warps}
+    blocks = triton.cdiv(items, block)
+    return min(blocks, (most or {}).get(kernel, blocks)), {"BLOCK": block, "num_warps": warps}
 
 
 def is_channels_last(t: Tensor) -> bool:
@@ -290,7 +292,7 @@ def _launch_shape(images: Tensor, kernel: str) -> tuple[int, int, int, dict]:
     """(side, pooled pixels, programs, launch keywords) of one of the CONFIGS kernels."""
     side = images.shape[2]
     n_pooled = images.shape[0] * (side // 2) ** 2
-    return side, n_pooled, *launch(CONFIGS, kernel, n_pooled)
+    return side, n_pooled, *launch(CONFIGS, kernel, n_pooled, PROGRAMS)
 
 
 if triton is not None:
@@ -319,10 +321,9 @@ if triton is not None:
     ) -> tuple[Tensor, Tensor]:
         """[d weight, d bias] of stem_forward, in the parameters' dtypes."""
         images, weight, bias = images.contiguous(), weight.contiguous(), bias.contiguous()
-        side, n_pooled, blocks, launch = _launch_shape(images, "backward")
+        side, n_pooled, programs, launch = _launch_shape(images, "backward")
         channels = weight.shape[0]
         rows = max(16, 4 * channels)
-        programs = min(blocks, PROGRAMS["backward"])
         partial = torch.empty(programs, rows * 16 + channels, device=images.device, dtype=torch.float32)
         if programs:
             _stem_bwd_kernel[(programs,)](
