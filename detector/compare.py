@@ -6,7 +6,8 @@ and mode), or the run folders named. Per mode:
 - verdicts: each strategy's step against ``padded``'s as training runs it (the steps timed without the
   profiler: the profiler's own cost grows with the operators a strategy dispatches, so on a CPU the
   profiled steps of per-image strategies are longer than their training steps) and as profiled, and the
-  region where most of the difference lies, with the measures that explain it;
+  region where most of the difference lies in the verdict's direction (by GPU time alone where the device
+  was busy all the step: see ``explain``), with the measures that explain it;
 - a wall-time table and (on a GPU) a GPU-time table: regions x strategies, median [q1–q3] over the active
   steps, and the speed-up against padded by the rule of detector.tables (``≈`` where the interquartile
   ranges overlap). The step's verdict must also hold without the data wait: the loader's wait alone never
@@ -47,6 +48,7 @@ BASELINE = "padded"
 MODES = ("train", "forward")
 SUMMARY = "summary.json"
 LOSS_REGIONS = [r for r in PARTS if r not in ("data wait", OTHER)]  # where a strategy differs
+DEVICE_BOUND_IDLE = 0.05  # a step whose device idles less than this share is paced by the device
 
 
 def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> dict:
@@ -389,7 +391,9 @@ def verdicts(runs: list[dict]) -> list[str]:
             trained, line = None, f"- **{run['label']}**: {profiled} (not timed without the profiler)."
         emulated = run["summary"].get("emulated")
         line += f" Its times are not its kernels': {emulated} here." if emulated else ""
-        lines.append(line + (f" {explain(base, run)}" if x is not None or trained is not None else ""))
+        directions = {v > 1 for v in (x, trained) if v is not None}
+        # one direction to explain: the profile's regions cannot say why training went the other way
+        lines.append(line + (f" {explain(base, run, directions.pop())}" if len(directions) == 1 else ""))
     return lines
 
 
@@ -399,17 +403,28 @@ def relation(x: float | None) -> str:
     return f"{times(x)} faster than padded" if x > 1 else f"{times(1 / x)} slower than padded"
 
 
-def explain(base: dict, run: dict) -> str:
-    """Where a step differs most from padded's (by the larger of wall and GPU ms), and why."""
+def device_bound(run: dict) -> bool:
+    """Whether the device was busy nearly all of the run's step (GPU idle under DEVICE_BOUND_IDLE)."""
+    idle = stats(run, "step", "gpu_idle_share")
+    return idle is not None and idle["median"] is not None and idle["median"] < DEVICE_BOUND_IDLE
+
+
+def explain(base: dict, run: dict, faster: bool) -> str:
+    """Where a step differs most from padded's in the verdict's direction (``faster``: the region that gained
+    most; else the one that lost most), and why. A region costs the larger of its wall and GPU ms, or its GPU
+    ms alone where both steps kept the device busy: a host running ahead then waits wherever the launch queue
+    is full, so its regions' wall times say where it waited, not what the region cost."""
+    gpu_only = device_bound(base) and device_bound(run)
 
     def cost(r, region):
-        return max(median(r, region), median(r, region, "gpu_ms"))
+        return median(r, region, "gpu_ms") if gpu_only else max(median(r, region), median(r, region, "gpu_ms"))
 
-    regions = [r for r in LOSS_REGIONS if stats(run, r) and stats(base, r)]
-    if not regions:
+    deltas = {r: cost(run, r) - cost(base, r) for r in LOSS_REGIONS if stats(run, r) and stats(base, r)}
+    deltas = {r: d for r, d in deltas.items() if (d < 0) == faster and d != 0}
+    if not deltas:
         return ""
-    region = max(regions, key=lambda r: abs(cost(run, r) - cost(base, r)))
-    delta = cost(run, region) - cost(base, region)
+    region = max(deltas, key=lambda r: abs(deltas[r]))
+    delta = deltas[region]
     reasons = []
     for m in WHY:
         a, b = median(base, region, m), median(run, region, m)
@@ -497,7 +512,8 @@ def draw_stacked(runs: list[dict], mode: str, path: Path) -> Path:
     """Per strategy a wall bar (and on a GPU a GPU bar beside it), each stacked by region (median ms)."""
     kinds = ["wall_ms"] + (["gpu_ms"] if any(r["summary"]["analysis"].get("gpu") for r in runs) else [])
     parts = [r for r in regions_of(runs) if r != "step"]
-    fig = Figure(figsize=(max(7.0, 3.5 + 1.2 * len(runs) * len(kinds)), 5.5), layout="constrained")
+    # about half an inch a bar: 13 strategies' pairs stay readable at a page's width
+    fig = Figure(figsize=(max(7.0, 3.5 + 0.55 * len(runs) * len(kinds)), 5.5), layout="constrained")
     ax = fig.add_subplot()
     width = 0.8 / len(kinds)
     totals = sorted(median(r, "step", kind) for r in runs for kind in kinds)
@@ -521,21 +537,24 @@ def draw_stacked(runs: list[dict], mode: str, path: Path) -> Path:
             )
             bottom += heights
         for x, run, height in zip(xs, runs, bottom, strict=True):
-            total = f"{'GPU ' if kind == 'gpu_ms' else ''}{median(run, 'step', kind):.3g}"
-            cut = height > top
+            ms = median(run, "step", kind)
+            total = f"{ms:,.0f}" if ms >= 1000 else f"{ms:.3g}"
+            cut = height > top  # its length written upright inside the bar's top: no room beside it
             ax.text(
                 x,
                 min(height, top),
-                total + (" ↑ cut" if cut else ""),
+                f"{total} ↑ cut " if cut else total,
                 ha="center",
                 va="top" if cut else "bottom",
-                fontsize=8,
+                rotation=90 if cut else 0,
+                fontsize=7,
                 fontweight="bold" if cut else None,
+                bbox={"facecolor": "white", "alpha": 0.85, "edgecolor": "none", "pad": 1} if cut else None,
             )
     labels = [r["label"] + (" *" if r["summary"].get("emulated") else "") for r in runs]
     ax.set_xticks(np.arange(len(runs)), labels, rotation=20 if len(runs) > 5 else 0)
     ax.set_ylim(0, top)
-    pair = " (left: wall on the host; right, hatched: GPU time each region launched)" if len(kinds) == 2 else ""
+    pair = "\n(left: wall on the host; right, hatched: GPU time each region launched)" if len(kinds) == 2 else ""
     ax.set_ylabel(f"ms per step, median over the active steps{pair}", fontsize=9)
     emulated = " (* its kernels emulated here)" if any(r["summary"].get("emulated") for r in runs) else ""
     ax.set_title(f"mode={mode}: where a step's time goes — {setting(runs)}{emulated}", fontsize=10)

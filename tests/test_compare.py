@@ -7,7 +7,7 @@ import json
 import pytest
 from test_board import make_run, read_events
 
-from detector.compare import read_run, run_compare
+from detector.compare import explain, read_run, run_compare, verdicts
 from detector.errors import UserError
 
 
@@ -164,3 +164,44 @@ def test_a_summary_that_cannot_be_compared_is_refused_in_one_line(tmp_path, caps
     assert read_run(tmp_path) is None
     err = capsys.readouterr().err
     assert reason in err and len(err.strip().splitlines()) == 1
+
+
+def _spread(median):
+    return {"n": 10, "median": median, "q1": median * 0.99, "q3": median * 1.01}
+
+
+def _run(label, idle, wall, gpu, timed_ms):
+    """A run's summary: ``wall`` and ``gpu`` map regions to their medians (ms); ``idle`` the step's GPU idle share."""
+    regions = {r: {"wall_ms": _spread(wall[r]), "gpu_ms": _spread(gpu[r])} for r in wall}
+    regions["step"] = {
+        "wall_ms": _spread(sum(wall.values())),
+        "device_step_ms": _spread(sum(gpu.values())),
+        "gpu_idle_share": _spread(idle),
+    }
+    summary = {"analysis": {"regions": regions}, "timed": {"step_ms": _spread(timed_ms)}}
+    return {"label": label, "strategy": label, "summary": summary}
+
+
+def test_a_busy_device_is_explained_by_its_gpu_time_in_the_verdicts_direction():
+    """Both steps keep the device busy: the host waited on a full launch queue in the backward (its wall time
+    there doubled) while the loss's kernels got faster. The verdict is faster, so the explanation names the
+    region that gained, by GPU ms, not the one whose host wall time grew."""
+    base = _run("padded", 0.01, {"calc loss": 2.0, "backward": 7.0}, {"calc loss": 0.12, "backward": 11.2}, 29.4)
+    run = _run("packed", 0.01, {"calc loss": 0.25, "backward": 13.5}, {"calc loss": 0.013, "backward": 11.0}, 29.0)
+    assert explain(base, run, faster=True) == "Most of it in backward (-0.2 ms)."
+    assert explain(base, run, faster=False) == ""  # no region lost GPU time: nothing to blame
+    # a host-bound run (the device idles a fifth of its step): its wall time counts, and the loss region lost most
+    host = _run("torchvision", 0.2, {"calc loss": 8.6, "backward": 7.5}, {"calc loss": 0.17, "backward": 11.3}, 34.3)
+    assert explain(base, host, faster=False) == "Most of it in calc loss (+6.6 ms)."
+
+
+def test_a_verdict_the_profile_contradicts_is_not_explained(monkeypatch):
+    base = _run("padded", 0.01, {"calc loss": 2.0}, {"calc loss": 0.12}, 29.4)
+    run = _run("triton", 0.01, {"calc loss": 1.0}, {"calc loss": 0.06}, 19.6)  # training: 1.5x faster
+    import detector.compare as compare
+
+    monkeypatch.setattr(compare, "step_verdict", lambda b, r: (1.5, ""))  # the profile: faster too
+    assert verdicts([base, run])[0].endswith("Most of it in calc loss (-0.06 ms).")
+    monkeypatch.setattr(compare, "step_verdict", lambda b, r: (0.5, ""))  # the profile: slower, training: faster
+    line = verdicts([base, run])[0]
+    assert "1.5× faster than padded as training runs it; profiled 2× slower" in line and "Most of it" not in line
