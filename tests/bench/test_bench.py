@@ -175,6 +175,35 @@ def test_blocks_picks_the_fastest_configuration_and_program_count_and_times_the_
     assert f"| stem_kernel.backward | {in_use_cell} |" in out and "| (64, 4), 4096 programs | 1.00 [" in out
 
 
+def test_blocks_keeps_the_program_count_in_use_when_no_other_count_timed_faster(tmp_path, monkeypatch):
+    """The program count does not matter and the clock drifts up as the sweep goes on: every count timed after
+    the configurations is slower than the configuration sweep's own time of the count in use, so that count
+    stays the fastest (no count is called faster than the one in use for being timed later)."""
+    from detector.bench import blocks
+    from detector.model import stem_kernel
+
+    in_use = stem_kernel.PROGRAMS["backward"]
+    monkeypatch.setattr(blocks.bench, "gpu_device", lambda cfg, target, unavailable: torch.device("cpu"))
+    monkeypatch.setattr(blocks, "calls", lambda cfg, device: {(stem_kernel, "backward"): None})
+    monkeypatch.setattr(blocks, "device_batch", lambda cfg, strategy, device: None)
+    monkeypatch.setattr(blocks, "step_stats", lambda cfg, device, batch, pieces: {"step": Stats(10.0, 10.0, 10.0, 3)})
+    timed = []
+
+    def event_ms(call, device, **budget):
+        block, warps = stem_kernel.CONFIGS["backward"]
+        timed.append(stem_kernel.PROGRAMS["backward"])
+        ms = 1 + abs(block - 64) / 64 + abs(warps - 4) / 4 + 0.01 * len(timed)
+        return Stats(ms, ms, ms, 3)
+
+    monkeypatch.setattr(blocks, "event_ms", event_ms)
+    stem = blocks.run_bench(bench_config(tmp_path))["kernels"]["stem_kernel.backward"]
+    assert set(timed[len(blocks.BLOCKS) * len(blocks.WARPS) :]) == set(blocks.PROGRAM_COUNTS)  # they were timed
+    assert stem["fastest"] == (64, 4) and stem["programs"]["fastest"] == in_use
+    assert stem["programs"]["ms"][str(in_use)].median < min(
+        t.median for n, t in stem["programs"]["ms"].items() if n != str(in_use)
+    )
+
+
 def test_losses_stops_timing_a_strategy_past_max_call_ms(tmp_path, capsys):
     cfg = bench_config(
         tmp_path,
