@@ -42,7 +42,8 @@ from detector.model.stem_kernel import is_channels_last, kernels_unavailable, la
 if triton is not None:
     import triton.language as tl
 
-    from detector.model.stem_kernel import _add, _round_bf16  # the same helpers: round as autocast, sum
+    # the same helpers: round as autocast, sum; the no-winner byte
+    from detector.model.stem_kernel import _NO_WINNER, _add, _round_bf16
 
 # (pooled pixels per program, warps) of each kernel, for a tile of up to MAX_TILE_CHANNELS channels: a first
 # guess, to be replaced by the fastest of `make bench TARGET=blocks` (which sweeps them) on the GPU we train on;
@@ -51,7 +52,6 @@ CONFIGS = {"forward": (64, 4), "backward": (64, 4), "interpreted": (256, 1)}
 # 64 bf16 channels = one 128-byte line per pixel and position in NHWC; the same tile shape for every C >= 64,
 # so one configuration serves blocks of 64 and 256 channels
 MAX_TILE_CHANNELS = 64
-NO_WINNER = 255  # `winner` where the ReLU passed no gradient
 
 
 def bias_pool_unavailable(device: torch.device) -> str | None:
@@ -115,7 +115,7 @@ if triton is not None:
         out = tl.where(top <= 0, 0.0, top)  # the ReLU, NaN passing
         pooled = b * so_b + py * so_h + px * so_w
         tl.store(out_ptr + pooled[:, None] + (c * so_c)[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
-        winner = tl.where(top <= 0, 255, winner)  # NO_WINNER: the ReLU passes no gradient
+        winner = tl.where(top <= 0, _NO_WINNER, winner)  # the ReLU passes no gradient
         flat = ((b * H2 + py) * W2 + px)[:, None] * C + c[None, :]
         tl.store(winner_ptr + flat, winner.to(tl.uint8), mask=mask)
 
@@ -145,12 +145,12 @@ if triton is not None:
         pooled = b * sg_b + py * sg_h + px * sg_w
         g = tl.load(gout_ptr + pooled[:, None] + (c * sg_c)[None, :], mask=mask, other=0)
         flat = ((b * H2 + py) * W2 + px)[:, None] * C + c[None, :]
-        winner = tl.load(winner_ptr + flat, mask=mask, other=255).to(tl.int32)
+        winner = tl.load(winner_ptr + flat, mask=mask, other=_NO_WINNER).to(tl.int32)
         for position in tl.static_range(4):
             pixel = b * sd_b + (2 * py + position // 2) * sd_h + (2 * px + position % 2) * sd_w
             routed = tl.where(winner == position, g, 0.0).to(dy_ptr.dtype.element_ty)
             tl.store(dy_ptr + pixel[:, None] + (c * sd_c)[None, :], routed, mask=mask)
-        passed = tl.where(winner != 255, g.to(tl.float32), 0.0)
+        passed = tl.where(winner != _NO_WINNER, g.to(tl.float32), 0.0)
         tl.store(partial_ptr + pixel_tile * C + c, tl.reduce(passed, 0, _add), mask=c < C)
 
 

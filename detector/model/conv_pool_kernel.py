@@ -17,7 +17,7 @@ address arithmetic, which, not the bytes, set these kernels' time.
   [KW, C_out] weights (the 3x3 weights placed at that position's cells, zeros elsewhere; built by
   ``_window_weights``, loaded once per program) gives the 4 convolutions of each 2x2 window; their maximum (the
   first in row-major order wins ties, as PyTorch's max_pool2d), the ReLU; it writes the output and, per output
-  value, which of the 4 positions won (``winner``, uint8; 255 where the ReLU blocked the gradient).
+  value, which of the 4 positions won (``winner``, uint8; NO_WINNER where the ReLU blocked the gradient).
 - Weight gradient, the same blocks: the output gradient routed to its winning position, [BLOCK, 4 C_out]
   (position-major), transposed times the window: [4 C_out, KW] summed in fp32 over every block of the program.
   At most PROGRAMS["wgrad"] programs, so their partial sums are few (34 MB at seed scale, where one per block of 32
@@ -46,7 +46,8 @@ from detector.model.stem_kernel import is_channels_last, kernels_unavailable, la
 if triton is not None:
     import triton.language as tl
 
-    from detector.model.stem_kernel import _add, _dot, _round_bf16  # the same helpers: round as autocast, sum, dot
+    # the same helpers: round as autocast, sum, dot; the no-winner byte
+    from detector.model.stem_kernel import _NO_WINNER, _add, _dot, _round_bf16
 
 # (pixels per block, warps) of each kernel; pixels: pooled for forward and wgrad, 2x2 input quads for dgrad. The
 # fastest of (16..128) x (2, 4, 8) at seed scale on an H200 (forward (128, 4) within 1 %; dgrad, timed with wgrad,
@@ -57,7 +58,6 @@ CONFIGS = {"forward": (32, 2), "wgrad": (64, 4), "dgrad": (64, 4), "interpreted"
 # program. The fastest of 512..16384 at seed scale on an H200 (forward: 8192 and 16384 within 1 %; weight
 # gradient: 512..2048 within the noise, 16384 1.4x); `make bench TARGET=blocks` sweeps them too
 PROGRAMS = {"forward": 8192, "wgrad": 2048}
-NO_WINNER = 255  # `winner` where the ReLU passed no gradient
 # The largest window times output channels (KW x C_out) whose fp32 tiles fit an H100's or H200's 227 KB of shared
 # memory: 16 -> 32 channels (256 x 32) asked for 240 KB, and 4 -> 64 (64 x 64, 4 C_out = 256 routed columns) for
 # 256 KB; 16 -> 16 and 8 -> 32 run
@@ -154,7 +154,7 @@ if triton is not None:
                 tl.maximum(top, 0.0).to(out_ptr.dtype.element_ty),
                 mask=mask,
             )
-            winner = tl.where(top > 0, winner, 255)  # NO_WINNER: the ReLU passes no gradient
+            winner = tl.where(top > 0, winner, _NO_WINNER)  # the ReLU passes no gradient
             flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
             tl.store(winner_ptr + flat, winner.to(tl.uint8), mask=mask)
 
@@ -206,7 +206,7 @@ if triton is not None:
             pixel = b * sg_b + py * sg_h + px * sg_w
             g = tl.load(gout_ptr + pixel[:, None] + (o * sg_c)[None, :], mask=mask, other=0)
             flat = ((b * W2 + py) * W2 + px)[:, None] * C_OUT + o[None, :]
-            won = tl.load(winner_ptr + flat, mask=mask, other=255).to(tl.int32) == position[None, :]
+            won = tl.load(winner_ptr + flat, mask=mask, other=_NO_WINNER).to(tl.int32) == position[None, :]
             window = _window(x_ptr, b, py, px, live, S, sx_b, sx_c, sx_h, sx_w, C_IN, KW)
             routed = tl.where(won, g, 0.0)
             passed += routed.to(tl.float32)
@@ -262,7 +262,7 @@ if triton is not None:
             g = tl.load(gout_ptr + pixel + (o * sg_c)[None, :], mask=feeds, other=0)
             flat = ((b * W2 + py)[:, None] * W2 + px) * C_OUT + o[None, :]
             position = ((cy % 2) * 2)[:, None] + cx % 2
-            won = tl.load(winner_ptr + flat, mask=feeds, other=255).to(tl.int32) == position
+            won = tl.load(winner_ptr + flat, mask=feeds, other=_NO_WINNER).to(tl.int32) == position
             routed = tl.where(won, g, 0.0).to(dt)
             w = tl.load(w_ptr + (r * 4 * C_OUT + j)[:, None] * KQ + k[None, :])
             d += _dot(routed, w, UPCAST)

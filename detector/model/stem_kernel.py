@@ -48,6 +48,8 @@ CONFIGS = {"forward": (128, 4), "backward": (64, 2), "interpreted": (1024, 1)}
 # scale on an H200, 8192 and 16384 took 0.96 ms, 4096 1.02, 1024 1.08, 512 1.63; `make bench TARGET=blocks` sweeps it
 PROGRAMS = {"backward": 8192}
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
+# the fused blocks' winner byte (conv_pool_kernel.py, bias_pool_kernel.py) where the ReLU passed no gradient
+NO_WINNER = 255
 
 
 def kernels_unavailable(device: torch.device) -> str | None:
@@ -88,6 +90,8 @@ def stem_unavailable(device: torch.device, channels: int) -> str | None:
 # ----------------------------------------------------------------------------- kernels
 
 if triton is not None:
+    _NO_WINNER = tl.constexpr(NO_WINNER)  # the kernels' copy: a JIT function reads only constexpr globals
+
     # Builtins only (tl.reduce, tl.full, ...), as in triton_giou.py, so that the interpreter runs them.
 
     @triton.jit

@@ -14,7 +14,8 @@ from compile_helpers import assert_compiled_matches_eager
 
 from detector.errors import UserError
 from detector.model import stem_kernel as stem_module
-from detector.model.bias_pool_kernel import NO_WINNER, bias_pool, bias_pool_unavailable
+from detector.model.bias_pool_kernel import bias_pool, bias_pool_unavailable
+from detector.model.stem_kernel import NO_WINNER
 
 pytestmark = pytest.mark.skipif(stem_module.triton is None, reason="triton is not installed")
 HAS_CUDA = torch.cuda.is_available()

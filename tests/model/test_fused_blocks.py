@@ -17,7 +17,7 @@ from detector.model import FaceDetector, fused_blocks_unavailable
 from detector.model import conv_pool_kernel as conv_pool_module
 from detector.model import stem_kernel as stem_module
 from detector.model.conv_pool_kernel import conv_pool
-from detector.model.stem_kernel import stem, stem_unavailable
+from detector.model.stem_kernel import NO_WINNER, stem, stem_unavailable
 
 pytestmark = pytest.mark.skipif(stem_module.triton is None, reason="triton is not installed")
 HAS_CUDA = torch.cuda.is_available()
@@ -209,6 +209,26 @@ def test_conv_pool_fp32_matches_float64_layers(device, c_in, c_out, side, channe
     theirs = torch.autograd.grad(ref, (x64, w64, b64), grad)
     for a, b in zip(mine, theirs, strict=True):
         torch.testing.assert_close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_conv_pool_winner_is_the_pool_argmax_or_no_winner_where_the_relu_blocks(device):
+    """The byte the backward routes by: each pooled value's winning window position (dy * 2 + dx) where the
+    output is positive, NO_WINNER where the ReLU passed nothing (windows whose top is tied are not checked)."""
+    skip_if_unavailable(device)
+    x = block_input(device, batch=2, side=8, channels_last=True, seed=4).detach()
+    torch.manual_seed(5)
+    conv = torch.nn.Conv2d(4, 16, 3, padding=1).to(device)
+    out, winner = torch.ops.detector.conv_pool_forward(x, conv.weight.detach(), conv.bias.detach())
+    y = F.conv2d(x.double(), conv.weight.double(), conv.bias.double(), padding=1).cpu()
+    windows = y.unflatten(2, (4, 2)).unflatten(4, (4, 2)).permute(0, 2, 4, 1, 3, 5).flatten(-2)  # [B, H2, W2, C, 4]
+    top2 = windows.topk(2, dim=-1).values
+    positive = out.permute(0, 2, 3, 1).cpu() > 0
+    assert winner.shape == positive.shape and winner.dtype == torch.uint8
+    assert positive.any() and (~positive).any()  # both cases are checked
+    assert torch.equal(winner.cpu()[~positive], torch.full_like(winner.cpu()[~positive], NO_WINNER))
+    clear = positive & (top2[..., 0] - top2[..., 1] > 1e-4)
+    assert torch.equal(winner.cpu()[clear].long(), windows.argmax(-1)[clear])
 
 
 @pytest.mark.parametrize("device", DEVICES)
