@@ -41,7 +41,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from detector.kernels.triton_giou import INTERPRETED, triton
-from detector.model.stem_kernel import is_channels_last, kernels_unavailable, launch
+from detector.model.stem_kernel import fold_window, is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
     import triton.language as tl
@@ -313,8 +313,7 @@ def _fold_window(cells: Tensor, c_in: int) -> tuple[Tensor, Tensor]:
     position's window cells summed onto the taps that read them, and the positions' bias sums added."""
     c_out = cells.shape[0] // 4
     kw = cells.shape[1] - 1
-    by_cell = cells[:, : 16 * c_in].reshape(2, 2, c_out, 4, 4, c_in)  # (dy, dx), output channel, cell, channel
-    taps = sum(by_cell[dy, dx, :, dy : dy + 3, dx : dx + 3] for dy in (0, 1) for dx in (0, 1))
+    taps = fold_window(cells[:, : 16 * c_in].reshape(2, 2, c_out, 4, 4, c_in))
     return taps.permute(0, 3, 1, 2), cells[:, kw].reshape(4, c_out).sum(0)
 
 
