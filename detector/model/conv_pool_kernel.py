@@ -313,8 +313,7 @@ def _fold_window(cells: Tensor, c_in: int) -> tuple[Tensor, Tensor]:
     position's window cells summed onto the taps that read them, and the positions' bias sums added."""
     c_out = cells.shape[0] // 4
     kw = cells.shape[1] - 1
-    taps = fold_window(cells[:, : 16 * c_in].reshape(2, 2, c_out, 4, 4, c_in))
-    return taps.permute(0, 3, 1, 2), cells[:, kw].reshape(4, c_out).sum(0)
+    return fold_window(cells[:, : 16 * c_in].reshape(2, 2, c_out, 4, 4, c_in)), cells[:, kw].reshape(4, c_out).sum(0)
 
 
 def _empty_like_output(x: Tensor, c_out: int, dtype: torch.dtype) -> Tensor:

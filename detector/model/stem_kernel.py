@@ -73,10 +73,11 @@ def launch(configs: dict, kernel: str, items: int, most: dict | None = None) -> 
 
 
 def fold_window(by_cell: Tensor) -> Tensor:
-    """[C_out, 3, 3, C_in] weight gradient from a pooled block's window sums ``by_cell`` [2, 2, C_out, 4, 4, C_in]
-    (pool position (dy, dx), output channel, cell of the 4x4 window, input channel): tap (ky, kx) at position
-    (dy, dx) read cell (dy + ky, dx + kx), so each position's sums are added onto the taps at that offset."""
-    return sum(by_cell[dy, dx, :, dy : dy + 3, dx : dx + 3] for dy in (0, 1) for dx in (0, 1))
+    """The weight gradient [C_out, C_in, 3, 3] from a pooled block's window sums ``by_cell`` [2, 2, C_out, 4, 4,
+    C_in] (pool position (dy, dx), output channel, cell of the 4x4 window, input channel): tap (ky, kx) at
+    position (dy, dx) read cell (dy + ky, dx + kx), so each position's sums are added onto the taps at that offset."""
+    taps = sum(by_cell[dy, dx, :, dy : dy + 3, dx : dx + 3] for dy in (0, 1) for dx in (0, 1))
+    return taps.permute(0, 3, 1, 2)
 
 
 def is_channels_last(t: Tensor) -> bool:
@@ -344,10 +345,9 @@ if triton is not None:
         total = partial.sum(0)
         # [channel, dy, dx, patch row, patch column]: tap (ky, kx) at position (dy, dx) reads cell (dy + ky, dx + kx)
         acc = total[: rows * 16].view(channels, 2, 2, rows // (4 * channels), 4, 4)[:, :, :, 0]
-        d_weight = fold_window(acc.permute(1, 2, 0, 3, 4).unsqueeze(-1))  # [C, 3, 3, 1]
+        d_weight = fold_window(acc.permute(1, 2, 0, 3, 4).unsqueeze(-1))  # one input channel
         # copies laid out as the fake's: a custom op's outputs may not be views of one another
-        d_weight = torch.empty_like(weight).copy_(d_weight.permute(0, 3, 1, 2))
-        return d_weight, torch.empty_like(bias).copy_(total[rows * 16 :])
+        return torch.empty_like(weight).copy_(d_weight), torch.empty_like(bias).copy_(total[rows * 16 :])
 
     @stem_backward.register_fake
     def _stem_backward_fake(
