@@ -47,12 +47,11 @@ import torch
 from torch import Tensor
 
 from detector.errors import UserError
+from detector.regions import LOADER_LABEL
 from detector.targets import ListTargets, Targets
 
 WATCHDOG_SECONDS = 1.0  # how often a waiting worker checks its parent, and the main process its workers
 HEADER = struct.Struct("<Q")  # a result message's length, in front of its pickle
-# torch.profiler's name for a DataLoader's wait: detector.analysis reads it as "data wait"
-PROFILE_NAME = "enumerate(DataLoader)#BatchLoader.__next__"
 
 
 class DataWorkerDied(UserError, RuntimeError):
@@ -298,7 +297,7 @@ class Ring:
 
     def take(self, b: int) -> tuple[Tensor, Targets]:
         """Batch b (the caller asks in order), on the device; the next batch's copy is issued meanwhile."""
-        with torch.profiler.record_function(PROFILE_NAME):
+        with torch.profiler.record_function(LOADER_LABEL):
             self.wanted = b
             self.check_workers()  # also when every batch due is drawn already: a death never goes unnoticed
             self.recycle()

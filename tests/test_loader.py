@@ -20,11 +20,11 @@ import torch
 from conftest import ROOT, child_env, fails_after
 from omegaconf import OmegaConf
 
-from detector import analysis
 from detector.config import DataConfig
 from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
 from detector.errors import UserError
-from detector.loader import HEADER, PROFILE_NAME, DataWorkerDied, page_unlock
+from detector.loader import HEADER, DataWorkerDied, page_unlock
+from detector.regions import DATA_WAIT, LOADER_LABEL, region_of_label
 
 
 def data_cfg(**overrides):
@@ -299,7 +299,7 @@ def test_workers_do_not_outlive_the_main_process(ending):
 
 
 def test_the_wait_is_profiled_as_data_wait():
-    assert PROFILE_NAME.startswith(analysis.DATA_WAIT_PREFIX)
+    assert region_of_label(LOADER_LABEL) == DATA_WAIT
 
 
 @pytest.mark.skipif(

@@ -19,7 +19,6 @@ work; the analysis measures that wait on its own and leaves it out of every othe
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import torch
@@ -27,14 +26,13 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
-from torch.profiler import record_function
 
-from detector.analysis import LAB_SYNC
 from detector.data import to_device
 from detector.errors import UserError
 from detector.losses import get_strategy
 from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
 from detector.model.bias_pool_kernel import bias_pool_unavailable
+from detector.regions import BACKWARD, COPY, FORWARD, GRAPH, LOSS, OPTIMIZER, Regions
 from detector.targets import PaddedTargets
 from detector.train.distributed import (
     EarlyAllReduce,
@@ -56,27 +54,6 @@ GRAPH_REFUSALS = {
     "while a graph replays fixed shapes",
 }
 GRAPH_WARMUP = 3  # eager steps on a side stream before capture, as in PyTorch's whole-network example
-
-
-class Regions:
-    """The step's named profiler regions: free when inactive, a label when active (+ a synchronize with
-    ``sync``, the article's protocol)."""
-
-    def __init__(self, device: torch.device, sync: bool = False):
-        self.device = device
-        self.sync = sync and device.type == "cuda"
-        self.active = False  # set by the profiler loop around its warm-up and active steps
-
-    def __call__(self, name: str):
-        return self._marked(name) if self.active else contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def _marked(self, name: str):
-        with record_function(name):
-            yield
-            if self.sync:
-                with record_function(LAB_SYNC):
-                    torch.cuda.synchronize(self.device)
 
 
 def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
@@ -221,7 +198,7 @@ class TrainStep:
         if self.graph is not None:
             loss = self.graph(batch)
         else:
-            with self.regions("copy data"):
+            with self.regions(COPY):
                 images, targets = to_device(batch, self.device)
             loss = self.forward_backward(images, targets)
             self.optimizer_step(loss)
@@ -230,17 +207,17 @@ class TrainStep:
         return loss
 
     def forward_backward(self, images: Tensor, targets) -> Tensor:
-        with self.regions("forward"), self.autocast:
+        with self.regions(FORWARD), self.autocast:
             pred = self.net(images)  # [B, M, 4] xyxy
-        with self.regions("calc loss"):
+        with self.regions(LOSS):
             n_local = count_valid(targets, self.device)
             loss_backward, loss = global_mean(self.strategy(pred, targets), n_local, self.world_size)
-        with self.regions("backward"):
+        with self.regions(BACKWARD):
             loss_backward.backward()
         return loss
 
     def optimizer_step(self, loss: Tensor) -> None:
-        with self.regions("optimizer step"):
+        with self.regions(OPTIMIZER):
             if self.early is not None:
                 self.early.wait()
             if self.shard is not None:
@@ -296,11 +273,11 @@ class TrainStep:
     @torch.no_grad()
     def forward_only(self, batch) -> Tensor:
         """The article's protocol: copy, forward and loss, no gradient and no optimizer."""
-        with self.regions("copy data"):
+        with self.regions(COPY):
             images, targets = to_device(batch, self.device)
-        with self.regions("forward"), self.autocast:
+        with self.regions(FORWARD), self.autocast:
             pred = self.net(images)  # [B, M, 4] xyxy
-        with self.regions("calc loss"):
+        with self.regions(LOSS):
             return self.strategy(pred, targets)
 
 
@@ -329,7 +306,7 @@ class GraphedStep:
             )
             self.static = (torch.empty_like(images, device=device), PaddedTargets(boxes, counts))
         s_images, s_targets = self.static
-        with self.step.regions("copy data"):
+        with self.step.regions(COPY):
             s_images.copy_(images, non_blocking=True)
             s_targets.boxes.copy_(targets.boxes, non_blocking=True)
             s_targets.counts.copy_(targets.counts, non_blocking=True)
@@ -338,7 +315,7 @@ class GraphedStep:
             return self.warm_up()
         if self.graph is None:
             self.capture()
-        with self.step.regions("step (CUDA graph)"):
+        with self.step.regions(GRAPH):
             self.graph.replay()
         return self.loss.clone()  # the graph overwrites its output at the next replay
 
