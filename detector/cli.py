@@ -121,6 +121,12 @@ def command_parser(command: str) -> Parser:
     elif command == "tensorboard":
         parser.add_argument("--logdir", default="runs", help="folder to serve (default: runs)")
         parser.add_argument("--port", type=port_number, default=6006, help="port (default: 6006)")
+        parser.add_argument(
+            "--host",
+            default="127.0.0.1",
+            help="the interface to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 serves the runs' "
+            "traces, tables and configurations to the network)",
+        )
     elif command == "strategies":
         parser.add_argument("--names", action="store_true", help="names only, one per line")
     return parser
@@ -169,23 +175,24 @@ def port_number(text: str) -> int:
     return port
 
 
-def check_port(port: int) -> None:
+def check_port(port: int, host: str = "127.0.0.1") -> None:
     """Refuse a port another program listens on, before TensorBoard announces its address and then fails."""
-    problem = port_problem(port)
+    problem = port_problem(port, host)
     if problem == errno.EADDRINUSE:
-        free = next((p for p in range(port + 1, min(port + 100, 65536)) if port_problem(p) is None), None)
+        free = next((p for p in range(port + 1, min(port + 100, 65536)) if port_problem(p, host) is None), None)
         example = f', e.g. make tensorboard ARGS="--port {free}"' if free else ""
         raise UserError(f"port {port} is already in use (another TensorBoard?): choose another with --port{example}")
     if problem is not None:
-        raise UserError(f"port {port} cannot be opened ({os.strerror(problem)}): choose another with --port")
+        why = os.strerror(problem) if problem > 0 else "no such interface on this machine"
+        raise UserError(f"{host}:{port} cannot be opened ({why}): choose another --host or --port")
 
 
-def port_problem(port: int) -> int | None:
-    """The errno of binding ``port`` on every interface, as TensorBoard's --bind_all does, or None if it is free."""
+def port_problem(port: int, host: str = "127.0.0.1") -> int | None:
+    """The errno of binding ``host:port`` as TensorBoard will, or None if it is free."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server does: TIME_WAIT is no conflict
         try:
-            probe.bind(("", port))
+            probe.bind((host, port))
         except OSError as err:
             return err.errno
     return None
@@ -194,18 +201,22 @@ def port_problem(port: int) -> int | None:
 def run(command: str, args: argparse.Namespace) -> None:
     if command == "compare":
         load_strategies()  # the registry's order of columns, with the interpreter switched on first
-        from detector.compare import run_compare
+        from detector.board.events import write_compare_events
+        from detector.lab.compare import run_compare
 
-        run_compare(args.dir, args.runs or None, args.out)
+        comparison = run_compare(args.dir, args.runs or None, args.out)
+        write_compare_events(comparison.out, comparison.texts, comparison.images)
+        run = f"{comparison.out.parent.name}/{comparison.out.name}"
+        print(f"TensorBoard (make tensorboard): run {run}, dashboards Text and Images; the Traces tab draws the steps")
     elif command == "curves":
-        from detector.curves import run_curves
+        from detector.lab.curves import run_curves
 
         run_curves(args.runs)
     elif command == "tensorboard":
-        from detector.board import main as tensorboard
+        from detector.board.launcher import main as tensorboard
 
-        check_port(args.port)
-        tensorboard(args.logdir, args.port)
+        check_port(args.port, args.host)
+        tensorboard(args.logdir, args.port, args.host)
     elif command == "strategies":
         for s in load_strategies().values():
             print(s.name if args.names else f"{s.name:<18} {s.layout:<7} {s.description}")
@@ -238,22 +249,37 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
     if command == "config":
         print(OmegaConf.to_yaml(cfg))
     elif command == "profile":
-        from detector.profiling import run_profile
-
-        run_profile(cfg)
+        profile(cfg)
     elif command == "train":
-        from detector.train.loop import run_training
+        if cfg.train.strategy == "all":
+            from detector.lab.sweep import run_sweep
 
-        run_training(cfg, args.experiment)
+            run_sweep(cfg, args.experiment)
+        else:
+            from detector.train.loop import run_training
+
+            run_training(cfg, args.experiment)
     elif command == "bench":
         from detector.bench import run as run_bench
 
         run_bench(cfg, target)
     elif command == "report":
-        from detector.report import run_report
+        from detector.lab.report import run_report
 
         sections = {name: set(spec[1] or ()) | set(TOP_LEVEL) for name, spec in COMMANDS.items()}
         run_report(cfg, args.overrides, sections)
+
+
+def profile(cfg):
+    """`make profile`: the run (detector/lab/profile.py), then its TensorBoard events; returns (folder, record)."""
+    from detector.board.events import write_profile_events
+    from detector.lab.profile import run_profile
+
+    run_dir, record, extract = run_profile(cfg)
+    write_profile_events(run_dir, record, extract)
+    print(f"\ntrace, summary.json and TensorBoard events in {run_dir}/")
+    print("compare: make compare; view: make tensorboard")
+    return run_dir, record
 
 
 def check_sections(command: str, overrides: list[str]) -> None:

@@ -118,6 +118,9 @@ class ReportConfig:
     train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
     train_steps: int = ranged(40, 11)  # past train's first 5 untimed steps and its first log window
     short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: ~1 s a step at seed scale
+    # replace a committed <out_dir>/<device>.md with a report whose runs the noise check flags (a busy machine):
+    # false keeps the committed one and leaves the new report in the run folder
+    force: bool = False
 
 
 @dataclass
@@ -338,3 +341,9 @@ def resolve_device(cfg: DictConfig) -> torch.device:
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError(f"device={cfg.device} but no CUDA device is available (torch {torch.__version__})")
     return device
+
+
+def device_name(device: torch.device | str) -> str:
+    """The GPU's name for a CUDA device (``NVIDIA H200``), else the device type (``cpu``)."""
+    device = torch.device(device)
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type

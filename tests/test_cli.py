@@ -75,10 +75,10 @@ def test_config_mistakes_are_one_line(capsys, argv, parts):
 
 
 def test_user_errors_raised_by_a_command_are_one_line(capsys, monkeypatch, tmp_path):
-    import detector.compare
+    import detector.lab.compare
 
     fails_with_one_line(capsys, ["compare", "--dir", str(tmp_path)], "no profile runs", "make profile")  # real
-    monkeypatch.setattr(detector.compare, "run_compare", lambda *a: (_ for _ in ()).throw(UserError("bad thing")))
+    monkeypatch.setattr(detector.lab.compare, "run_compare", lambda *a: (_ for _ in ()).throw(UserError("bad thing")))
     fails_with_one_line(capsys, ["compare"], "error: bad thing")
 
 
@@ -98,7 +98,7 @@ SECTIONS = {
     "bench": ["bench", "data", "losses|kernels|layers|step"],
     "compare": ["Reads no configuration", "--dir", "--out", "RUN"],
     "curves": ["Reads no configuration", "training run folders", "RUN [RUN ...]"],
-    "tensorboard": ["Reads no configuration", "--logdir", "--port"],
+    "tensorboard": ["Reads no configuration", "--logdir", "--port", "--host", "default: 127.0.0.1"],
     "strategies": ["Reads no configuration", "--names"],
     "config": ["data", "model", "train", "profile", "bench", "report"],
     "report": ["report", "data", "model", "train", "profile", "bench"],
@@ -129,29 +129,40 @@ def test_strategies_names_prints_names_only(capsys):
 
 
 class Calls(list):
+    def __init__(self, result=None):
+        super().__init__()
+        self.result = result
+
     def __call__(self, *args):
         self.append(args)
+        return self.result
 
 
-def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch):
-    import detector.board
-    import detector.compare
-    import detector.profiling
+def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_path):
+    import detector.bench
+    import detector.board.events
+    import detector.board.launcher
+    import detector.lab.compare
+    import detector.lab.profile
     import detector.train.loop
+    from detector.lab.compare import Comparison
 
     calls = {}
-    for module, name in [
-        (detector.profiling, "run_profile"),
-        (detector.train.loop, "run_training"),
-        (detector.bench, "run"),
-        (detector.compare, "run_compare"),
-        (detector.board, "main"),
+    for module, name, result in [
+        (detector.lab.profile, "run_profile", (tmp_path, None, None)),
+        (detector.board.events, "write_profile_events", None),
+        (detector.train.loop, "run_training", None),
+        (detector.bench, "run", None),
+        (detector.lab.compare, "run_compare", Comparison({}, tmp_path / "compare" / "1")),
+        (detector.board.events, "write_compare_events", None),
+        (detector.board.launcher, "main", None),
     ]:
-        monkeypatch.setattr(module, name, calls.setdefault(name, Calls()))
+        monkeypatch.setattr(module, name, calls.setdefault(name, Calls(result)))
 
     assert cli.main(["profile", "profile.strategy=concat", "profile.mode=forward", "data.batch_size=2"]) == 0
     (cfg,) = calls["run_profile"][0]
     assert (cfg.profile.strategy, cfg.profile.mode, cfg.data.batch_size) == ("concat", "forward", 2)
+    assert calls["write_profile_events"] == [(tmp_path, None, None)]  # the run's TensorBoard events, after it
 
     assert cli.main(["train", "--experiment", "cpu_smoke", "train.steps=3"]) == 0
     cfg, experiment = calls["run_training"][0]
@@ -167,8 +178,10 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch):
         ("d", None, "o"),
         ("runs/profile", ["runs/profile/padded/1", "runs/profile/loop/2"], None),
     ]
+    assert len(calls["write_compare_events"]) == 2
     assert cli.main(["tensorboard", "--logdir", "logs", "--port", "7000"]) == 0
-    assert calls["main"] == [("logs", 7000)]
+    assert cli.main(["tensorboard", "--port", "7001", "--host", "0.0.0.0"]) == 0
+    assert calls["main"] == [("logs", 7000, "127.0.0.1"), ("runs", 7001, "0.0.0.0")]  # loopback unless told
 
 
 def run_module(*argv):
@@ -221,10 +234,10 @@ def test_bench_lists_its_targets_in_its_help_and_its_errors(capsys):
 
 
 def test_a_busy_port_is_refused_in_one_line_before_tensorboard_starts(capsys, monkeypatch):
-    import detector.board
+    import detector.board.launcher
 
     started = Calls()
-    monkeypatch.setattr(detector.board, "main", started)
+    monkeypatch.setattr(detector.board.launcher, "main", started)
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()

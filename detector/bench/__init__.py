@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.config import resolve_device
 from detector.errors import UserError
-from detector.tables import run_info, write_json
+from detector.lab.tables import run_info, write_json
 
 TARGETS = {
     "losses": "detector.bench.losses",

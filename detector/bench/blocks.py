@@ -23,8 +23,8 @@ from omegaconf import DictConfig
 from detector import bench
 from detector.bench.step import device_batch, step_stats
 from detector.bench.timing import budget, event_ms
+from detector.lab.tables import markdown_table, run_header, spread_cell
 from detector.model import bias_pool_kernel, conv_pool_kernel, stem_kernel
-from detector.tables import markdown_table, run_header, spread_cell
 
 BLOCKS = (32, 64, 128, 256)
 WARPS = (2, 4, 8)

@@ -33,8 +33,8 @@ from detector import bench
 from detector.bench.cases import random_case, sample_counts
 from detector.bench.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
 from detector.kernels import cuda_op
+from detector.lab.tables import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
 from detector.losses import STRATEGIES, get_strategy
-from detector.tables import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
 from detector.targets import make_targets
 
 HEADLINE = ("padded", "cuda_fused", "cuda_conditional", "packed")

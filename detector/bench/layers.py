@@ -19,8 +19,8 @@ from detector import bench
 from detector.bench.cases import random_case
 from detector.bench.timing import budget, event_ms, graph_ms
 from detector.kernels import triton_giou
+from detector.lab.tables import markdown_table, ms, run_header, spread_cell
 from detector.losses import get_strategy
-from detector.tables import markdown_table, ms, run_header, spread_cell
 from detector.targets import make_targets
 
 BATCH, SLOTS = 1024, 256

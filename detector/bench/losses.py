@@ -17,8 +17,8 @@ from detector import bench
 from detector.bench.cases import random_case
 from detector.bench.timing import budget, event_ms, graph_ms, loss_closures
 from detector.config import resolve_device
+from detector.lab.tables import WHICH_HEADING, markdown_table, run_header, speedup, speedup_cell, spread_cell, times
 from detector.losses import STRATEGIES, get_strategy
-from detector.tables import markdown_table, run_header, speedup, speedup_cell, spread_cell, times
 from detector.targets import make_targets
 
 BASELINE = "padded"  # speed-ups are against this strategy in the same case
@@ -113,7 +113,6 @@ def run_bench(cfg: DictConfig) -> list[dict]:
     return records
 
 
-WHICH_HEADING = "### Which strategy should I use?"  # make report opens its document with this table
 # The strategies users arrive with, each column of the "which strategy" table: what they cost against the winner.
 NEWCOMERS = {"torchvision": ("torchvision", "torchvision_padded"), "torch.nested": ("nested", "nested_compiled")}
 

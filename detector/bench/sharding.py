@@ -14,7 +14,7 @@ import json
 import sys
 from pathlib import Path
 
-from detector.tables import markdown_table
+from detector.lab.tables import markdown_table
 
 RUNS = ("1gpu", "off", "blocks", "fsdp2")  # the folders the documented sequence writes, in table order
 KEEP_FSDP2_UNLESS = 1.03  # ShardedBlocks must be more than 3 % faster to be kept in FSDP2's place

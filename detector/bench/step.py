@@ -26,8 +26,8 @@ from detector.bench.timing import event_ms
 from detector.config import resolve_device
 from detector.data import build_loader, images_per_second, to_device
 from detector.errors import UserError
+from detector.lab.tables import markdown_table, run_header, significant, spread_cell
 from detector.model import build_model
-from detector.tables import markdown_table, run_header, significant, spread_cell
 from detector.train.step import TrainStep
 
 # The bytes one optimizer pass must move per parameter (train/optimizer.py): the clip's norm reads the fp32

@@ -20,8 +20,8 @@ from detector.bench.cases import random_case
 from detector.bench.kernels import Double
 from detector.bench.timing import device_ms, graph_ms, wall_ms
 from detector.kernels import triton_giou
+from detector.lab.tables import markdown_table, ms, spread_cell
 from detector.losses import get_strategy
-from detector.tables import markdown_table, ms, spread_cell
 from detector.targets import make_targets
 
 SLOTS = 256

@@ -50,17 +50,15 @@ if triton is not None:
     from detector.model.stem_kernel import _NO_WINNER, _add, _dot, _round_bf16
 
 # (pixels per block, warps) of each kernel; pixels: pooled for forward and wgrad, 2x2 input quads for dgrad. The
-# fastest of (16..128) x (2, 4, 8) at seed scale on an H200 (forward (128, 4) within 1 %; dgrad, timed with wgrad,
-# (32, 2) 6 % slower); `make bench TARGET=blocks` sweeps them on the GPU you train on
+# fastest of a sweep at seed scale (docs/kernels.md, "Launch configurations"); `make bench TARGET=blocks` sweeps
+# them on the GPU you train on
 CONFIGS = {"forward": (32, 2), "wgrad": (64, 4), "dgrad": (64, 4), "interpreted": (256, 1)}
 # At most this many programs loop over the forward's and the weight gradient's pixel blocks: the forward loads its
 # 4 [KW, C_out] weight tiles once per program, the weight gradient writes one [4 C_out, KW + 1] partial sum per
-# program. The fastest of 512..16384 at seed scale on an H200 (forward: 8192 and 16384 within 1 %; weight
-# gradient: 512..2048 within the noise, 16384 1.4x); `make bench TARGET=blocks` sweeps them too
+# program; fewer programs write fewer partial sums, more keep more SMs busy. Chosen as CONFIGS are
 PROGRAMS = {"forward": 8192, "wgrad": 2048}
-# The largest window times output channels (KW x C_out) whose fp32 tiles fit an H100's or H200's 227 KB of shared
-# memory: 16 -> 32 channels (256 x 32) asked for 240 KB, and 4 -> 64 (64 x 64, 4 C_out = 256 routed columns) for
-# 256 KB; 16 -> 16 and 8 -> 32 run
+# The largest window times output channels (KW x C_out) whose fp32 tiles fit the 227 KB of shared memory of a
+# Hopper SM (docs/kernels.md, "The second block": which channel counts ran and which did not)
 MAX_WINDOW_PRODUCT = 4096
 
 

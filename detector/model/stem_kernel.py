@@ -38,14 +38,12 @@ from detector.kernels.triton_giou import INTERPRETED, triton
 if triton is not None:
     import triton.language as tl
 
-# (pooled pixels per program, or per step of the backward's loop, warps) of each kernel. Forward: the fastest at
-# seed scale in `make bench TARGET=blocks` on an H100 (an H200's sweep had chosen (256, 8): within 2 % on the
-# H100; the bench sweeps them on yours). Backward: the fastest of (16..128) x (2, 4, 8) on an H200 (the next,
-# (128, 4), 20 % slower; 16 pixels a block or 8 warps 3-12x slower). In the interpreter each operation has a
-# fixed cost: fewer, larger blocks
+# (pooled pixels per program, or per step of the backward's loop, warps) of each kernel: the fastest of a sweep at
+# seed scale (docs/kernels.md, "Launch configurations"; `make bench TARGET=blocks` sweeps them on yours). In the
+# interpreter each operation has a fixed cost: fewer, larger blocks
 CONFIGS = {"forward": (128, 4), "backward": (64, 2), "interpreted": (1024, 1)}
-# At most this many backward programs, each writing one [4 C, 16] partial sum (8.5 MB in all at C = 4): at seed
-# scale on an H200, 8192 and 16384 took 0.96 ms, 4096 1.02, 1024 1.08, 512 1.63; `make bench TARGET=blocks` sweeps it
+# At most this many backward programs, each writing one [4 C, 16] partial sum (8.5 MB in all at C = 4): fewer
+# programs sum across threads less often, more keep more SMs busy. Chosen as CONFIGS are
 PROGRAMS = {"backward": 8192}
 MAX_CHANNELS = 64  # one [BLOCK, C] tile per convolution position stays in registers up to here
 # the fused blocks' winner byte (conv_pool_kernel.py, bias_pool_kernel.py) where the ReLU passed no gradient

@@ -47,13 +47,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
-from detector import runs
+from detector.config import device_name
 from detector.data import build_loader, rank_loader, resolve_workers
 from detector.errors import UserError
 from detector.loader import GIB, DataWorkerDied, MemoryRefusal, check_memory, default_slots
 from detector.model import build_model
-from detector.tables import device_name
-from detector.train import distributed
+from detector.train import distributed, folders
 from detector.train.checkpoint import (
     LAYOUT,
     fingerprint,
@@ -67,7 +66,6 @@ from detector.train.distributed import DistEnv
 from detector.train.metrics import evaluate
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
-from detector.train.sweep import run_sweep
 
 TIMING_SKIP = 5  # first steps of a run left out of its step times: compilation, autotuning, graph capture
 
@@ -200,9 +198,9 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
         )
     check_run_memory(cfg, env.world_size, device)
     run_dir = Path(tcfg.out_dir) / experiment / run_name(tcfg)
-    with runs.locked(run_dir) if env.is_main else contextlib.nullcontext():
+    with folders.locked(run_dir) if env.is_main else contextlib.nullcontext():
         if env.is_main:
-            runs.reveal_hidden(run_dir)
+            folders.reveal_hidden(run_dir)
         return Run(cfg, experiment, env, device, run_dir).go()
 
 
@@ -316,7 +314,7 @@ class Run:
             return self.finish_complete()
         if self.env.is_main:
             if not self.resumed_at:  # a fresh run: an earlier one in the folder is kept, visibly
-                runs.set_aside(self.run_dir, self.say)
+                folders.set_aside(self.run_dir, self.say)
             OmegaConf.save(self.cfg, self.run_dir / "config.yaml")
         try:
             self.loop()
@@ -563,14 +561,25 @@ def write_atomically(path: Path, text: str) -> None:
 # ----------------------------------------------------------------------------- experiments and sweeps
 
 
-def run_training(cfg: DictConfig, experiment: str | None = None) -> list[dict]:
-    """`python -m detector train`: one run, or with train.strategy=all one per registered strategy that
-    can run here (the others are listed with the reason); returns the runs' summaries."""
-    experiment = Path(experiment).stem if experiment else "default"
+@contextlib.contextmanager
+def training_processes(cfg: DictConfig):
+    """(this process's DistEnv, its device) for the runs inside the block; the process group is torn down after."""
     env, device = distributed.setup(cfg)
     try:
-        if cfg.train.strategy == "all":
-            return run_sweep(cfg, experiment, env, device, train)
-        return [train(cfg, experiment, env, device)]
+        yield env, device
     finally:
         distributed.teardown(env)
+
+
+def experiment_name(experiment: str | None) -> str:
+    """The run folder's experiment: the YAML file's stem, ``default`` without one."""
+    return Path(experiment).stem if experiment else "default"
+
+
+def run_training(cfg: DictConfig, experiment: str | None = None) -> list[dict]:
+    """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
+    the strategy sweep (detector/lab/sweep.py)."""
+    if cfg.train.strategy == "all":
+        raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
+    with training_processes(cfg) as (env, device):
+        return [train(cfg, experiment_name(experiment), env, device)]

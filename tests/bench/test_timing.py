@@ -3,7 +3,7 @@
 import time
 
 from detector.bench.timing import Stats, event_ms, wall_ms
-from detector.tables import spread_cell
+from detector.lab.tables import spread_cell
 
 
 def test_stats_are_median_and_quartiles_and_scale_per_call():

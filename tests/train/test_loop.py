@@ -1,4 +1,5 @@
-"""`make train` on the CPU: exact resume, DDP gradients, refusals, the schedule, the metrics, the sweep."""
+"""`make train` on the CPU: exact resume, DDP gradients, refusals, the schedule, the metrics, the sweep
+(detector/lab/sweep.py)."""
 
 import json
 import math
@@ -13,14 +14,15 @@ import torch.multiprocessing as mp
 from torch import nn
 from train_helpers import losses, tiny_cfg
 
-from detector import analysis
 from detector.cli import main as cli_main
 from detector.config import load_config
 from detector.data import PaddedTargets, RankBlocks, build_loader, rank_loader
 from detector.errors import UserError
+from detector.lab import sweep
+from detector.lab.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
-from detector.train import distributed, sweep
+from detector.train import distributed
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training
@@ -325,7 +327,7 @@ def test_sweep_runs_each_strategy_on_the_same_seed_and_data(tmp_path, monkeypatc
     registry["needs_gpu"] = Strategy("needs_gpu", "padded", padded.fn, "test", lambda device: "no GPU here")
     monkeypatch.setattr(sweep, "STRATEGIES", registry)
     cfg = tiny_cfg(tmp_path, "train.strategy=all", "train.steps=3", "train.checkpoint_every=0")
-    summaries = run_training(cfg, "sweep")
+    summaries = sweep.run_sweep(cfg, "sweep")
     assert [s["strategy"] for s in summaries] == ["loop", "concat", "padded"]
     for s in summaries[1:]:  # the same model, data and contract: the curves overlap to rounding
         torch.testing.assert_close(losses([s]), losses(summaries[:1]), rtol=1e-5, atol=0)
@@ -349,7 +351,7 @@ def test_profiler_window_has_the_regions_of_make_profile(tmp_path):
     window = ["profile.wait=1", "profile.warmup=1", "profile.active=2", "train.profile=true", "train.steps=5"]
     run_training(tiny_cfg(tmp_path, *window, "train.checkpoint_every=0"))
     (trace,) = (tmp_path / "default" / "padded" / "profile").glob("*.pt.trace.json.gz")
-    steps = analysis.measure_steps(trace)
+    steps = measure_steps(trace)
     assert len(steps) == 2
     regions = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]
-    assert all(list(s["regions"]) == regions for s in steps)
+    assert all(list(s.regions) == regions for s in steps)

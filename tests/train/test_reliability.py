@@ -8,9 +8,10 @@ import pytest
 import torch
 from train_helpers import losses, tiny_cfg
 
-from detector import data, runs
+from detector import data
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
+from detector.train import folders
 from detector.train.checkpoint import CheckpointError, read_checkpoint
 from detector.train.loop import NonFiniteLoss, StepClock, run_training
 
@@ -118,7 +119,7 @@ def test_a_run_killed_before_its_summary_is_finished_by_resume(tmp_path):
 
 
 def test_a_second_process_on_one_run_folder_is_refused(tmp_path):
-    with runs.locked(run_dir(tmp_path)):
+    with folders.locked(run_dir(tmp_path)):
         with pytest.raises(UserError, match="is in use by pid"):
             run_training(tiny_cfg(tmp_path, *RUN))
 

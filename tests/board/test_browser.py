@@ -1,11 +1,11 @@
 """TensorBoard serving profile and compare runs, checked through its HTTP API and in headless Chromium.
 
 A runs/ folder is built from the recorded H200 trace: padded, and ``synthetic_2x``, the same trace with
-every time halved (a made-up strategy, named so in the screenshots), with
-each run's events (detector.board) and a `make compare` run (detector.compare); `detector.board.main`
-serves it on 127.0.0.1. The browser tests run Chromium offline (every host but 127.0.0.1 unresolvable)
-and drive it over the DevTools protocol on a pipe (no extra packages): TensorBoard's Images and Text
-dashboards draw into shadow DOM, which ``--dump-dom`` does not show. They are skipped where Debian's
+every time halved (a made-up strategy, named so in the screenshots), with each run's events
+(detector/board/events.py) and a `make compare` run (detector/lab/compare.py); the launcher
+(detector/board/launcher.py) serves it on 127.0.0.1. The browser tests run Chromium offline (every host but
+127.0.0.1 unresolvable) and drive it over the DevTools protocol on a pipe (no extra packages): TensorBoard's
+Images and Text dashboards draw into shadow DOM, which ``--dump-dom`` does not show. They are skipped where Debian's
 ``chromium`` is not installed. Screenshots go to the test's tmp folder, and to $TENSORBOARD_SCREENSHOTS
 when set (``TENSORBOARD_SCREENSHOTS=docs pytest tests/test_browser.py`` regenerates the README's
 docs/tensorboard-*.png, taken after the CPU quick start).
@@ -29,12 +29,15 @@ from pathlib import Path
 
 import pytest
 from conftest import child_env
-from test_board import make_run
+from lab_helpers import make_run
 
-from detector import analysis, profiling
-from detector.board import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_profile_events
-from detector.compare import run_compare
+from detector import cli
+from detector.board.events import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_compare_events, write_profile_events
 from detector.config import load_config
+from detector.lab.analysis import measure_steps, summarise
+from detector.lab.compare import run_compare
+from detector.lab.record import ProfileRecord, read_extract, read_summary, write_summary
+from detector.lab.trace import load_trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 PADDED, FAST = "profile/padded/20261122-031500", "profile/synthetic_2x/20261122-031600"
@@ -62,8 +65,9 @@ def served(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("board") / "runs"
     for strategy, stamp, scale in (("padded", "20261122-031500", 1.0), ("synthetic_2x", "20261122-031600", 0.5)):
         run = make_run(logdir / "profile", strategy, stamp, scale=scale)
-        write_profile_events(run, json.loads((run / "summary.json").read_text()))
+        write_profile_events(run, read_summary(run), read_extract(run / "extract.json.gz"))
     compare = run_compare(logdir / "profile", out_dir=logdir / "compare" / "20261122-032000")
+    write_compare_events(compare.out, compare.texts, compare.images)
     runs = [PADDED, FAST, "compare/20261122-032000"]
     url, stop = serve(logdir, runs)
     yield {"url": url, "runs": runs, "compare": compare, "shots": logdir.parent}
@@ -266,11 +270,11 @@ def test_text_dashboard_shows_the_tables(served, browser):
 
 
 def serve(logdir: Path, runs: list[str]):
-    """TensorBoard (detector.board.main) on 127.0.0.1 over ``logdir``, once it lists ``runs``: (url, stop),
+    """TensorBoard (detector/board/launcher.py) on 127.0.0.1 over ``logdir``, once it lists ``runs``: (url, stop),
     stop() ending its whole process group."""
     port = free_port()
     env = child_env()
-    script = "import sys; from detector.board import main; main(sys.argv[1], int(sys.argv[2]), host='127.0.0.1')"
+    script = "import sys; from detector.board.launcher import main; main(sys.argv[1], int(sys.argv[2]))"
     log = open(logdir.parent / "tensorboard.log", "wb")  # noqa: SIM115  closed by stop()
     server = subprocess.Popen(
         [sys.executable, "-c", script, str(logdir), str(port)],
@@ -311,8 +315,8 @@ def quick_start(tmp_path_factory):
     logdir = tmp_path_factory.mktemp("quick") / "runs"
     for strategy in ("padded", "concat"):
         cfg = load_config([f"profile.strategy={strategy}", f"profile.out_dir={logdir / 'profile'}"], announce=None)
-        profiling.run_profile(cfg)
-    run_compare(logdir / "profile", out_dir=logdir / "compare" / "now")
+        cli.profile(cfg)
+    assert cli.main(["compare", "--dir", str(logdir / "profile"), "--out", str(logdir / "compare" / "now")]) == 0
     url, stop = serve(logdir, ["compare/now"])
     yield url
     stop()
@@ -326,7 +330,7 @@ def test_the_landing_page_opens_on_the_comparison(quick_start, browser):
 
 
 def test_the_comparison_text_leads_with_the_verdicts(quick_start, browser):
-    text = browser.show(f"{quick_start}/#text", ["compare/train/text_summary", "Verdicts", "as training runs it"])
+    text = browser.show(f"{quick_start}/#text", ["compare/train/text_summary", "Verdicts", "Traces tab: align on"])
     assert text.index("Verdicts") < text.index("Wall ms per step") < text.index("Why (mode=train)")
     assert "concat" in text and "slices" in text and "operators" in text
     keep(browser.screenshot(browser.profile.parent / "tensorboard-compare.png"))
@@ -385,6 +389,7 @@ def traces(tmp_path_factory):
     names = [("padded", 1.0), ("synthetic_2x", 0.5), ("synthetic_3x", 0.33), ("synthetic_4x", 0.25), ("slower", 1.5)]
     for i, (strategy, scale) in enumerate(names):
         make_run(logdir / "profile", strategy, f"20261122-03150{i}", scale=scale)
+    make_run(logdir / "profile", "padded", "20261121-020000", scale=3.0)  # an older run of padded: not ticked
     url, stop = serve(logdir, [])  # no event files: TensorBoard's own run list stays empty
     yield url
     stop()
@@ -411,7 +416,7 @@ def test_the_traces_tab_draws_five_runs_and_explains_what_the_pointer_is_on(trac
         browser,
         "(doc) => doc.getElementById('tooltip').style.display === 'block' && doc.getElementById('tooltip').textContent",
     )
-    assert "ms" in tip and any(region in tip for region in ("forward", "backward", "optimizer step"))
+    assert "ms" in tip and any(region in tip for region in ("forward", "calc loss", "backward", "optimizer step"))
     in_traces(browser, POINT_AT % ("click", "regions", 0.3, "click"))
     why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
     assert "why, in the steps shown" in why and "synthetic_2x" in why and "launches" in why
@@ -454,10 +459,11 @@ def test_the_traces_tab_stays_responsive_on_a_step_of_thirty_thousand_launches(t
     (run / "trace").mkdir(parents=True)
     trace = run / "trace" / "loop.pt.trace.json.gz"
     trace.write_bytes(gzip.compress(json.dumps(loop_like_trace()).encode(), compresslevel=1))
-    steps = analysis.measure_steps(trace)
-    summary = {"strategy": "loop", "mode": "train", "device": "NVIDIA H200", "trace": "trace/" + trace.name}
-    summary |= {"analysis": analysis.trace_summary(trace, steps), "per_step": steps}
-    (run / "summary.json").write_text(json.dumps(summary))
+    parsed = load_trace(trace)
+    steps = measure_steps(parsed)
+    record = ProfileRecord("loop", "train", "NVIDIA H200", "2.11", 1024, 256, 256, summarise(parsed, steps), steps)
+    record.trace = "trace/" + trace.name
+    write_summary(run, record)
     url, stop = serve(logdir, [])
     try:
         browser.show(f"{url}/#traces", ["loop · train · step 7", "GPU stream 7"], timeout=60)
@@ -472,3 +478,37 @@ def test_the_traces_tab_stays_responsive_on_a_step_of_thirty_thousand_launches(t
         assert redraw < 300, f"a redraw of the loop-like step took {redraw} ms"
     finally:
         stop()
+
+
+GPU_LANE_COLOURS = """(doc) => {  // the distinct colours along the middle of the first 'GPU stream 7' lane
+  const canvas = doc.getElementById('canvas');
+  const label = [...doc.querySelectorAll('.lane-label')].find((l) => l.textContent === 'GPU stream 7');
+  const ratio = canvas.width / canvas.clientWidth;
+  const y = Math.round((label.offsetTop + 9) * ratio);
+  const row = canvas.getContext('2d').getImageData(0, y, canvas.width, 1).data;
+  const seen = new Set();
+  for (let i = 0; i < row.length; i += 4) if (row[i + 3]) seen.add([row[i], row[i + 1], row[i + 2]].join(','));
+  return [...seen];
+}"""
+
+
+def test_the_traces_tab_ticks_the_newest_run_of_each_strategy_and_colours_gpu_work_by_region(traces, browser):
+    browser.show(f"{traces}/#traces", ["padded · train · step", "GPU stream 7"])
+    runs = wait_for(
+        browser,
+        "(doc) => doc.body.dataset.readyMs && [...doc.querySelectorAll('.run')].map((r) => "
+        "[r.querySelector('input').checked, r.querySelector('span').textContent, r.querySelector('span').title])",
+    )
+    padded = [(checked, label, run) for checked, label, run in runs if label.startswith("padded")]
+    assert padded == [
+        (True, "padded · train · NVIDIA H200 · 2026-11-22 03:15", "profile/padded/20261122-031500"),
+        (False, "padded · train · NVIDIA H200 · 2026-11-22 02:00", "profile/padded/20261121-020000"),
+    ]  # the newest first and ticked; the labels tell the two apart
+    colours = set(in_traces(browser, GPU_LANE_COLOURS))
+    regions = {"forward": (31, 119, 180), "backward": (148, 103, 189), "optimizer step": (44, 160, 44)}
+    shaded = lambda rgb: tuple(round(v * 0.7) for v in rgb)  # noqa: E731  events merged at this zoom
+    found = {r for r, rgb in regions.items() if {",".join(map(str, rgb)), ",".join(map(str, shaded(rgb)))} & colours}
+    assert found == set(regions), colours  # the GPU work of each region in its colour, not one colour for all
+    legend = in_traces(browser, "(doc) => doc.getElementById('legend').textContent")
+    assert "forward" in legend and "kernel launch" in legend and "memset" not in legend
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-regions.png"))

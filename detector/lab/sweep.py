@@ -10,8 +10,9 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from detector.lab.tables import markdown_table
 from detector.losses import STRATEGIES
-from detector.tables import markdown_table
+from detector.train.loop import experiment_name, train, training_processes
 from detector.train.step import speed_option_refusal
 
 
@@ -60,24 +61,31 @@ def plot_losses(summaries: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def run_sweep(cfg: DictConfig, experiment: str, env, device: torch.device, train) -> list[dict]:
-    """One ``train`` run per registered strategy that can run here; the others are listed with the reason."""
+def run_sweep(cfg: DictConfig, experiment: str | None = None) -> list[dict]:
+    """One training run per registered strategy that can run here, the same seed and data for each; the others
+    are listed with the reason. Returns the runs' summaries."""
+    experiment = experiment_name(experiment)
     summaries, skipped = [], {}
-    for name, strategy in STRATEGIES.items():
-        reason = strategy.unavailable(device) or speed_option_refusal(strategy, cfg.train, env.world_size, device)
-        if reason:
-            skipped[name] = reason
-            continue
-        summaries.append(train(OmegaConf.merge(cfg, {"train": {"strategy": name}}), experiment, env, device))
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # the next run starts from the same free memory
-    if env.is_main:
-        table = sweep_table(summaries, skipped)
-        out = Path(cfg.train.out_dir) / experiment
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "sweep.md").write_text(table + "\n")
-        (out / "sweep.json").write_text(json.dumps({"runs": summaries, "skipped": skipped}, indent=2))
-        if summaries:
-            plot_losses(summaries, out / "loss_curves.png")
-        print(f"\n{table}\n\ntable, summaries and loss_curves.png in {out}/")
+    with training_processes(cfg) as (env, device):
+        for name, strategy in STRATEGIES.items():
+            reason = strategy.unavailable(device) or speed_option_refusal(strategy, cfg.train, env.world_size, device)
+            if reason:
+                skipped[name] = reason
+                continue
+            summaries.append(train(OmegaConf.merge(cfg, {"train": {"strategy": name}}), experiment, env, device))
+            if device.type == "cuda":
+                torch.cuda.empty_cache()  # the next run starts from the same free memory
+        if env.is_main:
+            write_sweep(Path(cfg.train.out_dir) / experiment, summaries, skipped)
     return summaries
+
+
+def write_sweep(out: Path, summaries: list[dict], skipped: dict[str, str]) -> None:
+    """sweep.md, sweep.json and loss_curves.png in ``out``, and the table printed."""
+    table = sweep_table(summaries, skipped)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "sweep.md").write_text(table + "\n")
+    (out / "sweep.json").write_text(json.dumps({"runs": summaries, "skipped": skipped}, indent=2))
+    if summaries:
+        plot_losses(summaries, out / "loss_curves.png")
+    print(f"\n{table}\n\ntable, summaries and loss_curves.png in {out}/")

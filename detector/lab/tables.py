@@ -3,7 +3,7 @@ writer, one way to print milliseconds, spreads and speed-ups, and one line namin
 from.
 
 A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.bench.timing.Stats``,
-or :class:`Spread` here): a median and its interquartile range [q1–q3]. The one rule for calling a
+or ``detector.lab.record.Spread``): a median and its interquartile range [q1–q3]. The one rule for calling a
 difference a speed-up, everywhere: two spreads whose interquartile ranges overlap are the same within the
 noise (``≈``); otherwise the speed-up is the ratio of their medians.
 """
@@ -13,28 +13,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 
+from detector.config import device_name
+
 MISSING = "—"  # a cell without a value (not measured, not applicable)
-
-
-class Spread(NamedTuple):
-    """A median and the interval around it: the quartiles of repeated timings."""
-
-    median: float
-    low: float
-    high: float
-
-    @classmethod
-    def of(cls, stats: dict | None) -> Spread | None:
-        """A summary.json spread (``detector.analysis.spread``: median, q1, q3) as a Spread; None without values."""
-        if not stats or stats.get("median") is None:
-            return None
-        return cls(stats["median"], stats["q1"], stats["q3"])
+WHICH_HEADING = "### Which strategy should I use?"  # bench losses writes it; make report opens its document with it
 
 
 def significant(value: float, digits: int = 3) -> str:
@@ -87,6 +75,16 @@ def speedup_cell(base, new) -> str:
     return times(speedup(base, new))
 
 
+TAG = re.compile(r"<(?=[A-Za-z/!?])")  # the start of an HTML tag: `<script>`, `</b>`, `<!--`
+
+
+def cell_text(value: object) -> str:
+    """Text that cannot break a markdown table or carry HTML: ``|`` escaped, line breaks as spaces, a tag's
+    ``<`` as ``&lt;`` (values from files a user or another program wrote: a strategy's name, a warning)."""
+    text = " ".join(str(value).split("\n"))
+    return TAG.sub("&lt;", text.replace("\r", " ").replace("|", "\\|"))
+
+
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
     """A markdown table. ``align`` has one letter per column, ``l`` or ``r``; by default the first column
     is left-aligned and the others right-aligned (labels, then numbers). None cells print as ``—``."""
@@ -96,15 +94,10 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], ali
     for i, row in enumerate(rows):
         if len(row) != len(headers):
             raise ValueError(f"row {i} has {len(row)} cells for {len(headers)} columns: {row!r}")
-    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
-    lines += ["| " + " | ".join(MISSING if c is None else str(c) for c in row) + " |" for row in rows]
+    lines = ["| " + " | ".join(map(cell_text, headers)) + " |"]
+    lines += ["|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
+    lines += ["| " + " | ".join(MISSING if c is None else cell_text(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def device_name(device: torch.device | str) -> str:
-    """The GPU's name for a CUDA device (``NVIDIA H200``), else the device type (``cpu``)."""
-    device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
 def run_info(device: torch.device | str) -> dict:

@@ -1,4 +1,4 @@
-"""detector.tables: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
+"""detector/lab/tables.py: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
 
 import dataclasses
 import json
@@ -6,8 +6,9 @@ import json
 import pytest
 import torch
 
-from detector.tables import (
-    Spread,
+from detector.lab.record import Spread
+from detector.lab.tables import (
+    cell_text,
     markdown_table,
     ms,
     run_header,
@@ -73,4 +74,16 @@ def test_write_json_turns_dataclasses_into_objects(tmp_path):
         n: int
 
     path = write_json(tmp_path / "deep" / "x.json", {"t": Timed(1.0, 3), "s": Spread(1.0, 0.5, 2.0)})
-    assert json.loads(path.read_text()) == {"t": {"median": 1.0, "n": 3}, "s": [1.0, 0.5, 2.0]}
+    assert json.loads(path.read_text()) == {
+        "t": {"median": 1.0, "n": 3},
+        "s": {"median": 1.0, "q1": 0.5, "q3": 2.0, "min": None, "max": None, "n": 0},
+    }
+
+
+def test_a_cell_from_a_file_cannot_break_its_table_or_carry_html():
+    """A strategy named with a pipe, a line break and a script tag: one cell, no tag; ``3 < 4`` stays as it is."""
+    name = "evil|name\n<script>alert(1)</script> 3 < 4"
+    assert cell_text(name) == "evil\\|name &lt;script>alert(1)&lt;/script> 3 < 4"
+    table = markdown_table(["strategy", "ms"], [[name, 1]])
+    assert len(table.splitlines()) == 3 and table.splitlines()[2].count(" | ") == 1
+    assert "<script>" not in table

@@ -14,6 +14,7 @@ const LABELS = 230; // px of the lane labels column
 const CATEGORIES = ['kernel', 'gpu_memcpy', 'gpu_memset'];
 const LAUNCH = 1;
 const SYNC = 2;
+const COPY_EDGE = '#d62728'; // a copy's outline, whatever region launched it
 
 const state = {
   listing: null,
@@ -42,7 +43,7 @@ export async function render() {
   }
   const seen = new Set();
   for (const run of runs) {
-    // by default the newest run of each strategy, train mode first, five at most
+    // by default the newest run of each strategy (the listing puts it first), train mode first, five at most
     const key = `${run.strategy}/${run.mode}`;
     if (!seen.has(key) && state.selected.size < 5 && run.mode === runs[0].mode) {
       seen.add(key);
@@ -113,6 +114,8 @@ function prepare(step) {
       {callName: name(call), thread, region, sync: Boolean(flags & SYNC)},
     ]),
   });
+  // GPU work in the colour of the region whose call launched it: the host runs steps ahead of the device
+  const launchedBy = (call) => regionName(step, step.calls[call][4]);
   for (const stream of step.streams) {
     lanes.push({
       kind: 'gpu',
@@ -120,7 +123,7 @@ function prepare(step) {
       events: stream.events.map(([start, dur, category, kernel, call]) => [
         start,
         dur,
-        colors.gpu[CATEGORIES[category]] || '#3b5b92',
+        colors.regions[launchedBy(call)] || '#999',
         {kernel: name(kernel), category: CATEGORIES[category], call},
       ]),
     });
@@ -159,7 +162,7 @@ function buildControls() {
       update();
     };
     const text = document.createElement('span');
-    text.textContent = `${run.strategy} · ${run.mode} · ${run.device}`;
+    text.textContent = runLabel(run);
     text.title = run.run;
     row.append(box, text, steps);
     list.append(row);
@@ -169,12 +172,6 @@ function buildControls() {
     row.className = 'skipped';
     row.textContent = `${skipped.run}: ${skipped.reason}`;
     list.append(row);
-  }
-  const legend = document.getElementById('legend');
-  const chips = {...state.listing.colors.regions, ...state.listing.colors.gpu};
-  for (const [name, color] of Object.entries(chips)) {
-    if (name === 'step' || name === 'other') continue;
-    legend.insertAdjacentHTML('beforeend', `<span><i style="background:${color}"></i>${esc(name.replace('gpu_', ''))}</span>`);
   }
   const align = document.getElementById('align');
   for (const region of Object.keys(state.listing.colors.regions)) {
@@ -189,6 +186,40 @@ function buildControls() {
     state.view = null;
     draw();
   };
+}
+
+// A run as its checkbox reads: strategy, mode, device and when it ran, which tells two runs of one strategy apart.
+function runLabel(run) {
+  const when = run.created ? run.created.slice(0, 16).replace('T', ' ') : run.run.split('/').pop();
+  return `${run.strategy} · ${run.mode} · ${run.device} · ${when}`;
+}
+
+// The legend names what the runs shown draw: their regions (host spans and the GPU work they launched),
+// the launches and syncs where there are any, and the copies' outline.
+function drawLegend(entries) {
+  const legend = document.getElementById('legend');
+  legend.replaceChildren();
+  const colors = state.listing.colors;
+  const drawn = new Map();
+  for (const {data} of entries) {
+    for (const lane of data.lanes) {
+      for (const event of lane.events) {
+        const what = event[3];
+        if (lane.kind === 'regions') drawn.set(what.region, event[2]);
+        else if (lane.kind === 'gpu') {
+          drawn.set(regionName(data, data.calls[what.call][4]), event[2]);
+          if (what.category === 'gpu_memcpy') drawn.set('copy (outlined)', COPY_EDGE);
+        } else if (lane.kind === 'calls') drawn.set(what.sync ? 'host-device sync' : 'kernel launch', what.sync ? colors.sync : colors.launch);
+      }
+    }
+  }
+  for (const [name, color] of drawn) {
+    const chip = document.createElement('span');
+    const swatch = document.createElement('i');
+    swatch.style.background = color;
+    chip.append(swatch, document.createTextNode(name));
+    legend.append(chip);
+  }
 }
 
 function setStatus(text) {
@@ -238,6 +269,7 @@ function draw() {
     return;
   }
   if (!state.view) state.view = fullView(entries);
+  drawLegend(entries);
   let y = AXIS;
   for (const {run, step, data, info} of entries) {
     state.lanes.push({run, kind: 'header', y, h: HEADER, label: `${info.strategy} · step ${step}`, events: []});
@@ -353,6 +385,10 @@ function drawLane(ctx, lane, width) {
     } else {
       ctx.fillStyle = last > first ? shade(color) : color;
       ctx.fillRect(x0, top, Math.max(1, x1 - x0), h);
+      if (lane.kind === 'gpu' && lane.events.slice(first, last + 1).some((e) => e[3].category === 'gpu_memcpy')) {
+        ctx.strokeStyle = COPY_EDGE;
+        ctx.strokeRect(x0 + 0.5, top + 0.5, Math.max(1, x1 - x0) - 1, h - 1);
+      }
     }
     drawn.push(current);
     current = null;

@@ -1,9 +1,9 @@
 """The lab's vocabulary: every measure of a profiled region, once, with its unit and meaning.
 
-detector.analysis computes these from a trace; `make profile`, `make compare`, TensorBoard (detector.board)
-and `make report` name, format and explain them from this table alone. A measure marked ``gpu_only`` is
-``None`` on a trace without GPU events (a CPU run): the tables then say once that it needs a GPU,
-instead of printing zeros.
+detector/lab/analysis.py computes these from a trace; `make profile`, `make compare`, TensorBoard
+(detector/board/) and `make report` name, format and explain them from this table alone. A measure marked
+``gpu_only`` is ``None`` on a trace without GPU events (a CPU run): the tables then say once that it needs
+a GPU, instead of printing zeros.
 
 Times are per step and region; counts are calls or events that *start* inside the region, on any thread
 of the profiled process (the autograd engine launches the backward's kernels from threads of its own).
@@ -138,6 +138,30 @@ MEASURES: dict[str, Measure] = {
 WHY = ("ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies", "runtime_ms")
 # Counts drawn on a log axis by `make compare`, in this order where a run has them.
 COUNTS = ("ops", "launches", "syncs", "h2d_copies", "host_reads", "slices")
+# The counts that no load on the machine changes: a verdict leads with them (detector/lab/verdicts.py).
+STABLE = ("ops", "slices", "host_reads", "launches", "syncs", "h2d_copies", "d2h_copies")
+
+
+def present(records, names=tuple(MEASURES)) -> list[str]:
+    """The measures among ``names`` that some region of some run has at a non-zero median (wall_ms always):
+    a measure that is 0 or missing in every run is neither drawn nor written."""
+    return [name for name in names if name == "wall_ms" or any(present_regions(records, name))]
+
+
+def present_regions(records, name: str) -> list[str]:
+    """The regions in which some run has a non-zero median of measure ``name``."""
+    found = dict.fromkeys(
+        region
+        for record in records
+        for region, stats in record.analysis.regions.items()
+        if stats.get(name) and stats[name].median
+    )
+    return list(found)
+
+
+def absent_gpu_measures(records, names) -> list[str]:
+    """The GPU-only measures among ``names`` that these runs cannot have: they have no GPU events."""
+    return [] if any(r.analysis.gpu for r in records) else [n for n in names if MEASURES[n].gpu_only]
 
 
 def gpu_note(names) -> str:

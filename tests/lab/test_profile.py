@@ -1,13 +1,14 @@
 """`make profile`: the training step of a config under torch.profiler, one new folder per run."""
 
-import json
-
 import pytest
 import torch
 
-from detector import analysis, profiling
+from detector import cli
 from detector.config import load_config
 from detector.errors import UserError
+from detector.lab import profile as profiling
+from detector.lab.record import ProfileRecord, read_summary
+from detector.lab.trace import read_events
 from detector.targets import make_targets
 from detector.train.step import TrainStep
 
@@ -25,9 +26,12 @@ TINY = [
 TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]
 
 
-def profile(tmp_path, *overrides) -> dict:
+def profile(tmp_path, *overrides) -> ProfileRecord:
+    """`make profile` with ``overrides`` into ``tmp_path``: the record it wrote, read back."""
     cfg = load_config([*TINY, f"profile.out_dir={tmp_path}", *overrides], announce=None)
-    return profiling.run_profile(cfg)
+    run_dir, record = cli.profile(cfg)
+    assert read_summary(run_dir).to_json() == record.to_json()  # what it wrote is what every reader reads
+    return record
 
 
 def run_dirs(folder):
@@ -37,46 +41,53 @@ def run_dirs(folder):
 def test_a_profile_run_gets_its_own_folder_with_the_trace_alone_and_a_summary(tmp_path):
     summary = profile(tmp_path, "profile.strategy=padded")
     (run_dir,) = run_dirs(tmp_path / "padded")
-    assert summary["run"] == run_dir.name and summary["mode"] == "train"
+    assert summary.run == run_dir.name and summary.mode == "train"
     (trace,) = (run_dir / "trace").iterdir()  # only the trace: what trace readers expect in the folder
-    assert trace.name.endswith(".pt.trace.json.gz") and summary["trace"] == f"trace/{trace.name}"
-    assert json.loads((run_dir / "summary.json").read_text())["analysis"] == summary["analysis"]
-    assert list(summary["analysis"]["regions"]) == TRAIN_REGIONS
-    assert len(summary["per_step"]) == 2 and summary["analysis"]["steps"] == 2
-    step = summary["analysis"]["regions"]["step"]
-    assert step["wall_ms"]["median"] > 0
-    launched = step["launches"]["median"]
-    assert launched > 0 if summary["analysis"]["gpu"] else launched is None  # a CPU step: no GPU to launch on
-    assert step["ops"]["median"] > 0 and summary["analysis"]["warnings"] == []
+    assert trace.name.endswith(".pt.trace.json.gz") and summary.trace == f"trace/{trace.name}"
+    assert list(summary.analysis.regions) == TRAIN_REGIONS
+    assert len(summary.per_step) == 2 and summary.analysis.steps == 2
+    assert summary.stats("step").median > 0
+    launched = summary.stats("step", "launches")
+    assert launched.median > 0 if summary.analysis.gpu else launched is None  # a CPU step: no GPU to launch on
+    assert summary.median("step", "ops") > 0 and summary.analysis.warnings == []
     assert list(run_dir.glob("events.out.tfevents.*")), "TensorBoard events beside the trace"
+    assert (run_dir / "extract.json.gz").is_file()  # the step model the pictures draw
     # the steps timed after the profiler's window, as training runs them
-    assert len(summary["timed"]["wall_ms"]) == 10 and summary["timed"]["step_ms"]["n"] == 10
-    assert summary["sync_regions"] is False
+    assert len(summary.timed.wall_ms) == 10 and summary.timed.step_ms.n == 10
+    assert summary.sync_regions is False
+    # the machine's noise around the run: the others' load (unknown only where /proc cannot be read)
+    noise = summary.noise
+    assert noise.cores >= 1 and noise.timed_spread == pytest.approx(summary.timed.step_ms.relative_iqr())
+    assert all(load is None or load >= 0 for load in (noise.load_before, noise.load_during, noise.load_after))
 
     again = profile(tmp_path, "profile.strategy=padded")  # a re-run: a new folder, the old one kept
-    assert [p.name for p in run_dirs(tmp_path / "padded")] == sorted([summary["run"], again["run"]])
+    assert [p.name for p in run_dirs(tmp_path / "padded")] == sorted([summary.run, again.run])
 
 
 def test_the_profile_times_the_training_step_of_the_same_config(tmp_path):
     summary = profile(tmp_path, "profile.strategy=concat", "train.lr=0.123", "train.grad_clip=0.5")
-    names = {e.get("name") for e in analysis.read_events(tmp_path / "concat" / summary["run"] / summary["trace"])[1]}
+    names = {e.get("name") for e in read_events(tmp_path / "concat" / summary.run / summary.trace)[1]}
     assert "Optimizer.step#OnePassAdamW.step" in names  # make train's optimizer, not a profiling stand-in
-    assert summary["config"]["train"]["lr"] == 0.123 and summary["config"]["train"]["strategy"] == "concat"
+    assert summary.config["train"]["lr"] == 0.123 and summary.config["train"]["strategy"] == "concat"
 
 
 def test_the_printed_table_names_the_timed_steps_and_what_needs_a_gpu(tmp_path, capsys):
     summary = profile(tmp_path, "profile.strategy=loop", "profile.timed=3")
     out = capsys.readouterr().out
-    assert "| region | wall ms | operators | slices |" in out
+    header = next(line for line in out.splitlines() if line.startswith("| region |"))
+    gpu = summary.analysis.gpu
+    assert header.startswith("| region | wall ms |") and "| operators | slices |" in header
+    assert ("| GPU ms |" in header) == gpu  # the device at hand's columns
     assert "As training runs it (no profiler, no regions; 3 steps): step" in out
-    assert ("need a GPU" in out) == (not summary["analysis"]["gpu"])
+    assert ("need a GPU" in out) == (not gpu)
+    assert "Noise: " in out
     none = profile(tmp_path, "profile.strategy=padded", "profile.timed=0")
-    assert none["timed"]["step_ms"]["n"] == 0 and "profile.timed=0" in capsys.readouterr().out
+    assert none.timed.step_ms.n == 0 and "profile.timed=0" in capsys.readouterr().out
 
 
 def test_forward_mode_keeps_the_articles_protocol(tmp_path):
     summary = profile(tmp_path, "profile.strategy=padded", "profile.mode=forward")
-    assert list(summary["analysis"]["regions"]) == ["data wait", "copy data", "forward", "calc loss", "other", "step"]
+    assert list(summary.analysis.regions) == ["data wait", "copy data", "forward", "calc loss", "other", "step"]
     assert run_dirs(tmp_path / "padded-forward")
 
 
@@ -89,7 +100,7 @@ def test_a_failed_run_removes_only_its_own_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(profiling, "profile_steps", broken)
     with pytest.raises(RuntimeError, match="disk full"):
         profile(tmp_path, "profile.strategy=padded")
-    assert [p.name for p in run_dirs(tmp_path / "padded")] == [first["run"]]
+    assert [p.name for p in run_dirs(tmp_path / "padded")] == [first.run]
 
 
 def test_bad_mode_is_refused_before_anything_is_written(tmp_path):
@@ -107,11 +118,11 @@ def test_sync_regions_only_labels_the_synchronize_on_a_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_sync_regions_end_each_region_in_a_labelled_synchronize(tmp_path):
     synced = profile(tmp_path, "profile.strategy=padded", "profile.sync_regions=true", "device=cuda")
-    assert synced["sync_regions"] is True
-    step = synced["analysis"]["regions"]["step"]
-    assert step["sync_wait_ms"]["median"] > 0 and step["syncs"]["median"] == 0  # the lab's wait, no other sync
     free = profile(tmp_path, "profile.strategy=padded", "device=cuda")
-    assert free["analysis"]["regions"]["step"]["sync_wait_ms"]["median"] == 0
+    assert synced.sync_regions is True and free.sync_regions is False
+    assert synced.median("step", "sync_wait_ms") > 0 and free.median("step", "sync_wait_ms") == 0
+    # the lab's wait is measured on its own: the syncs counted are the step's own (the loader's), as without it
+    assert synced.median("step", "syncs") == free.median("step", "syncs")
 
 
 def test_regions_cost_nothing_when_inactive():

@@ -1,15 +1,23 @@
-"""`make report` (detector.report): the standard set run part by part into one document, resumed where it
-stopped, written only once every part has run, naming the machine, the commit and the commands."""
+"""`make report` (detector/lab/report.py): the standard set run part by part into one document, resumed where it
+stopped, written only once every part has run, naming the machine, the commit, the commands and the load it ran
+under; a noisy report does not replace the document it would overwrite."""
 
 import json
 import re
 
 import pytest
+import torch
+from lab_helpers import BUSY, QUIET, make_run
 
-from detector import cli, report
+from detector import cli
+from detector.config import load_config
 from detector.errors import UserError
+from detector.lab import report
 
+# The CPU pinned: the report's parts and their number are the CPU's (a GPU adds the synchronised profile and the
+# kernel and step benches), whatever machine runs the tests.
 TINY = [
+    "device=cpu",
     "preset=cpu",
     "data.batch_size=8",
     "data.image_size=16",
@@ -51,7 +59,8 @@ def test_report_runs_the_standard_set_and_writes_one_document(tmp_path, capsys, 
     ):
         assert command in doc, command
     assert "profile.wait=1 profile.warmup=1 profile.active=3 profile.timed=2" in doc  # loop: the short profile
-    assert "#### Verdicts" in doc and "- **loop**:" in doc
+    assert "#### Verdicts" in doc and "- **loop** — " in doc
+    assert "Other processes' load during the profiles: " in doc
     assert re.search(r"\| padded \| [\d.]+ \| [\d.]+ \[", doc)  # the profile against training, row by row
     assert "loop against padded: training's steps give" in doc
     assert "| strategy | batch | boxes |" in doc  # bench losses' table
@@ -132,7 +141,7 @@ def test_the_profile_against_training_table_reads_the_runs(tmp_path):
     for name, ms in (("padded", 43.2), ("packed", 42.1)):
         run = tmp_path / "train" / name / "default" / f"{name}+compile"
         run.mkdir(parents=True)
-        (run / "summary.json").write_text(json.dumps({"step_ms": ms}))
+        (run / "summary.json").write_text(json.dumps({"step_ms": ms, "history": [[10, 1.0]]}))
     text = report.profile_vs_training(tmp_path, compare, ["padded", "packed"])
     assert "| padded | 43.2 | 43.0 [42.6–43.4] | 0.995 | 43.4 [43.0–43.9] | 1.005 | 43.5 [43.1–43.9] | 1.007 |" in text
     assert "within 1.0 % of training's" in text  # packed's timed step: 42.5 / 42.1
@@ -148,3 +157,30 @@ def stats(median: float) -> dict:
         "max": median * 1.02,
         "n": 5,
     }
+
+
+@pytest.mark.parametrize("noise, force, replaced", [(QUIET, False, True), (BUSY, False, False), (BUSY, True, True)])
+def test_a_noisy_report_does_not_replace_the_document_unless_told_to(tmp_path, capsys, noise, force, replaced):
+    """A finished report's parts are in its run folder; the document it would replace stays where the noise check
+    flags a profile, and the new one is written into the run folder."""
+    docs, work = tmp_path / "docs", tmp_path / "work" / "cpu" / "current"
+    docs.mkdir()
+    (docs / "cpu.md").write_text("# the committed report\n")
+    make_run(work / "profile", "padded", "20261122-031500", gpu=False, noise=noise)
+    (work / "compare").mkdir()
+    (work / "compare" / "compare.json").write_text(json.dumps({"modes": {}}))
+    (work / "compare" / "compare.md").write_text("# compared\n\n## mode=train\n\nverdicts\n")
+    (work / "bench").mkdir()
+    (work / "bench" / "losses.md").write_text("### Which strategy should I use?\n\n| a table |\n")
+    folders = [f"report.out_dir={docs}", f"report.work_dir={tmp_path / 'work'}", f"report.force={force}"]
+    cfg = load_config(["device=cpu", "preset=cpu", *folders], announce=None)
+    path = report.finish(cfg, torch.device("cpu"), work, [], {}, [])
+    out = capsys.readouterr().out
+    assert (path == docs / "cpu.md") == replaced
+    kept = (docs / "cpu.md").read_text() == "# the committed report\n"
+    assert kept == (not replaced)
+    assert "Other processes' load during the profiles: at most" in path.read_text()
+    if not replaced:
+        assert path.parent.parent == tmp_path / "work" / "cpu" and path.name == "cpu.md"
+        assert "the noise check flags 1 of its profiles (padded: other processes kept 1.9 of 2 cores busy" in out
+        assert "make report ARGS=report.force=true" in out

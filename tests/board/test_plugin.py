@@ -1,28 +1,29 @@
-"""The per-step extract (detector.extract) and the Traces tab's routes (detector.trace_view), without a browser
-(tests/test_browser.py drives the tab itself)."""
+"""The per-step extract (detector/lab/extract.py) and the Traces tab's routes (detector/board/plugin.py), without a
+browser (tests/board/test_browser.py drives the tab itself)."""
 
 import gzip
 import json
 
 import pytest
+from lab_helpers import GPU_TRACE, make_run
 from tensorboard.plugins.base_plugin import TBContext
-from test_analysis import AUTOGRAD, MAIN, synthetic_events
-from test_board import make_run
+from trace_helpers import AUTOGRAD, MAIN, synthetic_events
 from werkzeug.test import Client
 
-from detector import extract
-from detector.analysis import measure_steps
-from detector.trace_view import TracesPlugin
+from detector.board.plugin import TracesPlugin
+from detector.lab import extract
+from detector.lab.analysis import measure_steps
+from detector.lab.record import EXTRACT, EXTRACT_VERSION, RecordError, read_summary
 
 # ----------------------------------------------------------------------------- the extract
 
 
 def test_extract_of_the_hand_written_trace():
     found = extract.build(synthetic_events(), about={"strategy": "padded"})
-    assert found["version"] == extract.VERSION and found["about"] == {"strategy": "padded"} and found["gpu"]
-    assert list(found["steps"]) == ["5", "6"] and found["representative_step"] in (5, 6)
-    names = found["names"]
-    step = found["steps"]["5"]
+    assert found.version == EXTRACT_VERSION and found.about == {"strategy": "padded"} and found.gpu
+    assert list(found.steps) == ["5", "6"] and found.representative_step in (5, 6)
+    names = found.names
+    step = found.steps["5"]
     assert step["dur"] == 1000
     assert [r[0] for r in step["regions"]] == ["data wait", "copy data", "forward", "calc loss", "backward"]
     assert step["regions"][2] == ["forward", 200, 200]
@@ -41,32 +42,31 @@ def test_extract_of_the_hand_written_trace():
     stream7 = next(s for s in step["streams"] if s["stream"] == "7")
     late = next(e for e in stream7["events"] if names[e[3]] == "late")
     assert late[:2] == [1200, 100] and names[step["calls"][late[4]][3]] == "cudaLaunchKernel"
-    assert not any(names[e[3]] == "late" for s in found["steps"]["6"]["streams"] for e in s["events"])
+    assert not any(names[e[3]] == "late" for s in found.steps["6"]["streams"] for e in s["events"])
     assert step["why"]["forward"]["launches"] == 5 and "gpu_idle_share" not in step["why"]["forward"]
 
 
 def test_extract_is_written_once_and_converted_for_older_runs(tmp_path):
     run = make_run(tmp_path / "profile", "padded", "20261122-031500")
-    assert not (run / extract.EXTRACT).exists()
-    found = extract.load(run)  # an older run: converted from its trace on first read, and kept
-    assert (run / extract.EXTRACT).is_file() and list(found["steps"]) == ["10", "11", "12"]
-    assert found["about"]["strategy"] == "padded"
-    assert extract.load(run) == found
-    (run / extract.EXTRACT).write_bytes(b"not gzip")
-    with pytest.raises(ValueError, match="extract.json.gz: cannot read it .*delete it to rebuild it"):
-        extract.load(run)
-    (run / extract.EXTRACT).unlink()
-    (run / json.loads((run / "summary.json").read_text())["trace"]).unlink()
-    with pytest.raises(ValueError, match="no extract and no trace to build one from"):
-        extract.load(run)
+    record = read_summary(run)
+    (run / EXTRACT).unlink()  # an older run: converted from its trace on first read, and kept
+    found = extract.load(run, record)
+    assert (run / EXTRACT).is_file() and list(found.steps) == ["10", "11", "12"]
+    assert found.about["strategy"] == "padded"
+    assert extract.load(run, record) == found
+    (run / EXTRACT).write_bytes(b"not gzip")
+    with pytest.raises(RecordError, match="extract.json.gz: not JSON"):
+        extract.load(run, record)
+    (run / EXTRACT).unlink()
+    (run / record.trace).unlink()
+    with pytest.raises(RecordError, match="no extract.json.gz and no trace to build one from"):
+        extract.load(run, record)
 
 
 def test_the_extract_stays_small():
     """A seed-scale GPU step is tens of kilobytes: the tab reads it, not the trace."""
-    from test_analysis import GPU_TRACE
-
     found = extract.build(GPU_TRACE, measure_steps(GPU_TRACE))
-    per_step = len(gzip.compress(json.dumps(found).encode())) / len(found["steps"])
+    per_step = len(gzip.compress(json.dumps(found.to_json()).encode())) / len(found.steps)
     assert per_step < 30_000
 
 
@@ -76,11 +76,12 @@ def test_the_extract_stays_small():
 @pytest.fixture
 def logdir(tmp_path):
     root = tmp_path / "runs"
-    make_run(root / "profile", "padded", "20261122-031500")
-    fast = make_run(root / "profile", "cuda_fused", "20261122-031600", scale=0.5)
-    extract.write(fast, extract.load(fast))
+    older = make_run(root / "profile", "padded", "20261122-031500")
+    (older / EXTRACT).unlink()  # a run of a version that wrote no extract: converted on first read
+    make_run(root / "profile", "cuda_fused", "20261122-031600", scale=0.5)
     broken = make_run(root / "profile", "concat", "20261122-031700")
-    (broken / json.loads((broken / "summary.json").read_text())["trace"]).unlink()
+    (broken / EXTRACT).unlink()
+    (broken / read_summary(broken).trace).unlink()
     (root / "train" / "x" / "padded").mkdir(parents=True)
     (root / "train" / "x" / "padded" / "summary.json").write_text('{"steps": 3}')  # a training run's: not listed
     (root / "profile" / "loop" / "1").mkdir(parents=True)
@@ -117,9 +118,9 @@ def test_runs_lists_profile_runs_and_why_others_are_not_shown(logdir):
     skipped = {s["run"]: s["reason"] for s in listing["skipped"]}
     assert skipped == {
         "profile/concat/20261122-031700": "no extract.json.gz and no trace to build one from",
-        "profile/loop/1": "summary.json cannot be read (JSONDecodeError)",
+        "profile/loop/1": "not JSON (JSONDecodeError: Expecting property name enclosed in double quotes: line 1 co)",
     }
-    assert listing["colors"]["regions"]["forward"] == "#1f77b4" and listing["colors"]["gpu"]["kernel"]
+    assert listing["colors"]["regions"]["forward"] == "#1f77b4" and "gpu" not in listing["colors"]
     assert listing["measures"]["launches"]["header"] == "launches" and "gpu_ms" in listing["why"]
     assert plugin.is_active() and plugin.frontend_metadata().tab_name == "Traces"
     assert not TracesPlugin(TBContext(logdir=str(logdir / "nothing"))).is_active()
@@ -133,7 +134,7 @@ def test_step_serves_one_step_and_converts_an_older_run(logdir):
     assert (
         step["step"] == 11 and step["gpu"] and {"regions", "threads", "calls", "streams", "why", "names"} <= set(step)
     )
-    assert (logdir / "profile" / "padded" / "20261122-031500" / extract.EXTRACT).is_file()  # converted, kept
+    assert (logdir / "profile" / "padded" / "20261122-031500" / EXTRACT).is_file()  # converted, kept
     fast = http.get("/step?run=profile/cuda_fused/20261122-031600&step=10").get_json()
     assert fast["dur"] == pytest.approx(step["dur"] / 2, rel=0.3)
 

@@ -9,24 +9,22 @@ whose largest difference is no larger than the reference's matches the first run
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from detector.errors import UserError
-from detector.tables import markdown_table
+from detector.lab.record import RecordError, read_training
+from detector.lab.tables import markdown_table
 
 EVERY = 50  # steps between the table's rows, and the running mean's window
 
 
 def curve(run_dir: str | Path) -> dict[int, float]:
     """Step -> the mean loss of the log window ending there (``make train``'s summary.json ``history``)."""
-    path = Path(run_dir) / "summary.json"
     try:
-        return {int(step): float(loss) for step, loss in json.loads(path.read_text())["history"]}
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise UserError(
-            f"{path}: no loss curve to read ({type(err).__name__}); `make train` writes it at the end"
-        ) from None
+        record = read_training(run_dir)
+    except RecordError as err:
+        raise UserError(f"{err}: `make train` writes a run's loss curve at its end") from None
+    return {step: float(loss) for step, loss in record.history}
 
 
 def running_mean(points: dict[int, float], window: int = EVERY) -> dict[int, float]:

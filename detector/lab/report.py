@@ -36,12 +36,12 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from detector.bench.losses import WHICH_HEADING
-from detector.board import timed_note
-from detector.config import resolve_device
+from detector.config import device_name, resolve_device
 from detector.errors import UserError
+from detector.lab.record import RecordError, read_summary, read_training
+from detector.lab.tables import WHICH_HEADING, markdown_table, significant, spread_cell, times
+from detector.lab.verdicts import profiler_note
 from detector.losses import STRATEGIES, get_strategy
-from detector.tables import device_name, markdown_table, significant, times
 from detector.train.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
@@ -92,11 +92,60 @@ def run_report(cfg: DictConfig, overrides: list[str], sections: dict[str, set[st
         run_part(part, work / "logs" / f"{i:02d}.log")
         print(f"[{i}/{len(parts)}] {part.title}: done in {time.perf_counter() - began:.0f} s", flush=True)
     print(f"all parts done in {time.perf_counter() - started:.0f} s; writing the report", flush=True)
-    path = write_document(cfg, device, work, parts, skipped, overrides)
+    return finish(cfg, device, work, parts, skipped, overrides)
+
+
+def finish(cfg: DictConfig, device, work: Path, parts: list[Part], skipped: dict, overrides: list[str]) -> Path:
+    """Write the document from the finished parts in ``work`` and give the run folder its time stamp; returns the
+    document's path. A report whose profiles the noise check flags does not replace an existing
+    ``<report.out_dir>/<device>.md`` (unless report.force=true): it stays in its run folder, and says so."""
+    out_dir, slug = Path(cfg.report.out_dir), device_slug(device_name(device))
+    noisy = noisy_runs(work)
+    kept = bool(noisy) and (out_dir / f"{slug}.md").exists() and not cfg.report.force
+    path = write_document(cfg, device, work, parts, skipped, overrides, work if kept else out_dir)
     final = work.with_name(time.strftime("%Y%m%d-%H%M%S"))
     os.replace(work, final)
-    print(f"report: {path} (charts in {path.with_suffix('')}/); its runs: {final}/")
+    if not kept:
+        print(f"report: {path} (charts in {path.with_suffix('')}/); its runs: {final}/")
+        return path
+    path = final / path.name
+    print(
+        f"report: the noise check flags {len(noisy)} of its profiles ({'; '.join(noisy[:2])}): "
+        f"{out_dir / f'{slug}.md'} is kept as it was, and this report is {path}. Run it again on a quiet "
+        "machine, or replace the kept one with make report ARGS=report.force=true"
+    )
     return path
+
+
+def noisy_runs(work: Path) -> list[str]:
+    """``<strategy>: <why>`` for each profile of the report whose noise check flags it."""
+    found = []
+    for summary in sorted(work.glob("*/*/*/summary.json")):
+        try:
+            record = read_summary(summary)
+        except RecordError:
+            continue  # not a profile's (a training run's) or not readable: compare has said so
+        if record.noise and record.noise.noisy:
+            found.append(f"{record.strategy}: {'; '.join(record.noise.reasons())}")
+    return found
+
+
+def load_line(work: Path) -> str:
+    """The load the report's profiles ran under: each profile's noise, summed up in one line."""
+    records = []
+    for summary in sorted(work.glob("*/*/*/summary.json")):
+        try:
+            records.append(read_summary(summary))
+        except RecordError:
+            continue
+    noises = [r.noise for r in records if r.noise]
+    if not noises:
+        return "The load of other processes was not recorded."
+    during = [n.load_during for n in noises if n.load_during is not None]
+    noisy = [r.strategy for r in records if r.noise and r.noise.noisy]
+    load = f"at most {max(during):.2f} of {noises[0].cores} cores" if during else "unknown"
+    verdict = f"the noise check flags {', '.join(noisy)}" if noisy else "no run was flagged as noisy"
+    return f"Other processes' load during the profiles: {load}; {verdict} (each run's noise: compare below)."
 
 
 def prepare_work(folder: Path, overrides: list[str]) -> Path:
@@ -195,8 +244,10 @@ def run_part(part: Part, log: Path) -> None:
 # ----------------------------------------------------------------------------- the document
 
 
-def write_document(cfg: DictConfig, device, work: Path, parts: list[Part], skipped: dict, overrides: list[str]) -> Path:
-    out_dir = Path(cfg.report.out_dir)
+def write_document(
+    cfg: DictConfig, device, work: Path, parts: list[Part], skipped: dict, overrides: list[str], out_dir: Path
+) -> Path:
+    """``<out_dir>/<device>.md`` and its charts in ``<out_dir>/<device>/``, replaced only once both are written."""
     slug = device_slug(device_name(device))
     path, charts = out_dir / f"{slug}.md", out_dir / slug
     compare = json.loads((work / "compare" / "compare.json").read_text())
@@ -208,6 +259,8 @@ def write_document(cfg: DictConfig, device, work: Path, parts: list[Part], skipp
         f"Written by `make report{' ARGS=' + quote(' '.join(overrides)) if overrides else ''}` on {now()[:10]}; "
         f"each section names its commands (`python -m detector ...`, run from the repository root). "
         f"The runs themselves are in `{work.parent}/<time>/`.",
+        "",
+        load_line(work),
         "",
         "## Which strategy should I use?",
         "",
@@ -319,7 +372,7 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
         summaries = sorted((work / "train" / name).glob("*/*/summary.json"))
         if not summaries or name not in mode.get("regions", {}).get("step", {}):
             continue
-        train_ms = trained[name] = json.loads(summaries[-1].read_text())["step_ms"]
+        train_ms = trained[name] = read_training(summaries[-1]).step_ms
         step = mode["regions"]["step"][name]
         cells = [step["wall_ms"], step.get("device_step_ms"), mode["timed"].get(name)]
         row = [name, significant(train_ms)]
@@ -362,14 +415,13 @@ def synced_section(work: Path, compare: dict) -> str:
     free = compare["modes"].get("train", {}).get("regions", {}).get("step", {}).get(SYNCED)
     if not found or not free:
         return "(no synchronised profile)"
-    summary = json.loads(found[-1].read_text())
-    step = summary["analysis"]["regions"]["step"]
+    record = read_summary(found[-1])
     rows = [
         ["regions as training runs them", cell(free["wall_ms"]), "—"],
-        ["regions synchronised", cell(step["wall_ms"]), cell(step["sync_wait_ms"])],
+        ["regions synchronised", spread_cell(record.stats("step")), spread_cell(record.stats("step", "sync_wait_ms"))],
     ]
     table = markdown_table([f"{SYNCED}, profiled", "step ms", "host waiting in the lab's syncs, ms"], rows)
-    return "\n".join([table, "", timed_note(summary)])
+    return "\n".join([table, "", profiler_note(record)])
 
 
 def cell(stats: dict) -> str:

@@ -1,5 +1,6 @@
-"""Trace analysis (detector.analysis) and timelines (detector.timeline): exact counts on a hand-written
-trace, cross-checks on a trimmed recorded H200 trace, a real CPU-only torch.profiler trace, broken files."""
+"""Trace analysis (detector/lab/trace.py, analysis.py) and timelines (detector/lab/timeline.py): exact counts on a
+hand-written trace, cross-checks on a trimmed recorded H200 trace, a real CPU-only torch.profiler trace, broken
+files."""
 
 import gzip
 import json
@@ -9,121 +10,23 @@ from pathlib import Path
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
+from trace_helpers import AUTOGRAD, call, gpu, mark, synthetic_events
 
-from detector.analysis import (
-    LAB_SYNC,
-    check_steps,
-    load_trace,
-    measure_steps,
-    representative_step,
-    spread,
-    summarise,
-    trace_summary,
-)
-from detector.measures import MEASURES
-from detector.timeline import draw_step, draw_steps
+from detector.lab.analysis import check_steps, measure_steps, representative_step, summarise
+from detector.lab.extract import StepModel, build
+from detector.lab.measures import MEASURES
+from detector.lab.record import RecordError, Spread
+from detector.lab.timeline import draw_step, draw_steps
+from detector.lab.trace import load_trace
 
-GPU_TRACE = Path(__file__).parent / "data" / "padded_gpu_trace.json.gz"
-# AUTOGRAD: the autograd engine's thread. As in an H100 trace of the packed strategy, the trace names it twice,
-# "pt_autograd_0" and then "python3": a reader that keeps the last name loses the backward's launches
-PID, MAIN, AUTOGRAD = 100, 1, 2
-LOAD = "enumerate(DataLoader)#_MultiProcessingDataLoaderIter.__next__"
-
-
-# ----------------------------------------------------------------------------- a hand-written trace
-
-
-def mark(name, ts, dur):
-    return {"ph": "X", "cat": "user_annotation", "name": name, "pid": PID, "tid": MAIN, "ts": ts, "dur": dur}
-
-
-def call(name, ts, dur, corr=None, tid=MAIN, cat="cuda_runtime"):
-    args = {} if corr is None else {"correlation": corr}
-    return {"ph": "X", "cat": cat, "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur, "args": args}
-
-
-def lab_sync(ts, dur, corr):
-    """The lab's region-ending synchronize of profile.sync_regions=true: a call inside a "lab sync" label."""
-    return [mark(LAB_SYNC, ts, dur), call("cudaDeviceSynchronize", ts, dur, corr)]
-
-
-def op(name, ts, tid=MAIN, dur=1):
-    return {"ph": "X", "cat": "cpu_op", "name": name, "pid": PID, "tid": tid, "ts": ts, "dur": dur}
-
-
-def gpu(cat, name, ts, dur, corr, stream=7, nbytes=None):
-    args = {"correlation": corr, "stream": stream} | ({} if nbytes is None else {"bytes": nbytes})
-    return {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": stream, "ts": ts, "dur": dur, "args": args}
-
-
-H2D, D2H_PINNED = "Memcpy HtoD (Pinned -> Device)", "Memcpy DtoH (Device -> Pinned)"
-D2H_PAGEABLE, D2D = "Memcpy DtoH (Device -> Pageable)", "Memcpy DtoD (Device -> Device)"
-
-
-def synthetic_events() -> list[dict]:
-    """Two steps (µs). Step 5: data wait, copy data, forward, calc loss, backward, each region closed by the
-    lab's synchronize, then an .item() and a bare synchronize outside the regions. Step 6: "copy data" and
-    a data wait that occurs twice."""
-    names = [(MAIN, "thread 1 (python3)"), (AUTOGRAD, "thread 2 (pt_autograd_0)"), (AUTOGRAD, "thread 2 (python3)")]
-    meta = [{"ph": "M", "name": "thread_name", "pid": PID, "tid": tid, "args": {"name": n}} for tid, n in names]
-    step5 = [mark("ProfilerStep#5", 0, 1000), mark(LOAD, 10, 40)]
-    # copy data [100, 200): two H2D copies; a memset that runs on into forward (170-230)
-    step5 += [mark("copy data", 100, 100), call("cudaMemcpyAsync", 110, 5, 1), call("cudaMemcpyAsync", 120, 5, 2)]
-    step5 += [call("cudaMemsetAsync", 160, 3, 4), *lab_sync(180, 15, 3)]
-    step5 += [gpu("gpu_memcpy", H2D, 120, 30, 1, nbytes=1000), gpu("gpu_memcpy", H2D, 150, 10, 2, nbytes=24)]
-    step5 += [gpu("gpu_memset", "Memset (Device)", 170, 60, 4)]
-    # forward [200, 400): 5 launches (one a graph of 3 kernels) -> 7 kernels; kernels on two streams overlap;
-    # the host runs ahead: the kernel launched at 290 runs during step 6 (1200-1300), still forward's
-    step5 += [mark("forward", 200, 200), call("cudaLaunchKernel", 210, 4, 10), call("cudaLaunchKernelExC", 220, 4, 11)]
-    step5 += [call("cuLaunchKernelEx", 230, 4, 12, cat="cuda_driver"), call("cudaMalloc", 240, 10)]
-    step5 += [call("cuMemAlloc_v2", 242, 4, cat="cuda_driver")]  # nested in cudaMalloc: runtime counts 10 µs, not 14
-    step5 += [call("cudaGraphLaunch", 260, 6, 15), call("cudaLaunchKernel", 290, 4, 17), *lab_sync(380, 18, 16)]
-    step5 += [
-        gpu("kernel", "k1", 220, 80, 10),
-        gpu("kernel", "k2", 250, 70, 11, stream=8),
-        gpu("kernel", "k3", 330, 10, 12),
-        gpu("kernel", "late", 1200, 100, 17),
-    ]
-    step5 += [gpu("kernel", f"graph{i}", 350 + 10 * i, 10, 15) for i in range(3)]
-    step5 += [op("aten::linear", 205, dur=5), op("aten::addmm", 206), op("aten::relu", 300)]  # addmm inside linear
-    # calc loss [400, 600): 2 launches; syncs: .item() pair (1), D2H into pageable memory unpaired (1),
-    # D2H into pinned memory without a sync (0), cudaMemcpy (1), cudaEventSynchronize (1), .cpu() pair: D2H
-    # into pageable memory then cudaStreamSynchronize (1); a DtoD copy (on-device: GPU ms only)
-    step5 += [mark("calc loss", 400, 200), call("cudaLaunchKernel", 410, 5, 20), gpu("kernel", "k4", 420, 10, 20)]
-    step5 += [call("cudaMemcpyAsync", 440, 5, 21), call("cudaStreamSynchronize", 446, 10, 22)]
-    step5 += [gpu("gpu_memcpy", D2H_PINNED, 450, 2, 21, nbytes=4)]
-    step5 += [call("cudaMemcpyAsync", 470, 20, 23), gpu("gpu_memcpy", D2H_PAGEABLE, 475, 5, 23, nbytes=8)]
-    step5 += [call("cudaLaunchKernel", 500, 5, 24), gpu("kernel", "k5", 505, 10, 24)]
-    step5 += [call("cudaMemcpyAsync", 520, 3, 25), gpu("gpu_memcpy", D2H_PINNED, 525, 5, 25, nbytes=16)]
-    step5 += [call("cudaMemcpyAsync", 530, 2, 27), gpu("gpu_memcpy", D2D, 531, 4, 27, nbytes=64)]
-    step5 += [call("cudaMemcpy", 540, 5, 26), gpu("gpu_memcpy", D2H_PAGEABLE, 545, 5, 26, nbytes=32)]
-    step5 += [call("cudaEventSynchronize", 560, 3)]
-    step5 += [call("cudaMemcpyAsync", 565, 3, 29), gpu("gpu_memcpy", D2H_PAGEABLE, 566, 2, 29, nbytes=128)]
-    step5 += [call("cudaStreamSynchronize", 570, 3, 35), *lab_sync(580, 10, 28)]
-    # operators: 2 selects, a slice, an unbind (4 slices); .item() (2 ops, 1 host read); nonzero (1 host read)
-    step5 += [
-        op(name, 401 + i) for i, name in enumerate(["aten::select", "aten::select", "aten::slice", "aten::unbind"])
-    ]
-    step5 += [op("aten::item", 450), op("aten::_local_scalar_dense", 451), op("aten::nonzero", 455)]
-    step5 += [op("autograd::engine::evaluate_function: X", 456)]  # not an aten:: operator: not counted
-    # backward [600, 800): 1 launch on the main thread, 2 on the autograd thread (and one operator there)
-    step5 += [mark("backward", 600, 200), call("cudaLaunchKernel", 610, 5, 30), gpu("kernel", "k6", 615, 5, 30)]
-    step5 += [call("cudaLaunchKernel", 620, 5, 31, tid=AUTOGRAD), call("cudaLaunchKernel", 630, 5, 32, tid=AUTOGRAD)]
-    step5 += [gpu("kernel", "k7", 640, 20, 31), gpu("kernel", "k8", 650, 20, 32, stream=8)]
-    step5 += [op("aten::mul", 621, tid=AUTOGRAD), *lab_sync(780, 10, 34)]
-    # outside the regions ("other"): the loss's .item() (one sync) and a bare device synchronize (one sync)
-    step5 += [call("cudaMemcpyAsync", 900, 5, 40), call("cudaStreamSynchronize", 906, 4, 41)]
-    step5 += [gpu("gpu_memcpy", D2H_PINNED, 910, 2, 40, nbytes=4), call("cudaDeviceSynchronize", 950, 5, 42)]
-    step6 = [mark("ProfilerStep#6", 1000, 500), mark(LOAD, 1010, 10), mark(LOAD, 1030, 20)]
-    step6 += [mark("copy data", 1100, 100), call("cudaMemcpyAsync", 1110, 5, 50)]
-    step6 += [gpu("gpu_memcpy", H2D, 1120, 40, 50, nbytes=500), *lab_sync(1180, 10, 51)]
-    return meta + step6[::-1] + step5  # out of order on purpose: the analysis sorts
+DATA = Path(__file__).parents[1] / "data"
+GPU_TRACE = DATA / "padded_gpu_trace.json.gz"
 
 
 def test_synthetic_trace_exact_measures():
     steps = measure_steps(synthetic_events())
-    assert [s["step"] for s in steps] == [5, 6]
-    regions = steps[0]["regions"]
+    assert [s.step for s in steps] == [5, 6]
+    regions = steps[0].regions
     assert list(regions) == ["data wait", "copy data", "forward", "calc loss", "backward", "other", "step"]
     assert list(regions["forward"]) == list(MEASURES)
     counts = ("launches", "kernels", "h2d_copies", "h2d_bytes", "d2h_copies", "d2h_bytes", "syncs")
@@ -168,7 +71,7 @@ def test_synthetic_trace_exact_measures():
 
 
 def test_synthetic_repeated_region_is_summed_and_absent_regions_left_out():
-    regions = measure_steps(synthetic_events())[1]["regions"]
+    regions = measure_steps(synthetic_events())[1].regions
     assert list(regions) == ["data wait", "copy data", "other", "step"]
     assert regions["data wait"]["wall_ms"] == pytest.approx(0.03)  # 10 µs + 20 µs
     assert (regions["copy data"]["h2d_copies"], regions["copy data"]["h2d_bytes"]) == (1, 500)
@@ -202,7 +105,7 @@ def test_violated_invariants_are_warnings_not_silent_numbers():
         "kernels with no launch counted in 1 of 2 steps (step 5: backward (1 kernels)): launched by a call the "
         "analysis does not know as a launch"
     ]
-    assert summarise(steps)["regions"]["step"]["wall_ms"]["n"] == 2
+    assert summarise(load_trace(events), steps).regions["step"]["wall_ms"].n == 2
 
 
 def test_dict_and_list_inputs_agree():
@@ -267,12 +170,12 @@ def plain_busy_us(events, start, end) -> float:
 
 def test_gpu_trace_matches_a_plain_count(gpu_events):
     steps = measure_steps(gpu_events)
-    assert [s["step"] for s in steps] == [10, 11, 12]
+    assert [s.step for s in steps] == [10, 11, 12]
     marks = [e for e in gpu_events if e.get("cat") == "user_annotation" and e["tid"] == 1787]
     for step in steps:
-        window = next(e for e in marks if e["name"] == f"ProfilerStep#{step['step']}")
+        window = next(e for e in marks if e["name"] == f"ProfilerStep#{step.step}")
         inside = [e for e in marks if window["ts"] <= e["ts"] < window["ts"] + window["dur"]]
-        for name, measures in step["regions"].items():
+        for name, measures in step.regions.items():
             if name == "other":
                 continue  # the gaps between the marks: checked by the invariants
             wanted = name if name != "step" else window["name"]
@@ -282,13 +185,13 @@ def test_gpu_trace_matches_a_plain_count(gpu_events):
             assert measures["gpu_ms"] == pytest.approx(plain_gpu_us(gpu_events, start, end) / 1e3)
             assert measures["wall_ms"] == pytest.approx(mark["dur"] / 1e3, abs=1e-6)  # ts + dur - ts: ns rounding
         busy = plain_busy_us(gpu_events, window["ts"], window["ts"] + window["dur"])
-        assert step["regions"]["step"]["gpu_idle_share"] == pytest.approx(1 - busy / window["dur"])
+        assert step.regions["step"]["gpu_idle_share"] == pytest.approx(1 - busy / window["dur"])
     assert check_steps(gpu_events, steps) == []
 
 
 def test_gpu_trace_known_facts(gpu_events):
     for step in measure_steps(gpu_events):
-        regions = step["regions"]
+        regions = step.regions
         names = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]
         assert list(regions) == names
         # padded "copy data": 3 H2D copies, images uint8 [1024, 1, 256, 256] + boxes uint8 [1024, 256, 4]
@@ -321,49 +224,29 @@ def test_gpu_trace_known_facts(gpu_events):
 def test_spread_matches_the_statistics_module():
     values = [3.0, 1.0, 4.0, 1.5, 9.0, 2.6]
     q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
-    assert spread(values + [None]) == {
-        "median": statistics.median(values),
-        "q1": q1,
-        "q3": q3,
-        "min": 1.0,
-        "max": 9.0,
-        "n": 6,
-    }
-    assert spread([5]) == {"median": 5, "q1": 5, "q3": 5, "min": 5, "max": 5, "n": 1}
-    assert spread([None, None])["n"] == 0 and spread([])["median"] is None
+    assert Spread.of(values + [None]) == Spread(statistics.median(values), q1, q3, 1.0, 9.0, 6)
+    assert Spread.of([5]) == Spread(5, 5, 5, 5, 5, 1)
+    assert Spread.of([None, None]).n == 0 and Spread.of([]).median is None and not Spread.of([])
 
 
 def test_summary_over_the_gpu_trace(gpu_events):
     steps = measure_steps(gpu_events)
-    summary = summarise(steps)
-    assert (summary["steps"], summary["step_numbers"]) == (3, [10, 11, 12])
-    for region, stats in summary["regions"].items():
+    summary = summarise(load_trace(GPU_TRACE), steps)
+    assert (summary.steps, summary.step_numbers) == (3, [10, 11, 12])
+    for region, stats in summary.regions.items():
         for measure in ("wall_ms", "gpu_ms", "launches", "ops"):
-            values = [s["regions"][region][measure] for s in steps]
+            values = [s.regions[region][measure] for s in steps]
             q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
             got = stats[measure]
-            assert (got["median"], got["min"], got["max"], got["n"]) == (
-                statistics.median(values),
-                min(values),
-                max(values),
-                3,
-            )
-            assert (got["q1"], got["q3"]) == pytest.approx((q1, q3))
-    assert (
-        summary["regions"]["step"]["gpu_idle_share"]["n"] == 3
-        and summary["regions"]["forward"]["gpu_idle_share"]["n"] == 0
-    )
+            assert (got.median, got.min, got.max, got.n) == (statistics.median(values), min(values), max(values), 3)
+            assert (got.q1, got.q3) == pytest.approx((q1, q3))
+    assert summary.regions["step"]["gpu_idle_share"].n == 3 and summary.regions["forward"]["gpu_idle_share"].n == 0
     # step 12 waited ~150 ms for data: the median step is not it
-    assert representative_step(steps)["step"] != 12
-    assert summary["regions"]["data wait"]["wall_ms"]["max"] > 100
-
-
-def test_trace_summary_is_json_with_the_warnings():
-    summary = trace_summary(GPU_TRACE)
-    assert json.loads(json.dumps(summary)) == summary
-    assert summary["trace"] == GPU_TRACE.name and summary["gpu"] is True
-    assert summary["representative_step"] in summary["step_numbers"]
-    assert summary["warnings"] == []
+    assert representative_step(steps).step != 12
+    assert summary.regions["data wait"]["wall_ms"].max > 100
+    assert summary.trace == GPU_TRACE.name and summary.gpu is True
+    assert summary.representative_step in summary.step_numbers
+    assert summary.warnings == []
 
 
 # ----------------------------------------------------------------------------- a real CPU-only trace
@@ -403,7 +286,7 @@ def test_cpu_trace_has_operators_and_no_gpu_measures(cpu_trace):
     assert len(steps) == 3
     gpu_only = [name for name, m in MEASURES.items() if m.gpu_only]
     for step in steps:
-        regions = step["regions"]
+        regions = step.regions
         assert list(regions) == [
             "data wait",
             "copy data",
@@ -421,9 +304,9 @@ def test_cpu_trace_has_operators_and_no_gpu_measures(cpu_trace):
         assert regions["copy data"]["ops"] >= 2 and regions["forward"]["ops"] >= 1 and regions["backward"]["ops"] >= 1
         assert regions["step"]["ops"] == sum(regions[name]["ops"] for name in regions if name != "step")
         assert regions["optimizer step"]["slices"] == 0
-    summary = trace_summary(cpu_trace)
-    assert summary["gpu"] is False and summary["warnings"] == []
-    assert summary["regions"]["forward"]["gpu_ms"]["n"] == 0
+    summary = summarise(load_trace(cpu_trace), steps)
+    assert summary.gpu is False and summary.warnings == []
+    assert summary.regions["forward"]["gpu_ms"].n == 0
 
 
 # ----------------------------------------------------------------------------- timelines
@@ -437,21 +320,36 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def test_draw_step_renders_a_png(tmp_path, cpu_trace):
-    path = draw_step(GPU_TRACE, tmp_path / "step.png", title="padded, H200")
+    gpu = build(GPU_TRACE)
+    path = draw_step(StepModel(gpu), tmp_path / "step.png", title="padded, H200")
     assert path == tmp_path / "step.png"
     width, height = png_size(path)
     assert width > 1000 and 200 < height < width
     assert 20_000 < path.stat().st_size < 2_000_000
-    png_size(draw_step(GPU_TRACE, tmp_path / "step12.png", step=12))
-    png_size(draw_step(cpu_trace, tmp_path / "cpu.png"))  # no GPU rows to draw
-    with pytest.raises(ValueError, match="no ProfilerStep#99"):
-        draw_step(GPU_TRACE, tmp_path / "none.png", step=99)
+    png_size(draw_step(StepModel(gpu, 12), tmp_path / "step12.png"))
+    cpu = draw_step(StepModel(build(cpu_trace)), tmp_path / "cpu.png")
+    assert png_size(cpu)[1] < height  # no GPU rows to draw
+    with pytest.raises(RecordError, match="no step 99"):
+        StepModel(gpu, 99)
+
+
+def test_a_step_model_places_the_gpu_work_the_step_launched():
+    """The model of step 5 of the hand-written trace: the late kernel its forward launched runs in step 6's time,
+    and it is the step's, coloured as forward's."""
+    model = StepModel(build(synthetic_events()), 5)
+    late = [e for e in model.gpu_events() if e[1] == 1200]
+    assert late == [("7", 1200, 100, "kernel", "forward")]
+    assert model.end() == 1300  # past the step's own 1000 µs on the host
+    regions = {region for *_, region in model.gpu_events()}
+    assert regions == {"copy data", "forward", "calc loss", "backward", "other"}
+    assert model.calls(2) and len(model.calls(1)) == 10  # the syncs, and the 10 launches
 
 
 def test_draw_steps_stacks_runs_on_one_axis(tmp_path, cpu_trace):
-    path = draw_steps([("padded H200", GPU_TRACE), ("cpu", cpu_trace)], tmp_path / "steps.png", title="two runs")
-    one = draw_step(GPU_TRACE, tmp_path / "one.png")
-    assert png_size(path)[1] > png_size(one)[1]  # 4 rows against 2
+    gpu = StepModel(build(GPU_TRACE))
+    path = draw_steps([("padded H200", gpu), ("cpu", StepModel(build(cpu_trace)))], tmp_path / "steps.png")
+    one = draw_step(gpu, tmp_path / "one.png")
+    assert png_size(path)[1] > png_size(one)[1]  # 3 rows (the CPU run has no GPU row) against 2
     assert path.stat().st_size > 20_000
     with pytest.raises(ValueError, match="at least one"):
         draw_steps([], tmp_path / "empty.png")
@@ -460,11 +358,12 @@ def test_draw_steps_stacks_runs_on_one_axis(tmp_path, cpu_trace):
 # ----------------------------------------------------------------------------- broken and foreign files
 
 
+# gzip without its time stamp: a parameter's bytes are the same in every process (pytest-xdist compares the ids)
 @pytest.mark.parametrize(
     "name, content",
     [
         ("garbage.json", b"\x00\x01 not json"),
-        ("truncated.json.gz", gzip.compress(b'{"traceEvents": [{"ph": "X"}]}')[:20]),
+        ("truncated.json.gz", gzip.compress(b'{"traceEvents": [{"ph": "X"}]}', mtime=0)[:20]),
         ("foreign.json", json.dumps({"rows": [1, 2, 3]}).encode()),
         ("numbers.json", json.dumps({"traceEvents": [1, 2]}).encode()),
         ("no_steps.json", json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add"}]}).encode()),
@@ -491,7 +390,7 @@ def test_h100_traces_count_the_backward_from_the_autograd_thread(strategy, backw
     """`make profile` on an H100 (seed scale, torch 2.11, regions unsynchronised; tests/data/make_fixture.py
     trimmed them to three steps): the autograd thread is named twice, "python3" and "pt_autograd_0", and
     launches the backward's kernels; every count adds up, and no invariant is violated."""
-    path = Path(__file__).parent / "data" / f"{strategy}_h100_trace.json.gz"
+    path = DATA / f"{strategy}_h100_trace.json.gz"
     events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
     names = {}
     for e in events:
@@ -501,7 +400,7 @@ def test_h100_traces_count_the_backward_from_the_autograd_thread(strategy, backw
     steps = measure_steps(events)
     assert check_steps(events, steps) == []
     for step in steps:
-        regions = step["regions"]
+        regions = step.regions
         assert regions["backward"]["launches"] == regions["backward"]["kernels"] == backward_launches
         assert regions["backward"]["gpu_ms"] > 10  # the conv and Linear layers' gradients
         assert 40 < regions["step"]["device_step_ms"] < 46  # the device paces the step, not the host

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from detector.cli import main as cli_main
-from detector.curves import compare_curves, running_mean
 from detector.errors import UserError
+from detector.lab.curves import compare_curves, running_mean
 
 
 def run_folder(tmp_path, name, loss, steps=200, log_every=10):
@@ -46,7 +46,7 @@ def test_curves_refuse_what_they_cannot_compare_in_one_line(tmp_path, capsys):
     bf16 = run_folder(tmp_path, "bf16", lambda s: 1.0)
     assert cli_main(["curves", bf16, str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "missing/summary.json: no loss curve to read" in err
+    assert err.count("\n") == 1 and "missing/summary.json: no such file: `make train` writes" in err
     odd = run_folder(tmp_path, "odd", lambda s: 1.0, log_every=15)  # no 50-step window starts on its log boundaries
     with pytest.raises(UserError, match="train.log_every must divide 50"):
         compare_curves([bf16, odd])

@@ -2,8 +2,8 @@
 
 A dynamic TensorBoard plugin (registered through the ``tensorboard_plugins`` entry point in
 pyproject.toml, so plain ``tensorboard --logdir runs`` shows it once the package is installed). The
-frontend is one ES module shipped in the package, ``trace_view.js``: no CDN, no network. It reads each
-profile run's per-step extract (detector.extract), not the trace.
+frontend is one ES module shipped in the package, ``static/index.js``: no CDN, no network. It reads each
+profile run's record and per-step extract (detector/lab/record.py, detector/lab/extract.py), not the trace.
 
 Routes, under ``/data/plugin/traces/``:
 
@@ -26,13 +26,13 @@ from pathlib import Path
 from tensorboard.plugins import base_plugin
 from werkzeug import Response, wrappers
 
-from detector import extract
-from detector.measures import MEASURES, WHY
-from detector.timeline import GPU_COLORS, REGION_COLORS
+from detector.lab import extract
+from detector.lab.measures import MEASURES, WHY
+from detector.lab.record import EXTRACT, SUMMARY, RecordError, read_summary
+from detector.lab.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
 
 PLUGIN_NAME = "traces"
-SCRIPT = Path(__file__).with_name("trace_view.js")
-SUMMARY = "summary.json"
+SCRIPT = Path(__file__).with_name("static") / "index.js"
 LISTING_SECONDS = 5.0  # how long a scan of the log directory is reused
 CACHED_EXTRACTS = 16
 
@@ -73,7 +73,7 @@ class TracesPlugin(base_plugin.TBPlugin):
             return json_response({"error": f"no profile run {run!r} under {self.logdir}"}, 404)
         try:
             found = self.extract(self.logdir / run)
-        except ValueError as err:
+        except (RecordError, ValueError) as err:
             return json_response({"error": str(err)}, 422)
         if step not in found["steps"]:
             steps = ", ".join(found["steps"])
@@ -93,38 +93,38 @@ class TracesPlugin(base_plugin.TBPlugin):
         for path in sorted(self.logdir.rglob(SUMMARY)) if self.logdir.is_dir() else []:
             run = path.parent.relative_to(self.logdir).as_posix()
             try:
-                summary = json.loads(path.read_text())
-            except (OSError, ValueError) as err:
-                skipped.append({"run": run, "reason": f"summary.json cannot be read ({type(err).__name__})"})
+                record = read_summary(path)
+            except RecordError as err:
+                if "not written by" not in str(err):  # a training run's summary or a comparison's: not a profile
+                    skipped.append({"run": run, "reason": str(err).removeprefix(f"{path}: ")})
                 continue
-            if not isinstance(summary, dict) or "per_step" not in summary or "analysis" not in summary:
-                continue  # not a profile run (a training run's summary, a comparison)
-            reason = unshowable(path.parent, summary)
+            reason = unshowable(path.parent, record)
             if reason:
                 skipped.append({"run": run, "reason": reason})
                 continue
-            analysis = summary["analysis"]
+            analysis = record.analysis
             runs.append(
                 {
                     "run": run,
-                    "strategy": summary.get("strategy"),
-                    "mode": summary.get("mode"),
-                    "device": summary.get("device"),
-                    "torch": summary.get("torch"),
-                    "batch_size": summary.get("batch_size"),
-                    "created": summary.get("created", ""),
-                    "steps": analysis.get("step_numbers", []),
-                    "representative": analysis.get("representative_step"),
-                    "gpu": analysis.get("gpu", False),
-                    "extract": (path.parent / extract.EXTRACT).is_file(),
+                    "strategy": record.strategy,
+                    "mode": record.mode,
+                    "device": record.device,
+                    "torch": record.torch,
+                    "batch_size": record.batch_size,
+                    "created": record.created,
+                    "steps": analysis.step_numbers,
+                    "representative": analysis.representative_step,
+                    "gpu": analysis.gpu,
+                    "extract": (path.parent / EXTRACT).is_file(),
                 }
             )
-        runs.sort(key=lambda r: (r["mode"] != "train", r["strategy"] != "padded", r["strategy"] or "", r["created"]))
+        runs.sort(key=lambda r: r["created"], reverse=True)  # newest first within a strategy: the tab ticks it
+        runs.sort(key=lambda r: (r["mode"] != "train", r["strategy"] != "padded", r["strategy"]))
         listing = {
             "logdir": str(self.logdir),
             "runs": runs,
             "skipped": skipped,
-            "colors": {"regions": REGION_COLORS, "gpu": GPU_COLORS, "launch": "#000000", "sync": "#d62728"},
+            "colors": {"regions": REGION_COLORS, "launch": LAUNCH_COLOR, "sync": SYNC_COLOR},
             "measures": {
                 name: {"header": m.header, "unit": m.unit, "meaning": m.meaning} for name, m in MEASURES.items()
             },
@@ -136,13 +136,13 @@ class TracesPlugin(base_plugin.TBPlugin):
 
     def extract(self, folder: Path) -> dict:
         """A run's extract, kept in memory while its file is unchanged (the last few runs read)."""
-        path = folder / extract.EXTRACT
+        path = folder / EXTRACT
         key = (folder, path.stat().st_mtime_ns if path.is_file() else None)
         with self.lock:
             if key in self.extracts:
                 self.extracts.move_to_end(key)
                 return self.extracts[key]
-        found = extract.load(folder)
+        found = extract.load(folder, read_summary(folder)).to_json()
         key = (folder, path.stat().st_mtime_ns if path.is_file() else None)
         with self.lock:
             self.extracts[key] = found
@@ -151,14 +151,13 @@ class TracesPlugin(base_plugin.TBPlugin):
         return found
 
 
-def unshowable(folder: Path, summary: dict) -> str | None:
+def unshowable(folder: Path, record) -> str | None:
     """Why a profile run's steps cannot be drawn, or None (an older run without an extract is converted
     from its trace on first read)."""
-    if (folder / extract.EXTRACT).is_file():
+    if (folder / EXTRACT).is_file():
         return None
-    trace = summary.get("trace")
-    if not trace or not (folder / trace).is_file():
-        return f"no {extract.EXTRACT} and no trace to build one from"
+    if not record.trace or not (folder / record.trace).is_file():
+        return f"no {EXTRACT} and no trace to build one from"
     return None
 
 

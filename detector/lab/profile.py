@@ -12,17 +12,23 @@ as training runs it, which the profiled step is checked against.
 Each run gets its own folder, ``<profile.out_dir>/<strategy>[-forward]/<YYYYmmdd-HHMMSS>/``:
 
     trace/           the gzipped Kineto trace, alone (HolisticTraceAnalysis and Perfetto open the folder)
-    summary.json     the run's facts; per region, the spread over the active steps of every measure
-                     (detector.measures); the timed steps; the analysis' warnings
-    extract.json.gz  each active step's regions, operators, calls and GPU work: TensorBoard's Traces tab
-    events.out.*     TensorBoard: per-step scalars, the tables as text, a timeline of one step
+    summary.json     the run record (detector/lab/record.py): its facts; per region, the spread over the
+                     active steps of every measure (detector/lab/measures.py); the timed steps; the
+                     machine's noise around the run; the analysis' warnings
+    extract.json.gz  each active step as the lab models it (detector/lab/extract.py): the timelines and
+                     TensorBoard's Traces tab draw it
+    events.out.*     TensorBoard (written by the command, detector/board/events.py): per-step scalars, the
+                     tables as text, a timeline of one step
+
+Every run records the machine's noise (detector/lab/noise.py): the CPU cores other processes kept busy for
+a moment before the run, during it and for a moment after, and how widely its timed steps spread. `make
+compare` and `make report` flag a noisy run instead of comparing its times as if the machine were quiet.
 
 A failed run removes only its own new folder; older runs are never touched.
 """
 
 from __future__ import annotations
 
-import json
 import shutil
 import time
 from datetime import datetime, timezone
@@ -32,31 +38,39 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from detector import analysis, board, extract, runs
-from detector.config import resolve_device
+from detector.config import device_name, resolve_device
 from detector.data import build_loader
+from detector.lab import analysis, extract
+from detector.lab.noise import LoadMeter
+from detector.lab.record import Extract, Noise, ProfileRecord, Timed, write_extract, write_summary
+from detector.lab.text import run_card
+from detector.lab.trace import load_trace
 from detector.losses import get_strategy
-from detector.tables import device_name
+from detector.train.folders import new_run_dir
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
 
 
-def run_profile(cfg: DictConfig) -> dict:
+def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
+    """Profile the config's training step; returns the run folder, its record and its step extract."""
     pcfg = cfg.profile
     device = resolve_device(cfg)
     cfg = OmegaConf.merge(cfg, {"train": {"strategy": pcfg.strategy}})
     step = TrainStep(cfg, device)  # the training step of this config; refuses a strategy that cannot run here
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
-    run_dir = runs.new_run_dir(Path(pcfg.out_dir) / folder)
+    run_dir = new_run_dir(Path(pcfg.out_dir) / folder)
     try:
+        meter = LoadMeter()
+        before = meter.sample()
+        meter.start()
         trace, timed = profile_steps(step, cfg, device, run_dir / "trace")
-        summary = summarise_run(cfg, device, run_dir, trace, timed)
+        noise = Noise(meter.cores, before, meter.stop(), meter.sample(), Timed.of(timed).step_ms.relative_iqr())
+        record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
         raise
-    print(board.summary_markdown(summary))
-    print(f"\ntrace, summary.json and TensorBoard events in {run_dir}/ (compare: make compare; view: make tensorboard)")
-    return summary
+    print(run_card(record))
+    return run_dir, record, steps_extract
 
 
 def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path) -> tuple[Path, list]:
@@ -114,32 +128,35 @@ def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) 
     return [(b - a) * 1e3 for a, b in pairwise(marks)]
 
 
-def summarise_run(cfg: DictConfig, device: torch.device, run_dir: Path, trace: Path, timed: list[float]) -> dict:
-    """summary.json and the TensorBoard events of a finished profile run."""
+def summarise_run(
+    cfg: DictConfig, device: torch.device, run_dir: Path, trace: Path, timed: list[float], noise: Noise
+) -> tuple[ProfileRecord, Extract]:
+    """summary.json and extract.json.gz of a finished profile run."""
     print("  analysing the trace ...", flush=True)
-    parsed = analysis.load_trace(trace)
+    parsed = load_trace(trace)
     steps = analysis.measure_steps(parsed)
-    summary = {
-        "strategy": cfg.profile.strategy,
-        "mode": cfg.profile.mode,
-        "device": device_name(device),
-        "torch": torch.__version__,
-        "preset": cfg.preset,
-        "batch_size": cfg.data.batch_size,
-        "image_size": cfg.data.image_size,
-        "max_boxes": cfg.data.max_boxes,
-        "sync_regions": bool(cfg.profile.sync_regions and device.type == "cuda"),
-        "emulated": get_strategy(cfg.profile.strategy).emulated(device),  # its times are an emulator's
-        "run": run_dir.name,
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "trace": str(trace.relative_to(run_dir)),
-        "analysis": analysis.trace_summary(parsed, steps),
-        "timed": {"step_ms": analysis.spread(timed), "wall_ms": timed},
-        "per_step": steps,
-        "config": OmegaConf.to_container(cfg, resolve=True),
-    }
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
-    about = {key: summary[key] for key in ("strategy", "mode", "device", "torch", "batch_size")}
-    extract.write(run_dir, extract.build(parsed, steps, about))  # what TensorBoard's Traces tab draws
-    board.write_profile_events(run_dir, summary, parsed)
-    return summary
+    record = ProfileRecord(
+        strategy=cfg.profile.strategy,
+        mode=cfg.profile.mode,
+        device=device_name(device),
+        torch=torch.__version__,
+        batch_size=cfg.data.batch_size,
+        image_size=cfg.data.image_size,
+        max_boxes=cfg.data.max_boxes,
+        analysis=analysis.summarise(parsed, steps),
+        per_step=steps,
+        timed=Timed.of(timed),
+        noise=noise,
+        preset=cfg.preset,
+        sync_regions=bool(cfg.profile.sync_regions and device.type == "cuda"),
+        emulated=get_strategy(cfg.profile.strategy).emulated(device),  # its times are an emulator's
+        run=run_dir.name,
+        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        trace=str(trace.relative_to(run_dir)),
+        config=OmegaConf.to_container(cfg, resolve=True),
+        folder=run_dir,
+    )
+    write_summary(run_dir, record)
+    steps_extract = extract.build(parsed, steps, extract.about(record))
+    write_extract(run_dir, steps_extract)  # what the timelines and TensorBoard's Traces tab draw
+    return record, steps_extract

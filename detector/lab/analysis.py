@@ -1,0 +1,232 @@
+"""Per-step, per-region measures of a profile's trace (detector/lab/trace.py), checked against each other.
+
+Every measure is defined once, in detector/lab/measures.py. How a region's measures are found
+(``measure_steps``):
+
+- Host side: the calls and operators that *start* inside the region's time span, on any thread of the
+  profiled process (the autograd engine launches the backward from its own threads, whatever they are
+  named). Each is counted in exactly one of the regions, "other" included, so counts add up to the step.
+- Device side: a kernel, copy or memset belongs to the region whose call launched it (the trace links
+  them by a correlation id), whenever it ran. The host runs ahead of the device as in training, so a
+  region's GPU ms may run long after its wall time has ended; the step's GPU idle share is the part of
+  its wall time in which the device ran nothing at all.
+
+``check_steps`` tests what must hold whatever the strategy, and returns a warning for each violation
+(never a silent number): the regions and "other" add up to the step, every region with kernels has
+launches, every launch has its kernel, and every GPU event in the active steps has the call that
+launched it. ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive
+method), min, max and n over the steps; ``trace_summary`` is all of it, JSON-ready, for summary.json.
+"""
+
+from __future__ import annotations
+
+import statistics
+from bisect import bisect_left
+from collections import Counter
+from pathlib import Path
+
+from detector.lab.measures import MEASURES
+from detector.lab.record import Analysis, Spread, StepMeasures
+from detector.lab.trace import (
+    LAUNCHES,
+    OP_MEASURES,
+    STEP_NAME,
+    SYNC_CANDIDATES,
+    Trace,
+    busy_us,
+    call_range,
+    is_sync,
+    load_trace,
+    merge_intervals,
+    step_regions,
+    step_threads,
+)
+from detector.regions import PARTS, REGIONS, STEP
+
+
+def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]], whole_step: bool = False) -> dict:
+    """Every measure (detector.measures) of a region made of ``spans``; GPU-only ones None without GPU events."""
+    total, launched = Counter(), []
+    for start, end in spans:
+        total["wall_ms"] += end - start
+        for tid in threads:
+            _count_calls(trace, tid, start, end, total, launched)
+            _count_ops(trace, tid, start, end, total)
+    out = {name: total[name] for name in MEASURES}
+    for name in ("wall_ms", "runtime_ms", "sync_wait_ms"):
+        out[name] = total[name] / 1e3  # µs -> ms
+    out["gpu_ms"] = merge_intervals(sorted(launched, key=lambda g: (g.ts, g.end)))[2][-1] / 1e3
+    out["gpu_idle_share"] = out["device_step_ms"] = None  # the step's alone (measure_steps sets the period)
+    if whole_step and out["wall_ms"] > 0:
+        (start, end), *_ = spans
+        out["gpu_idle_share"] = 1.0 - busy_us(trace, start, end) / (end - start)
+    if not trace.has_gpu:
+        out.update({name: None for name, m in MEASURES.items() if m.gpu_only})
+    return out
+
+
+def _count_calls(trace: Trace, tid, start: float, end: float, out: Counter, launched: list) -> None:
+    """Add the CUDA calls on ``tid`` that start in [start, end) to ``out``; collect their GPU work."""
+    calls, lab = trace.calls.get(tid, []), trace.lab_syncs.get(tid, ())
+    lo, hi = call_range(trace, tid, start, end)
+    covered = start  # runtime_ms is a union: a driver call nested in a runtime call counts once
+    launches = syncs = 0  # locals, not Counter updates: the loop strategy has 10⁵ calls a step
+    for i in range(lo, hi):
+        ts, call_end, name, correlation = calls[i]
+        if i in lab:
+            out["sync_wait_ms"] += call_end - ts
+            continue
+        out["runtime_ms"] += max(0.0, min(call_end, end) - max(ts, covered))
+        covered = max(covered, min(call_end, end))
+        if name in LAUNCHES:
+            launches += 1
+        elif name in SYNC_CANDIDATES:
+            syncs += is_sync(trace, tid, i)
+        if correlation in trace.launched:
+            launched.extend(trace.launched[correlation])
+            out["kernels"] += trace.kernels[correlation]
+            for copy in trace.copies.get(correlation, ()):
+                out[f"{copy.direction}_copies"] += 1
+                out[f"{copy.direction}_bytes"] += copy.bytes
+    out["launches"] += launches
+    out["syncs"] += syncs
+
+
+def _count_ops(trace: Trace, tid, start: float, end: float, out: Counter) -> None:
+    """Add the aten operators on ``tid`` that start in [start, end) to ``out`` (prefix sums: O(log n))."""
+    if tid not in trace.ops:
+        return
+    starts, prefix = trace.ops[tid]
+    lo, hi = bisect_left(starts, start), bisect_left(starts, end)
+    for m in OP_MEASURES:
+        out[m] += prefix[m][hi] - prefix[m][lo]
+
+
+def measure_steps(source) -> list[StepMeasures]:
+    """Every measure of every region of each ProfilerStep, in order."""
+    trace = load_trace(source)
+    steps, spans = [], []
+    for step in trace.steps:
+        threads = step_threads(trace, step)
+        regions = {
+            name: measure_region(trace, threads, spans, whole_step=name == STEP)
+            for name, spans in step_regions(trace, step).items()
+        }
+        steps.append(StepMeasures(int(STEP_NAME.match(step["name"]).group(1)), step["ts"], regions))
+        spans.append(_gpu_span(trace, threads, step["ts"], step["ts"] + step["dur"]))
+    for i, (step, (first, last)) in enumerate(zip(steps, spans, strict=True)):
+        later = [s[0] for s in spans[i + 1 :] if s[0] is not None]
+        if trace.has_gpu and first is not None:
+            step.regions[STEP]["device_step_ms"] = ((later[0] if later else last) - first) / 1e3
+    return steps
+
+
+def _gpu_span(trace: Trace, threads: list, start: float, end: float) -> tuple[float | None, float | None]:
+    """(start of the first, end of the last) kernel launched by the calls in [start, end) on ``threads``.
+    Kernels, not copies: the loader copies the next batch on a stream of its own, which starts at once."""
+    found = []
+    for tid in threads:
+        calls = trace.calls.get(tid, [])
+        lo, hi = call_range(trace, tid, start, end)
+        found += [g for c in calls[lo:hi] for g in trace.launched.get(c.correlation, ()) if g.category == "kernel"]
+    if not found:
+        return None, None
+    return min(g.ts for g in found), max(g.end for g in found)
+
+
+ADDITIVE = ("wall_ms", "ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies")
+
+
+def check_steps(source, steps: list[StepMeasures]) -> list[str]:
+    """One line per kind of violated invariant of the measured ``steps`` of a trace (see the module docstring)."""
+    trace = load_trace(source)
+    unbalanced, unlaunched = {}, {}
+    for step in steps:
+        regions, n = step.regions, step.step
+        off = []
+        for m in ADDITIVE:
+            if regions[STEP][m] is not None:
+                parts = sum(regions[r][m] for r in PARTS if r in regions)
+                if abs(parts - regions[STEP][m]) > 1e-6 * max(1.0, abs(parts)):
+                    off.append(f"{MEASURES[m].header} {parts:g} against {regions[STEP][m]:g}")
+        if off:
+            unbalanced[n] = ", ".join(off)
+        missed = [
+            f"{name} ({r['kernels']} kernels)" for name, r in regions.items() if r["kernels"] and not r["launches"]
+        ]
+        if missed:
+            unlaunched[n] = ", ".join(missed)
+    warnings = []
+    if unbalanced:
+        first = min(unbalanced)
+        warnings.append(
+            f"the regions do not add up to the step in {len(unbalanced)} of {len(steps)} steps (step {first}: "
+            f"{unbalanced[first]}): overlapping regions?"
+        )
+    if unlaunched:
+        first = min(unlaunched)
+        warnings.append(
+            f"kernels with no launch counted in {len(unlaunched)} of {len(steps)} steps (step {first}: "
+            f"{unlaunched[first]}): launched by a call the analysis does not know as a launch"
+        )
+    return warnings + _unmatched_launches(trace)
+
+
+def _unmatched_launches(trace: Trace) -> list[str]:
+    """Launches in the active steps without a kernel, and GPU events there without a launching call. The
+    host runs ahead, so work launched before the profiler recorded (no call in the trace) still runs at
+    the start of the window: on each stream, only an event that starts after the stream's first event
+    launched inside the window has lost its call."""
+    if not trace.has_gpu:
+        return []
+    start, end = trace.steps[0]["ts"], max(s["ts"] + s["dur"] for s in trace.steps)
+    calls = [c for tid in trace.calls for c in trace.calls[tid][slice(*call_range(trace, tid, start, end))]]
+    inside = {c.correlation for c in calls}
+    known = {c.correlation for tid in trace.calls for c in trace.calls[tid]}
+    first = {}  # stream -> start of its first event launched inside the window
+    for g in trace.gpu:
+        if g.correlation in inside:
+            first[g.stream] = min(first.get(g.stream, g.ts), g.ts)
+    launches = [c for c in calls if c.name in LAUNCHES]
+    lost = sum(1 for c in launches if not trace.kernels.get(c.correlation))
+    orphans = [
+        g for g in trace.gpu if g.correlation not in known and g.stream in first and first[g.stream] <= g.ts < end
+    ]
+    out = []
+    if lost:
+        out.append(
+            f"{lost} of {len(launches)} kernel launches in the active steps have no kernel in the trace (the "
+            "profiler dropped GPU records?): kernels and GPU ms are too low"
+        )
+    if orphans:
+        ms = sum(g.end - g.ts for g in orphans) / 1e3
+        out.append(
+            f"{len(orphans)} GPU events ({ms:.3g} ms) in the active steps have no launching call in the "
+            "trace: no region counts them"
+        )
+    return out
+
+
+def representative_step(steps: list[StepMeasures]) -> StepMeasures:
+    """The step whose wall time is the median (the lower of the two middle ones for an even count)."""
+    walls = [s.regions[STEP]["wall_ms"] for s in steps]
+    return steps[walls.index(statistics.median_low(walls))]
+
+
+def summarise(trace: Trace, steps: list[StepMeasures]) -> Analysis:
+    """The record's analysis (detector/lab/record.py) of ``steps``, the trace's ``measure_steps``: each measure's
+    spread per region over the steps, the representative step, and the warnings of ``check_steps``."""
+    names = [name for name in REGIONS if any(name in s.regions for s in steps)]
+    regions = {
+        name: {m: Spread.of([s.regions[name][m] for s in steps if name in s.regions]) for m in MEASURES}
+        for name in names
+    }
+    return Analysis(
+        trace=Path(trace.name).name,
+        gpu=trace.has_gpu,
+        representative_step=representative_step(steps).step,
+        steps=len(steps),
+        step_numbers=[s.step for s in steps],
+        regions=regions,
+        warnings=check_steps(trace, steps),
+    )

@@ -1,0 +1,239 @@
+"""`make compare`: profile runs side by side, with what makes the slow ones slow.
+
+By default the newest run of each ``runs/profile/<strategy>[-forward]/<time>/`` folder (one per strategy
+and mode), or the run folders named. Per mode:
+
+- verdicts (detector/lab/verdicts.py): each strategy against the ``padded`` run of its setting (device,
+  batch, image size), the counts that differ first, then the time as training runs it and as profiled;
+- the wall-time and (on a GPU) GPU-time tables, the why table, and the runs' noise (detector/lab/text.py);
+- charts (detector/lab/charts.py, detector/lab/timeline.py): the median step stacked by region, the counts
+  per region, and every strategy's median step on one time axis.
+
+Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json and the PNGs. A summary that is
+not a record this lab reads (detector/lab/record.py) is skipped with its reason, and the rest compared.
+Columns: padded first, then the registry's order (detector.losses.STRATEGIES), unknown names last.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from detector.errors import UserError
+from detector.lab import charts, text
+from detector.lab.extract import StepModel, load
+from detector.lab.record import MODES, SUMMARY, ProfileRecord, RecordError, read_summary
+from detector.lab.tables import speedup
+from detector.lab.timeline import draw_steps
+from detector.lab.verdicts import BASELINE, growth, judge, setting, verdict_lines
+from detector.losses import STRATEGIES
+
+Run = tuple[str, ProfileRecord]  # (its column's label, its record)
+
+
+@dataclass
+class Comparison:
+    """What `make compare` made: compare.json's content, the folder, each mode's markdown and the charts."""
+
+    report: dict
+    out: Path
+    texts: dict[str, str] = field(default_factory=dict)  # mode -> markdown
+    images: dict[str, Path] = field(default_factory=dict)  # "<chart>, <mode>" -> PNG
+
+
+def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> Comparison:
+    """Compare the latest run of each strategy and mode under ``profile_dir`` (or the run folders in ``runs``);
+    write tables, charts and timelines to ``out_dir`` (default: a new ``<profile_dir>/../compare/<time>/``)."""
+    loaded = [r for r in map(read_run, runs) if r] if runs else latest_runs(profile_dir)
+    if not loaded:
+        where = "the named runs" if runs else f"{profile_dir}/<strategy>/<time>/"
+        raise UserError(f"no profile runs in {where}: run `make profile STRATEGY=<name>` first")
+    out = Path(out_dir) if out_dir else new_folder(Path(profile_dir).parent / "compare")
+    out.mkdir(parents=True, exist_ok=True)
+    groups = {mode: labelled(order_runs([r for r in loaded if r.mode == mode])) for mode in MODES}
+    groups = {mode: group for mode, group in groups.items() if group}
+    created = datetime.now().isoformat(timespec="seconds")
+    markdown = [f"# Profile runs compared ({created})", "", text.runs_table([r for g in groups.values() for r in g])]
+    result = Comparison({"created": created, "out_dir": str(out), "modes": {}}, out)
+    for mode, group in groups.items():
+        result.report["modes"][mode] = mode_report(group)
+        base = baseline(group)
+        lines = verdict_lines(group, base)
+        result.texts[mode] = text.mode_markdown(mode, group, base, lines, growth(group))
+        markdown += ["", result.texts[mode]]
+        result.images |= draw_charts(group, mode, out)
+    result.report["runs"] = [describe(label, r) for g in groups.values() for label, r in g]
+    (out / "compare.md").write_text("\n".join(markdown) + "\n")
+    result.report["files"] = sorted(str(p) for p in [out / "compare.md", out / "compare.json", *result.images.values()])
+    (out / "compare.json").write_text(json.dumps(result.report, indent=2, default=str))
+    print("\n".join(markdown))
+    print(f"\ncompare.md, compare.json and {len(result.images)} PNGs in {out}/")
+    return result
+
+
+# ----------------------------------------------------------------------------- finding and reading runs
+
+
+def latest_runs(profile_dir) -> list[ProfileRecord]:
+    """The newest readable run of each ``<strategy>[-forward]/`` folder (broken ones skipped, warned)."""
+    root = Path(profile_dir)
+    groups = sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
+    return [run for run in map(latest_in, groups) if run]
+
+
+def latest_in(group: Path) -> ProfileRecord | None:
+    """The newest readable run of a ``<strategy>[-forward]/`` folder, or None."""
+    # newest first; a summary.json in the group itself is the old layout (one run, overwritten)
+    candidates = sorted((p.parent for p in group.glob(f"*/{SUMMARY}")), key=lambda p: p.name, reverse=True)
+    for folder in candidates + ([group] if (group / SUMMARY).is_file() else []):
+        run = read_run(folder)
+        if run:
+            return run
+    return None
+
+
+def read_run(path) -> ProfileRecord | None:
+    """The record of a run folder (or its summary.json, or a strategy's folder of runs: its newest); None with a
+    one-line warning when it is not a record this lab reads. A path that does not exist is a UserError."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"no run folder {path}: mistyped?{nearby(path)}")
+    folder = path.parent if path.name == SUMMARY else path
+    if not (folder / SUMMARY).exists() and any(folder.glob(f"*/{SUMMARY}")):
+        return latest_in(folder)
+    try:
+        record = read_summary(folder)
+    except RecordError as err:
+        print(f"warning: skipped {err}", file=sys.stderr)
+        return None
+    if record.left_out:
+        print(f"warning: {folder / SUMMARY}: {text.left_out(record)[0]}", file=sys.stderr)
+    return record
+
+
+def nearby(path: Path) -> str:
+    """What the deepest existing folder above ``path`` holds, to spot a typo by."""
+    parent = next((p for p in path.parents if p.is_dir()), Path("."))
+    names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
+    shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+    return f" {parent} holds {shown}" if names else f" {parent} holds no run folders"
+
+
+def new_folder(parent: Path) -> Path:
+    """``parent/<YYYYmmdd-HHMMSS>`` that does not exist yet (older comparisons are kept)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    folder, n = parent / stamp, 1
+    while folder.exists():
+        n += 1
+        folder = parent / f"{stamp}-{n}"
+    return folder
+
+
+def order_runs(records: list[ProfileRecord]) -> list[ProfileRecord]:
+    """padded first, then the registry's order, unknown names last; by batch within a strategy."""
+    rank = {name: i for i, name in enumerate(STRATEGIES)}
+    key = lambda r: (r.strategy != BASELINE, rank.get(r.strategy, len(rank)), r.strategy, r.batch_size)  # noqa: E731
+    return sorted(records, key=key)
+
+
+def labelled(records: list[ProfileRecord]) -> list[Run]:
+    """Each run with its column's label: its strategy, then its batch where the strategy appears at several,
+    then its run folder's name where that is not enough."""
+    labels = []
+    for r in records:
+        same = [o for o in records if o.strategy == r.strategy]
+        label = r.strategy
+        if len(same) > 1 and len({o.batch_size for o in same}) > 1:
+            label += f" b{r.batch_size}"
+        if sum(1 for o in same if o.batch_size == r.batch_size) > 1:
+            label += f" {r.run or (r.folder.name if r.folder else '?')}"
+        labels.append(label)
+    return list(zip(labels, records, strict=True))
+
+
+def baseline(runs: list[Run]) -> ProfileRecord | None:
+    """The padded run the others are judged against: of the setting most runs share (device, batch, image size)."""
+    padded = [r for _, r in runs if r.strategy == BASELINE]
+    if not padded:
+        return None
+    counts = {setting(p): sum(1 for _, r in runs if setting(r) == setting(p)) for p in padded}
+    return max(padded, key=lambda p: counts[setting(p)])
+
+
+# ----------------------------------------------------------------------------- compare.json and charts
+
+
+def describe(label: str, record: ProfileRecord) -> dict:
+    noise = record.noise
+    return {
+        "label": label,
+        "strategy": record.strategy,
+        "mode": record.mode,
+        "run": record.run,
+        "dir": str(record.folder),
+        "noisy": noise.noisy if noise else None,
+        "noise": noise.reasons() if noise else None,
+    }
+
+
+def mode_report(runs: list[Run]) -> dict:
+    """compare.json's part for one mode: the runs' labels, every measure's spread, the verdicts."""
+    base = baseline(runs)
+    records = dict(runs)
+    regions = text.regions_of(list(records.values()))
+    verdicts = {
+        label: judge(base, r, label) for label, r in runs if base and r is not base and setting(r) == setting(base)
+    }
+    return {
+        "labels": list(records),
+        "baseline": next((label for label, r in runs if r is base), None),
+        "regions": {
+            region: {label: {m: asdict(s) for m, s in r.analysis.regions.get(region, {}).items()} for label, r in runs}
+            for region in regions
+        },
+        "timed": {label: asdict(r.timed_step()) if r.timed_step() else None for label, r in runs},
+        "speedups_vs_padded": {
+            measure: {
+                region: {
+                    label: speedup(base.stats(region, measure), r.stats(region, measure)) if base else None
+                    for label, r in runs
+                }
+                for region in regions
+            }
+            for measure in ("wall_ms", "gpu_ms")
+        },
+        "step_verdicts": {label: v.profiled.x for label, v in verdicts.items()},
+        "timed_verdicts": {label: v.trained.x if v.trained else None for label, v in verdicts.items()},
+        "verdicts": [v.line() for v in verdicts.values()],
+        "warnings": {label: r.analysis.warnings for label, r in runs},
+        "noisy": {label: bool(r.noise and r.noise.noisy) for label, r in runs},
+    }
+
+
+def draw_charts(runs: list[Run], mode: str, out: Path) -> dict[str, Path]:
+    """The mode's PNGs: {"<chart>, <mode>": path}; the timeline leaves out runs whose steps cannot be read."""
+    where = text.setting([r for _, r in runs])
+    images = {
+        f"1 ms per step, {mode}": charts.draw_stacked(
+            runs, f"mode={mode}: where the median step's time goes — {where}", out / f"ms-per-step-{mode}.png"
+        )
+    }
+    counts = charts.draw_counts(
+        runs, f"mode={mode}: what the host does per region — {where}", out / f"counts-{mode}.png"
+    )
+    if counts:
+        images[f"2 counts, {mode}"] = counts
+    steps = []
+    for label, record in runs:
+        try:
+            steps.append((label, StepModel(load(record.folder, record))))
+        except RecordError as err:
+            print(f"warning: {label} left out of the timeline: {err}", file=sys.stderr)
+    if steps:
+        title = f"mode={mode}: the median step of each strategy — {where}"
+        images[f"3 timeline, {mode}"] = draw_steps(steps, out / f"timeline-{mode}.png", title=title)
+    return images

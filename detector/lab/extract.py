@@ -1,0 +1,196 @@
+"""The lab's one model of a profiled step: what it launched, placed where it ran. Both pictures draw it: the
+PNG timeline (detector/lab/timeline.py) and TensorBoard's Traces tab (detector/board/).
+
+`make profile` writes it as ``extract.json.gz`` beside the trace (its schema: detector/lab/record.py
+``Extract``), so that the tab reads a few kilobytes per step instead of parsing the whole trace on every
+request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read
+(``load``).
+
+Every time is in µs from the step's start (the ProfilerStep's start on the host). Per step:
+
+- ``regions``: the lab's regions on the step's thread, ``[name, start, duration]``;
+- ``threads``: each thread of the process that ran operators in the step, with its top-level operators
+  ``[start, duration, name]`` (names are indices into the extract's ``names``);
+- ``calls``: the CUDA calls that launched device work or made the host wait, ``[start, duration, thread,
+  name, region, flags]`` (flags: 1 a kernel launch, 2 a host-device sync);
+- ``streams``: per GPU stream, the kernels, copies and memsets the step's calls launched, whenever they
+  ran, ``[start, duration, category, name, call]``: the host runs ahead, so a step's device work often
+  starts after its host part has ended;
+- ``why``: every measure of each region in this step (detector/lab/measures.py), for the tab's region panel.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from pathlib import Path
+
+from detector.lab.analysis import measure_steps, representative_step
+from detector.lab.record import EXTRACT, Extract, ProfileRecord, RecordError, StepMeasures, read_extract, write_extract
+from detector.lab.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.regions import OTHER, STEP
+
+CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH, SYNC = 1, 2  # a call's flags
+
+
+class Names:
+    """A string table: each name stored once, referred to by its index."""
+
+    def __init__(self):
+        self.index: dict[str, int] = {}
+
+    def __call__(self, name: str) -> int:
+        return self.index.setdefault(name, len(self.index))
+
+    def table(self) -> list[str]:
+        return list(self.index)
+
+
+def build(source, steps: list[StepMeasures] | None = None, about: dict | None = None) -> Extract:
+    """The extract of a trace (path, events or trace.Trace): every ProfilerStep; ``steps`` its
+    ``measure_steps`` when the caller has them; ``about`` the run's facts (strategy, mode, device...)."""
+    trace = load_trace(source)
+    steps = measure_steps(trace) if steps is None else steps
+    names = Names()
+    extracted = {}
+    for event, measured in zip(trace.steps, steps, strict=True):
+        extracted[str(measured.step)] = step_extract(trace, event, measured, names)
+    return Extract(
+        about=about or {},
+        gpu=trace.has_gpu,
+        representative_step=representative_step(steps).step,
+        steps=extracted,
+        names=names.table(),
+    )
+
+
+def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names) -> dict:
+    t0, t1 = step["ts"], step["ts"] + step["dur"]
+    spans = step_regions(trace, step)
+    regions = sorted((a, b, name) for name, found in spans.items() if name not in (OTHER, STEP) for a, b in found)
+    starts = [a for a, _, _ in regions]
+
+    def region_of(ts: float) -> int:
+        i = bisect_right(starts, ts) - 1
+        return i if i >= 0 and ts < regions[i][1] else -1  # -1: outside the regions ("other")
+
+    threads, calls, streams = [], [], {}
+    for tid in step_threads(trace, step):
+        ops = top_level(trace.op_events.get(tid, []), t0, t1)
+        thread, first = len(threads), len(calls)
+        for i in range(*call_range(trace, tid, t0, t1)):
+            call = trace.calls[tid][i]
+            flags = LAUNCH * (call.name in LAUNCHES) + SYNC * is_sync(trace, tid, i)
+            launched = trace.launched.get(call.correlation, ())
+            if not flags and not launched:
+                continue
+            index = len(calls)
+            calls.append(
+                [us(call.ts - t0), us(call.end - call.ts), thread, names(call.name), region_of(call.ts), flags]
+            )
+            for g in launched:
+                row = [us(g.ts - t0), us(g.end - g.ts), CATEGORIES.index(g.category), names(g.name), index]
+                streams.setdefault(g.stream, []).append(row)
+        if ops or len(calls) > first:  # a thread that only polled (event queries) is left out
+            threads.append({"tid": tid, "ops": [[us(o.ts - t0), us(o.end - o.ts), names(o.name)] for o in ops]})
+    return {
+        "dur": us(t1 - t0),
+        "regions": [[name, us(a - t0), us(b - a)] for a, b, name in regions],
+        "threads": threads,
+        "calls": calls,
+        "streams": [{"stream": str(s), "events": sorted(rows)} for s, rows in sorted(streams.items(), key=str)],
+        "why": {
+            region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()
+        },
+    }
+
+
+def top_level(ops: list, start: float, end: float) -> list:
+    """The operators of one thread (sorted) that start in [start, end) and are not inside an earlier one."""
+    out, covered = [], start
+    for op in ops[bisect_left(ops, (start,)) :]:
+        if op.ts >= end:
+            break
+        if op.ts >= covered:
+            out.append(op)
+            covered = op.end
+    return out
+
+
+def us(value: float) -> float:
+    return round(value, 2)
+
+
+def load(run_dir: Path, record: ProfileRecord) -> Extract:
+    """The extract of a profile run folder: its extract.json.gz, else built from its trace (an older run, or an
+    extract of another version) and written beside it for the next read. RecordError with a one-line reason
+    when neither can be read."""
+    path = Path(run_dir) / EXTRACT
+    if path.is_file():
+        try:
+            return read_extract(path)
+        except RecordError as err:
+            if "version" not in str(err):
+                raise
+    trace = Path(run_dir) / record.trace
+    if not record.trace or not trace.is_file():
+        raise RecordError(f"{run_dir}: no {EXTRACT} and no trace to build one from")
+    try:
+        extract = build(trace, about=about(record))
+    except ValueError as err:
+        raise RecordError(str(err)) from None
+    try:
+        write_extract(run_dir, extract)
+    except OSError:
+        pass  # a read-only run folder: served all the same, built again next time
+    return extract
+
+
+def about(record: ProfileRecord) -> dict:
+    """What an extract says of its run."""
+    return {
+        "strategy": record.strategy,
+        "mode": record.mode,
+        "device": record.device,
+        "torch": record.torch,
+        "batch_size": record.batch_size,
+    }
+
+
+class StepModel:
+    """One step of an extract, read as events: what the PNG timeline (detector/lab/timeline.py) draws, the
+    same that the Traces tab draws from the same rows."""
+
+    def __init__(self, extract: Extract, number: int | None = None):
+        number = extract.representative_step if number is None else number
+        if str(number) not in extract.steps:
+            found = ", ".join(extract.steps)
+            raise RecordError(f"the extract has no step {number} (its steps: {found})")
+        self.number, self.gpu = number, extract.gpu
+        self.step, self.names = extract.steps[str(number)], extract.names
+        self.dur = self.step["dur"]
+
+    def regions(self) -> list[tuple[str, float, float]]:
+        """(region, start, duration) µs from the step's start, on the step's thread."""
+        return [(name, start, dur) for name, start, dur in self.step["regions"]]
+
+    def region_of_call(self, call: int) -> str:
+        index = self.step["calls"][call][4]
+        return self.step["regions"][index][0] if index >= 0 else OTHER
+
+    def calls(self, flag: int) -> list[float]:
+        """The starts (µs) of the step's calls with ``flag`` (LAUNCH or SYNC)."""
+        return [start for start, _, _, _, _, flags in self.step["calls"] if flags & flag]
+
+    def gpu_events(self) -> list[tuple[str, float, float, str, str]]:
+        """(stream, start, duration, category, the region whose call launched it) of the GPU work the step
+        launched, whenever it ran."""
+        return [
+            (stream["stream"], start, dur, CATEGORIES[category], self.region_of_call(call))
+            for stream in self.step["streams"]
+            for start, dur, category, _, call in stream["events"]
+        ]
+
+    def end(self) -> float:
+        """µs from the step's start to the end of its host part or of the last GPU work it launched."""
+        return max([self.dur] + [start + dur for _, start, dur, _, _ in self.gpu_events()])

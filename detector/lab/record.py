@@ -1,0 +1,499 @@
+"""The run record: what `make profile` writes and every reader reads (compare, report, TensorBoard, the Traces
+tab), as typed, versioned dataclasses. One schema, checked once, where a file is read.
+
+A profile run folder holds
+
+    summary.json     ``ProfileRecord``: the run's facts, per region the spread of every measure over the
+                     active steps (detector/lab/measures.py), each step's measures, the steps timed without
+                     the profiler, the machine's noise, the analysis' warnings
+    extract.json.gz  ``Extract``: each active step as the lab models it (detector/lab/extract.py)
+
+``read_summary`` and ``read_extract`` return the record or raise ``RecordError``, one line naming the file and
+what is wrong in it (a field of the wrong type, a version this code does not read, a file too large). A
+summary of version 1 (written before the noise was recorded) is converted: its noise is unknown. A value no
+measure can take (not finite, negative, beyond 10^15) is left out, as if not measured, and named in
+``left_out``. ``TrainingRecord`` is the summary.json of a `make train` run, read the same way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+import statistics
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from detector.lab.checked import RecordError, need, optional, read_json, short, usable
+
+VERSION = 2  # of summary.json; 1: no "version" key and no noise
+EXTRACT_VERSION = 1
+SUMMARY = "summary.json"
+EXTRACT = "extract.json.gz"
+MODES = ("train", "forward")
+SUMMARY_BYTES = 64 * 2**20  # a summary of 10 steps is tens of kB; a larger file is not one
+EXTRACT_BYTES = 256 * 2**20  # decompressed: a step of the loop strategy on a GPU is a few MB
+
+
+# ----------------------------------------------------------------------------- spreads
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The median, quartiles (inclusive method), min, max and count of a measure's values over steps; all None
+    with n = 0 where it has none. ``low`` and ``high`` are the quartiles: the interval of the speed-up rule
+    (detector/lab/tables.py)."""
+
+    median: float | None = None
+    q1: float | None = None
+    q3: float | None = None
+    min: float | None = None
+    max: float | None = None
+    n: int = 0
+
+    @classmethod
+    def of(cls, values) -> Spread:
+        values = [v for v in values if v is not None]
+        if not values:
+            return cls()
+        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+        return cls(statistics.median(values), q1, q3, min(values), max(values), len(values))
+
+    @property
+    def low(self) -> float | None:
+        return self.q1
+
+    @property
+    def high(self) -> float | None:
+        return self.q3
+
+    def __bool__(self) -> bool:
+        return self.n > 0 and self.median is not None
+
+    def relative_iqr(self) -> float | None:
+        """(q3 - q1) / median: how widely the steps spread, as a share of the median."""
+        return (self.q3 - self.q1) / self.median if self and self.median > 0 else None
+
+    @classmethod
+    def parse(cls, data, where: str, left_out: list[str]) -> Spread:
+        need(data, dict, where)
+        values = {}
+        for key in ("median", "q1", "q3", "min", "max"):
+            value = data.get(key)
+            if not usable(value):
+                left_out.append(f"{where}.{key} ({short(value)})")
+                return cls()
+            values[key] = value
+        n = need(data.get("n", 0), int, f"{where}.n")
+        if n and values["median"] is None:
+            raise RecordError(f"{where} has n={n} but no median")
+        return cls(**values, n=n) if n else cls()
+
+
+# ----------------------------------------------------------------------------- the profile run
+
+
+Measures = dict[str, dict[str, float | None]]  # region -> measure -> value of one step
+
+
+@dataclass
+class StepMeasures:
+    """One active step: ProfilerStep#``step``, its start on the host (µs, the trace's clock) and every measure
+    of each region (None: a GPU measure of a run without GPU events)."""
+
+    step: int
+    start_us: float
+    regions: Measures
+
+    @classmethod
+    def parse(cls, data, where: str, left_out: list[str]) -> StepMeasures | None:
+        need(data, dict, where)
+        regions = need(data.get("regions"), dict, f"{where}.regions")
+        if not isinstance(regions.get("step"), dict) or regions["step"].get("wall_ms") is None:
+            left_out.append(f"{where} (no step wall time)")
+            return None
+        for name, measures in regions.items():
+            need(measures, dict, f"{where}.regions.{name}")
+            bad = [f"{where}.regions.{name}.{m} ({short(v)})" for m, v in measures.items() if not usable(v)]
+            if bad:
+                left_out.extend(bad)
+                return None
+        start = need(data.get("start_us", 0.0), (int, float), f"{where}.start_us")
+        return cls(need(data.get("step"), int, f"{where}.step"), start, regions)
+
+
+@dataclass
+class Analysis:
+    """What the trace says (detector/lab/analysis.py): per region, the spread of each measure over the active
+    steps; the step whose wall time is the median; the checks' warnings."""
+
+    trace: str
+    gpu: bool
+    representative_step: int
+    steps: int
+    step_numbers: list[int]
+    regions: dict[str, dict[str, Spread]]
+    warnings: list[str] = field(default_factory=list)
+
+    @classmethod
+    def parse(cls, data, where: str, left_out: list[str]) -> Analysis:
+        need(data, dict, where)
+        regions = need(data.get("regions"), dict, f"{where}.regions")
+        if not isinstance(regions.get("step"), dict) or "wall_ms" not in regions["step"]:
+            raise RecordError(f"{where}.regions has no step wall time")
+        parsed = {
+            name: {m: Spread.parse(s, f"{where}.regions.{name}.{m}", left_out) for m, s in need(ms, dict, name).items()}
+            for name, ms in regions.items()
+        }
+        warnings = optional(data, "warnings", list, where, [])
+        return cls(
+            trace=optional(data, "trace", str, where, ""),
+            gpu=optional(data, "gpu", bool, where, False),
+            representative_step=need(data.get("representative_step"), int, f"{where}.representative_step"),
+            steps=need(data.get("steps"), int, f"{where}.steps"),
+            step_numbers=[
+                need(n, int, f"{where}.step_numbers") for n in optional(data, "step_numbers", list, where, [])
+            ],
+            regions=parsed,
+            warnings=[need(w, str, f"{where}.warnings") for w in warnings],
+        )
+
+
+@dataclass
+class Timed:
+    """The steps timed after the profiler's window with neither profiler nor regions: the step as training runs
+    it (CUDA events on a GPU, the wall clock on the CPU)."""
+
+    step_ms: Spread
+    wall_ms: list[float]
+
+    @classmethod
+    def of(cls, values: list[float]) -> Timed:
+        return cls(Spread.of(values), list(values))
+
+    @classmethod
+    def parse(cls, data, where: str, left_out: list[str]) -> Timed:
+        need(data, dict, where)
+        values = [need(v, (int, float), f"{where}.wall_ms") for v in optional(data, "wall_ms", list, where, [])]
+        if not all(usable(v) for v in values):
+            left_out.append(f"{where}.wall_ms (a value not finite, negative or beyond 10^15)")
+            return cls(Spread(), [])
+        step = Spread.parse(data.get("step_ms", {}), f"{where}.step_ms", left_out)
+        return cls(step, values)
+
+
+NOISY_LOAD = 0.25  # other processes' CPU use, in cores, beyond which a run's times are not those of a quiet machine
+NOISY_SPREAD = 0.10  # timed steps whose (q3 - q1) / median exceeds this are too uneven to compare by their medians
+
+
+@dataclass
+class Noise:
+    """The machine's noise around a run: the CPU cores that other processes kept busy before, during and after
+    it (detector/lab/noise.py; None where it cannot be read), and how widely its timed steps spread."""
+
+    cores: int
+    load_before: float | None = None
+    load_during: float | None = None
+    load_after: float | None = None
+    timed_spread: float | None = None
+
+    def reasons(self) -> list[str]:
+        """Why the run's times are not those of a quiet machine; empty where nothing says so."""
+        out = []
+        loads = {"before": self.load_before, "during": self.load_during, "after": self.load_after}
+        busy = {when: load for when, load in loads.items() if load is not None and load > NOISY_LOAD}
+        if busy:
+            when, load = max(busy.items(), key=lambda item: item[1])
+            out.append(f"other processes kept {load:.1f} of {self.cores} cores busy {when} it")
+        if self.timed_spread is not None and self.timed_spread > NOISY_SPREAD:
+            out.append(f"its timed steps spread ±{50 * self.timed_spread:.0f} % around their median")
+        return out
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.reasons())
+
+    def describe(self) -> str:
+        """One line: the load the run ran under."""
+        loads = [(w, v) for w, v in (("before", self.load_before), ("during", self.load_during)) if v is not None]
+        loads += [("after", self.load_after)] if self.load_after is not None else []
+        if not loads:
+            return "the load of other processes is unknown here"
+        text = ", ".join(f"{v:.2f} {w}" for w, v in loads)
+        return f"other processes' load, in cores of {self.cores}: {text}"
+
+    @classmethod
+    def parse(cls, data, where: str) -> Noise:
+        need(data, dict, where)
+        loads = {k: optional(data, k, (int, float), where) for k in ("load_before", "load_during", "load_after")}
+        return cls(
+            cores=need(data.get("cores", os.cpu_count() or 1), int, f"{where}.cores"),
+            timed_spread=optional(data, "timed_spread", (int, float), where),
+            **loads,
+        )
+
+
+@dataclass
+class ProfileRecord:
+    """summary.json of a `make profile` run."""
+
+    strategy: str
+    mode: str
+    device: str
+    torch: str
+    batch_size: int
+    image_size: int | None
+    max_boxes: int | None
+    analysis: Analysis
+    per_step: list[StepMeasures]
+    timed: Timed | None = None
+    noise: Noise | None = None
+    preset: str | None = None
+    sync_regions: bool = False
+    emulated: str | None = None  # why its times are an emulator's here (triton without a GPU)
+    run: str = ""
+    created: str = ""
+    trace: str = ""  # the trace file, relative to the run folder
+    config: dict = field(default_factory=dict)
+    version: int = VERSION
+    folder: Path | None = None  # where it was read from (not written)
+    left_out: list[str] = field(default_factory=list)  # unusable values dropped when it was read (not written)
+
+    # ------------------------------------------------------------------ reading measures
+
+    def stats(self, region: str, measure: str = "wall_ms") -> Spread | None:
+        """The spread of a measure in a region (None where the run has no values there)."""
+        found = self.analysis.regions.get(region, {}).get(measure)
+        return found if found else None
+
+    def median(self, region: str, measure: str = "wall_ms") -> float:
+        found = self.stats(region, measure)
+        return found.median if found else 0.0
+
+    def timed_step(self) -> Spread | None:
+        """The spread of the steps timed without the profiler, if the run has them."""
+        return self.timed.step_ms if self.timed and self.timed.step_ms else None
+
+    def profiled_step(self) -> Spread | None:
+        """The profiled step as the one timed without the profiler is measured: by the device on a GPU (its steps
+        from one's first kernel to the next's), else the host's ProfilerStep."""
+        return self.stats("step", "device_step_ms") or self.stats("step")
+
+    def regions(self) -> list[str]:
+        return list(self.analysis.regions)
+
+    def title(self) -> str:
+        """``padded, train, NVIDIA H200, torch 2.11.0, batch 1024``: what a picture or table is of."""
+        return f"{self.strategy}, {self.mode}, {self.device}, torch {self.torch}, batch {self.batch_size}"
+
+    # ------------------------------------------------------------------ JSON
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        for key in ("folder", "left_out"):
+            data.pop(key)
+        data["analysis"]["regions"] = {
+            region: {m: asdict(s) for m, s in measures.items()} for region, measures in self.analysis.regions.items()
+        }
+        return data
+
+    @classmethod
+    def parse(cls, data, where: str) -> ProfileRecord:
+        """A record from parsed JSON; RecordError naming ``where`` and the first thing wrong."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a JSON object")
+        version = data.get("version", 1)
+        if version not in (1, VERSION):
+            raise RecordError(f"{where}: version {short(version)}, this detector reads versions 1 and {VERSION}")
+        missing = [key for key in ("strategy", "mode", "analysis", "per_step") if key not in data]
+        if missing:
+            raise RecordError(f"{where}: no {', '.join(missing)}: not written by (this version of) make profile")
+        left_out: list[str] = []
+        strategy = need(data["strategy"], str, f"{where}: strategy")
+        if not strategy:
+            raise RecordError(f"{where}: its strategy is empty")
+        if data["mode"] not in MODES:
+            raise RecordError(f"{where}: mode {short(data['mode'])} is none of {', '.join(MODES)}")
+        analysis = Analysis.parse(data["analysis"], f"{where}: analysis", left_out)
+        if not analysis.regions["step"].get("wall_ms") or analysis.regions["step"]["wall_ms"].median <= 0:
+            raise RecordError(f"{where}: its step wall time is not usable ({', '.join(left_out) or 'no steps'})")
+        steps = [
+            StepMeasures.parse(s, f"per_step[{i}]", left_out)
+            for i, s in enumerate(need(data["per_step"], list, f"{where}: per_step"))
+        ]
+        timed = data.get("timed")
+        noise = data.get("noise")
+        return cls(
+            strategy=strategy,
+            mode=data["mode"],
+            device=optional(data, "device", str, where, "?"),
+            torch=optional(data, "torch", str, where, "?"),
+            batch_size=optional(data, "batch_size", int, where, 0),
+            image_size=optional(data, "image_size", int, where),
+            max_boxes=optional(data, "max_boxes", int, where),
+            analysis=analysis,
+            per_step=[s for s in steps if s is not None],
+            timed=Timed.parse(timed, f"{where}: timed", left_out) if timed is not None else None,
+            noise=Noise.parse(noise, f"{where}: noise") if noise is not None else None,
+            preset=optional(data, "preset", str, where),
+            sync_regions=optional(data, "sync_regions", bool, where, False),
+            emulated=optional(data, "emulated", str, where),
+            run=optional(data, "run", str, where, ""),
+            created=optional(data, "created", str, where, ""),
+            trace=optional(data, "trace", str, where, ""),
+            config=optional(data, "config", dict, where, {}),
+            left_out=left_out,
+        )
+
+
+def summary_path(path: Path) -> Path:
+    return path if path.name == SUMMARY else path / SUMMARY
+
+
+def read_summary(path) -> ProfileRecord:
+    """The ProfileRecord of a run folder (or of its summary.json); RecordError with the reason otherwise."""
+    file = summary_path(Path(path))
+    record = ProfileRecord.parse(read_json(file, SUMMARY_BYTES), str(file))
+    record.folder = file.parent
+    return record
+
+
+def write_summary(run_dir: Path, record: ProfileRecord) -> Path:
+    path = Path(run_dir) / SUMMARY
+    path.write_text(json.dumps(record.to_json(), indent=2))
+    return path
+
+
+# ----------------------------------------------------------------------------- the step extract
+
+
+@dataclass
+class Extract:
+    """extract.json.gz: every active step as the lab models it (detector/lab/extract.py builds it, and documents
+    its rows), its names stored once. ``steps`` maps the step's number, as text, to its model."""
+
+    about: dict
+    gpu: bool
+    representative_step: int
+    steps: dict[str, dict]
+    names: list[str]
+    version: int = EXTRACT_VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def parse(cls, data, where: str) -> Extract:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a JSON object")
+        if data.get("version") != EXTRACT_VERSION:
+            raise RecordError(f"{where}: version {short(data.get('version'))}, this detector reads {EXTRACT_VERSION}")
+        steps = need(data.get("steps"), dict, f"{where}: steps")
+        names = need(data.get("names"), list, f"{where}: names")
+        for number, step in steps.items():
+            check_step(step, f"{where}: step {number}", len(names))
+        return cls(
+            about=optional(data, "about", dict, where, {}),
+            gpu=need(data.get("gpu"), bool, f"{where}: gpu"),
+            representative_step=need(data.get("representative_step"), int, f"{where}: representative_step"),
+            steps=steps,
+            names=[need(n, str, f"{where}: names") for n in names],
+        )
+
+
+ROWS = {"regions": 3, "calls": 6}  # the length of each row of a step's lists
+
+
+def check_step(step, where: str, names: int) -> None:
+    """RecordError unless ``step`` has the shape that extract.step_extract writes (names index the name table)."""
+    need(step, dict, where)
+    need(step.get("dur"), (int, float), f"{where}.dur")
+    for key, width in ROWS.items():
+        for row in need(step.get(key), list, f"{where}.{key}"):
+            if not isinstance(row, list) or len(row) != width:
+                raise RecordError(f"{where}.{key} has a row {short(row)}, expected {width} values")
+    for name, *_ in step["regions"]:
+        need(name, str, f"{where}.regions")
+    for row in step["calls"]:
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in row) or not 0 <= row[3] < names:
+            raise RecordError(
+                f"{where}.calls has a row {short(row)} that is not [start, dur, thread, name, region, flags]"
+            )
+    for thread in need(step.get("threads"), list, f"{where}.threads"):
+        need(thread, dict, f"{where}.threads")
+        need(thread.get("ops"), list, f"{where}.threads.ops")
+    for stream in need(step.get("streams"), list, f"{where}.streams"):
+        need(stream, dict, f"{where}.streams")
+        for row in need(stream.get("events"), list, f"{where}.streams.events"):
+            if not isinstance(row, list) or len(row) != 5 or not 0 <= row[4] < len(step["calls"]):
+                raise RecordError(f"{where}.streams has an event {short(row)} not launched by one of its calls")
+    need(step.get("why"), dict, f"{where}.why")
+
+
+def read_extract(path) -> Extract:
+    """The Extract in ``path`` (extract.json.gz); RecordError with the reason otherwise (also one that would
+    decompress to more than EXTRACT_BYTES)."""
+    return Extract.parse(read_json(Path(path), EXTRACT_BYTES), str(path))
+
+
+def write_extract(run_dir: Path, extract: Extract) -> Path:
+    path = Path(run_dir) / EXTRACT
+    temp = path.with_name(f".{path.name}.new")
+    with gzip.open(temp, "wt", compresslevel=6) as f:
+        json.dump(extract.to_json(), f, separators=(",", ":"))
+    temp.replace(path)
+    return path
+
+
+# ----------------------------------------------------------------------------- a training run
+
+
+@dataclass
+class TrainingRecord:
+    """summary.json of a `make train` run (detector/train/loop.py writes it): what the lab reads of it."""
+
+    run: str
+    strategy: str
+    steps: int
+    final_loss: float
+    step_ms: float | None
+    images_per_s: float | None
+    history: list[tuple[int, float]]
+    losses: list[float]
+    world_size: int = 1
+    device: str = "?"
+
+    @classmethod
+    def parse(cls, data, where: str) -> TrainingRecord:
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a JSON object")
+        if "history" not in data:
+            raise RecordError(f"{where}: no loss curve (history): not written by make train")
+        history = []
+        for i, point in enumerate(need(data["history"], list, f"{where}: history")):
+            if not isinstance(point, list) or len(point) != 2:
+                raise RecordError(f"{where}: history[{i}] is {short(point)}, expected [step, loss]")
+            step, loss = (
+                need(point[0], int, f"{where}: history[{i}]"),
+                need(point[1], (int, float), f"{where}: history[{i}]"),
+            )
+            history.append((step, loss))
+        losses = [need(v, (int, float), f"{where}: losses") for v in optional(data, "losses", list, where, [])]
+        return cls(
+            run=optional(data, "run", str, where, ""),
+            strategy=optional(data, "strategy", str, where, "?"),
+            steps=optional(data, "steps", int, where, 0),
+            final_loss=optional(data, "final_loss", (int, float), where, math.nan),
+            step_ms=optional(data, "step_ms", (int, float), where),
+            images_per_s=optional(data, "images_per_s", (int, float), where),
+            history=history,
+            losses=losses,
+            world_size=optional(data, "world_size", int, where, 1),
+            device=optional(data, "device", str, where, "?"),
+        )
+
+
+def read_training(path) -> TrainingRecord:
+    file = summary_path(Path(path))
+    return TrainingRecord.parse(read_json(file, SUMMARY_BYTES), str(file))

@@ -1,0 +1,186 @@
+"""The lab's markdown: a profile run's card (what `make profile` prints and TensorBoard's Text tab shows) and
+a comparison's tables (`make compare`). Every cell is a measure of detector/lab/measures.py, formatted in
+its unit, "median [q1–q3]" over the active steps; a measure that is zero in every region of every run shown
+is not written, and a CPU run says once which measures need a GPU.
+"""
+
+from __future__ import annotations
+
+from detector.lab.measures import MEASURES, WHY, absent_gpu_measures, format_value, gpu_note, legend, present
+from detector.lab.record import ProfileRecord, Spread
+from detector.lab.tables import cell_text, markdown_table, speedup, times
+from detector.lab.verdicts import BASELINE, host_speedup, noise_note, profiler_note
+from detector.regions import DATA_WAIT, REGIONS, STEP
+
+TIME = ("wall_ms", "gpu_ms", "device_step_ms", "gpu_idle_share")  # a run table's first columns
+
+
+def stats_cell(name: str, stats: Spread | None) -> str:
+    """``12.3 [12.1–12.6]``: the median [q1–q3] of a measure in its unit; one value where they print the same."""
+    if not stats:
+        return "–"
+    median, q1, q3 = (format_value(name, v) for v in (stats.median, stats.q1, stats.q3))
+    return median if q1 == q3 == median else f"{median} [{q1}–{q3}]"
+
+
+def run_table(record: ProfileRecord) -> str:
+    """Regions x measures of one run: wall and GPU time, then every why measure that is not zero throughout."""
+    names = present([record], TIME + WHY)
+    rows = [[region] + [stats_cell(n, record.stats(region, n)) for n in names] for region in record.regions()]
+    return markdown_table(["region"] + [MEASURES[n].header for n in names], rows)
+
+
+def run_card(record: ProfileRecord) -> str:
+    """The run's Text card: what ran, its table, the step as training runs it, the noise and the warnings."""
+    analysis = record.analysis
+    size = f"{record.image_size or '?'} px, {record.max_boxes or '?'} box slots"
+    protocol = "regions synchronised (profile.sync_regions)" if record.sync_regions else "regions unsynchronised"
+    lines = [
+        f"**{cell_text(record.title())}** ({size}, preset {record.preset or '?'}, {protocol}), "
+        f"run `{cell_text(record.run or '?')}`",
+        "",
+        f"Median [q1–q3] over {analysis.steps} active steps (ProfilerStep {analysis.step_numbers}); "
+        f"the timeline shows step {analysis.representative_step} (median wall time).",
+        "",
+        run_table(record),
+        "",
+        profiler_note(record),
+        "",
+        noise_note(record),
+    ]
+    missing = gpu_note(absent_gpu_measures([record], TIME + WHY))
+    lines += ["", missing] if missing else []
+    lines += ["", legend(present([record], TIME + WHY))]
+    lines += [f"\n**warning**: {cell_text(w)}" for w in analysis.warnings + left_out(record)]
+    return "\n".join(lines)
+
+
+def left_out(record: ProfileRecord) -> list[str]:
+    if not record.left_out:
+        return []
+    shown = ", ".join(record.left_out[:3]) + (
+        f" and {len(record.left_out) - 3} more" if len(record.left_out) > 3 else ""
+    )
+    return [f"left out {shown}: not finite, negative or beyond 10^15"]
+
+
+# ----------------------------------------------------------------------------- a comparison's tables
+
+
+def setting(records: list[ProfileRecord]) -> str:
+    """``batch 1024, NVIDIA H200, torch 2.11.0`` (each distinct setting, joined, when runs differ)."""
+    found = dict.fromkeys(f"batch {r.batch_size}, {r.device}, torch {r.torch}" for r in records)
+    return cell_text("; ".join(found))
+
+
+def runs_table(runs: list[tuple[str, ProfileRecord]]) -> str:
+    headers = ["strategy", "mode", "device", "torch", "batch", "image px", "regions", "steps", "noise", "run folder"]
+    rows = []
+    for _, r in runs:
+        protocol = "synchronised" if r.sync_regions else "as training"
+        noise = "unknown" if r.noise is None else ("noisy" if r.noise.noisy else "quiet")
+        rows.append([r.strategy, r.mode, r.device, r.torch, r.batch_size, r.image_size or "?", protocol])
+        rows[-1] += [r.analysis.steps, noise, f"`{r.folder}`"]
+    return markdown_table(headers, rows, "lllllrlrll")
+
+
+def regions_of(records: list[ProfileRecord]) -> list[str]:
+    return [region for region in REGIONS if any(r.stats(region) for r in records)]
+
+
+def time_table(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None, measure: str) -> str:
+    """Regions x strategies: ``measure`` (wall_ms or gpu_ms) "median [q1–q3] · speed-up vs padded"; the wall
+    table ends with the step as training runs it, the GPU table with the step on the device."""
+    records = [r for _, r in runs]
+    rows = []
+    for region in regions_of(records):
+        if measure == "gpu_ms" and (region == DATA_WAIT or not any(r.median(region, measure) for r in records)):
+            continue  # the loader's copies are not the strategy's work; a region without GPU work has no row
+        name = f"**{region}**" if region == STEP else region
+        rows.append([name] + [time_cell(r, base, region, measure) for r in records])
+    if measure == "gpu_ms":
+        rows.append(["**step, on the device**"] + [time_cell(r, base, STEP, "device_step_ms") for r in records])
+    if measure == "wall_ms":
+        rows.append(["**step, as training runs it**"] + [timed_cell(r, base) for r in records])
+    return markdown_table(["region"] + [label for label, _ in runs], rows)
+
+
+def time_cell(record: ProfileRecord, base: ProfileRecord | None, region: str, measure: str) -> str:
+    """``12.3 [12.1–12.6] · 2×``: the median [q1–q3], then the speed-up against the baseline."""
+    s = record.stats(region, measure)
+    cell = stats_cell(measure, s)
+    if not s or base is None or base is record or not base.stats(region, measure):
+        return cell
+    if region == STEP and measure == "wall_ms":
+        return f"{cell} · {times(host_speedup(base, record))}"
+    return f"{cell} · {times(speedup(base.stats(region, measure), s))}"
+
+
+def timed_cell(record: ProfileRecord, base: ProfileRecord | None) -> str:
+    s = record.timed_step()
+    cell = stats_cell("wall_ms", s)
+    if s and base is not None and base is not record and base.timed_step():
+        cell += f" · {times(speedup(base.timed_step(), s))}"
+    return cell
+
+
+def why_table(runs: list[tuple[str, ProfileRecord]], names: list[str]) -> str:
+    """Per region and strategy: the medians of the why measures ``names``; a region in which every one of them
+    is zero in every run has no rows."""
+    rows = []
+    records = [r for _, r in runs]
+    for region in regions_of(records):
+        if region != STEP and not any(r.median(region, m) for r in records for m in names):
+            continue
+        for label, record in runs:
+            if record.stats(region):
+                rows.append([region, label] + [format_value(m, record.median(region, m)) for m in names])
+    return markdown_table(["region", "strategy"] + [MEASURES[m].header for m in names], rows, "ll" + "r" * len(names))
+
+
+def mode_markdown(
+    mode: str, runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None, verdicts, growth
+) -> str:
+    """One mode's section of compare.md: the verdicts, then the tables that back them."""
+    records = [r for _, r in runs]
+    why = present(records, WHY)
+    lines = [f"## mode={mode} — {setting(records)}", "", "### Verdicts", ""]
+    lines += [
+        f"Each strategy against {BASELINE}: first the counts that no load changes, then the time by the rule "
+        "below (`≈`: not distinguishable on this machine), then what the profiler added where the two disagree.",
+        "",
+        *verdicts,
+    ]
+    noisy = [label for label, r in runs if r.noise and r.noise.noisy]
+    if noisy:
+        lines += ["", f"**Noisy runs** (their times are not judged): {', '.join(map(cell_text, noisy))}."]
+    lines += ["", "### How the counts grow with the batch", "", *growth] if growth else []
+    lines += [
+        "",
+        "### Wall ms per step (host)",
+        "",
+        "Median [q1–q3] over the active steps; `· 2×` = padded's median / this median where the interquartile "
+        "ranges do not overlap, `· ≈` where they do. The step's verdict must also hold without the data wait "
+        "(the loader's, shown on its own line). The last row: the steps timed without the profiler.",
+        "",
+        time_table(runs, base, "wall_ms"),
+    ]
+    if any(r.analysis.gpu for r in records):
+        lines += [
+            "",
+            "### GPU ms per step (device)",
+            "",
+            "The kernels, copies and memsets each region launched, whenever they ran; the same rule. The last "
+            "row: each step from the start of its first GPU work to the next step's, the profiled step's verdict.",
+            "",
+            time_table(runs, base, "gpu_ms"),
+        ]
+    lines += ["", f"### Why (mode={mode}): medians per step", "", why_table(runs, why)]
+    missing = gpu_note(absent_gpu_measures(records, WHY + ("gpu_ms",)))
+    lines += ["", missing] if missing else []
+    lines += ["", legend(why)]
+    for label, record in runs:
+        lines += [
+            f"\n**warning** ({cell_text(label)}): {cell_text(w)}" for w in record.analysis.warnings + left_out(record)
+        ]
+    return "\n".join(lines)

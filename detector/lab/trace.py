@@ -1,0 +1,297 @@
+"""A torch.profiler (Kineto) trace, read and indexed for the lab's questions: which calls, operators and GPU
+work start inside a span of time, which call launched which GPU work, and which calls made the host wait.
+
+- A step is a ``ProfilerStep#N`` user annotation; inside it, on the same thread, the regions of
+  detector/regions.py ("copy data", "forward", ...; the loader's wait is read as "data wait"). "other" is
+  the step's time outside them, "step" the whole ProfilerStep.
+- Calls are CUDA runtime and driver calls; GPU work (kernels, copies, memsets) is linked to the call that
+  launched it by the trace's correlation id.
+- Syncs: each cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize (and the driver's
+  cuCtx/cuStream/cuEventSynchronize), each synchronous copy (cudaMemcpy, cudaMemcpy2D/3D,
+  cudaMemcpyPeer, cuMemcpyDtoH), and a device-to-host cudaMemcpyAsync into pageable memory (it returns
+  only once the copy is done), unless the next call on its thread is a synchronize, which then stands for
+  both: ``.item()`` and ``.cpu()`` count one sync each. Under ``profile.sync_regions=true`` the lab's own
+  synchronize at the end of each region sits in a ``lab sync`` annotation: it is measured on its own and
+  left out of every other count.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+from bisect import bisect_left, bisect_right
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from detector.regions import LAB_SYNC, OTHER, REGIONS, STEP, region_of_label
+
+STEP_NAME = re.compile(r"ProfilerStep#(\d+)$")
+
+CALL_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+GRAPH_LAUNCH = "cudaGraphLaunch"
+LAUNCHES = frozenset({"cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx", GRAPH_LAUNCH})
+SYNCHRONIZES = frozenset(
+    {
+        "cudaDeviceSynchronize",
+        "cudaStreamSynchronize",
+        "cudaEventSynchronize",
+        "cuCtxSynchronize",
+        "cuStreamSynchronize",
+        "cuEventSynchronize",
+    }
+)
+SYNC_COPIES = frozenset(
+    {"cudaMemcpy", "cudaMemcpy2D", "cudaMemcpy3D", "cudaMemcpyPeer", "cuMemcpyDtoH", "cuMemcpyDtoH_v2"}
+)
+SYNC_CANDIDATES = SYNCHRONIZES | SYNC_COPIES | {"cudaMemcpyAsync"}  # the calls is_sync has to look at
+COPY_DIRECTION = re.compile(r"Memcpy (HtoD|DtoH)")
+# operator names -> the op measure they count in, besides "ops" (every aten:: operator)
+OP_KINDS = {
+    **dict.fromkeys(("aten::select", "aten::slice", "aten::narrow", "aten::split", "aten::split_with_sizes"), "slices"),
+    "aten::unbind": "slices",
+    **dict.fromkeys(("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"), "host_reads"),
+}
+OP_MEASURES = ("ops", "slices", "host_reads")
+
+
+class Call(NamedTuple):
+    """A CUDA runtime or driver call on a CPU thread (times in µs, as in the trace)."""
+
+    ts: float
+    end: float
+    name: str
+    correlation: int | None
+
+
+class Gpu(NamedTuple):
+    """A kernel, memcpy or memset on a GPU stream (times in µs)."""
+
+    ts: float
+    end: float
+    category: str  # "kernel" | "gpu_memcpy" | "gpu_memset"
+    stream: object
+    correlation: int | None  # the launching call's
+    name: str
+
+
+class Op(NamedTuple):
+    """An operator (``cpu_op``) on a CPU thread (times in µs)."""
+
+    ts: float
+    end: float
+    name: str
+
+
+class Copy(NamedTuple):
+    direction: str  # "h2d" | "d2h"
+    bytes: int
+    pageable: bool  # host side is pageable memory: a D2H copy into it blocks the host
+
+
+@dataclass
+class Trace:
+    """A trace's events indexed for region queries; build it with ``load_trace``."""
+
+    name: str
+    steps: list[dict]  # ProfilerStep user annotations, by start time
+    annotations: dict = field(default_factory=lambda: defaultdict(list))  # tid -> user annotations by ts
+    annotation_starts: dict = field(default_factory=dict)  # tid -> [ts], for bisect
+    calls: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Call] by ts
+    call_starts: dict = field(default_factory=dict)  # tid -> [ts], for bisect
+    ops: dict = field(default_factory=dict)  # tid -> ([ts], {op measure: prefix counts}) of aten operators
+    op_events: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Op] by ts, every operator
+    threads: dict = field(default_factory=lambda: defaultdict(set))  # pid -> tids with calls or operators
+    gpu: list = field(default_factory=list)  # [Gpu] by ts
+    busy: tuple = ([], [], [0.0])  # merged GPU intervals: starts, ends, prefix sums of lengths
+    launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Gpu] it launched
+    copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
+    kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
+    lab_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} inside "lab sync" annotations
+
+    @property
+    def has_gpu(self) -> bool:
+        return bool(self.gpu)
+
+
+# ----------------------------------------------------------------------------- reading and indexing
+
+
+def read_events(source) -> tuple[str, list[dict]]:
+    """(name, events) of a trace file (.json or .json.gz), a parsed trace dict, or a list of events."""
+    name = str(source) if isinstance(source, (str, Path)) else "<events>"
+    if isinstance(source, (str, Path)):
+        try:
+            with open(source, "rb") as f:
+                raw = f.read()
+            source = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
+        except (OSError, EOFError, UnicodeDecodeError, ValueError) as err:
+            raise ValueError(f"{name}: cannot read a JSON trace ({err})") from err
+    events = source.get("traceEvents") if isinstance(source, dict) else source
+    if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
+        raise ValueError(f"{name}: not a Chrome/Kineto trace (expected a list of events or a 'traceEvents' list)")
+    return name, events
+
+
+def load_trace(source) -> Trace:
+    """Index a trace (path, dict or event list) for region queries; ValueError naming it if it is not one.
+    An indexed Trace is returned as it is."""
+    if isinstance(source, Trace):
+        return source
+    name, events = read_events(source)
+    try:
+        trace = _index(name, events)
+    except (KeyError, TypeError) as err:
+        raise ValueError(f"{name}: malformed trace event ({err!r})") from err
+    if not trace.steps:
+        raise ValueError(
+            f"{name}: no ProfilerStep#N annotations (record with a torch.profiler schedule and prof.step())"
+        )
+    return trace
+
+
+def _index(name: str, events: list[dict]) -> Trace:
+    trace = Trace(name=name, steps=[])
+    ops, copy_events = defaultdict(list), []
+    for e in events:
+        if e.get("ph") != "X":
+            continue
+        cat = e.get("cat")
+        if cat == "user_annotation":
+            trace.annotations[e["tid"]].append(e)
+            if STEP_NAME.match(e["name"]):
+                trace.steps.append(e)
+        elif cat == "cpu_op":
+            trace.op_events[e["tid"]].append(Op(e["ts"], e["ts"] + e["dur"], e["name"]))
+            if e["name"].startswith("aten::"):
+                ops[e["tid"]].append((e["ts"], OP_KINDS.get(e["name"])))
+                trace.threads[e["pid"]].add(e["tid"])
+        elif cat in CALL_CATEGORIES:
+            corr = e.get("args", {}).get("correlation")
+            trace.calls[e["tid"]].append(Call(e["ts"], e["ts"] + e["dur"], e["name"], corr))
+            trace.threads[e["pid"]].add(e["tid"])
+        elif cat in GPU_CATEGORIES:
+            args = e.get("args", {})
+            corr = args.get("correlation")
+            trace.gpu.append(Gpu(e["ts"], e["ts"] + e["dur"], cat, args.get("stream", e.get("tid")), corr, e["name"]))
+            trace.launched[corr].append(trace.gpu[-1])
+            if cat == "kernel":
+                trace.kernels[corr] += 1
+            elif cat == "gpu_memcpy":
+                copy_events.append(e)
+    for e in copy_events:
+        match = COPY_DIRECTION.match(e["name"])
+        if match:
+            direction = "h2d" if match.group(1) == "HtoD" else "d2h"
+            trace.copies[e["args"].get("correlation")].append(
+                Copy(direction, int(e["args"].get("bytes", 0)), "Pageable" in e["name"])
+            )
+    trace.steps.sort(key=lambda e: e["ts"])
+    for tid, marks in trace.annotations.items():
+        marks.sort(key=lambda e: e["ts"])
+        trace.annotation_starts[tid] = [e["ts"] for e in marks]
+    for tid, calls in trace.calls.items():
+        calls.sort()
+        trace.call_starts[tid] = [c.ts for c in calls]
+    for tid, found in ops.items():
+        found.sort(key=lambda op: op[0])
+        prefix = {m: [0] for m in OP_MEASURES}
+        for _, kind in found:
+            for m in OP_MEASURES:
+                prefix[m].append(prefix[m][-1] + (m == "ops" or m == kind))
+        trace.ops[tid] = ([ts for ts, _ in found], prefix)
+    trace.gpu.sort(key=lambda g: g[:2])
+    for found in trace.op_events.values():
+        found.sort()
+    trace.busy = merge_intervals(trace.gpu)
+    trace.lab_syncs = _lab_syncs(trace)
+    return trace
+
+
+def merge_intervals(intervals) -> tuple[list, list, list]:
+    """Union of (start, end, ...) intervals sorted by start: (starts, ends, prefix sums of lengths)."""
+    starts, ends = [], []
+    for start, end, *_ in intervals:
+        if ends and start <= ends[-1]:
+            ends[-1] = max(ends[-1], end)
+        else:
+            starts.append(start)
+            ends.append(end)
+    cumulative = [0.0]
+    for start, end in zip(starts, ends, strict=True):
+        cumulative.append(cumulative[-1] + end - start)
+    return starts, ends, cumulative
+
+
+def _lab_syncs(trace: Trace) -> dict:
+    """{tid: {index}} of the calls inside "lab sync" annotations (the lab's region-ending synchronize)."""
+    found = defaultdict(set)
+    for tid, marks in trace.annotations.items():
+        for e in marks:
+            if e["name"] == LAB_SYNC:
+                found[tid].update(range(*call_range(trace, tid, e["ts"], e["ts"] + e["dur"])))
+    return dict(found)
+
+
+def call_range(trace: Trace, tid, start: float, end: float) -> tuple[int, int]:
+    """Indices [lo, hi) of the calls on ``tid`` that start in [start, end)."""
+    starts = trace.call_starts.get(tid, [])
+    return bisect_left(starts, start), bisect_left(starts, end)
+
+
+def step_threads(trace: Trace, step: dict) -> list:
+    """The step's own thread first, then every other thread of its process that made calls or ran operators."""
+    return [step["tid"]] + sorted(trace.threads.get(step["pid"], set()) - {step["tid"]}, key=str)
+
+
+def step_regions(trace: Trace, step: dict) -> dict[str, list[tuple[float, float]]]:
+    """{region: [(start, end) µs]} of one ProfilerStep in REGIONS order: the regions found, "other" (the
+    gaps between them) and "step"."""
+    start, end = step["ts"], step["ts"] + step["dur"]
+    found = defaultdict(list)
+    marks = trace.annotations[step["tid"]]
+    for e in marks[bisect_left(trace.annotation_starts[step["tid"]], start) :]:
+        if e["ts"] >= end:
+            break
+        name = region_of_label(e["name"])
+        if name:
+            found[name].append((e["ts"], min(e["ts"] + e["dur"], end)))
+    covered = sorted(span for spans in found.values() for span in spans)
+    gaps, at = [], start
+    for a, b in covered:
+        if a > at:
+            gaps.append((at, a))
+        at = max(at, b)
+    if at < end:
+        gaps.append((at, end))
+    found[OTHER] = gaps
+    found[STEP].append((start, end))
+    return {name: found[name] for name in REGIONS if found.get(name)}
+
+
+def is_sync(trace: Trace, tid, i: int) -> bool:
+    """Whether call ``i`` on ``tid`` makes the host wait for the device (the rule in the module docstring)."""
+    calls = trace.calls[tid]
+    call = calls[i]
+    lab = trace.lab_syncs.get(tid, ())
+    if i in lab:
+        return False
+    if call.name in SYNCHRONIZES or call.name in SYNC_COPIES:
+        return True
+    if call.name != "cudaMemcpyAsync":
+        return False
+    blocking = any(c.direction == "d2h" and c.pageable for c in trace.copies.get(call.correlation, ()))
+    paired = i + 1 < len(calls) and calls[i + 1].name in SYNCHRONIZES and i + 1 not in lab
+    return blocking and not paired
+
+
+def busy_us(trace: Trace, start: float, end: float) -> float:
+    """µs of [start, end) covered by the union of GPU intervals (bisect on the merged intervals)."""
+    starts, ends, cumulative = trace.busy
+    i, j = bisect_right(ends, start), bisect_left(starts, end)  # intervals [i, j) overlap [start, end)
+    if i >= j:
+        return 0.0
+    return cumulative[j] - cumulative[i] - max(0.0, start - starts[i]) - max(0.0, ends[j - 1] - end)

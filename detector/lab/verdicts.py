@@ -1,0 +1,372 @@
+"""Verdicts: one strategy's profiled step against ``padded``'s, in an order that survives a noisy machine.
+
+A verdict leads with what no load changes: per region, the counts that differ (operators, slices, host
+reads, launches, syncs, copies; detector/lab/measures.py ``STABLE``) as ratios. Then the time, by the one
+rule of detector/lab/tables.py: the step as training runs it (the steps timed without the profiler), "N×
+slower" where the interquartile ranges do not overlap, "not distinguishable on this machine" with both
+spreads where they do, and "not judged" where either run's noise check flags it (detector/lab/record.py
+``Noise``). Then the profiled step, and where it disagrees with training's, what the profiler added to
+each side: its cost grows with the operators a strategy dispatches, so the training verdict leads. Last,
+the region where the time went and the Traces tab's view of it.
+
+``growth`` says how a strategy's counts grow with the batch, where the runs compared hold it at two batch
+sizes or more.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from detector.lab.measures import MEASURES, STABLE, format_value
+from detector.lab.record import ProfileRecord, Spread
+from detector.lab.tables import cell_text, significant, speedup, times
+from detector.regions import DATA_WAIT, LOSS_REGIONS, STEP
+
+BASELINE = "padded"
+DIFFERENT = 1.2  # counts whose ratio is at least this (or one of them 0) differ; 129 against 132 operators do not
+DEVICE_BOUND_IDLE = 0.05  # a step whose device idles less than this share is paced by the device
+
+
+@dataclass(frozen=True)
+class CountDiff:
+    """One count of one region that differs between the baseline and a run (medians over the active steps)."""
+
+    region: str
+    measure: str
+    base: float
+    value: float
+
+    @property
+    def ratio(self) -> float:
+        """How many times the baseline's count the run's is (inf where the baseline's is 0)."""
+        return self.value / self.base if self.base else math.inf
+
+    def weight(self) -> float:
+        """How far from 1 the ratio is, either way: the order in which differences are named."""
+        return math.inf if not self.base or not self.value else max(self.ratio, 1 / self.ratio)
+
+    def text(self) -> str:
+        header = MEASURES[self.measure].header
+        value, base = format_value(self.measure, self.value), format_value(self.measure, self.base)
+        if not self.base:
+            return f"{value} {header} against none"
+        if not self.value:
+            return f"no {header} against {base}"
+        x = times(self.ratio) if self.ratio >= 1 else f"{times(1 / self.ratio)} fewer"
+        return (
+            f"{x} the {header} ({value} against {base})"
+            if self.ratio >= 1
+            else f"{x} {header} ({value} against {base})"
+        )
+
+
+def count_diffs(base: ProfileRecord, run: ProfileRecord) -> list[CountDiff]:
+    """The counts that differ, per region of the step's own work, largest difference first."""
+    found = []
+    for region in LOSS_REGIONS:
+        if not (base.stats(region) and run.stats(region)):
+            continue
+        for m in STABLE:
+            a, b = base.median(region, m), run.median(region, m)
+            if base.stats(region, m) is None or run.stats(region, m) is None or a == b:
+                continue
+            if not a or not b or max(a, b) / min(a, b) >= DIFFERENT:
+                found.append(CountDiff(region, m, a, b))
+    return sorted(found, key=lambda d: (-d.weight(), LOSS_REGIONS.index(d.region), STABLE.index(d.measure)))
+
+
+def counts_text(diffs: list[CountDiff], regions: int = 3, per_region: int = 3) -> str:
+    """``calc loss: 4.7× the operators (603 against 129), ...; backward: ...``, the regions in order of their
+    largest difference."""
+    if not diffs:
+        return "the same counts in every region"
+    order = list(dict.fromkeys(d.region for d in diffs))[:regions]
+    parts = []
+    for region in order:
+        named = [d.text() for d in diffs if d.region == region][:per_region]
+        parts.append(f"{region}: {', '.join(named)}")
+    return "; ".join(parts)
+
+
+# ----------------------------------------------------------------------------- times
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Two steps' spreads and what the rule makes of them: ``x`` the speed-up (base / run), None for ≈;
+    ``noise`` the reasons either run's times cannot be judged."""
+
+    base: Spread
+    run: Spread
+    x: float | None
+    noise: tuple[str, ...] = ()
+
+    @property
+    def judged(self) -> bool:
+        return not self.noise
+
+    def relation(self) -> str:
+        if self.x is None:
+            return "not distinguishable"
+        return f"{times(self.x)} faster" if self.x > 1 else f"{times(1 / self.x)} slower"
+
+    def spreads(self, label: str) -> str:
+        return f"{label} {spread_text(self.run)} ms against {BASELINE}'s {spread_text(self.base)}"
+
+
+def spread_text(s: Spread) -> str:
+    """``12.3 [12.1–12.6]``: a step's median [q1–q3] in ms, as the tables write it."""
+    return f"{format_value('wall_ms', s.median)} [{format_value('wall_ms', s.q1)}–{format_value('wall_ms', s.q3)}]"
+
+
+def noise_reasons(base: ProfileRecord, run: ProfileRecord, label: str) -> tuple[str, ...]:
+    """``padded's run: <why>, <why>`` for each of the two runs whose noise check flags it."""
+    found = []
+    for record, name in ((base, BASELINE), (run, label)):
+        reasons = record.noise.reasons() if record.noise else []
+        if reasons:
+            found.append(f"{name}'s run: {', '.join(reasons)}")
+    return tuple(found)
+
+
+def trained(base: ProfileRecord, run: ProfileRecord, label: str) -> Timing | None:
+    """The steps timed without the profiler, as training runs them."""
+    a, b = base.timed_step(), run.timed_step()
+    if not (a and b):
+        return None
+    return Timing(a, b, speedup(a, b), noise_reasons(base, run, label))
+
+
+def profiled(base: ProfileRecord, run: ProfileRecord, label: str) -> Timing:
+    """The profiled step: on a GPU the device's step (the host, running ahead, paces its steps by the launch
+    queue); on the CPU the host's, which must also differ without the data wait (the loader is not the
+    strategy)."""
+    noise = noise_reasons(base, run, label)
+    a, b = base.stats(STEP, "device_step_ms"), run.stats(STEP, "device_step_ms")
+    if a and b:
+        return Timing(a, b, speedup(a, b), noise)
+    a, b = base.stats(STEP), run.stats(STEP)
+    return Timing(a, b, host_speedup(base, run), noise)
+
+
+def host_speedup(base: ProfileRecord, run: ProfileRecord) -> float | None:
+    """The host step's speed-up, None (≈) where it is not one without the data wait too."""
+    x = speedup(base.stats(STEP), run.stats(STEP))
+    y = speedup(without_data_wait(base), without_data_wait(run))
+    if x is None or y is None or (x > 1) != (y > 1):
+        return None
+    return x
+
+
+def without_data_wait(record: ProfileRecord) -> Spread:
+    """The spread over the active steps of the step's wall time less its data wait."""
+    return Spread.of(
+        s.regions[STEP]["wall_ms"] - s.regions.get(DATA_WAIT, {}).get("wall_ms", 0.0) for s in record.per_step
+    )
+
+
+def profiler_cost(record: ProfileRecord) -> float | None:
+    """The profiled step's median over the step timed without the profiler, less 1: what profiling added."""
+    timed, step = record.timed_step(), record.profiled_step()
+    return step.median / timed.median - 1 if timed and step and timed.median > 0 else None
+
+
+def disagree(a: Timing, b: Timing) -> bool:
+    """Whether two judged timings say different things (one ≈ where the other is not, or opposite ways)."""
+    if a.x is None or b.x is None:
+        return (a.x is None) != (b.x is None)
+    return (a.x > 1) != (b.x > 1)
+
+
+# ----------------------------------------------------------------------------- where the time went
+
+
+def device_bound(record: ProfileRecord) -> bool:
+    """Whether the device was busy nearly all of the run's step (GPU idle under DEVICE_BOUND_IDLE)."""
+    idle = record.stats(STEP, "gpu_idle_share")
+    return bool(idle) and idle.median < DEVICE_BOUND_IDLE
+
+
+def moved_most(base: ProfileRecord, run: ProfileRecord, faster: bool) -> tuple[str, float] | None:
+    """(region, ms) where a step differs most from the baseline's in the verdict's direction (``faster``: the
+    region that gained most; else the one that lost most). A region costs the larger of its wall and GPU ms,
+    or its GPU ms alone where both steps kept the device busy: a host running ahead then waits wherever the
+    launch queue is full, so its regions' wall times say where it waited, not what the region cost."""
+    gpu_only = device_bound(base) and device_bound(run)
+
+    def cost(r: ProfileRecord, region: str) -> float:
+        gpu = r.median(region, "gpu_ms")
+        return gpu if gpu_only else max(r.median(region), gpu)
+
+    deltas = {r: cost(run, r) - cost(base, r) for r in LOSS_REGIONS if run.stats(r) and base.stats(r)}
+    deltas = {r: d for r, d in deltas.items() if d and (d < 0) == faster}
+    if not deltas:
+        return None
+    region = max(deltas, key=lambda r: abs(deltas[r]))
+    return region, deltas[region]
+
+
+# ----------------------------------------------------------------------------- the verdict
+
+
+@dataclass
+class Verdict:
+    """One run against the baseline: the counts that differ, the trained and profiled timings, and the region
+    where the time went (or, where the times cannot tell, where the counts differ most)."""
+
+    label: str
+    counts: list[CountDiff]
+    trained: Timing | None
+    profiled: Timing
+    region: str | None
+    moved_ms: float | None
+    costs: tuple[float | None, float | None]  # what the profiler added to the baseline's step and the run's
+    emulated: str | None = None
+
+    def leading(self) -> Timing:
+        """The timing the verdict goes by: training's where the run has it."""
+        return self.trained or self.profiled
+
+    def line(self) -> str:
+        """The verdict as one markdown bullet (its label escaped: it comes from a file)."""
+        label = cell_text(self.label)
+        parts = [f"- **{label}** — {counts_text(self.counts)}."]
+        parts.append(self.time_sentence(label))
+        if self.trained and disagree(self.trained, self.profiled) and self.profiled.judged:
+            parts.append(self.profiler_sentence(label))
+        elif not self.trained:
+            parts.append("(Not timed without the profiler: the profiled step is all there is.)")
+        if self.emulated:
+            parts.append(f"Its times are not its kernels': {self.emulated} here.")
+        if self.region:
+            parts.append(f"Traces tab: align on *{self.region}*.")
+        return " ".join(parts)
+
+    def time_sentence(self, label: str) -> str:
+        timing = self.leading()
+        how = "as training runs it" if self.trained else "profiled"
+        if not timing.judged:
+            return (
+                f"Times {how} not judged, the machine was busy — {'; '.join(timing.noise)} ({timing.spreads(label)})."
+            )
+        if timing.x is None:
+            return f"{how.capitalize()}: not distinguishable on this machine ({timing.spreads(label)})."
+        where = f", most of it in {self.region} ({self.moved_ms:+.3g} ms)" if self.moved_ms is not None else ""
+        return f"{how.capitalize()}: {timing.relation()} ({timing.spreads(label)}){where}."
+
+    def profiler_sentence(self, label: str) -> str:
+        base, run = (f"{100 * c:+.0f} %" if c is not None else "an unknown share" for c in self.costs)
+        return (
+            f"Profiled: {self.profiled.relation()}, because the profiler added {run} to {label}'s step and {base} "
+            f"to {BASELINE}'s (its cost grows with the operators dispatched); the training verdict stands."
+        )
+
+
+def judge(base: ProfileRecord, run: ProfileRecord, label: str) -> Verdict:
+    """The verdict on ``run`` against ``base`` (see the module docstring)."""
+    counts = count_diffs(base, run)
+    train, prof = trained(base, run, label), profiled(base, run, label)
+    lead = train or prof
+    region, moved = None, None
+    if lead.judged and lead.x is not None and not (train and disagree(train, prof)):
+        found = moved_most(base, run, faster=lead.x > 1)
+        if found:
+            region, moved = found
+    if region is None and counts:
+        region = counts[0].region  # the times cannot tell: where the counts differ most
+    return Verdict(label, counts, train, prof, region, moved, (profiler_cost(base), profiler_cost(run)), run.emulated)
+
+
+def verdict_lines(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None) -> list[str]:
+    """One line per run after the baseline (``runs``: [(label, record)], the baseline among them)."""
+    if base is None:
+        return [f"(no {BASELINE} run in this setting: no verdicts)"]
+    lines = []
+    for label, record in runs:
+        if record is base:
+            continue
+        if setting(record) != setting(base):
+            device, batch, side = setting(record)
+            lines.append(
+                f"- **{cell_text(label)}** — no {BASELINE} run at batch {batch}, {side} px on {device}: not judged."
+            )
+        else:
+            lines.append(judge(base, record, label).line())
+    return lines
+
+
+def setting(record: ProfileRecord) -> tuple:
+    """What two runs must share to be judged against each other: the device, the batch and the image size."""
+    return record.device, record.batch_size, record.image_size
+
+
+def profiler_note(record: ProfileRecord) -> str:
+    """One line: the step as training runs it against the profiled step, and what profiling added to it (the
+    profiler, and the article's syncs under profile.sync_regions).
+
+    On a GPU the profiled step compared is the device's (first kernel to the next step's first kernel): the
+    timed steps are CUDA-event times of the device too, while the host's ProfilerStep jitters with how far
+    the host runs ahead of the device. On the CPU both are host times."""
+    timed, step = record.timed_step(), record.profiled_step()
+    if not timed:
+        return "No steps were timed without the profiler (profile.timed=0)."
+    where = " on the device" if record.stats(STEP, "device_step_ms") else ""
+    ratio = step.median / timed.median
+    cause = "the synchronised regions and the profiler" if record.sync_regions else "the profiler"
+    text = (
+        f"As training runs it (no profiler, no regions; {timed.n} steps): step {spread_text(timed)} ms. "
+        f"The profiled step{where} is {ratio:.2f}× that"
+    )
+    if ratio >= 1:
+        text += f": {cause} add{'s' if cause == 'the profiler' else ''} {100 * (ratio - 1):+.0f} %."
+    else:  # a profiler cannot make a step faster: the two samples differ by their noise
+        text += f" ({100 * (1 - ratio):.0f} % shorter: the profiled and the timed steps differ by their noise)."
+    wait = record.stats(STEP, "sync_wait_ms")
+    if record.sync_regions and wait:
+        text += f" The regions' closing synchronize kept the host waiting {significant(wait.median)} ms per step."
+    return text
+
+
+def noise_note(record: ProfileRecord) -> str:
+    """One line: the load the run ran under, and whether its times can be compared."""
+    if record.noise is None:
+        return "The machine's noise was not recorded (a run of an older version)."
+    reasons = record.noise.reasons()
+    verdict = f"**noisy**: {'; '.join(reasons)}" if reasons else "quiet"
+    return f"Noise: {verdict} ({record.noise.describe()})."
+
+
+# ----------------------------------------------------------------------------- growth with the batch
+
+
+def growth(runs: list[tuple[str, ProfileRecord]]) -> list[str]:
+    """How each strategy's counts grow with the batch, for the strategies that the runs hold at two batch sizes
+    or more: per region and count, the values at each batch and whether they stay, grow with it or faster."""
+    by_strategy: dict[str, dict[int, ProfileRecord]] = {}
+    for _, record in runs:
+        by_strategy.setdefault(record.strategy, {}).setdefault(record.batch_size, record)
+    lines = []
+    for strategy, by_batch in by_strategy.items():
+        if len(by_batch) < 2:
+            continue
+        batches = sorted(by_batch)
+        small, large = by_batch[batches[0]], by_batch[batches[-1]]
+        named = []
+        for region in LOSS_REGIONS:
+            for m in STABLE:
+                a, b = small.median(region, m), large.median(region, m)
+                if a and b:
+                    exponent = math.log(b / a) / math.log(batches[-1] / batches[0])
+                    trend = (
+                        "stays"
+                        if abs(exponent) < 0.15
+                        else "grows with the batch"
+                        if exponent < 1.3
+                        else "grows faster than the batch"
+                    )
+                    values = ", ".join(f"{format_value(m, by_batch[n].median(region, m))} at {n}" for n in batches)
+                    named.append(f"{region} {MEASURES[m].header} {trend} ({values})")
+        if named:
+            lines.append(f"- **{cell_text(strategy)}**: " + "; ".join(named[:6]) + ".")
+    return lines

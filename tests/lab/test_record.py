@@ -1,0 +1,143 @@
+"""The run record (detector/lab/record.py): written and read back the same, an older version converted, a file of
+the wrong shape or size refused in one line naming the file and the field; the machine's noise
+(detector/lab/noise.py) read from /proc and judged."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from lab_helpers import BUSY, QUIET, make_run
+
+from detector.lab import noise
+from detector.lab.record import (
+    EXTRACT,
+    Noise,
+    RecordError,
+    read_extract,
+    read_summary,
+    read_training,
+    write_summary,
+)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("runs") / "profile", "padded", "20261122-031500")
+
+
+def test_a_record_reads_back_as_it_was_written(run, tmp_path):
+    record = read_summary(run)
+    assert record.version == 2 and record.folder == run and record.left_out == []
+    assert record.stats("step").n == 3 and record.stats("forward", "launches").median == 49
+    assert record.stats("nowhere") is None and record.median("nowhere") == 0.0
+    assert record.timed_step().n == 5 and record.noise == QUIET
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    write_summary(copy, record)
+    assert read_summary(copy).to_json() == record.to_json()
+
+
+def test_a_version_1_summary_is_converted_with_its_noise_unknown(run, tmp_path):
+    data = json.loads((run / "summary.json").read_text())
+    del data["version"], data["noise"]
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    record = read_summary(tmp_path)
+    assert record.noise is None and record.stats("step").median == read_summary(run).stats("step").median
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.update(version=3), "version 3, this detector reads versions 1 and 2"),
+        (lambda d: d.pop("per_step"), "no per_step: not written by (this version of) make profile"),
+        (lambda d: d["analysis"].update(warnings="none"), "analysis.warnings is str 'none', expected a list"),
+        (lambda d: d["analysis"]["regions"]["step"].update(wall_ms=[1]), "regions.step.wall_ms is list [1]"),
+        (lambda d: d["timed"].update(wall_ms=[1, "x"]), "timed.wall_ms is str 'x', expected a number"),
+        (lambda d: d["noise"].update(load_during="high"), "noise.load_during is str 'high', expected a number"),
+        (lambda d: d.update(trace=7), "trace is int 7, expected a string"),
+    ],
+)
+def test_a_summary_of_the_wrong_shape_is_one_line_naming_the_field(run, tmp_path, change, message):
+    data = json.loads((run / "summary.json").read_text())
+    change(data)
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError, match="summary.json") as err:
+        read_summary(tmp_path)
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_an_extract_that_would_decompress_past_its_cap_is_refused_without_reading_it_all(tmp_path, monkeypatch):
+    """A small gzip of a huge JSON (a zip bomb): refused once its cap is read, in one line."""
+    monkeypatch.setattr("detector.lab.record.EXTRACT_BYTES", 2**20)
+    path = tmp_path / EXTRACT
+    path.write_bytes(gzip.compress(b"[" + b"0," * (4 * 2**20) + b"0]", compresslevel=9))
+    assert path.stat().st_size < 50_000
+    with pytest.raises(RecordError, match=r"larger than 1 MiB decompressed: not a record this lab writes"):
+        read_extract(path)
+
+
+@pytest.mark.parametrize(
+    "step, message",
+    [
+        ({"dur": 1, "regions": [["forward", 0]], "calls": [], "threads": [], "streams": [], "why": {}}, "a row"),
+        ({"dur": 1, "regions": [], "calls": [[0, 1, 0, 99, 0, 1]], "threads": [], "streams": [], "why": {}}, "calls"),
+        (
+            {"dur": 1, "regions": [], "calls": [], "threads": [], "why": {}}
+            | {"streams": [{"stream": "7", "events": [[0, 1, 0, 0, 5]]}]},
+            "not launched by one of its calls",
+        ),
+    ],
+)
+def test_an_extract_of_the_wrong_shape_is_refused(tmp_path, step, message):
+    data = {"version": 1, "gpu": True, "representative_step": 1, "steps": {"1": step}, "names": ["k"], "about": {}}
+    path = tmp_path / EXTRACT
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    with pytest.raises(RecordError, match=message):
+        read_extract(path)
+
+
+def test_a_training_record_needs_its_loss_curve(tmp_path):
+    (tmp_path / "summary.json").write_text(json.dumps({"step_ms": 3.0, "history": [[50, 1.2], [100, 1.1]]}))
+    assert read_training(tmp_path).history == [(50, 1.2), (100, 1.1)]
+    (tmp_path / "summary.json").write_text(json.dumps({"history": [[50, "low"]]}))
+    with pytest.raises(RecordError, match="history"):
+        read_training(tmp_path)
+
+
+# ----------------------------------------------------------------------------- noise
+
+
+def test_noise_reasons_name_the_load_and_the_spread():
+    assert QUIET.reasons() == [] and not QUIET.noisy
+    assert BUSY.reasons() == [
+        "other processes kept 1.9 of 2 cores busy during it",
+        "its timed steps spread ±15 % around their median",
+    ]
+    assert Noise(cores=4).reasons() == [] and "unknown" in Noise(cores=4).describe()
+
+
+def test_the_meter_counts_the_cores_others_kept_busy(monkeypatch):
+    """Between start and stop the machine used 3 s of CPU in 2 s, this process 1 s of it: others kept 1 core busy."""
+    readings = iter([(10.0, 100.0, 5.0), (12.0, 103.0, 6.0)])
+    monkeypatch.setattr(noise.LoadMeter, "_now", staticmethod(lambda: next(readings)))
+    meter = noise.LoadMeter()
+    meter.start()
+    assert meter.stop() == pytest.approx(1.0)
+    readings = iter([(10.0, 100.0, None), (12.0, 103.0, 6.0)])  # /proc unreadable: unknown, not 0
+    meter.start()
+    assert meter.stop() is None
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc")
+def test_the_readings_count_a_child_as_ours_and_the_machine_counts_it_too():
+    """A child that spins for a second counts in this process's CPU time (the loader's workers are ours) and in
+    the machine's."""
+    own, machine = noise.own_busy(), noise.machine_busy()
+    spin = "import time\nend = time.time() + 1\nwhile time.time() < end: pass"
+    subprocess.run([sys.executable, "-c", spin], check=True)
+    spent = noise.own_busy() - own
+    assert 0.2 < spent < 5 and noise.machine_busy() - machine >= spent * 0.9
+    assert noise.own_busy(root=2**22 + 12345) is None  # no such process

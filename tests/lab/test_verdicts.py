@@ -1,0 +1,165 @@
+"""Verdicts (detector/lab/verdicts.py) on synthetic records: the counts no load changes lead, the time follows by
+the speed-up rule, a noisy run's times are not judged, and where the profile disagrees with training the line
+says what the profiler added to each side."""
+
+import pytest
+
+from detector.lab.record import Analysis, Noise, ProfileRecord, Spread, StepMeasures, Timed
+from detector.lab.verdicts import count_diffs, growth, judge, moved_most, profiler_note, verdict_lines
+
+QUIET = Noise(cores=2, load_before=0.0, load_during=0.03, load_after=0.0, timed_spread=0.02)
+BUSY = Noise(cores=2, load_before=1.9, load_during=1.95, load_after=1.9, timed_spread=0.3)
+
+
+def spread(median: float, width: float = 0.01) -> Spread:
+    return Spread(median, median * (1 - width), median * (1 + width), median * (1 - width), median * (1 + width), 10)
+
+
+def record(
+    strategy: str,
+    regions: dict[str, dict[str, float]],
+    timed_ms: float | None,
+    noise: Noise | None = QUIET,
+    idle: float | None = None,
+    device_step: float | None = None,
+    batch: int = 128,
+    width: float = 0.01,
+) -> ProfileRecord:
+    """A CPU (or, with ``device_step``, GPU) record whose regions have the medians given, ±``width``; the step is
+    their sum."""
+    regions = {name: dict(measures) for name, measures in regions.items()}
+    step = {m: sum(r.get(m, 0.0) for r in regions.values()) for m in ("wall_ms", "ops", "slices", "gpu_ms")}
+    if idle is not None:
+        step["gpu_idle_share"] = idle
+    if device_step is not None:
+        step["device_step_ms"] = device_step
+    regions["step"] = step
+    spreads = {name: {m: spread(v, width) for m, v in measures.items()} for name, measures in regions.items()}
+    per_step = [StepMeasures(n, 0.0, regions) for n in range(10)]
+    analysis = Analysis("t.json", device_step is not None, 5, 10, list(range(10)), spreads)
+    timed = Timed(spread(timed_ms, width), [timed_ms] * 10) if timed_ms else None
+    return ProfileRecord(strategy, "train", "cpu", "2.13", batch, 16, 64, analysis, per_step, timed, noise)
+
+
+PADDED = {
+    "calc loss": {"wall_ms": 1.0, "ops": 129, "slices": 10},
+    "backward": {"wall_ms": 7.0, "ops": 276, "slices": 8},
+}
+CONCAT = {
+    "calc loss": {"wall_ms": 1.8, "ops": 603, "slices": 266},
+    "backward": {"wall_ms": 9.0, "ops": 2694, "slices": 518},
+}
+
+
+def test_a_verdict_leads_with_the_counts_and_then_the_time():
+    line = judge(record("padded", PADDED, 10.0), record("concat", CONCAT, 12.0), "concat").line()
+    assert line.startswith(
+        "- **concat** — backward: 65× the slices (518 against 8), 9.8× the operators (2694 against 276); "
+        "calc loss: 27× the slices (266 against 10), 4.7× the operators (603 against 129). "
+        "As training runs it: 1.2× slower (concat 12 [11.9–12.1] ms against padded's 10 [9.9–10.1])"
+    )
+    assert line.endswith("most of it in backward (+2 ms). Traces tab: align on *backward*.")
+
+
+def test_a_noisy_run_keeps_its_counts_and_says_its_times_cannot_be_judged():
+    """Both cores busy with other work: the times spread and overlap, the counts are what they always are."""
+    base = record("padded", PADDED, 10.0, noise=BUSY, width=0.3)
+    run = record("concat", CONCAT, 14.0, noise=BUSY, width=0.3)
+    line = judge(base, run, "concat").line()
+    assert "calc loss: 27× the slices (266 against 10), 4.7× the operators (603 against 129)" in line
+    assert (
+        "Times as training runs it not judged, the machine was busy — padded's run: other processes kept 1.9 of 2 "
+        in line
+    )
+    assert "its timed steps spread ±15 % around their median" in line
+    assert "(concat 14 [9.8–18.2] ms against padded's 10 [7–13])" in line
+    assert "Traces tab: align on *backward*." in line  # where the counts differ most: the times cannot tell
+
+
+def test_times_the_rule_cannot_tell_apart_are_called_so_with_their_spreads():
+    base = record("padded", PADDED, 10.0, width=0.2)
+    line = judge(base, record("concat", CONCAT, 11.0, width=0.2), "concat").line()
+    assert (
+        "As training runs it: not distinguishable on this machine (concat 11 [8.8–13.2] ms against padded's 10 [8–12])."
+        in line
+    )
+
+
+def test_where_the_profile_disagrees_the_training_verdict_leads_and_the_profilers_cost_is_said():
+    """As training runs it the two are the same; profiled, the strategy that dispatches more operators is slower:
+    the profiler added more to it."""
+    base = record("packed", {"calc loss": {"wall_ms": 1.0, "ops": 445}}, 24.5)
+    run = record("padded", {"calc loss": {"wall_ms": 1.5, "ops": 699}}, 24.6)
+    line = judge(base, run, "padded").line()
+    assert "As training runs it: not distinguishable on this machine" in line
+    assert "Profiled: 1.5× slower, because the profiler added" in line
+    assert "the training verdict stands." in line
+    base_cost, run_cost = judge(base, run, "padded").costs
+    assert base_cost == pytest.approx(1.0 / 24.5 - 1) and run_cost == pytest.approx(1.5 / 24.6 - 1)
+
+
+def test_counts_that_barely_differ_are_not_named():
+    base = record("padded", {"calc loss": {"wall_ms": 1.0, "ops": 129, "slices": 10}}, 10.0)
+    run = record("triton", {"calc loss": {"wall_ms": 1.0, "ops": 132, "slices": 0}}, 10.0)
+    diffs = count_diffs(base, run)
+    assert [(d.region, d.measure, d.text()) for d in diffs] == [("calc loss", "slices", "no slices against 10")]
+
+
+def test_a_busy_device_is_explained_by_its_gpu_time_in_the_verdicts_direction():
+    """Both steps keep the device busy: the host waited on a full launch queue in the backward (its wall time
+    there doubled) while the loss's kernels got faster. The verdict is faster, so the explanation names the
+    region that gained, by GPU ms, not the one whose host wall time grew."""
+    base = record(
+        "padded",
+        {"calc loss": {"wall_ms": 2.0, "gpu_ms": 0.12}, "backward": {"wall_ms": 7.0, "gpu_ms": 11.2}},
+        29.4,
+        idle=0.01,
+        device_step=29.4,
+    )
+    run = record(
+        "packed",
+        {"calc loss": {"wall_ms": 0.25, "gpu_ms": 0.013}, "backward": {"wall_ms": 13.5, "gpu_ms": 11.0}},
+        29.0,
+        idle=0.01,
+        device_step=29.0,
+    )
+    assert moved_most(base, run, faster=True) == ("backward", pytest.approx(-0.2))
+    assert moved_most(base, run, faster=False) is None  # no region lost GPU time: nothing to blame
+    # a host-bound run (the device idles a fifth of its step): its wall time counts, and the loss region lost most
+    host = record(
+        "torchvision",
+        {"calc loss": {"wall_ms": 8.6, "gpu_ms": 0.17}, "backward": {"wall_ms": 7.5, "gpu_ms": 11.3}},
+        34.3,
+        idle=0.2,
+        device_step=34.3,
+    )
+    assert moved_most(base, host, faster=False) == ("calc loss", pytest.approx(6.6))
+
+
+def test_runs_of_another_setting_are_not_judged_against_padded():
+    base = record("padded", PADDED, 10.0)
+    other = record("concat", CONCAT, 12.0, batch=256)
+    (line,) = verdict_lines([("padded", base), ("concat", other)], base)
+    assert line == "- **concat** — no padded run at batch 256, 16 px on cpu: not judged."
+
+
+def test_growth_with_the_batch_is_said_where_the_runs_show_it():
+    small = record("concat", CONCAT, 12.0, batch=128)
+    large = record(
+        "concat",
+        {r: {m: v * (2 if m != "wall_ms" else 1) for m, v in ms.items()} for r, ms in CONCAT.items()},
+        20.0,
+        batch=256,
+    )
+    (line,) = growth([("concat b128", small), ("concat b256", large), ("padded", record("padded", PADDED, 10.0))])
+    assert line.startswith("- **concat**: calc loss operators grows with the batch (603 at 128, 1206 at 256)")
+    assert growth([("padded", record("padded", PADDED, 10.0))]) == []
+
+
+def test_the_profilers_note_never_calls_noise_an_overhead():
+    gpu = record("padded", {"forward": {"wall_ms": 30.1}}, 34.8, device_step=35.1)
+    assert "The profiled step on the device is 1.01× that: the profiler adds +1 %." in profiler_note(gpu)
+    cpu = record("padded", {"forward": {"wall_ms": 30.1}}, 34.8)  # the CPU: host times both
+    note = profiler_note(cpu)
+    assert "The profiled step is 0.86× that (14 % shorter: the profiled and the timed steps differ" in note
+    assert "adds" not in note

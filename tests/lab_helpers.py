@@ -1,0 +1,91 @@
+"""Profile run folders as `make profile` writes them, built from the recorded H200 trace of the padded strategy
+(tests/data), for the tests of compare, report, TensorBoard's events and the Traces tab."""
+
+import gzip
+import json
+from functools import cache
+from pathlib import Path
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from detector.lab import extract
+from detector.lab.analysis import measure_steps, summarise
+from detector.lab.record import Noise, ProfileRecord, Timed, write_extract, write_summary
+from detector.lab.trace import load_trace
+
+DATA = Path(__file__).parent / "data"
+GPU_TRACE = DATA / "padded_gpu_trace.json.gz"
+GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+QUIET = Noise(cores=16, load_before=0.02, load_during=0.05, load_after=0.01, timed_spread=0.01)
+BUSY = Noise(cores=2, load_before=1.9, load_during=1.95, load_after=1.9, timed_spread=0.3)  # two busy loops beside
+
+
+@cache
+def _fixture_json() -> str:
+    return gzip.decompress(GPU_TRACE.read_bytes()).decode()
+
+
+def make_run(
+    profile_dir: Path,
+    strategy: str,
+    stamp: str,
+    mode: str = "train",
+    scale: float = 1.0,
+    gpu: bool = True,
+    noise: Noise | None = QUIET,
+    batch_size: int = 1024,
+    timed_spread: float = 0.01,
+) -> Path:
+    """``profile_dir/<strategy>[-forward]/<stamp>/`` with trace/, summary.json and extract.json.gz, as `make
+    profile` writes them, from the recorded padded trace: ``scale`` multiplies every time (0.5: a run twice as
+    fast); ``gpu=False`` drops the GPU events (a CPU-only trace); ``noise`` is what the run recorded of the
+    machine's load. Returns the run folder."""
+    trace = json.loads(_fixture_json())
+    if scale != 1.0:
+        for e in trace["traceEvents"]:
+            if e.get("ph") == "X":
+                e["ts"], e["dur"] = e["ts"] * scale, e["dur"] * scale
+    if not gpu:
+        trace["traceEvents"] = [e for e in trace["traceEvents"] if e.get("cat") not in GPU_EVENTS]
+    run = profile_dir / (strategy if mode == "train" else f"{strategy}-forward") / stamp
+    timed = [100.0 * scale * (1 + timed_spread * i / 2) for i in range(5)]  # steps timed without the profiler
+    (run / "trace").mkdir(parents=True)
+    path = run / "trace" / f"{strategy}.1795312409264487939.pt.trace.json.gz"
+    path.write_bytes(gzip.compress(json.dumps(trace).encode(), compresslevel=1))
+    parsed = load_trace(path)
+    steps = measure_steps(parsed)
+    record = ProfileRecord(
+        strategy=strategy,
+        mode=mode,
+        device="NVIDIA H200" if gpu else "cpu",
+        torch="2.11.0+cu130",
+        batch_size=batch_size,
+        image_size=256,
+        max_boxes=256,
+        analysis=summarise(parsed, steps),
+        per_step=steps,
+        timed=Timed.of(timed),
+        noise=noise,
+        preset="seed_scale",
+        run=stamp,
+        created=f"2026-11-22T{stamp[-6:-4]}:{stamp[-4:-2]}:{stamp[-2:]}",
+        trace=f"trace/{path.name}",
+        config={"profile": {"strategy": strategy, "mode": mode}},
+        folder=run,
+    )
+    write_summary(run, record)
+    write_extract(run, extract.build(parsed, steps, extract.about(record)))
+    return run
+
+
+def edit_summary(run: Path, change) -> None:
+    """Rewrite a run's summary.json with ``change(summary_dict)`` applied."""
+    summary = json.loads((run / "summary.json").read_text())
+    change(summary)
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+def read_events(folder: Path) -> EventAccumulator:
+    events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
+    events.Reload()
+    return events
