@@ -2,25 +2,33 @@
 
 A dynamic TensorBoard plugin (registered through the ``tensorboard_plugins`` entry point in
 pyproject.toml, so plain ``tensorboard --logdir runs`` shows it once the package is installed). The
-frontend is one ES module shipped in the package, ``static/index.js``: no CDN, no network. It reads each
+frontend is a handful of ES modules shipped in the package, ``static/*.js``: no CDN, no network. It reads each
 profile run's record and per-step extract (detector/lab/record.py, detector/lab/extract.py), not the trace.
 
 Routes, under ``/data/plugin/traces/``:
 
-- ``index.js``: the frontend;
+- ``index.js`` and the modules it imports: each file of static/ by its exact name, nothing else;
 - ``runs``: the profile runs under the log directory (a run is a folder with a `make profile`
   summary.json), each with its strategy, mode, device, steps and representative step; the runs that
   cannot be shown, each with a one-line reason; the lanes' colours and the measures' names and meanings;
 - ``step?run=<run>&step=<N>``: one step's extract, and the names it refers to. A run without an
   extract is converted from its trace on first read.
+
+What it reads and writes stays in the log directory: every path goes through ``inside``, which resolves links,
+so a linked summary or extract that leads out of it, or a summary whose trace lies outside its run folder, is
+not read; a built extract is written only into the run's own folder, through no link. Each file is read under
+the record's cap on its decompressed size. Bad input is a 4xx with ``{"error": reason}``; a run that cannot be
+read is listed among ``skipped`` with its reason, beside the others.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 
 from tensorboard.plugins import base_plugin
@@ -28,13 +36,17 @@ from werkzeug import Response, wrappers
 
 from detector.lab import extract
 from detector.lab.measures import MEASURES, WHY
-from detector.lab.record import EXTRACT, SUMMARY, RecordError, read_summary
+from detector.lab.record import EXTRACT, SUMMARY, ProfileRecord, RecordError, read_summary
 from detector.lab.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
 
 PLUGIN_NAME = "traces"
-SCRIPT = Path(__file__).with_name("static") / "index.js"
+STATIC = Path(__file__).with_name("static")
+# The page's modules by their exact names, fixed when the plugin loads: no part of a request reaches the file system.
+MODULES = {f"/{path.name}": path for path in sorted(STATIC.glob("*.js"))}
+NOSNIFF = {"X-Content-Type-Options": "nosniff"}  # a browser takes each answer as the type it says it is
 LISTING_SECONDS = 5.0  # how long a scan of the log directory is reused
-CACHED_EXTRACTS = 16
+ANSWER_BYTES = 64 * 2**20  # the steps' answers kept in memory, the last runs read first
+STEP = re.compile(r"[0-9]{1,12}")
 
 
 class TracesPlugin(base_plugin.TBPlugin):
@@ -43,11 +55,12 @@ class TracesPlugin(base_plugin.TBPlugin):
     def __init__(self, context: base_plugin.TBContext):
         self.logdir = Path(context.logdir or ".")
         self.lock = threading.Lock()
-        self.listing: tuple[float, dict] | None = None
-        self.extracts: OrderedDict = OrderedDict()  # (run folder, mtime) -> extract
+        self.listing: tuple[float, dict, dict[str, Path]] | None = None  # (when, what /runs says, run -> summary)
+        self.answers: OrderedDict = OrderedDict()  # (run folder, extract's stat) -> {step: JSON bytes}
 
     def get_plugin_apps(self):
-        return {"/index.js": self.serve_script, "/runs": self.serve_runs, "/step": self.serve_step}
+        modules = {route: module_app(path) for route, path in MODULES.items()}
+        return modules | {"/runs": self.serve_runs, "/step": self.serve_step}
 
     def is_active(self) -> bool:
         return bool(self.scan()["runs"])
@@ -58,29 +71,27 @@ class TracesPlugin(base_plugin.TBPlugin):
     # ------------------------------------------------------------------------- routes
 
     @wrappers.Request.application
-    def serve_script(self, request):
-        return Response(SCRIPT.read_bytes(), content_type="text/javascript; charset=utf-8")
-
-    @wrappers.Request.application
     def serve_runs(self, request):
         return json_response(self.scan(fresh=request.args.get("fresh") == "1"))
 
     @wrappers.Request.application
     def serve_step(self, request):
         run, step = request.args.get("run", ""), request.args.get("step", "")
-        known = {r["run"]: r for r in self.scan()["runs"]}
-        if run not in known:
-            return json_response({"error": f"no profile run {run!r} under {self.logdir}"}, 404)
+        if not run:
+            return json_response({"error": "run: missing, expected ?run=<a run listed by ./runs>&step=<N>"}, 400)
+        if not STEP.fullmatch(step):
+            return json_response({"error": f"step: {step[:40]!r} is not a step number, expected ?step=<N>"}, 400)
+        summary = self.summary(run)
+        if summary is None:
+            return json_response({"error": f"no profile run {run[:200]!r} under {self.logdir}"}, 404)
         try:
-            found = self.extract(self.logdir / run)
-        except (RecordError, ValueError) as err:
-            return json_response({"error": str(err)}, 422)
-        if step not in found["steps"]:
-            steps = ", ".join(found["steps"])
-            return json_response({"error": f"run {run!r} has no step {step!r} (its steps: {steps})"}, 404)
-        return json_response(
-            {"run": run, "step": int(step), "gpu": found["gpu"], "names": found["names"]} | found["steps"][step]
-        )
+            steps = self.steps(run, summary)
+        except Exception as err:  # whatever is wrong in a run's files: a reason, not a 500
+            return json_response({"error": self.reason(err, run)}, 422)
+        key = str(int(step))
+        if key not in steps:
+            return json_response({"error": f"run {run!r} has no step {step!r} (its steps: {', '.join(steps)})"}, 404)
+        return Response(steps[key], content_type="application/json", headers=NOSNIFF)
 
     # ------------------------------------------------------------------------- data
 
@@ -89,35 +100,21 @@ class TracesPlugin(base_plugin.TBPlugin):
         with self.lock:
             if not fresh and self.listing and time.monotonic() - self.listing[0] < LISTING_SECONDS:
                 return self.listing[1]
-        runs, skipped = [], []
+        runs, skipped, summaries = [], [], {}
         for path in sorted(self.logdir.rglob(SUMMARY)) if self.logdir.is_dir() else []:
             run = path.parent.relative_to(self.logdir).as_posix()
             try:
-                record = read_summary(path)
-            except RecordError as err:
+                record, files = run_files(self.logdir, path)
+                reason = unshowable(record, files)
+            except Exception as err:  # whatever is wrong in one run's files: that run is skipped, not the list
                 if "not written by" not in str(err):  # a training run's summary or a comparison's: not a profile
-                    skipped.append({"run": run, "reason": str(err).removeprefix(f"{path}: ")})
+                    skipped.append({"run": run, "reason": self.reason(err, run)})
                 continue
-            reason = unshowable(path.parent, record)
             if reason:
                 skipped.append({"run": run, "reason": reason})
                 continue
-            analysis = record.analysis
-            runs.append(
-                {
-                    "run": run,
-                    "strategy": record.strategy,
-                    "mode": record.mode,
-                    "device": record.device,
-                    "torch": record.torch,
-                    "batch_size": record.batch_size,
-                    "created": record.created,
-                    "steps": analysis.step_numbers,
-                    "representative": analysis.representative_step,
-                    "gpu": analysis.gpu,
-                    "extract": (path.parent / EXTRACT).is_file(),
-                }
-            )
+            runs.append(listed(run, record, files))
+            summaries[run] = path
         runs.sort(key=lambda r: r["created"], reverse=True)  # newest first within a strategy: the tab ticks it
         runs.sort(key=lambda r: (r["mode"] != "train", r["strategy"] != "padded", r["strategy"]))
         listing = {
@@ -131,35 +128,144 @@ class TracesPlugin(base_plugin.TBPlugin):
             "why": ["wall_ms", "gpu_ms", *WHY],
         }
         with self.lock:
-            self.listing = (time.monotonic(), listing)
+            self.listing = (time.monotonic(), listing, summaries)
         return listing
 
-    def extract(self, folder: Path) -> dict:
-        """A run's extract, kept in memory while its file is unchanged (the last few runs read)."""
-        path = folder / EXTRACT
-        key = (folder, path.stat().st_mtime_ns if path.is_file() else None)
+    def summary(self, run: str) -> Path | None:
+        """The summary.json of a run the listing shows: a request's run is looked up, never made into a path."""
+        self.scan()
         with self.lock:
-            if key in self.extracts:
-                self.extracts.move_to_end(key)
-                return self.extracts[key]
-        found = extract.load(folder, read_summary(folder)).to_json()
-        key = (folder, path.stat().st_mtime_ns if path.is_file() else None)
+            return self.listing[2].get(run)
+
+    def steps(self, run: str, summary: Path) -> dict[str, bytes]:
+        """A run's steps as /step answers them, kept while its extract is unchanged (the last runs read, within
+        ANSWER_BYTES). Its files are checked again: the listing is a few seconds old."""
+        record, files = run_files(self.logdir, summary)
+        key = version(files.folder)
         with self.lock:
-            self.extracts[key] = found
-            while len(self.extracts) > CACHED_EXTRACTS:
-                self.extracts.popitem(last=False)
-        return found
+            if key in self.answers:
+                self.answers.move_to_end(key)
+                return self.answers[key]
+        found = extract.load(files.folder, record, files.trace, keep=files.keep)
+        head = {"run": run, "gpu": found.gpu, "names": found.names}
+        steps = {
+            number: json.dumps(head | {"step": int(number)} | step, separators=(",", ":")).encode()
+            for number, step in found.steps.items()
+        }
+        with self.lock:
+            self.answers[version(files.folder)] = steps  # the extract just written, where it was
+            while len(self.answers) > 1 and sum(map(answer_bytes, self.answers.values())) > ANSWER_BYTES:
+                self.answers.popitem(last=False)
+        return steps
+
+    def reason(self, err: Exception, run: str) -> str:
+        """One line of why a run cannot be shown, its paths relative to the log directory."""
+        text = str(err) if isinstance(err, RecordError) else f"cannot be read ({type(err).__name__}: {err})"
+        for root in {str(self.logdir.resolve()), str(self.logdir)}:
+            text = text.replace(f"{root}/{run}/", "").replace(f"{root}/", "")
+        return text.removeprefix(f"{SUMMARY}: ").splitlines()[0] if text else type(err).__name__
 
 
-def unshowable(folder: Path, record) -> str | None:
+# ----------------------------------------------------------------------------- a run's files
+
+
+def inside(root: Path, path: Path) -> Path | None:
+    """``path`` with its links resolved if it lies in ``root`` (resolved too), else None: the one rule for every
+    file the tab reads or writes, so that neither a link nor an absolute or ``../`` path leads out of ``root``."""
+    try:
+        real, top = Path(path).resolve(), Path(root).resolve()
+    except (OSError, RuntimeError):  # a loop of links
+        return None
+    return real if real.is_relative_to(top) else None
+
+
+@dataclass(frozen=True)
+class RunFiles:
+    """A profile run's files, their links resolved: its folder (inside the log directory); its trace, inside
+    that folder (None: it names none, or one outside the folder, ``trace_outside``, which is not read); whether
+    an extract built from it may be written there."""
+
+    folder: Path
+    trace: Path | None
+    trace_outside: bool
+    keep: bool
+
+
+def run_files(logdir: Path, summary: Path) -> tuple[ProfileRecord, RunFiles]:
+    """The record of the run whose summary.json is ``summary``, and its files; RecordError with the reason the
+    tab may not read them."""
+    folder, real = inside(logdir, summary.parent), inside(logdir, summary)
+    if folder is None or real is None:
+        raise RecordError(f"its {SUMMARY} is a link that leads out of the log directory: not read")
+    if inside(logdir, folder / EXTRACT) is None:
+        raise RecordError(f"its {EXTRACT} is a link that leads out of the log directory: not read")
+    record = read_summary(real)
+    trace = inside(folder, folder / record.trace) if record.trace else None
+    return record, RunFiles(folder, trace, bool(record.trace) and trace is None, writable(folder))
+
+
+def writable(folder: Path) -> bool:
+    """Whether an extract may be written into ``folder``: neither its name nor that of the file record.write_extract
+    writes first and renames is a link, which would carry the write elsewhere."""
+    return all(inside(folder, folder / name) == folder / name for name in (EXTRACT, f".{EXTRACT}.new"))
+
+
+def unshowable(record: ProfileRecord, files: RunFiles) -> str | None:
     """Why a profile run's steps cannot be drawn, or None (an older run without an extract is converted
     from its trace on first read)."""
-    if (folder / EXTRACT).is_file():
+    if (files.folder / EXTRACT).is_file():
         return None
-    if not record.trace or not (folder / record.trace).is_file():
+    if files.trace_outside:
+        return f"no {EXTRACT}, and its trace {record.trace[:200]!r} lies outside the run's folder: not read"
+    if files.trace is None or not files.trace.is_file():
         return f"no {EXTRACT} and no trace to build one from"
     return None
 
 
+def listed(run: str, record: ProfileRecord, files: RunFiles) -> dict:
+    """A run as /runs lists it."""
+    analysis = record.analysis
+    return {
+        "run": run,
+        "strategy": record.strategy,
+        "mode": record.mode,
+        "device": record.device,
+        "torch": record.torch,
+        "batch_size": record.batch_size,
+        "created": record.created,
+        "steps": analysis.step_numbers,
+        "representative": analysis.representative_step,
+        "gpu": analysis.gpu,
+        "extract": (files.folder / EXTRACT).is_file(),
+    }
+
+
+def version(folder: Path) -> tuple:
+    """Which extract a run folder holds: it changes when the extract is written again."""
+    try:
+        stat = (folder / EXTRACT).stat()
+    except OSError:
+        return (folder, None, None)  # none: built from the trace on each read where it cannot be kept
+    return (folder, stat.st_size, stat.st_mtime_ns)
+
+
+def answer_bytes(steps: dict[str, bytes]) -> int:
+    return sum(len(body) for body in steps.values())
+
+
+# ----------------------------------------------------------------------------- responses
+
+
+def module_app(path: Path):
+    """The WSGI app of one of the page's modules."""
+
+    @wrappers.Request.application
+    def serve(request):
+        return Response(path.read_bytes(), content_type="text/javascript; charset=utf-8", headers=NOSNIFF)
+
+    return serve
+
+
 def json_response(payload: dict, status: int = 200) -> Response:
-    return Response(json.dumps(payload, separators=(",", ":")), status=status, content_type="application/json")
+    body = json.dumps(payload, separators=(",", ":"))
+    return Response(body, status=status, content_type="application/json", headers=NOSNIFF)

@@ -25,12 +25,14 @@ from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 from detector.lab.analysis import measure_steps, representative_step
+from detector.lab.checked import read_json
 from detector.lab.record import EXTRACT, Extract, ProfileRecord, RecordError, StepMeasures, read_extract, write_extract
 from detector.lab.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
 from detector.regions import OTHER, STEP
 
 CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH, SYNC = 1, 2  # a call's flags
+TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 
 
 class Names:
@@ -121,10 +123,11 @@ def us(value: float) -> float:
     return round(value, 2)
 
 
-def load(run_dir: Path, record: ProfileRecord) -> Extract:
-    """The extract of a profile run folder: its extract.json.gz, else built from its trace (an older run, or an
-    extract of another version) and written beside it for the next read. RecordError with a one-line reason
-    when neither can be read."""
+def load(run_dir: Path, record: ProfileRecord, trace: Path | None, keep: bool = True) -> Extract:
+    """The extract of a profile run folder: its extract.json.gz, else built from ``trace`` (the run's trace file;
+    None where it has none that may be read: which files are the run's is the caller's to decide) and, when
+    ``keep``, written beside it for the next read. Each file is read under a cap on its decompressed size
+    (EXTRACT_BYTES, TRACE_BYTES). RecordError with a one-line reason when neither can be read."""
     path = Path(run_dir) / EXTRACT
     if path.is_file():
         try:
@@ -132,17 +135,18 @@ def load(run_dir: Path, record: ProfileRecord) -> Extract:
         except RecordError as err:
             if "version" not in str(err):
                 raise
-    trace = Path(run_dir) / record.trace
-    if not record.trace or not trace.is_file():
+    if trace is None or not trace.is_file():
         raise RecordError(f"{run_dir}: no {EXTRACT} and no trace to build one from")
+    events = read_json(trace, TRACE_BYTES)
     try:
-        extract = build(trace, about=about(record))
+        extract = build(events, about=about(record))
     except ValueError as err:
-        raise RecordError(str(err)) from None
-    try:
-        write_extract(run_dir, extract)
-    except OSError:
-        pass  # a read-only run folder: served all the same, built again next time
+        raise RecordError(f"{trace}: {str(err).removeprefix('<events>: ')}") from None
+    if keep:
+        try:
+            write_extract(run_dir, extract)
+        except OSError:
+            pass  # a read-only run folder: served all the same, built again next time
     return extract
 
 

@@ -36,7 +36,7 @@ from detector.board.events import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_co
 from detector.config import load_config
 from detector.lab.analysis import measure_steps, summarise
 from detector.lab.compare import run_compare
-from detector.lab.record import ProfileRecord, read_extract, read_summary, write_summary
+from detector.lab.record import EXTRACT, ProfileRecord, read_extract, read_summary, write_extract, write_summary
 from detector.lab.trace import load_trace
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -512,3 +512,42 @@ def test_the_traces_tab_ticks_the_newest_run_of_each_strategy_and_colours_gpu_wo
     legend = in_traces(browser, "(doc) => doc.getElementById('legend').textContent")
     assert "forward" in legend and "kernel launch" in legend and "memset" not in legend
     keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-regions.png"))
+
+
+PAYLOAD = '<img src=x onerror="document.body.dataset.pwned=1">'
+
+SHOWN_AS_TEXT = """(doc) => ({  // what the tooltip and the why panel hold, and whether any markup in them ran
+  tip: doc.getElementById('tooltip').textContent,
+  why: doc.getElementById('why').textContent,
+  images: doc.querySelectorAll('img').length,
+  pwned: doc.body.dataset.pwned || window.top.document.body.dataset.pwned || null,
+})"""
+
+
+def test_the_traces_tab_shows_names_and_values_from_a_run_as_text(tmp_path, browser):
+    """A thread's name, an operator's name and a why value holding markup are shown as written, and none runs."""
+    logdir = tmp_path / "runs"
+    run = make_run(logdir / "profile", "padded", "20261122-031500")
+    found = read_extract(run / EXTRACT)
+    found.names.append(PAYLOAD)
+    for step in found.steps.values():
+        step["threads"][1] = {"tid": PAYLOAD, "ops": [[0, step["dur"], len(found.names) - 1]]}  # one op: the step
+        for measures in step["why"].values():
+            measures["launches"] = PAYLOAD
+    write_extract(run, found)
+    url, stop = serve(logdir, [])
+    try:
+        browser.show(f"{url}/#traces", ["padded · train · step", f"thread {PAYLOAD}: operators"])
+        wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+        in_traces(browser, POINT_AT % ("hover", f"thread {PAYLOAD}: operators", 0.1, "mousemove"))
+        wait_for(browser, "(doc) => doc.getElementById('tooltip').style.display === 'block'")
+        in_traces(browser, POINT_AT % ("click", "regions", 0.3, "click"))
+        wait_for(browser, "(doc) => doc.getElementById('why').textContent")
+        time.sleep(1)  # an image that failed to load would have run its onerror by now
+        seen = in_traces(browser, SHOWN_AS_TEXT)
+        assert seen["tip"].startswith(PAYLOAD) and f"thread {PAYLOAD}, in " in seen["tip"], seen["tip"]
+        assert PAYLOAD in seen["why"] and "launches" in seen["why"], seen["why"]
+        assert seen["images"] == 0 and seen["pwned"] is None
+        keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-as-text.png"))
+    finally:
+        stop()

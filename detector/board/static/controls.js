@@ -1,0 +1,60 @@
+// The controls above the lanes: a checkbox and a step per run (and the runs that cannot be shown, with why),
+// the alignment, and the button back to the whole steps.
+
+import {draw} from './draw.js';
+import {h} from './page.js';
+import {runLabel} from './panels.js';
+import {state} from './state.js';
+
+// By default the newest run of each strategy (the listing puts it first), train mode first, five at most.
+export function tickDefaults() {
+  const runs = state.listing.runs;
+  const seen = new Set();
+  for (const run of runs) {
+    const key = `${run.strategy}/${run.mode}`;
+    if (!seen.has(key) && state.selected.size < 5 && run.mode === runs[0].mode) {
+      seen.add(key);
+      state.selected.set(run.run, run.representative);
+    }
+  }
+}
+
+// `refresh` loads the steps ticked and draws them.
+export function buildControls(refresh) {
+  const list = document.getElementById('runs');
+  for (const run of state.listing.runs) list.append(runRow(run, refresh));
+  for (const skipped of state.listing.skipped) {
+    list.append(h('div', {className: 'skipped'}, `${skipped.run}: ${skipped.reason}`));
+  }
+  const align = document.getElementById('align');
+  for (const region of Object.keys(state.listing.colors.regions)) {
+    if (region !== 'step' && region !== 'other') align.append(new Option(`the start of ${region}`, region));
+  }
+  align.onchange = () => {
+    state.align = align.value;
+    state.view = null;
+    draw();
+  };
+  document.getElementById('reset').onclick = () => {
+    state.view = null;
+    draw();
+  };
+}
+
+function runRow(run, refresh) {
+  const box = h('input', {type: 'checkbox', checked: state.selected.has(run.run)});
+  const steps = h('select');
+  for (const n of run.steps) steps.append(new Option(n === run.representative ? `step ${n} (median)` : `step ${n}`, n));
+  steps.value = state.selected.get(run.run) ?? run.representative;
+  const update = () => {
+    if (box.checked) state.selected.set(run.run, Number(steps.value));
+    else state.selected.delete(run.run);
+    refresh();
+  };
+  box.onchange = update;
+  steps.onchange = () => {
+    box.checked = true;
+    update();
+  };
+  return h('label', {className: 'run'}, box, h('span', {title: run.run}, runLabel(run)), steps);
+}

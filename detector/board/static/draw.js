@@ -1,0 +1,194 @@
+// Drawing: the lanes of every run shown on one canvas, under one time axis, with their labels beside it.
+// Events narrower than a pixel at the current zoom are drawn merged, so a step of 10^5 launches stays responsive.
+
+import {COPY_EDGE} from './lanes.js';
+import {LABELS, h, setStatus} from './page.js';
+import {drawLegend, showWhy} from './panels.js';
+import {ms, offset, shown, state} from './state.js';
+
+const LANE = 18; // px per lane
+const HEADER = 22; // px of a run's title lane
+const AXIS = 26; // px of the time axis
+
+function fullView(entries) {
+  let start = 0;
+  let end = 1;
+  for (const {data} of entries) {
+    const o = offset(data);
+    start = Math.min(start, -o);
+    for (const lane of data.lanes) {
+      for (const [s, d] of lane.events) end = Math.max(end, s + d - o);
+    }
+    end = Math.max(end, data.dur - o);
+  }
+  return [start, end];
+}
+
+// Lays out and draws the runs shown in state.view (the whole steps where it is null).
+export function draw() {
+  const began = performance.now();
+  const entries = shown();
+  const canvas = document.getElementById('canvas');
+  const labels = document.getElementById('labels');
+  labels.replaceChildren();
+  state.lanes = [];
+  if (!entries.length) {
+    setStatus('tick a run to see its step');
+    canvas.height = 0;
+    return;
+  }
+  if (!state.view) state.view = fullView(entries);
+  drawLegend(entries);
+  let y = AXIS;
+  for (const {run, step, data, info} of entries) {
+    state.lanes.push({run, kind: 'header', y, h: HEADER, label: `${info.strategy} · step ${step}`, events: []});
+    const title = `${info.strategy} · ${info.mode} · step ${step} · ${(data.dur / 1e3).toFixed(1)} ms`;
+    labels.append(laneLabel(title, y, HEADER, 'header'));
+    y += HEADER;
+    for (const lane of data.lanes) {
+      state.lanes.push({...lane, run, data, y, h: LANE, offset: offset(data)});
+      labels.append(laneLabel(lane.label, y, LANE, lane.kind));
+      y += LANE;
+    }
+    y += 6;
+  }
+  const width = Math.max(200, document.getElementById('plot').clientWidth - LABELS - 8);
+  const ratio = window.devicePixelRatio || 1;
+  canvas.width = width * ratio;
+  canvas.height = y * ratio;
+  canvas.style.width = `${width}px`;
+  canvas.style.height = `${y}px`;
+  labels.style.height = `${y}px`;
+  const ctx = canvas.getContext('2d');
+  ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
+  ctx.clearRect(0, 0, width, y);
+  drawAxis(ctx, width);
+  const drawnPerRun = {};
+  for (const lane of state.lanes) {
+    if (!lane.events.length) continue;
+    lane.drawn = drawLane(ctx, lane, width);
+    drawnPerRun[lane.run] = (drawnPerRun[lane.run] || 0) + lane.drawn.length;
+  }
+  canvas.dataset.drawn = JSON.stringify(drawnPerRun);
+  const [a, b] = state.view;
+  const where = state.align === 'step' ? "the step's start" : `the start of ${state.align}`;
+  setStatus(`showing ${ms(a)} to ${ms(b)} ms from ${where}; ${entries.length} run(s)`);
+  document.getElementById('range').textContent = `${ms(a)}–${ms(b)} ms`;
+  if (state.why) showWhy(state.why);
+  document.body.dataset.drawMs = (performance.now() - began).toFixed(1); // for the tests: responsiveness
+}
+
+function laneLabel(text, y, height, kind) {
+  const label = h('div', {className: `lane-label ${kind}`}, text);
+  label.style.top = `${y}px`;
+  label.style.height = `${height}px`;
+  return label;
+}
+
+function toX(t, width) {
+  const [a, b] = state.view;
+  return ((t - a) / (b - a)) * width;
+}
+
+function drawAxis(ctx, width) {
+  const [a, b] = state.view;
+  const step = niceStep((b - a) / 8);
+  ctx.fillStyle = '#444';
+  ctx.strokeStyle = '#ddd';
+  ctx.font = '11px sans-serif';
+  for (let t = Math.ceil(a / step) * step; t <= b; t += step) {
+    const x = toX(t, width);
+    ctx.beginPath();
+    ctx.moveTo(x, AXIS - 6);
+    ctx.lineTo(x, ctx.canvas.height);
+    ctx.stroke();
+    ctx.fillText(`${ms(t)} ms`, x + 2, AXIS - 10);
+  }
+}
+
+function niceStep(raw) {
+  const power = 10 ** Math.floor(Math.log10(raw));
+  for (const m of [1, 2, 5, 10]) if (m * power >= raw) return m * power;
+  return 10 * power;
+}
+
+// The index of the first event that can show: none starting before the view's start less the lane's longest.
+function firstVisible(lane) {
+  const events = lane.events;
+  const a = state.view[0] + (lane.offset || 0) - lane.longest;
+  let lo = 0;
+  let hi = events.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (events[mid][0] < a) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+// Draws a lane's visible events, merging those less than a pixel apart; returns the drawn segments
+// [x0, x1, first, last] (indices into lane.events) for hit-testing.
+function drawLane(ctx, lane, width) {
+  const events = lane.events;
+  const o = lane.offset || 0;
+  const drawn = [];
+  let current = null;
+  const flush = () => {
+    if (!current) return;
+    drawSegment(ctx, lane, current);
+    drawn.push(current);
+    current = null;
+  };
+  for (let i = firstVisible(lane); i < events.length; i++) {
+    const [s, d] = events[i];
+    const x0 = toX(s - o, width);
+    const x1 = toX(s + d - o, width);
+    if (x1 < 0) continue;
+    if (x0 > width) break;
+    const sync = lane.kind === 'calls' && events[i][3].sync;
+    // a sub-pixel event joins its neighbour when less than a pixel lies between them; wide ones stand alone
+    const tiny = current && (x1 - x0 < 1 || current[1] - current[0] < 1);
+    if (current && tiny && !sync && !events[current[2]][3].sync && x0 - current[1] < 1) {
+      current[1] = Math.max(current[1], x1);
+      current[3] = i;
+    } else {
+      flush();
+      current = [x0, x1, i, i];
+    }
+  }
+  flush();
+  return drawn;
+}
+
+// One drawn segment: a sync's triangle, a launch's tick, or a bar (darker where events are merged; a copy outlined).
+function drawSegment(ctx, lane, [x0, x1, first, last]) {
+  const top = lane.y + 2;
+  const h = lane.h - 4;
+  const color = lane.events[first][2];
+  if (lane.kind === 'calls') {
+    ctx.fillStyle = color;
+    if (lane.events[first][3].sync) {
+      ctx.beginPath();
+      ctx.moveTo(x0 - 4, top);
+      ctx.lineTo(x0 + 4, top);
+      ctx.lineTo(x0, top + h);
+      ctx.fill();
+    } else {
+      ctx.fillRect(x0, top, Math.max(1, x1 - x0), h);
+    }
+    return;
+  }
+  ctx.fillStyle = last > first ? shade(color) : color;
+  ctx.fillRect(x0, top, Math.max(1, x1 - x0), h);
+  if (lane.kind === 'gpu' && lane.events.slice(first, last + 1).some((e) => e[3].category === 'gpu_memcpy')) {
+    ctx.strokeStyle = COPY_EDGE;
+    ctx.strokeRect(x0 + 0.5, top + 0.5, Math.max(1, x1 - x0) - 1, h - 1);
+  }
+}
+
+function shade(hex) {
+  // merged events: the lane's colour, darker, so that a block of many tiny events reads as such
+  const n = parseInt(hex.slice(1), 16);
+  const f = (v) => Math.round(v * 0.7);
+  return `rgb(${f(n >> 16)}, ${f((n >> 8) & 255)}, ${f(n & 255)})`;
+}

@@ -1,0 +1,102 @@
+// What the tab says in words beside the lanes: each run's label, the legend, the tooltip of the event under the
+// pointer and the why panel of a region. All of it is built from text nodes (page.js `h`): a name or value
+// from a run's files is shown as it is written, never read as markup.
+
+import {h} from './page.js';
+import {COPY_EDGE, regionAt, regionName, threadName} from './lanes.js';
+import {ms, shown, state} from './state.js';
+
+// A run as its checkbox reads: strategy, mode, device and when it ran, which tells two runs of one strategy apart.
+export function runLabel(run) {
+  const when = run.created ? run.created.slice(0, 16).replace('T', ' ') : run.run.split('/').pop();
+  return `${run.strategy} · ${run.mode} · ${run.device} · ${when}`;
+}
+
+// The legend names what the runs shown draw: their regions (host spans and the GPU work they launched),
+// the launches and syncs where there are any, and the copies' outline.
+export function drawLegend(entries) {
+  const colors = state.listing.colors;
+  const drawn = new Map();
+  for (const {data} of entries) {
+    for (const lane of data.lanes) {
+      for (const event of lane.events) {
+        const what = event[3];
+        if (lane.kind === 'regions') drawn.set(what.region, event[2]);
+        else if (lane.kind === 'gpu') {
+          drawn.set(regionName(data, data.calls[what.call][4]), event[2]);
+          if (what.category === 'gpu_memcpy') drawn.set('copy (outlined)', COPY_EDGE);
+        } else if (lane.kind === 'calls') {
+          drawn.set(what.sync ? 'host-device sync' : 'kernel launch', what.sync ? colors.sync : colors.launch);
+        }
+      }
+    }
+  }
+  const chips = [...drawn].map(([name, color]) => {
+    const swatch = h('i');
+    swatch.style.background = color;
+    return h('span', {}, swatch, name);
+  });
+  document.getElementById('legend').replaceChildren(...chips);
+}
+
+// The tooltip's lines for the event (or merged events) under the pointer: a list of nodes and strings.
+export function describe({lane, first, last}) {
+  const [start, dur, , what] = lane.events[first];
+  const data = lane.data;
+  const o = lane.offset || 0;
+  if (last > first) {
+    const end = Math.max(...lane.events.slice(first, last + 1).map(([s, d]) => s + d));
+    return [h('b', {}, `${last - first + 1} events`), `, merged at this zoom: ${ms(start)}–${ms(end)} ms. Zoom in.`];
+  }
+  const when = ` at ${ms(start - o)} ms, ${dur < 1000 ? `${dur.toFixed(2)} µs` : `${ms(dur)} ms`}`;
+  if (what.region) return [h('b', {}, what.region), `${when}. Click for its why numbers.`];
+  if (what.op) {
+    const where = `${threadName(data, what.thread)}, in ${regionAt(data, start)}`;
+    return [h('b', {}, what.op), when, h('br'), where];
+  }
+  if (what.callName) {
+    const kind = what.sync ? 'a host-device sync' : 'a kernel launch';
+    const where = `${threadName(data, what.thread)}, in ${regionName(data, what.region)}`;
+    return [h('b', {}, what.callName), when, h('br'), `${kind} on ${where}`];
+  }
+  const [cs, , thread, callName, region] = data.calls[what.call];
+  return [
+    h('b', {}, what.kernel),
+    h('br'),
+    `${what.category.replace('gpu_', '')}${when}`,
+    h('br'),
+    `launched by ${data.names[callName]} at ${ms(cs - o)} ms on ${threadName(data, thread)}, ` +
+      `in ${regionName(data, region)}`,
+  ];
+}
+
+// The why numbers of one region for every run shown, side by side.
+export function showWhy(region) {
+  const entries = shown();
+  const measures = state.listing.measures;
+  const value = (data, m) => (data.why[region] || {})[m];
+  const rows = state.listing.why.filter((m) => entries.some(({data}) => value(data, m)));
+  const head = entries.map(({info, step}) => h('th', {}, info.strategy, h('br'), h('small', {}, `step ${step}`)));
+  const body = rows.map((m) =>
+    h(
+      'tr',
+      {},
+      h('th', {title: measures[m].meaning}, measures[m].header),
+      ...entries.map(({data}) => h('td', {}, format(value(data, m), measures[m].unit))),
+    ),
+  );
+  document.getElementById('why').replaceChildren(
+    h('h3', {}, `${region}: why, in the steps shown`),
+    h('table', {}, h('thead', {}, h('tr', {}, h('th'), ...head)), h('tbody', {}, ...body)),
+    h('p', {className: 'note'}, 'Hover a measure for its meaning. GPU ms: the device time of the work the region launched.'),
+  );
+}
+
+function format(value, unit) {
+  if (value === undefined || value === null) return '–';
+  if (typeof value !== 'number') return String(value); // not a measure the lab writes: shown as it is
+  if (unit === 'share') return `${Math.round(value * 100)} %`;
+  if (unit === 'ms') return value < 1000 ? value.toPrecision(3) : value.toFixed(0);
+  if (unit === 'bytes') return value >= 1e6 ? `${(value / 1e6).toPrecision(3)} MB` : `${value} B`;
+  return String(value);
+}

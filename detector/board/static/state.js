@@ -1,0 +1,31 @@
+// What the tab shows, shared by its modules: the listing of ./runs, the runs ticked, the steps loaded and the
+// time window drawn.
+
+export const state = {
+  listing: null,
+  selected: new Map(), // run -> step number shown
+  data: new Map(), // "run@step" -> step extract, with its lanes (lanes.js)
+  align: 'step',
+  view: null, // [start, end] µs, relative to each run's alignment point
+  lanes: [], // what draw() laid out: {run, label, y, h, kind, events, drawn}
+  why: null, // the region whose why numbers are shown
+};
+
+// The runs ticked whose step has loaded: {run, step, data, info}, info being the run as ./runs lists it.
+export function shown() {
+  return [...state.selected]
+    .map(([run, step]) => ({run, step, data: state.data.get(`${run}@${step}`)}))
+    .filter((entry) => entry.data)
+    .map((entry) => ({...entry, info: state.listing.runs.find((r) => r.run === entry.run)}));
+}
+
+// µs from the step's start where this run's time axis begins: the step itself, or a region's start.
+export function offset(data) {
+  if (state.align === 'step') return 0;
+  const region = data.regions.find(([name]) => name === state.align);
+  return region ? region[1] : 0;
+}
+
+export function ms(us) {
+  return (us / 1e3).toFixed(Math.abs(us) < 1e4 ? 3 : 1);
+}
