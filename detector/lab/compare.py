@@ -230,7 +230,8 @@ def draw_charts(runs: list[Run], mode: str, out: Path) -> dict[str, Path]:
     steps = []
     for label, record in runs:
         try:
-            steps.append((label, StepModel(load(record.folder, record))))
+            trace = record.folder / record.trace if record.trace else None
+            steps.append((label, StepModel(load(record.folder, record, trace))))
         except RecordError as err:
             print(f"warning: {label} left out of the timeline: {err}", file=sys.stderr)
     if steps:

@@ -33,7 +33,9 @@ SUMMARY = "summary.json"
 EXTRACT = "extract.json.gz"
 MODES = ("train", "forward")
 SUMMARY_BYTES = 64 * 2**20  # a summary of 10 steps is tens of kB; a larger file is not one
-EXTRACT_BYTES = 256 * 2**20  # decompressed: a step of the loop strategy on a GPU is a few MB
+# decompressed: a step of the loop strategy on a GPU models ~30k launches in ~2 MB, so ten such steps stay far
+# below; a small gzip that unpacks past this is refused before it is parsed
+EXTRACT_BYTES = 64 * 2**20
 
 
 # ----------------------------------------------------------------------------- spreads
@@ -438,9 +440,13 @@ def read_extract(path) -> Extract:
 
 
 def write_extract(run_dir: Path, extract: Extract) -> Path:
+    """extract.json.gz in ``run_dir``, written whole or not at all: into a new file (never through a link that
+    stands at its name), then renamed over the old one."""
     path = Path(run_dir) / EXTRACT
     temp = path.with_name(f".{path.name}.new")
-    with gzip.open(temp, "wt", compresslevel=6) as f:
+    temp.unlink(missing_ok=True)  # a leftover of a stopped write, or a link: removed, not followed
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    with os.fdopen(fd, "wb") as raw, gzip.open(raw, "wt", compresslevel=6) as f:
         json.dump(extract.to_json(), f, separators=(",", ":"))
     temp.replace(path)
     return path
