@@ -1,7 +1,7 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
 #   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
 #   make bench [TARGET=losses|kernels|layers|blocks|step] [ARGS="bench.repeats=50"]
-#   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | lint
+#   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | test-all | lint
 #   make curves RUNS="runs/train/<experiment>/<run> ..."
 #   make train EXPERIMENT=... [NPROC=N] [NNODES=M RDZV_ENDPOINT=host:port]
 #   make tensorboard [ARGS="--port 6007"]
@@ -45,7 +45,7 @@ ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: setup test profile profile-all compare curves report tensorboard bench bench-kernels bench-step train lint format gpu-check clean
+.PHONY: setup test test-all profile profile-all compare curves report tensorboard bench bench-kernels bench-step train lint format gpu-check clean
 
 setup: $(SETUP)
 
@@ -95,8 +95,14 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	fi
 	@touch $@
 
+# The suite in parallel on every core (pytest-xdist): `make test` leaves the browser, multi-process, end-to-end and
+# long-training tests to `make test-all` (tests/conftest.py lists them); CI runs both.
+TEST_WORKERS ?= auto
 test: $(SETUP)
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+
+test-all: $(SETUP)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 profile: $(SETUP)
 	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(ARGS)
@@ -145,12 +151,13 @@ format: $(SETUP)
 	$(PY) -m ruff check --fix .
 	$(PY) -m ruff format .
 
-# One call on a GPU machine that already has torch (e.g. `make gpu-check PY=python3 [WHEELS=dir]`): builds
-# the extension, runs the whole test suite (CUDA rows included) and every bench target.
+# One call on a GPU machine that already has torch (e.g. `make gpu-check PY=python3 [WHEELS=dir]`): builds the
+# extension, then runs the whole suite, CUDA rows included, on the machine's cores (8 workers share one GPU well).
+# The benches' figures come from `make report`.
+GPU_CHECK_WORKERS ?= 8
 gpu-check:
-	$(PY) -m pip install -q --no-build-isolation $(PIP_OFFLINE) -e .
-	$(PY) -m pytest -q -rs $(PYTEST_ARGS)
-	for t in losses kernels layers blocks step; do $(PY) -m detector bench $$t $(ARGS) || exit 1; done
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -m pytest -q -rs -n $(GPU_CHECK_WORKERS) $(PYTEST_ARGS)
 
 # Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
 STRATEGIES ?=

@@ -1,11 +1,12 @@
-"""Shared test set-up: the Triton interpreter where there is no GPU, dynamo's recompile limit, and a bound on
-tests that could hang."""
+"""Shared test set-up: the Triton interpreter where there is no GPU, dynamo's recompile limit, a bound on tests
+that could hang, and which tests `make test` leaves to `make test-all`."""
 
 import contextlib
 import os
 import signal
 from pathlib import Path
 
+import pytest
 import torch
 
 if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
@@ -20,6 +21,35 @@ torch._dynamo.config.recompile_limit = 64
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+# `make test` leaves these to `make test-all` (CI runs both; `make gpu-check` runs all on a GPU): a browser,
+# several processes, a command end to end, or minutes of training. What stays covers every strategy against the
+# reference, the analysis, the record, the verdicts and the training step.
+TEST_ALL = (
+    "tests/board/test_browser.py",  # TensorBoard in headless Chromium
+    "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
+    "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
+    "tests/test_faults.py::test_kill_9",
+    "tests/test_faults.py::test_ctrl_c_is_one_line_exit_130_and_the_run_resumes",
+    "tests/train/test_multinode.py",  # several processes over gloo
+    "tests/train/test_reshard.py",
+    "tests/train/test_loop.py::test_ddp_",
+    "tests/test_loader.py::test_workers_killed_at_random_points",  # worker processes killed and counted
+    "tests/test_loader.py::test_workers_do_not_outlive",
+    "tests/test_sampler.py::test_batches_are_identical_with_0_and_2_workers",
+    "tests/test_sampler.py::test_sample_is_a_pure_function_of_seed_and_index_in_a_fresh_process",
+    "tests/lab/test_report.py::test_report_runs",  # the standard set, part by part
+    "tests/lab/test_report.py::test_a_stopped_report",
+    "tests/kernels/test_cuda_op.py::test_cuda_kernels_compile_with_nvcc",  # nvcc -c of every CUDA source
+    "tests/train/test_optimizer.py::test_two_hundred_steps",  # 200 training steps, twice
+    "tests/test_model.py::test_loss_falls_by_a_large_factor",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(TEST_ALL):
+            item.add_marker(pytest.mark.slow)
 
 
 def child_env(**overrides: str) -> dict[str, str]:
