@@ -316,7 +316,7 @@ def describe(annotations: Annotations, max_boxes: int, policy: str) -> str:
     counts = annotations.counts
     line = (
         f"data.boxes={annotations.source}: {counted(annotations.images, 'image')}, {counted(counts.sum(), 'box')} "
-        f"({int(counts.min())}–{int(counts.max())} an image, {counts.mean():.1f} on average, "
+        f"({int(counts.min()):,}–{int(counts.max()):,} an image, {counts.mean():.1f} on average, "
         f"{counted((counts == 0).sum(), 'image')} without any)"
     )
     over, dropped = annotations.over(max_boxes)
