@@ -180,6 +180,7 @@ def measured(cfg: DictConfig, report: dict) -> dict:
     steps = {name: found for name, found in steps.items() if found[0]}
     predicted = {name: ms for name, ms, _ in (report["predicted"] or {}).get("ranking", [])}
     result = {"profile_dir": cfg.profile.out_dir, "runs": {n: [asdict(s), f] for n, (s, f) in steps.items()}}
+    result["noisy"] = {r.strategy: r.noise.reasons() for r in runs if r.noise and r.noise.noisy and r.strategy in steps}
     if not steps:
         return result | {"fastest": None, "disagreements": []}
     fastest = min(steps, key=lambda n: steps[n][0].median)
@@ -274,8 +275,14 @@ def check_lines(report: dict) -> list[str]:
             f"{report['device']} in {check['profile_dir']}: `make profile STRATEGY={example} BOXES={report['source']}` "
             "(and padded) checks the prediction; `make shapes` then says where they disagree."
         ]
-    rows = [[name, stats_text(Spread(**spread)), f"`{folder}`"] for name, (spread, folder) in runs.items()]
-    lines = [markdown_table(["strategy", "step ms as training runs it", "run"], rows, "lrl"), ""]
+    noisy = check.get("noisy", {})
+    rows = [
+        [name, stats_text(Spread(**spread)), "; ".join(noisy[name]) if name in noisy else "quiet", f"`{folder}`"]
+        for name, (spread, folder) in runs.items()
+    ]
+    lines = [markdown_table(["strategy", "step ms as training runs it", "noise", "run"], rows, "lrll"), ""]
+    if noisy:
+        lines += [f"Noisy runs ({', '.join(noisy)}): their times may not hold on a quiet machine.", ""]
     fastest = check["fastest"]
     shown = fastest[0] + (f" (≈ {', '.join(fastest[1:])})" if fastest[1:] else "")
     if predicted and predicted["strategy"] not in runs:

@@ -10,7 +10,7 @@ import pytest
 import torch
 from annotation_helpers import widerface_counts, write_widerface
 from conftest import ROOT
-from lab_helpers import edit_summary, make_run
+from lab_helpers import BUSY, QUIET, edit_summary, make_run
 
 from detector import cli
 from detector.bench.cases import sample_counts
@@ -126,15 +126,15 @@ def test_a_bench_files_slots_are_those_it_records_or_that_its_cases_tell(tmp_pat
     assert "x 256 slots" in costs.from_bench(path, "cpu", 64, 256)[0].source
     assert costs.from_bench(path, "cpu", 64, 64) == (
         None,
-        f"{path} does not say its slots, and its cases fit 3 slot counts ([160, 256, 406]), not 64",
+        f"{path} does not say its slots; its cases fit 3 slot counts ([160, 256, 406]), not 64",
     )
     recorded = costs.from_bench(bench_file(tmp_path, slots=256, batch=64, record_slots=True), "cpu", 64, 64)[0]
     assert "x 256 slots" in recorded.source
 
 
-def profiled(root, strategy, stamp, source, scale, slots=SLOTS, batch=BATCH):
+def profiled(root, strategy, stamp, source, scale, slots=SLOTS, batch=BATCH, noise=QUIET):
     """A CPU profile run over ``source``, its steps ``scale`` times the recorded ones."""
-    run = make_run(root, strategy, stamp, gpu=False, batch_size=batch, scale=scale)
+    run = make_run(root, strategy, stamp, gpu=False, batch_size=batch, scale=scale, noise=noise)
 
     def change(summary):
         summary["max_boxes"], summary["data"] = slots, {"boxes": source, "over_max_boxes": "truncate"}
@@ -147,7 +147,7 @@ def test_the_check_against_profiles_over_the_same_boxes(tmp_path, dataset, monke
     _, source = dataset
     bench_file(tmp_path)  # predicts packed
     root = tmp_path / "runs" / "profile"
-    profiled(root, "padded", "20261122-030000", source, scale=1.0)
+    profiled(root, "padded", "20261122-030000", source, scale=1.0, noise=BUSY)
     profiled(root, "packed", "20261122-030000", source, scale=2.0)  # measured twice as slow: a disagreement
     profiled(root, "packed", "20261122-020000", source, scale=0.5)  # older: not the one read
     profiled(root, "padded", "20261122-040000", "synthetic", scale=9.0)  # newer, but over other boxes
@@ -162,6 +162,8 @@ def test_the_check_against_profiles_over_the_same_boxes(tmp_path, dataset, monke
     markdown = next((tmp_path / "runs" / "shapes").rglob("shapes.md")).read_text()
     assert "**The prediction disagrees**: measured fastest padded, predicted packed." in markdown
     assert "- predicted packed faster than padded; measured padded 2× faster" in markdown
+    assert "Noisy runs (padded): their times may not hold on a quiet machine." in markdown
+    assert "| packed | 202 [201–203] | quiet |" in markdown
 
     profiled(root, "packed", "20261122-050000", source, scale=0.5)  # a newer packed run: now it agrees
     again = run_shapes(shapes_config(tmp_path, relative))
