@@ -75,6 +75,7 @@ if __name__ == "__main__":
     images = int(sys.argv[2]) if len(sys.argv) > 2 else 4096
     seed = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     counts = widerface_counts(images, seed)
+    out.parent.mkdir(parents=True, exist_ok=True)
     write_widerface(out, counts, seed)
     print(
         f"{out}: {images} images, {int(counts.sum())} faces, {int((counts <= 20).sum())} with 0-20, "

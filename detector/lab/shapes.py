@@ -116,21 +116,32 @@ def find_costs(cfg: DictConfig, kept: np.ndarray, device) -> costing.Costs:
     return timed
 
 
+TIE = 1.05  # predictions within 5 % of the fastest's are ties: a model from a few timed cases is no finer
+
+
 def predict(costs: list[costing.Cost], slots: int, boxes: float) -> dict | None:
     """The strategies ranked by their predicted loss ms at a batch of ``slots`` slots and ``boxes`` boxes, the
-    fastest first, with the reason: what it pays for against the fastest that pays mostly for the other."""
+    fastest first, those within TIE of it, and the reason: what it pays for, against the fastest that pays mostly
+    for the other (or the next) and against padded."""
     if not costs:
         return None
     ranked = sorted(costs, key=lambda c: c.at(slots, boxes))
     best = ranked[0]
     bound = best.bound(slots, boxes)
-    other = next((c for c in ranked if c.bound(slots, boxes) != bound), ranked[1] if len(ranked) > 1 else None)
+    other = next((c for c in ranked if c.bound(slots, boxes) != bound), None)
     reason = f"{best.strategy} pays mostly for the {bound}: {cost_sum(best, slots, boxes)}"
     if other:
-        reason += f"; the fastest that pays for the {other.bound(slots, boxes)}, {other.strategy}: "
-        reason += cost_sum(other, slots, boxes)
+        reason += f"; the fastest that pays mostly for the {other.bound(slots, boxes)}, {other.strategy}: "
+    elif len(ranked) > 1:
+        other = ranked[1]
+        reason += f"; every strategy pays mostly for the {bound} here; the next, {other.strategy}: "
+    reason += cost_sum(other, slots, boxes) if other else ""
+    padded = next((c for c in ranked if c.strategy == "padded"), None)
+    if padded and padded not in (best, other):
+        reason += f"; padded: {cost_sum(padded, slots, boxes)}"
     return {
         "strategy": best.strategy,
+        "ties": [c.strategy for c in ranked[1:] if c.at(slots, boxes) <= TIE * best.at(slots, boxes)],
         "reason": reason,
         "ranking": [[c.strategy, c.at(slots, boxes), c.bound(slots, boxes)] for c in ranked],
     }
@@ -258,8 +269,9 @@ def prediction_lines(report: dict) -> list[str]:
         for name, ms, bound in predicted["ranking"]
     ]
     headers = ["strategy", "µs a slot", "µs a box", "predicted loss ms", "pays mostly for", "measured on"]
+    ties = f" ({', '.join(predicted['ties'])} within {TIE - 1:.0%})" if predicted.get("ties") else ""
     return [
-        f"**{predicted['strategy']}**, because {predicted['reason']}.",
+        f"**{predicted['strategy']}**{ties}, because {predicted['reason']}.",
         "",
         markdown_table(headers, rows, "lrrrll"),
     ]
@@ -287,7 +299,7 @@ def check_lines(report: dict) -> list[str]:
     shown = fastest[0] + (f" (≈ {', '.join(fastest[1:])})" if fastest[1:] else "")
     if predicted and predicted["strategy"] not in runs:
         lines.append(f"Measured fastest: {shown}; the predicted {predicted['strategy']} has no profile here yet.")
-    elif predicted and predicted["strategy"] in fastest:
+    elif predicted and (predicted["strategy"] in fastest or fastest[0] in predicted.get("ties", [])):
         lines.append(f"**The prediction holds**: measured fastest {shown}, predicted {predicted['strategy']}.")
     elif predicted:
         lines.append(f"**The prediction disagrees**: measured fastest {shown}, predicted {predicted['strategy']}.")

@@ -16,7 +16,7 @@ from detector import cli
 from detector.bench.cases import sample_counts
 from detector.config import load_config
 from detector.lab import costs
-from detector.lab.shapes import histogram, run_shapes
+from detector.lab.shapes import histogram, predict, run_shapes
 
 SLOTS, BATCH = 32, 16
 # Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
@@ -77,6 +77,23 @@ def test_histogram_bins_split_at_the_slots():
     assert histogram(np.zeros(4, int), 8) == [[0, 0, 4]]
 
 
+def test_a_prediction_where_every_strategy_pays_for_the_slots_names_the_next_its_ties_and_padded():
+    found = [
+        costs.Cost("padded", 2e-3, 0.0, "-"),
+        costs.Cost("packed", 1.00e-3, 1e-6, "-"),
+        costs.Cost("cuda_conditional", 1.02e-3, 0.0, "-"),
+    ]
+    predicted = predict(found, slots=1000, boxes=100)  # packed 1.0001 ms, cuda_conditional 1.02, padded 2
+    assert predicted["strategy"] == "packed" and predicted["ties"] == ["cuda_conditional"]
+    assert [n for n, _, _ in predicted["ranking"]] == ["packed", "cuda_conditional", "padded"]
+    assert predicted["reason"] == (
+        "packed pays mostly for the slots: 1.00 µs a slot × 1,000 slots + 0.00100 µs a box × 100 boxes = 1.00 ms; "
+        "every strategy pays mostly for the slots here; the next, cuda_conditional: 1.02 µs a slot × 1,000 slots "
+        "+ 0 µs a box × 100 boxes = 1.02 ms; padded: 2.00 µs a slot × 1,000 slots + 0 µs a box × 100 boxes = 2.00 ms"
+    )
+    assert predict([], 1, 1) is None
+
+
 def test_the_shape_report_of_a_file_and_its_prediction_from_bench_losses(tmp_path, dataset, capsys):
     counts, source = dataset
     path = bench_file(tmp_path)
@@ -98,7 +115,8 @@ def test_the_shape_report_of_a_file_and_its_prediction_from_bench_losses(tmp_pat
     assert predicted["strategy"] == min(expected, key=expected.get) == "packed"  # ~90 % of the slots are padding
     assert [n for n, _, _ in predicted["ranking"]] == ["packed", "padded"]
     assert predicted["reason"].startswith("packed pays mostly for the boxes: 0.100 µs a slot × 512 slots + 2.00 µs")
-    assert "; the fastest that pays for the slots, padded: 1.00 µs a slot × 512 slots" in predicted["reason"]
+    assert "; the fastest that pays mostly for the slots, padded: 1.00 µs a slot × 512 slots" in predicted["reason"]
+    assert predicted["ties"] == []
     out = capsys.readouterr().out
     assert "**Images over the slots**: 3 (1.00 %) hold more than 32 boxes: data.over_max_boxes=truncate drops" in out
     assert "No profile run over this source at 32 slots, batch 16 on cpu" in out
