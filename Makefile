@@ -1,5 +1,6 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
-#   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
+#   make profile STRATEGY=padded [MODE=train|forward] [BOXES=widerface:gt.txt] [ARGS="data.batch_size=256"]
+#   make shapes [BOXES=coco:instances.json|widerface:gt.txt] [ARGS="data.max_boxes=512"]
 #   make bench [TARGET=losses|kernels|layers|blocks|step] [ARGS="bench.repeats=50"]
 #   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | test-all | lint
 #   make curves RUNS="runs/train/<experiment>/<run> ..."
@@ -17,6 +18,11 @@ CPU_TORCH ?= 2.13.0
 # SYSTEM_TORCH=1: the virtualenv sees (and keeps) the torch already installed, e.g. a CUDA build.
 SYSTEM_TORCH ?=
 STRATEGY ?= padded
+# the boxes (data.boxes) of profile, train and shapes: synthetic by default, or coco:<instances.json> or
+# widerface:<wider_face_*_bbx_gt.txt> (an annotation file, scaled to the images); STRATEGY=my_module:my_loss
+# takes a loss from my_module.py (README: a strategy of your own)
+BOXES ?=
+DATA_BOXES = $(if $(BOXES),data.boxes=$(BOXES))
 MODE ?= train
 EXPERIMENT ?= cpu_smoke
 # bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by
@@ -45,7 +51,7 @@ ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: setup test test-all profile profile-all compare curves report tensorboard bench bench-kernels bench-step train lint format gpu-check clean
+.PHONY: setup test test-all profile profile-all compare curves report tensorboard bench bench-kernels bench-step train shapes lint format gpu-check clean
 
 setup: $(SETUP)
 
@@ -105,7 +111,12 @@ test-all: $(SETUP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
 profile: $(SETUP)
-	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(ARGS)
+	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
+
+# The shape of a dataset's targets: box counts, padding at the slots, the strategy predicted fastest, and where
+# the profiles over the same boxes disagree with it.
+shapes: $(SETUP)
+	$(PY) -m detector shapes $(DATA_BOXES) $(ARGS)
 
 compare: $(SETUP)
 	$(PY) -m detector compare $(RUNS)
@@ -136,11 +147,11 @@ train: $(SETUP)
 ifneq ($(NNODES),1)
 	$(PY) -m torch.distributed.run --nnodes=$(NNODES) --node_rank=$(NODE_RANK) --rdzv-backend=$(RDZV_BACKEND) \
 		--rdzv-endpoint=$(RDZV_ENDPOINT) --rdzv-id=$(RDZV_ID) --nproc_per_node=$(NPROC) \
-		-m detector train --experiment $(EXPERIMENT) $(ARGS)
+		-m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 else ifeq ($(NPROC),1)
-	$(PY) -m detector train --experiment $(EXPERIMENT) $(ARGS)
+	$(PY) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 else
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(ARGS)
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 endif
 
 lint: $(SETUP)

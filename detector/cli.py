@@ -72,6 +72,15 @@ COMMANDS = {
             "bench": "passed to the benches",
         },
     ),
+    "shapes": (
+        "the shape of a dataset's targets (SOURCE: synthetic, coco:FILE or widerface:FILE; default data.boxes): the "
+        "box-count histogram, the padding at the slots, the images over them, the strategy predicted fastest",
+        {
+            "data": "the boxes (data.boxes), the slots and what to do with images over them, the batch",
+            "bench": "where bench losses' result is (bench.out), the strategies timed where it is not",
+            "profile": "where the profiles over this source are (profile.out_dir), which check the prediction",
+        },
+    ),
     "tensorboard": ("TensorBoard on runs/: Scalars, Text and Images of profile runs and comparisons", None),
     "strategies": ("list the registered loss strategies", None),
     "config": (
@@ -108,6 +117,8 @@ def command_parser(command: str) -> Parser:
         if command == "bench":
             targets = "|".join(BENCH_TARGETS)
             parser.usage = f"%(prog)s [-h] [--debug] [--experiment NAME] [{targets}] [key=value ...]"
+        if command == "shapes":
+            parser.usage = "%(prog)s [-h] [--debug] [--experiment NAME] [SOURCE] [key=value ...]"
         parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
         parser.add_argument("--experiment", metavar="NAME", help="merge experiments/NAME.yaml (or a path) first")
     if command == "compare":
@@ -237,6 +248,8 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
                 f"unknown bench target {target!r}: the targets are {', '.join(BENCH_TARGETS)} "
                 "(python -m detector bench --help says what each measures)"
             )
+    if command == "shapes" and args.overrides and "=" not in args.overrides[0]:  # a source, not an override
+        args.overrides[0] = f"data.boxes={args.overrides[0]}"
     check_sections(command, args.overrides)
     strategies = load_strategies()
     main_process = os.environ.get("RANK", "0") == "0"  # under torchrun, one announcement
@@ -263,6 +276,10 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
         from detector.bench import run as run_bench
 
         run_bench(cfg, target)
+    elif command == "shapes":
+        from detector.lab.shapes import run_shapes
+
+        run_shapes(cfg)
     elif command == "report":
         from detector.lab.report import run_report
 
@@ -295,15 +312,16 @@ def check_sections(command: str, overrides: list[str]) -> None:
 
 
 def load_strategies():
-    """The strategy registry, imported with the Triton interpreter switched on where there is no GPU."""
+    """The strategies a name can pick (the registry's, the installed packages', and any ``my_module:my_loss``,
+    imported when named), with the Triton interpreter switched on first where there is no GPU."""
     import torch
 
     if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
         # before detector.kernels.triton_giou is imported: it reads the variable once
         os.environ["TRITON_INTERPRET"] = "1"
-    from detector.losses import STRATEGIES
+    from detector.losses import KnownStrategies
 
-    return STRATEGIES
+    return KnownStrategies()
 
 
 def run_strategies(command: str, cfg, target: str, strategies) -> list[str]:
@@ -315,6 +333,8 @@ def run_strategies(command: str, cfg, target: str, strategies) -> list[str]:
         return every if cfg.train.strategy == "all" else [cfg.train.strategy]
     if command == "bench":
         return {"losses": list(cfg.bench.strategies) or every, "layers": ["triton"]}.get(target, [])
+    if command == "shapes":
+        return list(cfg.bench.strategies)
     if command == "report":
         return list(cfg.report.strategies) or every
     return []

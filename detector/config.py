@@ -23,6 +23,15 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from detector.annotations import (
+    OVER_MAX_BOXES,
+    SYNTHETIC,
+    AnnotationError,
+    describe,
+    parse_source,
+    read_annotations,
+    slots_for,
+)
 from detector.errors import UserError
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
@@ -57,6 +66,12 @@ class DataConfig:
     count_std: float = ranged(3.0, 0.0)  # faces per image = floor(|N(0, count_std)|): ~1.9 on average
     tail_fraction: float = ranged(0.0, 0.0, 1.0)  # share of crowded images (tail_min..max_boxes faces); 0 = the article
     tail_min: int = ranged(32, 0)  # fewest faces in a crowded image
+    # where each image's boxes come from: synthetic (count_std, tail_*), or an annotation file whose boxes are
+    # scaled to image_size, coco:<instances.json> or widerface:<wider_face_*_bbx_gt.txt> (detector/annotations.py)
+    boxes: str = SYNTHETIC
+    # an image of the file with more boxes than max_boxes: truncate (it keeps its max_boxes largest; the run says
+    # how many boxes and images lost some), fit (max_boxes becomes the most boxes an image holds), refuse (an error)
+    over_max_boxes: str = ranged("truncate", choices=OVER_MAX_BOXES)
     # -1 = a worker per free core, <= 16 (data.resolve_workers): each draws ~14k images/s (detector/loader.py)
     num_workers: int = ranged(-1, -1)
 
@@ -223,8 +238,11 @@ def load_config(
 ) -> DictConfig:
     """The merged, typed, range-checked configuration; announces the preset it picked.
 
-    ``strategies``: the registered strategy names (``detector.losses.STRATEGIES``) that strategy fields
-    are checked against; None skips that check (this module does not import the losses).
+    ``strategies``: the registered strategy names (``detector.losses.STRATEGIES``, or
+    ``detector.losses.KnownStrategies()``, which also takes a strategy from outside, ``my_module:my_loss``) that
+    strategy fields are checked against; None skips that check (this module does not import the losses).
+    With ``data.boxes`` an annotation file, the file is read and checked here, and ``data.max_boxes`` set by
+    ``data.over_max_boxes``; what the run gets of it is announced after the preset.
     Raises ConfigError (one line) for anything wrong in the files, the overrides or the values.
     """
     cli = parse_overrides(list(overrides or []))
@@ -247,10 +265,21 @@ def load_config(
     if schema is Config:  # OmegaConf reads a YAML true/false into a str field as "True"/"False"
         cfg.train.shard_optimizer = SHARD_ALIASES.get(cfg.train.shard_optimizer, cfg.train.shard_optimizer)
     check_values(cfg, schema, strategies)
+    data = fit_slots(cfg.data) if schema is Config and cfg.data.boxes != SYNTHETIC else None
     if announce:
         why = "" if preset != "cpu" or torch.cuda.is_available() else " (no GPU found)"
         announce(f"preset: {preset}{why}" + (f", experiment: {experiment}" if experiment else ""))
+        if data:
+            announce(data)
     return cfg
+
+
+def fit_slots(data: DictConfig) -> str:
+    """Read data.boxes's file (detector/annotations.py checks it), set data.max_boxes by data.over_max_boxes
+    (fit: from the data; refuse: an error where an image has more); one line on what the run gets of it."""
+    annotations = read_annotations(data.boxes)
+    data.max_boxes = slots_for(annotations, data.max_boxes, data.over_max_boxes)
+    return describe(annotations, data.max_boxes, data.over_max_boxes)
 
 
 DOTTED_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
@@ -309,6 +338,11 @@ def check_values(
             torch.device(cfg.device)
         except RuntimeError:
             raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N") from None
+    if schema is Config and cfg.data.boxes != SYNTHETIC:
+        try:
+            parse_source(cfg.data.boxes)
+        except AnnotationError as err:
+            raise ConfigError(str(err)) from None
     if schema is Config and cfg.data.image_size % 2 ** len(cfg.model.channels):
         blocks = len(cfg.model.channels)
         allowed = f"multiples of {2**blocks}: each of the model's {blocks} conv blocks (model.channels) pools by 2"
@@ -323,6 +357,8 @@ def out_of_range(value, low, high, choices, strategies) -> str | None:
     if choices:
         names = [c for c in choices if c != STRATEGY]
         if STRATEGY in choices and strategies is not None:
+            if value in strategies:  # the registry's collection, which resolves a strategy from outside (module:fn)
+                return None
             names += list(strategies)
         elif STRATEGY in choices:
             return None  # no registry to check against

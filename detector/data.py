@@ -2,7 +2,9 @@
 
 A sample is a grayscale uint8 image with bright filled ellipses ("faces") drawn over noise, and the
 boxes of those faces in xyxy pixel coordinates. Sample i is a pure function of (seed, i): any worker
-process, in any order, draws the same image.
+process, in any order, draws the same image. The boxes are drawn at random (``FaceSampler``, data.boxes=
+synthetic) or come from an annotation file (``BoxFileSampler``, data.boxes=coco:... or widerface:...,
+read by detector/annotations.py); the images are drawn over them alike.
 
 Canonical box order: faces are sorted by the x coordinate of their centre, then by its y coordinate
 (left to right). The loss matches prediction slot j to target box j, so a detector learns to emit
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detector.annotations import SYNTHETIC, FittedBoxes, fit_boxes, read_annotations, slots_for
 from detector.loader import BatchLoader
 from detector.targets import LAYOUTS, ListTargets, PackedTargets, PaddedTargets, Targets, make_targets
 
@@ -34,10 +37,12 @@ __all__ = [
     "PaddedTargets",
     "Targets",
     "make_targets",
+    "BoxFileSampler",
     "FaceSampler",
     "SyntheticFaces",
     "build_dataset",
     "build_loader",
+    "build_sampler",
     "collate_fn",
     "data_wait_ms",
     "draw_dataset_batch",
@@ -140,23 +145,13 @@ class FaceSampler:
         """Draw samples ``indices`` into ``out`` [len(indices), S, S] uint8 (C-contiguous, e.g. a shared-memory
         slot); returns their boxes, [n_i, 4] xyxy each (uint8 up to 256 px, int16 beyond). Image k is
         pixel for pixel the image of ``self(indices[k])``."""
-        size = self.image_size
-        rows = np.empty((len(indices), size), np.uint64)  # each image's background rows, in [0, NOISE_WINDOWS)
+        rows = np.empty((len(indices), self.image_size), np.uint64)  # each image's background rows
         faces = []
         for k, index in enumerate(indices):  # the per-sample generator stays: sample i is a function of (seed, i)
             rng = np.random.default_rng([self.seed, index])
             faces.append(self.faces(rng, self.count(rng)))
-            rows[k] = rng.bit_generator.random_raw(size) >> np.uint64(64 - NOISE_BITS)
-        if len(indices) == 1:  # torch would start its thread pool to gather 64 KiB; numpy's ~15 us is cheaper
-            out[0] = noise_bank_array(self.seed, size)[rows[0]]
-        else:  # one gather of every row of the batch, written in place: ~5 us an image, no per-image array
-            index = torch.from_numpy(rows.view(np.int64)).flatten()  # [B * S]
-            torch.index_select(noise_bank(self.seed, size), 0, index, out=torch.from_numpy(out).view(-1, size))
-        for image, (boxes, levels) in zip(out, faces, strict=True):
-            for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
-                np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
-        box_dtype = np.uint8 if size <= 256 else np.int16  # numpy's cast: ~20x cheaper than torch's here
-        return [boxes.astype(box_dtype) for boxes, _ in faces]
+            rows[k] = background_rows(rng, self.image_size)
+        return paint(out, self.seed, rows, faces)
 
     def draw(self, index: int, out: np.ndarray) -> np.ndarray:
         """Draw sample ``index`` into ``out`` [S, S] uint8; returns its boxes [n, 4] xyxy."""
@@ -166,6 +161,70 @@ class FaceSampler:
         image = np.empty((self.image_size, self.image_size), np.uint8)
         boxes = self.draw(index, image)
         return torch.from_numpy(image)[None], torch.from_numpy(boxes)  # [1, S, S] uint8, [n, 4] xyxy
+
+
+def background_rows(rng: np.random.Generator, size: int) -> np.ndarray:
+    """[size] uint64 in [0, NOISE_WINDOWS): the noise bank's rows of one image's background."""
+    return rng.bit_generator.random_raw(size) >> np.uint64(64 - NOISE_BITS)
+
+
+def paint(out: np.ndarray, seed: int, rows: np.ndarray, faces: list[tuple[np.ndarray, np.ndarray]]) -> list[np.ndarray]:
+    """Images into ``out`` [B, S, S] uint8: image k's background is the rows ``rows[k]`` of the seed's noise bank,
+    then one filled ellipse per box of ``faces[k]`` (boxes [n, 4] xyxy, levels [n] uint8) inscribed in it.
+    Returns the boxes, uint8 up to 256 px, int16 beyond."""
+    size = out.shape[-1]
+    if len(rows) == 1:  # torch would start its thread pool to gather 64 KiB; numpy's ~15 us is cheaper
+        out[0] = noise_bank_array(seed, size)[rows[0]]
+    else:  # one gather of every row of the batch, written in place: ~5 us an image, no per-image array
+        index = torch.from_numpy(rows.view(np.int64)).flatten()  # [B * S]
+        torch.index_select(noise_bank(seed, size), 0, index, out=torch.from_numpy(out).view(-1, size))
+    for image, (boxes, levels) in zip(out, faces, strict=True):
+        for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
+            np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
+    box_dtype = np.uint8 if size <= 256 else np.int16  # numpy's cast: ~20x cheaper than torch's here
+    return [boxes.astype(box_dtype) for boxes, _ in faces]
+
+
+@dataclass(frozen=True, eq=False)
+class BoxFileSampler:
+    """Draws sample i over the boxes of an annotation file (detector/annotations.py); a pure function of (seed, i).
+
+    Sample i is image ``order[i % I]`` of the file's I images, ``order`` a permutation drawn once from the seed,
+    so that a batch mixes the file's images and the file is read through once every I samples. Its boxes are
+    the file's, scaled and cut to the slots by ``fit_boxes``; its image is drawn over them as the synthetic
+    faces are (``paint``): the generator ``default_rng([seed, i])`` draws each face's level, then the
+    background's rows.
+    """
+
+    boxes: FittedBoxes
+    seed: int = 0
+
+    @property
+    def image_size(self) -> int:
+        return self.boxes.image_size
+
+    @functools.cached_property
+    def order(self) -> np.ndarray:
+        # spawn_key (2,): a stream that neither the samples' [seed, index] nor the noise bank's (1,) reach
+        return np.random.default_rng(np.random.SeedSequence(self.seed, spawn_key=(2,))).permutation(self.boxes.images)
+
+    def image_of(self, index: int) -> int:
+        """The file's image that sample ``index`` shows."""
+        return int(self.order[index % len(self.order)])
+
+    def draw_batch(self, indices, out: np.ndarray) -> list[np.ndarray]:
+        """As ``FaceSampler.draw_batch``: samples ``indices`` into ``out`` [len(indices), S, S]; their boxes."""
+        rows = np.empty((len(indices), self.image_size), np.uint64)
+        faces = []
+        for k, index in enumerate(indices):
+            rng = np.random.default_rng([self.seed, index])
+            boxes = self.boxes.of(self.image_of(index))
+            faces.append((boxes, rng.uniform(170, 250, size=len(boxes)).astype(np.uint8)))
+            rows[k] = background_rows(rng, self.image_size)
+        return paint(out, self.seed, rows, faces)
+
+    draw = FaceSampler.draw
+    __call__ = FaceSampler.__call__
 
 
 class SyntheticFaces(torch.utils.data.Dataset):
@@ -235,15 +294,26 @@ def to_device(batch: tuple[Tensor, Targets], device: torch.device) -> tuple[Tens
 
 
 def build_dataset(cfg, start: int = 0, length: int | None = None) -> SyntheticFaces:
-    sampler = FaceSampler(
-        image_size=cfg.image_size,
-        max_boxes=cfg.max_boxes,
-        seed=cfg.seed,
-        count_std=cfg.count_std,
-        tail_fraction=cfg.tail_fraction,
-        tail_min=cfg.tail_min,
-    )
-    return SyntheticFaces(sampler, cfg.length if length is None else length, start)
+    """``length`` (default ``cfg.length``) samples of ``build_sampler(cfg)`` from index ``start`` on."""
+    return SyntheticFaces(build_sampler(cfg), cfg.length if length is None else length, start)
+
+
+def build_sampler(cfg) -> FaceSampler | BoxFileSampler:
+    """The sampler of a DataConfig: the synthetic faces, or the boxes of ``cfg.boxes``'s annotation file cut to
+    ``cfg.max_boxes`` slots (detector/config.py has set the slots already where ``cfg.over_max_boxes=fit``)."""
+    if cfg.boxes == SYNTHETIC:
+        return FaceSampler(
+            image_size=cfg.image_size,
+            max_boxes=cfg.max_boxes,
+            seed=cfg.seed,
+            count_std=cfg.count_std,
+            tail_fraction=cfg.tail_fraction,
+            tail_min=cfg.tail_min,
+        )
+    annotations = read_annotations(cfg.boxes)
+    if cfg.over_max_boxes != "truncate":  # fit's slots were set from the data: only truncate may cut boxes
+        slots_for(annotations, cfg.max_boxes, "refuse")
+    return BoxFileSampler(fit_boxes(annotations, cfg.image_size, cfg.max_boxes), cfg.seed)
 
 
 def build_loader(cfg, layout: str, device: torch.device, start: int = 0, length: int | None = None) -> BatchLoader:
@@ -326,7 +396,7 @@ def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device:
     copied there, so the host-to-device copy counts), counted after WARMUP_SECONDS so that worker
     start-up and the batches drawn meanwhile into the ring's free slots are left out.
     """
-    sampler = build_dataset(cfg).sampler
+    sampler = build_sampler(cfg)
     sampler(0)  # builds this process's noise bank
     drawn, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:

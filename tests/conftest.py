@@ -1,5 +1,6 @@
 """Shared test set-up: the Triton interpreter where there is no GPU, dynamo's recompile limit, a bound on tests
-that could hang, and which tests `make test` leaves to `make test-all`."""
+that could hang, which tests `make test` leaves to `make test-all`, and ``--strategy NAME`` (the contract grid on
+one strategy, a user's own included)."""
 
 import contextlib
 import os
@@ -50,6 +51,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.startswith(TEST_ALL):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--strategy",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run tests/losses/test_strategies.py's contract grid on this strategy only: a registered name or "
+        "my_module:my_loss, a loss in my_module.py (the folder pytest runs from, or PYTHONPATH); repeatable",
+    )
+
+
+def pytest_configure(config):
+    """``--strategy`` names that no strategy answers to are a usage error, before any test is collected."""
+    if not config.getoption("strategy", default=None):
+        return
+    from detector.errors import UserError
+    from detector.losses import get_strategy
+
+    for name in config.getoption("strategy"):
+        try:
+            get_strategy(name)
+        except (KeyError, UserError) as err:
+            raise pytest.UsageError(f"--strategy {name}: {err.args[0]}") from None
 
 
 def child_env(**overrides: str) -> dict[str, str]:

@@ -102,6 +102,7 @@ SECTIONS = {
     "strategies": ["Reads no configuration", "--names"],
     "config": ["data", "model", "train", "profile", "bench", "report"],
     "report": ["report", "data", "model", "train", "profile", "bench"],
+    "shapes": ["data", "bench", "profile", "[SOURCE]", "coco:FILE or widerface:FILE"],
 }
 
 

@@ -177,6 +177,8 @@ def describe(label: str, record: ProfileRecord) -> dict:
         "dir": str(record.folder),
         "noisy": noise.noisy if noise else None,
         "noise": noise.reasons() if noise else None,
+        "max_boxes": record.max_boxes,
+        "data": asdict(record.data) if record.data else None,  # where its boxes came from, what its slots cut
     }
 
 

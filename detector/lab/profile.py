@@ -43,6 +43,7 @@ from detector.data import build_loader
 from detector.lab import analysis, extract
 from detector.lab.noise import LoadMeter
 from detector.lab.record import Extract, Noise, ProfileRecord, Timed, write_extract, write_summary
+from detector.lab.source import DataSource
 from detector.lab.text import run_card
 from detector.lab.trace import load_trace
 from detector.losses import get_strategy
@@ -154,6 +155,7 @@ def summarise_run(
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         trace=str(trace.relative_to(run_dir)),
         config=OmegaConf.to_container(cfg, resolve=True),
+        data=DataSource.of(cfg.data),
         folder=run_dir,
     )
     write_summary(run_dir, record)

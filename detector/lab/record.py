@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from detector.lab.checked import RecordError, need, optional, read_json, short, usable
+from detector.lab.source import DataSource
 
 VERSION = 2  # of summary.json; 1: no "version" key and no noise
 EXTRACT_VERSION = 1
@@ -258,6 +259,7 @@ class ProfileRecord:
     created: str = ""
     trace: str = ""  # the trace file, relative to the run folder
     config: dict = field(default_factory=dict)
+    data: DataSource | None = None  # where its boxes came from; None in summaries written before data.boxes
     version: int = VERSION
     folder: Path | None = None  # where it was read from (not written)
     left_out: list[str] = field(default_factory=list)  # unusable values dropped when it was read (not written)
@@ -326,6 +328,7 @@ class ProfileRecord:
         ]
         timed = data.get("timed")
         noise = data.get("noise")
+        source = data.get("data")  # None in a summary written before data.boxes: the synthetic faces
         return cls(
             strategy=strategy,
             mode=data["mode"],
@@ -345,6 +348,7 @@ class ProfileRecord:
             created=optional(data, "created", str, where, ""),
             trace=optional(data, "trace", str, where, ""),
             config=optional(data, "config", dict, where, {}),
+            data=DataSource.parse(source, f"{where}: data") if source is not None else None,
             left_out=left_out,
         )
 
@@ -480,11 +484,8 @@ class TrainingRecord:
         for i, point in enumerate(need(data["history"], list, f"{where}: history")):
             if not isinstance(point, list) or len(point) != 2:
                 raise RecordError(f"{where}: history[{i}] is {short(point)}, expected [step, loss]")
-            step, loss = (
-                need(point[0], int, f"{where}: history[{i}]"),
-                need(point[1], (int, float), f"{where}: history[{i}]"),
-            )
-            history.append((step, loss))
+            at = f"{where}: history[{i}]"
+            history.append((need(point[0], int, at), need(point[1], (int, float), at)))
         losses = [need(v, (int, float), f"{where}: losses") for v in optional(data, "losses", list, where, [])]
         return cls(
             run=optional(data, "run", str, where, ""),

@@ -33,7 +33,7 @@ def run_table(record: ProfileRecord) -> str:
 def run_card(record: ProfileRecord) -> str:
     """The run's Text card: what ran, its table, the step as training runs it, the noise and the warnings."""
     analysis = record.analysis
-    size = f"{record.image_size or '?'} px, {record.max_boxes or '?'} box slots"
+    size = f"{record.image_size or '?'} px, {record.max_boxes or '?'} box slots, boxes: {boxes_of(record)}"
     protocol = "regions synchronised (profile.sync_regions)" if record.sync_regions else "regions unsynchronised"
     lines = [
         f"**{cell_text(record.title())}** ({size}, preset {record.preset or '?'}, {protocol}), "
@@ -53,6 +53,20 @@ def run_card(record: ProfileRecord) -> str:
     lines += ["", legend(present([record], TIME + WHY))]
     lines += [f"\n**warning**: {cell_text(w)}" for w in analysis.warnings + left_out(record)]
     return "\n".join(lines)
+
+
+def boxes_of(record: ProfileRecord) -> str:
+    """Where a run's boxes came from and what its slots cut (a summary from before data.boxes: synthetic)."""
+    return cell_text(record.data.describe() if record.data else "synthetic")
+
+
+def data_note(runs: list[tuple[str, ProfileRecord]]) -> str | None:
+    """A line where the runs' boxes came from different sources: their times are not of the same work."""
+    sources = {label: boxes_of(r) for label, r in runs}
+    if len(set(sources.values())) < 2:
+        return None
+    listed = "; ".join(f"{cell_text(label)}: {source}" for label, source in sources.items())
+    return f"**Runs over different boxes** (their times are of different work): {listed}."
 
 
 def left_out(record: ProfileRecord) -> list[str]:
@@ -80,8 +94,8 @@ def runs_table(runs: list[tuple[str, ProfileRecord]]) -> str:
         protocol = "synchronised" if r.sync_regions else "as training"
         noise = "unknown" if r.noise is None else ("noisy" if r.noise.noisy else "quiet")
         rows.append([r.strategy, r.mode, r.device, r.torch, r.batch_size, r.image_size or "?", protocol])
-        rows[-1] += [r.analysis.steps, noise, f"`{r.folder}`"]
-    return markdown_table(headers, rows, "lllllrlrll")
+        rows[-1] += [r.analysis.steps, noise, f"`{r.folder}`", r.max_boxes or "?", boxes_of(r)]
+    return markdown_table(headers + ["slots", "boxes"], rows, "lllllrlrllrl")
 
 
 def regions_of(records: list[ProfileRecord]) -> list[str]:
@@ -151,6 +165,8 @@ def mode_markdown(
         "",
         *verdicts,
     ]
+    mixed = data_note(runs)
+    lines += ["", mixed] if mixed else []
     noisy = [label for label, r in runs if r.noise and r.noise.noisy]
     if noisy:
         lines += ["", f"**Noisy runs** (their times are not judged): {', '.join(map(cell_text, noisy))}."]

@@ -1,15 +1,37 @@
-"""The strategy registry: one name, one callable, one target layout."""
+"""The strategy registry: one name, one callable, one target layout.
+
+The package's strategies register themselves when detector/losses/__init__.py imports them. A strategy from
+outside the package is found by its name when first asked for (``get_strategy``):
+
+- ``<module>:<attribute>`` (``my_ciou:ciou_loss``): ``attribute`` of the module ``module`` (a file ``my_ciou.py``
+  in the folder you run from, or on PYTHONPATH), registered under that very name. It is a ``Strategy``, or a
+  function ``(pred, targets) -> 0-dim loss`` with a ``layout`` attribute (``per_box_loss`` builds one) and,
+  optionally, ``description`` and ``reference`` (see ``Strategy``).
+- an entry point of the group ``detector.strategies`` of an installed package (``ciou = "my_pkg.ciou:ciou_loss"``
+  in its pyproject.toml's ``[project.entry-points."detector.strategies"]``), registered under its entry point's
+  name (``ciou``); ``KnownStrategies`` lists them with the package's own.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import re
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from detector.errors import UserError
 from detector.losses.checks import check_targets
 from detector.targets import LAYOUTS, Targets
+
+ENTRY_POINTS = "detector.strategies"  # the entry-point group of strategies from installed packages
+OUTSIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # module:attribute
 
 
 @dataclass(frozen=True)
@@ -23,6 +45,10 @@ class Strategy:
     # Why its times on a device are not those of the code it is built for (an emulator), or None.
     emulated: Callable[[torch.device], str | None] = lambda device: None
     compiled: bool = False  # whether it runs through torch.compile (the "which strategy" table's compiled row)
+    # The float64 reference its loss and gradient are checked against (tests/losses/test_strategies.py): a function
+    # (pred [B, M, 4] fp64, PaddedTargets) -> loss. None: the contract's GIoU, giou_loss_reference; a loss of
+    # another kind (per_box_loss's) brings its own.
+    reference: Callable[[Tensor, Targets], Tensor] | None = None
 
     def __post_init__(self):
         if self.layout not in LAYOUTS:
@@ -45,6 +71,10 @@ class Strategy:
 STRATEGIES: dict[str, Strategy] = {}
 
 
+class OutsideStrategyError(UserError, ValueError):
+    """A strategy from outside the package that cannot be imported or is not a loss: one line saying why."""
+
+
 def register(strategy: Strategy) -> Strategy:
     if strategy.name in STRATEGIES:
         raise ValueError(f"strategy {strategy.name!r} is registered twice")
@@ -53,7 +83,109 @@ def register(strategy: Strategy) -> Strategy:
 
 
 def get_strategy(name: str) -> Strategy:
-    try:
+    """The strategy ``name``: a registered one, or one from outside (module:attribute, or an installed entry point)."""
+    if name in STRATEGIES:
         return STRATEGIES[name]
-    except KeyError:
-        raise KeyError(f"unknown strategy {name!r}; valid strategies: {', '.join(STRATEGIES)}") from None
+    if OUTSIDE.fullmatch(str(name)):
+        return register(outside(name, import_attribute(name)))
+    if ":" in str(name):
+        raise OutsideStrategyError(
+            f"strategy {name!r}: name a module and its attribute, my_module:my_loss for my_loss in my_module.py (in "
+            "the folder you run from, or on PYTHONPATH), not a file's path"
+        )
+    found = installed().get(name)
+    if found:
+        return register(outside(name, load_entry_point(found)))
+    raise KeyError(
+        f"unknown strategy {name!r}; valid strategies: {', '.join([*STRATEGIES, *installed()])}, or my_module:my_loss "
+        "for a loss in my_module.py (README: a strategy of your own)"
+    ) from None
+
+
+class KnownStrategies(Mapping):
+    """Every strategy a name can pick: the registered ones and the installed packages' (iterating lists them), and
+    any ``module:attribute`` (asking for it imports it; one that cannot be imported is an OutsideStrategyError)."""
+
+    def __getitem__(self, name: str) -> Strategy:
+        return get_strategy(name)
+
+    def __iter__(self) -> Iterator[str]:
+        for name in list(installed()):
+            get_strategy(name)
+        return iter(list(STRATEGIES))
+
+    def __len__(self) -> int:
+        return len(set(STRATEGIES) | set(installed()))
+
+
+# ----------------------------------------------------------------------------- strategies from outside
+
+
+def outside(name: str, found) -> Strategy:
+    """``found`` (a Strategy, or a loss function with a ``layout``) as the strategy ``name``."""
+    if isinstance(found, Strategy):
+        return dataclasses.replace(found, name=name)
+    if not callable(found):
+        raise OutsideStrategyError(
+            f"strategy {name!r} is a {type(found).__name__}, expected a loss function (pred, targets) -> loss"
+        )
+    layout = getattr(found, "layout", None)
+    if layout not in LAYOUTS:
+        fn = getattr(found, "__name__", "the function")
+        raise OutsideStrategyError(
+            f"strategy {name!r}: {fn}.layout is {layout!r}; set it to the targets it takes, one of "
+            f"{', '.join(LAYOUTS)} (detector.targets), e.g. {fn}.layout = 'padded'"
+        )
+    doc = (getattr(found, "__doc__", None) or "").strip().splitlines()
+    description = getattr(found, "description", None) or (doc[0] if doc else f"{name}, from outside the package")
+    return Strategy(name, layout, found, description, reference=getattr(found, "reference", None))
+
+
+def import_attribute(spec: str):
+    """The object ``module:attribute`` names; the folder the command runs from is searched after sys.path."""
+    module_name, _, attribute = spec.partition(":")
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.append(os.getcwd())  # `python -m detector` finds my_ciou.py there; pytest and scripts too
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as err:
+        if err.name == module_name or module_name.startswith(f"{err.name}."):
+            raise OutsideStrategyError(
+                f"strategy {spec!r}: no module {err.name} (a {err.name.replace('.', '/')}.py in {os.getcwd()} or "
+                "on PYTHONPATH)"
+            ) from None
+        raise OutsideStrategyError(f"strategy {spec!r}: importing {module_name} failed: {failure(err)}") from None
+    except Exception as err:  # the user's code: its error, in one line, where --debug shows the traceback
+        raise OutsideStrategyError(f"strategy {spec!r}: importing {module_name} failed: {failure(err)}") from err
+    if not hasattr(module, attribute):
+        defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
+        raise OutsideStrategyError(
+            f"strategy {spec!r}: {getattr(module, '__file__', module_name)} has no {attribute!r} "
+            f"(it defines {', '.join(defined) or 'no function'})"
+        )
+    return getattr(module, attribute)
+
+
+def failure(err: BaseException) -> str:
+    """``NameError: name 'x' is not defined (my_ciou.py, line 5)``: an exception and where it rose."""
+    frame = err.__traceback__
+    while frame and frame.tb_next:
+        frame = frame.tb_next
+    lineno = getattr(err, "lineno", None) or (frame.tb_lineno if frame else None)
+    filename = getattr(err, "filename", None) or (frame.tb_frame.f_code.co_filename if frame else None)
+    where = f" ({os.path.basename(filename)}, line {lineno})" if filename and lineno else ""
+    return f"{type(err).__name__}: {' '.join(str(err).split()) or '-'}{where}"
+
+
+def installed() -> dict[str, importlib.metadata.EntryPoint]:
+    """The entry points of the group ``detector.strategies`` of the installed packages, by name."""
+    return {ep.name: ep for ep in importlib.metadata.entry_points(group=ENTRY_POINTS)}
+
+
+def load_entry_point(entry: importlib.metadata.EntryPoint):
+    try:
+        return entry.load()
+    except Exception as err:  # the package's code
+        raise OutsideStrategyError(
+            f"strategy {entry.name!r} ({entry.value}, entry point of {ENTRY_POINTS}) failed to load: {failure(err)}"
+        ) from err

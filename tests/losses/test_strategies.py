@@ -1,6 +1,9 @@
-"""Every registered strategy against giou_loss_reference (fp64), loss and gradient, over one grid.
+"""Every registered strategy against its float64 reference (giou_loss_reference, the contract), loss and gradient,
+over one grid.
 
-A strategy registered in detector.losses.STRATEGIES is picked up here without edits.
+A strategy registered in detector.losses.STRATEGIES is picked up here without edits. ``--strategy NAME`` runs the
+grid on that strategy only, one from outside the package included (``--strategy my_ciou:ciou_loss``): a loss of
+another kind than GIoU is checked against its own reference (``Strategy.reference``, which per_box_loss sets).
 """
 
 import pytest
@@ -36,6 +39,12 @@ WEIRD = [
 TOLERANCES[torch.float16] = (1e-5, 5e-3, 5e-3)  # fp16 gradients: 2^-11 relative rounding
 
 
+def pytest_generate_tests(metafunc):
+    """``name``: the strategies of ``--strategy`` (tests/conftest.py checks them), else every registered one."""
+    if "name" in metafunc.fixturenames:
+        metafunc.parametrize("name", metafunc.config.getoption("strategy", default=[]) or list(STRATEGIES))
+
+
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device here")),
@@ -53,7 +62,8 @@ def check_against_reference(strategy, pred, boxes_list, max_boxes, device):
     loss.backward()
 
     ref_pred = pred.double().requires_grad_()
-    ref = giou_loss_reference(ref_pred, make_targets([b.cpu() for b in boxes_list], "padded", max_boxes))
+    reference = strategy.reference or giou_loss_reference
+    ref = reference(ref_pred, make_targets([b.cpu() for b in boxes_list], "padded", max_boxes))
     ref.backward()
 
     loss_rtol, grad_rtol, grad_atol = TOLERANCES[pred.dtype]
@@ -70,23 +80,21 @@ def check_against_reference(strategy, pred, boxes_list, max_boxes, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(STRATEGIES))
 @pytest.mark.parametrize("pred_dtype,target_dtype,batch,distribution", GRID, ids=lambda v: str(v).replace("torch.", ""))
 def test_strategy_matches_reference(name, device, pred_dtype, target_dtype, batch, distribution):
     pred, boxes_list = random_case(batch, 256, distribution, pred_dtype, target_dtype, seed=batch)
-    loss = check_against_reference(STRATEGIES[name], pred, boxes_list, 256, device)
+    loss = check_against_reference(get_strategy(name), pred, boxes_list, 256, device)
     if distribution == "zero":
         assert loss.item() == 0.0
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", list(STRATEGIES))
 @pytest.mark.parametrize(
     "pred_dtype,target_dtype,batch,distribution,max_boxes", WEIRD, ids=lambda v: str(v).replace("torch.", "")
 )
 def test_strategy_weird_inputs(name, device, pred_dtype, target_dtype, batch, distribution, max_boxes):
     pred, boxes_list = random_case(batch, max_boxes, distribution, pred_dtype, target_dtype, seed=max_boxes)
-    check_against_reference(STRATEGIES[name], pred, boxes_list, max_boxes, device)
+    check_against_reference(get_strategy(name), pred, boxes_list, max_boxes, device)
 
 
 def runnable_device(strategy) -> str:
@@ -97,9 +105,8 @@ def runnable_device(strategy) -> str:
     pytest.skip(f"{strategy.name}: {strategy.unavailable(torch.device('cpu'))}")
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_strategy_rejects_bad_predictions(name):
-    strategy = STRATEGIES[name]
+    strategy = get_strategy(name)
     device = runnable_device(strategy)
     _, boxes_list = random_case(2, 8, "seed")
     targets = make_targets(boxes_list, strategy.layout, 8).to(device)
@@ -111,9 +118,8 @@ def test_strategy_rejects_bad_predictions(name):
         strategy(torch.zeros(3, 8, 4, device=device), targets)  # batch mismatch
 
 
-@pytest.mark.parametrize("name", list(STRATEGIES))
 def test_strategy_rejects_wrong_layout(name):
-    strategy = STRATEGIES[name]
+    strategy = get_strategy(name)
     other = next(layout for layout in ("list", "padded") if layout != strategy.layout)
     targets = make_targets(random_case(2, 8, "seed")[1], other, 8)
     with pytest.raises(TypeError, match=strategy.layout):

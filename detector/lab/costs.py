@@ -1,0 +1,170 @@
+"""What each strategy's loss costs per slot and per box, for the shape report's prediction (detector/lab/shapes.py).
+
+Strategies differ in what their time grows with: ``padded`` and the every-slot kernels with the B × M slots of
+a batch, ``packed`` and ``cuda_conditional`` with the boxes present. A strategy's forward+backward is modelled
+as ``per_slot × slots + per_box × boxes``, its fixed cost (launches, dispatch) counted in the slots' share, so
+a prediction far from the scale it was measured at carries that error.
+
+Two sources, the first that applies:
+
+- ``bench losses``' result file (``<dir of bench.out>/losses.json``) of this device: at the batch nearest the
+  run's, its ``seed`` and ``tail`` cases hold the same slots and different boxes; the difference of their times
+  is the boxes' cost, the rest the slots'. Its slots per image are those it records (``max_boxes``), else those
+  at which its cases draw the boxes they timed (detector/bench/cases.py draws the counts from a generator seeded
+  with the batch): one slot count at a batch of hundreds; where a few fit, the run's own if it is one of them.
+- otherwise a cheap timing here: each strategy's forward+backward on a batch of the run's shape with no box,
+  then with the data's counts of boxes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from detector.bench.cases import random_boxes, sample_counts
+from detector.bench.timing import event_ms, loss_closures
+from detector.config import device_name
+from detector.losses import STRATEGIES, get_strategy
+from detector.targets import make_targets
+
+DISTRIBUTIONS = ("seed", "tail")  # bench losses' cases with the same slots and different boxes
+LARGEST_SLOTS = 4096  # the slot counts tried when telling a bench file's slots from its tail case
+QUICK = {"warmup": 2, "repeats": 7, "max_seconds": 1.0}  # the cheap timing: a few calls, at most ~1 s a case
+
+
+@dataclass
+class Cost:
+    """One strategy's forward+backward: ms per slot and per box, and what they were measured on."""
+
+    strategy: str
+    per_slot_ms: float
+    per_box_ms: float
+    measured: str  # "batch 1024 x 256 slots, 1,940 and 5,321 boxes"
+
+    def at(self, slots: int, boxes: float) -> float:
+        """The predicted ms of a batch of ``slots`` slots holding ``boxes`` boxes."""
+        return self.per_slot_ms * slots + self.per_box_ms * boxes
+
+    def bound(self, slots: int, boxes: float) -> str:
+        """``slots`` or ``boxes``: which of the two its time at that shape mostly pays for."""
+        return "slots" if self.per_slot_ms * slots >= self.per_box_ms * boxes else "boxes"
+
+
+@dataclass
+class Costs:
+    """Every strategy's cost and where it comes from (a file and its device, or a timing here), said in one line."""
+
+    source: str
+    costs: list[Cost]
+    file: str | None = None  # the bench result file read, if one was
+
+
+# ----------------------------------------------------------------------------- from bench losses' result file
+
+
+def from_bench(path: Path, device: str, batch: int, slots: int) -> tuple[Costs | None, str]:
+    """The costs in bench losses' result file at ``path`` if it is of ``device``; else None and why not. Its cases
+    at the batch nearest ``batch``; its slots as recorded, else as its cases tell (``slots`` where they fit it)."""
+    try:
+        payload = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None, f"no {path} (make bench)"
+    except (OSError, ValueError) as err:
+        return None, f"{path} cannot be read ({type(err).__name__})"
+    results = payload.get("results") if isinstance(payload, dict) else None
+    if payload.get("target") != "losses" or not isinstance(results, list):
+        return None, f"{path} is not a bench losses result"
+    if payload.get("device") != device:
+        return None, f"{path} is of {payload.get('device')}, and this run is on {device}"
+    records = [r for r in results if isinstance(r, dict) and r.get("distribution") in DISTRIBUTIONS]
+    sizes = sorted({r.get("batch_size") for r in records if isinstance(r.get("batch_size"), int)})
+    if not sizes:
+        return None, f"{path} has no seed and tail cases"
+    at = min(sizes, key=lambda b: (abs(np.log(b / batch)), -b))  # the batch nearest the run's
+    cases = {(r["strategy"], r["distribution"]): r for r in records if r["batch_size"] == at}
+    fits = [payload["max_boxes"]] if isinstance(payload.get("max_boxes"), int) else bench_slots(cases, at)
+    if len(fits) != 1 and slots not in fits:
+        return None, f"{path} does not say its slots; its cases fit {len(fits)} slot counts ({fits[:4]}), not {slots}"
+    slots = slots if slots in fits else fits[0]
+    costs = [c for c in (bench_cost(name, cases, at, slots) for name in dict.fromkeys(n for n, _ in cases)) if c]
+    torch_version = payload.get("torch", "?")
+    source = f"{path} ({device}, torch {torch_version}; bench losses at batch {at} x {slots} slots)"
+    return Costs(source, costs, str(path)), ""
+
+
+def bench_slots(cases: dict, batch: int) -> list[int]:
+    """The slot counts at which bench losses' cases draw the boxes it timed at ``batch`` (random_case draws the
+    counts first, from a generator seeded with the batch): one at a batch of hundreds, maybe a few at tens."""
+    boxes = {d: r.get("valid_boxes") for (_, d), r in cases.items()}
+    if not all(isinstance(boxes.get(d), int) for d in DISTRIBUTIONS):
+        return []
+    return [
+        slots
+        for slots in range(1, LARGEST_SLOTS + 1)
+        if all(
+            int(sample_counts(d, batch, slots, torch.Generator().manual_seed(batch)).sum()) == boxes[d]
+            for d in DISTRIBUTIONS
+        )
+    ]
+
+
+def bench_cost(name: str, cases: dict, batch: int, slots: int) -> Cost | None:
+    """A strategy's cost from its seed and tail cases at one batch: the boxes' difference, the slots' rest."""
+    seed, tail = cases.get((name, "seed")), cases.get((name, "tail"))
+    if not seed or not tail or not seed.get("forward_backward_ms") or not tail.get("forward_backward_ms"):
+        return None
+    t_seed, t_tail = seed["forward_backward_ms"]["median"], tail["forward_backward_ms"]["median"]
+    n_seed, n_tail = seed["valid_boxes"], tail["valid_boxes"]
+    per_box = max(0.0, (t_tail - t_seed) / (n_tail - n_seed)) if n_tail > n_seed else 0.0
+    per_slot = max(0.0, t_seed - per_box * n_seed) / (batch * slots)
+    return Cost(name, per_slot, per_box, f"batch {batch} x {slots} slots, {n_seed:,} and {n_tail:,} boxes")
+
+
+# ----------------------------------------------------------------------------- a cheap timing here
+
+
+def timed_here(names: list[str], counts: np.ndarray, slots: int, device: torch.device, why: str) -> Costs:
+    """Each strategy's forward+backward at a batch of ``counts`` boxes (each <= ``slots``), and with none: its
+    slots' cost (the time with no box) and its boxes' (the difference, a box)."""
+    batch, boxes = len(counts), int(counts.sum())
+    print(f"shapes: timing {len(names)} strategies at batch {batch} x {slots} slots here ({why}) ...", flush=True)
+    costs = []
+    for name in names:
+        empty = loss_ms(name, np.zeros_like(counts), slots, device)
+        full = loss_ms(name, counts, slots, device)
+        per_box = max(0.0, full - empty) / boxes if boxes else 0.0
+        measured = f"batch {batch} x {slots} slots, 0 and {boxes:,} boxes"
+        costs.append(Cost(name, empty / (batch * slots), per_box, measured))
+        print(f"  {name:<18} {empty:9.3f} ms without boxes, {full:9.3f} ms with {boxes:,}", flush=True)
+    source = f"timed here on {device_name(device)}, torch {torch.__version__} ({why})"
+    return Costs(source, costs)
+
+
+def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> float:
+    """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b, bf16 predictions
+    on a GPU (what autocast emits) and fp32 on the CPU."""
+    strategy = get_strategy(name)
+    generator = torch.Generator().manual_seed(len(counts))
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    boxes = random_boxes((len(counts), slots), generator, integer=True).to(torch.uint8)  # [B, M, 4]
+    targets = make_targets([boxes[b, :n] for b, n in enumerate(counts.tolist())], strategy.layout, slots)
+    pred = (boxes.double() + torch.randn(boxes.shape, generator=generator, dtype=torch.float64)).to(dtype)
+    pred = pred.to(device).requires_grad_()
+    _, forward_backward = loss_closures(strategy, pred, targets.to(device))
+    return event_ms(forward_backward, device, **QUICK).median
+
+
+def quick_strategies(requested: list[str], device: torch.device) -> tuple[list[str], list[str]]:
+    """The strategies the cheap timing runs (``requested``, or every one that runs here and is neither compiled, whose
+    first call compiles, nor emulated, whose times are an emulator's) and those it leaves out."""
+    if requested:
+        return list(requested), []
+    chosen, left = [], []
+    for name, strategy in STRATEGIES.items():
+        runs = not strategy.unavailable(device) and not strategy.emulated(device) and not strategy.compiled
+        (chosen if runs else left).append(name)
+    return chosen, left

@@ -1,0 +1,56 @@
+"""A run's data source in its record (detector/lab/record.py): where its boxes came from, and what its slots cut."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from detector.annotations import SYNTHETIC, counted, read_annotations
+from detector.lab.checked import need, optional
+
+
+@dataclass
+class DataSource:
+    """Where a run's boxes came from (``data.boxes``) and what the slots did to them (``data.over_max_boxes``):
+    ``truncated`` images held more boxes than the run's slots and lost their ``dropped`` smallest. The file's
+    counts are None for the synthetic faces, which are drawn on demand."""
+
+    boxes: str = SYNTHETIC
+    over_max_boxes: str = "truncate"
+    images: int | None = None  # the file's images
+    total_boxes: int | None = None  # the file's boxes
+    largest: int | None = None  # the most boxes an image of the file holds
+    truncated: int = 0
+    dropped: int = 0
+
+    @classmethod
+    def of(cls, data) -> DataSource:
+        """The source of a run's DataConfig (its file was read and checked when the configuration loaded)."""
+        if data.boxes == SYNTHETIC:
+            return cls(SYNTHETIC, data.over_max_boxes)
+        annotations = read_annotations(data.boxes)
+        truncated, dropped = annotations.over(data.max_boxes)
+        total, largest = int(annotations.counts.sum()), int(annotations.counts.max())
+        return cls(data.boxes, data.over_max_boxes, annotations.images, total, largest, truncated, dropped)
+
+    def describe(self) -> str:
+        """``widerface:gt.txt (12,880 images, 1,968 boxes at most; 21 images over the slots lost 3,512 boxes)``."""
+        if self.boxes == SYNTHETIC or self.images is None:
+            return self.boxes
+        cut = (
+            f"{counted(self.truncated, 'image')} over the slots lost {counted(self.dropped, 'box')}"
+            if self.truncated
+            else "none over the slots"
+        )
+        return f"{self.boxes} ({counted(self.images, 'image')}, {counted(self.largest, 'box')} at most; {cut})"
+
+    @classmethod
+    def parse(cls, data, where: str) -> DataSource:
+        need(data, dict, where)
+        counts = {k: optional(data, k, int, where) for k in ("images", "total_boxes", "largest")}
+        return cls(
+            boxes=need(data.get("boxes", SYNTHETIC), str, f"{where}.boxes"),
+            over_max_boxes=optional(data, "over_max_boxes", str, where, "truncate"),
+            truncated=optional(data, "truncated", int, where, 0),
+            dropped=optional(data, "dropped", int, where, 0),
+            **counts,
+        )

@@ -1,0 +1,208 @@
+"""`make shapes` (detector/lab/shapes.py, detector/lab/costs.py): the box-count histogram, the padding and the images
+over the slots of a dataset the test writes; the prediction from a bench losses result with known costs, or from a
+timing here; the check against profile runs over the same boxes, and where the two disagree."""
+
+import json
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+from annotation_helpers import widerface_counts, write_widerface
+from conftest import ROOT
+from lab_helpers import BUSY, QUIET, edit_summary, make_run
+
+from detector import cli
+from detector.bench.cases import sample_counts
+from detector.config import load_config
+from detector.lab import costs
+from detector.lab.shapes import histogram, predict, run_shapes
+
+SLOTS, BATCH = 32, 16
+# Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
+PER_SLOT = {"padded": 1e-3, "packed": 1e-4}
+PER_BOX = {"padded": 0.0, "packed": 2e-3}
+
+
+def bench_file(folder, device="cpu", slots=SLOTS, batch=BATCH, record_slots=False):
+    """A bench losses result, as `make bench` writes it, whose times follow PER_SLOT and PER_BOX exactly."""
+    results = []
+    for name in PER_SLOT:
+        for distribution in ("seed", "tail"):
+            boxes = int(sample_counts(distribution, batch, slots, torch.Generator().manual_seed(batch)).sum())
+            ms = PER_SLOT[name] * batch * slots + PER_BOX[name] * boxes
+            spread = {"median": ms, "low": ms, "high": ms, "n": 5}
+            results.append(
+                {"strategy": name, "layout": "x", "batch_size": batch, "distribution": distribution}
+                | {"valid_boxes": boxes, "forward_ms": spread, "forward_backward_ms": spread}
+            )
+    payload = {"device": device, "torch": "2.13.0", "target": "losses", "config": {}, "results": results}
+    payload |= {"max_boxes": slots} if record_slots else {}
+    (folder / "bench").mkdir(exist_ok=True)
+    (folder / "bench" / "losses.json").write_text(json.dumps(payload))
+    return folder / "bench" / "losses.json"
+
+
+@pytest.fixture
+def dataset(tmp_path):
+    counts = widerface_counts(images=300, seed=5, crowds=3)
+    return counts, f"widerface:{write_widerface(tmp_path / 'wider_like.txt', counts, seed=5)}"
+
+
+def shapes_config(tmp_path, source, *overrides):
+    return load_config(
+        ["preset=cpu", f"data.boxes={source}", f"data.max_boxes={SLOTS}", f"data.batch_size={BATCH}"]
+        + [f"bench.out={tmp_path / 'bench' / 'bench.json'}", f"profile.out_dir={tmp_path / 'runs' / 'profile'}"]
+        + list(overrides),
+        announce=None,
+    )
+
+
+def test_histogram_bins_split_at_the_slots():
+    counts = np.array([0, 0, 1, 2, 3, 5, 9, 33, 40, 600])
+    assert histogram(counts, 32) == [
+        [0, 0, 2],
+        [1, 1, 1],
+        [2, 3, 2],
+        [4, 7, 1],
+        [8, 15, 1],
+        [16, 31, 0],
+        [32, 32, 0],
+        [33, 63, 2],
+        [64, 127, 0],
+        [128, 255, 0],
+        [256, 511, 0],
+        [512, 600, 1],
+    ]
+    assert histogram(np.zeros(4, int), 8) == [[0, 0, 4]]
+
+
+def test_a_prediction_where_every_strategy_pays_for_the_slots_names_the_next_its_ties_and_padded():
+    found = [
+        costs.Cost("padded", 2e-3, 0.0, "-"),
+        costs.Cost("packed", 1.00e-3, 1e-6, "-"),
+        costs.Cost("cuda_conditional", 1.02e-3, 0.0, "-"),
+    ]
+    predicted = predict(found, slots=1000, boxes=100)  # packed 1.0001 ms, cuda_conditional 1.02, padded 2
+    assert predicted["strategy"] == "packed" and predicted["ties"] == ["cuda_conditional"]
+    assert [n for n, _, _ in predicted["ranking"]] == ["packed", "cuda_conditional", "padded"]
+    assert predicted["reason"] == (
+        "packed pays mostly for the slots: 1.00 µs a slot × 1,000 slots + 0.00100 µs a box × 100 boxes = 1.00 ms; "
+        "every strategy pays mostly for the slots here; the next, cuda_conditional: 1.02 µs a slot × 1,000 slots "
+        "+ 0 µs a box × 100 boxes = 1.02 ms; padded: 2.00 µs a slot × 1,000 slots + 0 µs a box × 100 boxes = 2.00 ms"
+    )
+    assert predict([], 1, 1) is None
+
+
+def test_the_shape_report_of_a_file_and_its_prediction_from_bench_losses(tmp_path, dataset, capsys):
+    counts, source = dataset
+    path = bench_file(tmp_path)
+    report = run_shapes(shapes_config(tmp_path, source))
+    kept = np.minimum(counts, SLOTS)
+    assert report["images"] == 300 and report["boxes"] == counts.sum() and report["max_boxes"] == SLOTS
+    assert sum(n for _, _, n in report["histogram"]) == 300
+    assert report["padding"] == pytest.approx(1 - kept.sum() / (300 * SLOTS))
+    assert report["over"] == {"images": 3, "dropped": int((counts - kept).sum())}
+    assert report["costs"]["file"] == str(path) and "cpu, torch 2.13.0" in report["costs"]["source"]
+    found = {c["strategy"]: c for c in report["costs"]["strategies"]}
+    for name in PER_SLOT:
+        assert found[name]["per_slot_ms"] == pytest.approx(PER_SLOT[name]) and found[name]["per_box_ms"] == (
+            pytest.approx(PER_BOX[name], abs=1e-12)
+        )
+    slots, boxes = BATCH * SLOTS, BATCH * kept.mean()
+    predicted = report["predicted"]
+    expected = {n: PER_SLOT[n] * slots + PER_BOX[n] * boxes for n in PER_SLOT}
+    assert predicted["strategy"] == min(expected, key=expected.get) == "packed"  # ~90 % of the slots are padding
+    assert [n for n, _, _ in predicted["ranking"]] == ["packed", "padded"]
+    assert predicted["reason"].startswith("packed pays mostly for the boxes: 0.100 µs a slot × 512 slots + 2.00 µs")
+    assert "; the fastest that pays mostly for the slots, padded: 1.00 µs a slot × 512 slots" in predicted["reason"]
+    assert predicted["ties"] == []
+    out = capsys.readouterr().out
+    assert "**Images over the slots**: 3 (1.00 %) hold more than 32 boxes: data.over_max_boxes=truncate drops" in out
+    assert "No profile run over this source at 32 slots, batch 16 on cpu" in out
+    (folder,) = (tmp_path / "runs" / "shapes" / "widerface-wider_like").iterdir()
+    assert {p.name for p in folder.iterdir()} == {"shapes.md", "shapes.json", "counts.png"}
+    assert (folder / "counts.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_bench_file_of_another_device_is_not_used_and_the_timing_here_says_so(tmp_path, dataset):
+    _, source = dataset
+    bench_file(tmp_path, device="NVIDIA H100 80GB HBM3")
+    report = run_shapes(shapes_config(tmp_path, source, "bench.strategies=[padded,packed]"))
+    assert report["costs"]["file"] is None
+    assert report["costs"]["source"].startswith("timed here on cpu, torch ")
+    assert "is of NVIDIA H100 80GB HBM3, and this run is on cpu" in report["costs"]["source"]
+    assert [c["strategy"] for c in report["costs"]["strategies"]] == ["padded", "packed"]
+    assert all(c["per_slot_ms"] > 0 and c["per_box_ms"] >= 0 for c in report["costs"]["strategies"])
+
+
+def test_a_bench_files_slots_are_those_it_records_or_that_its_cases_tell(tmp_path):
+    found, why = costs.from_bench(bench_file(tmp_path, slots=256, batch=1024), "cpu", 1024, 64)
+    assert not why and "batch 1024 x 256 slots" in found.source  # at batch 1024 only 256 draws its boxes
+    # at batch 64 a tail case of ~one crowd image draws the same boxes at 160, 256 and 406 slots: the run's decide
+    path = bench_file(tmp_path, slots=256, batch=64)
+    assert "x 256 slots" in costs.from_bench(path, "cpu", 64, 256)[0].source
+    assert costs.from_bench(path, "cpu", 64, 64) == (
+        None,
+        f"{path} does not say its slots; its cases fit 3 slot counts ([160, 256, 406]), not 64",
+    )
+    recorded = costs.from_bench(bench_file(tmp_path, slots=256, batch=64, record_slots=True), "cpu", 64, 64)[0]
+    assert "x 256 slots" in recorded.source
+
+
+def profiled(root, strategy, stamp, source, scale, slots=SLOTS, batch=BATCH, noise=QUIET):
+    """A CPU profile run over ``source``, its steps ``scale`` times the recorded ones."""
+    run = make_run(root, strategy, stamp, gpu=False, batch_size=batch, scale=scale, noise=noise)
+
+    def change(summary):
+        summary["max_boxes"], summary["data"] = slots, {"boxes": source, "over_max_boxes": "truncate"}
+
+    edit_summary(run, change)
+    return run
+
+
+def test_the_check_against_profiles_over_the_same_boxes(tmp_path, dataset, monkeypatch):
+    _, source = dataset
+    bench_file(tmp_path)  # predicts packed
+    root = tmp_path / "runs" / "profile"
+    profiled(root, "padded", "20261122-030000", source, scale=1.0, noise=BUSY)
+    profiled(root, "packed", "20261122-030000", source, scale=2.0)  # measured twice as slow: a disagreement
+    profiled(root, "packed", "20261122-020000", source, scale=0.5)  # older: not the one read
+    profiled(root, "padded", "20261122-040000", "synthetic", scale=9.0)  # newer, but over other boxes
+    profiled(root, "cuda_fused", "20261122-030000", source, scale=0.4, slots=64)  # other slots
+    monkeypatch.chdir(tmp_path)  # the same file, named by a relative path
+    relative = f"widerface:{source.partition(':')[2].removeprefix(str(tmp_path) + '/')}"
+    report = run_shapes(shapes_config(tmp_path, relative))
+    check = report["measured"]
+    assert set(check["runs"]) == {"padded", "packed"} and check["fastest"] == ["padded"]
+    assert check["runs"]["padded"][1].endswith("padded/20261122-030000")
+    assert check["disagreements"] == [["packed", "padded", pytest.approx(2.0)]]
+    markdown = next((tmp_path / "runs" / "shapes").rglob("shapes.md")).read_text()
+    assert "**The prediction disagrees**: measured fastest padded, predicted packed." in markdown
+    assert "- predicted packed faster than padded; measured padded 2× faster" in markdown
+    assert "Noisy runs (padded): their times may not hold on a quiet machine." in markdown
+    assert "| packed | 202 [201–203] | quiet |" in markdown
+
+    profiled(root, "packed", "20261122-050000", source, scale=0.5)  # a newer packed run: now it agrees
+    again = run_shapes(shapes_config(tmp_path, relative))
+    assert again["measured"]["fastest"] == ["packed"] and again["measured"]["disagreements"] == []
+
+
+def test_the_shapes_command_and_its_make_target(tmp_path, dataset, capsys):
+    _, source = dataset
+    bench_file(tmp_path)
+    args = ["shapes", source, "preset=cpu", f"data.max_boxes={SLOTS}", f"bench.out={tmp_path / 'bench' / 'x.json'}"]
+    assert cli.main(args + [f"profile.out_dir={tmp_path / 'runs' / 'profile'}"]) == 0
+    assert "# Shapes of widerface:" in capsys.readouterr().out
+    assert cli.main(["shapes", "voc:x.xml", "preset=cpu"]) == 2
+    assert "error: data.boxes='voc:x.xml' is out of range: allowed synthetic, coco:" in capsys.readouterr().err
+    assert cli.main(["shapes", "preset=cpu", "train.steps=3"]) == 2  # a section shapes does not read
+    dry = subprocess.run(["make", "-n", "shapes", f"BOXES={source}", "PY=python3"], cwd=ROOT, capture_output=True)
+    assert f"python3 -m detector shapes data.boxes={source}" in dry.stdout.decode()
+
+
+def test_the_synthetic_faces_have_a_shape_too(tmp_path):
+    report = run_shapes(shapes_config(tmp_path, "synthetic", "bench.strategies=[padded]", "data.tail_fraction=0"))
+    assert report["images"] == 20_000 and report["over"]["images"] == 0
+    assert 1.7 < report["boxes"] / report["images"] < 2.1  # floor(|N(0, 3)|): ~1.9 an image
+    assert report["predicted"]["strategy"] == "padded"

@@ -1,0 +1,200 @@
+"""Strategies from outside the package (detector/losses/registry.py): ``my_module:my_loss`` and the entry points of
+``detector.strategies``, their errors, the configuration's check, and per_box_loss (detector/losses/per_box.py)."""
+
+import importlib.metadata
+import itertools
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import ROOT, child_env
+
+from detector.bench.cases import random_case
+from detector.config import load_config
+from detector.losses import (
+    STRATEGIES,
+    KnownStrategies,
+    get_strategy,
+    giou_loss_reference,
+    per_box_loss,
+    registry,
+)
+from detector.losses.geometry import giou_loss_per_box
+from detector.losses.registry import OutsideStrategyError
+from detector.targets import make_targets
+
+NUMBER = itertools.count()
+GIOU_FILE = """
+from detector.losses import per_box_loss
+from detector.losses.geometry import giou_loss_per_box
+
+
+def giou(pred, target):
+    \"\"\"GIoU, box by box, from a file of the user's\"\"\"
+    return giou_loss_per_box(pred, target)
+
+
+loss = per_box_loss(giou)
+raw = lambda pred, targets: loss(pred, targets)
+raw.layout = "padded"
+no_layout = lambda pred, targets: loss(pred, targets)
+number = 3
+"""
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """The folder a user runs from, with their module in it; what a test registers or imports is removed after it."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # restores sys.path after, the registry's addition included
+    before, modules = set(STRATEGIES), set(sys.modules)
+    yield tmp_path
+    for name in set(STRATEGIES) - before:
+        del STRATEGIES[name]
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
+
+
+def user_module(folder, text: str = GIOU_FILE) -> str:
+    """A module of the user's, under a name no other test imported."""
+    name = f"user_loss_{next(NUMBER)}"
+    (folder / f"{name}.py").write_text(textwrap.dedent(text))
+    return name
+
+
+def test_module_attribute_registers_under_that_name_with_its_layout_and_reference(user_dir):
+    module = user_module(user_dir)
+    strategy = get_strategy(f"{module}:loss")
+    assert STRATEGIES[f"{module}:loss"] is strategy and strategy.name == f"{module}:loss"
+    assert strategy.layout == "padded" and strategy.description == "GIoU, box by box, from a file of the user's"
+    assert strategy.reference is not None and get_strategy(f"{module}:loss") is strategy  # imported once
+    pred, boxes = random_case(7, 16, "seed", seed=1)
+    targets = make_targets(boxes, "padded", 16)
+    torch.testing.assert_close(strategy(pred, targets), giou_loss_reference(pred, targets))
+    raw = get_strategy(f"{module}:raw")
+    assert raw.layout == "padded" and raw.reference is None  # no reference: the contract's GIoU
+    assert raw.description == f"{module}:raw, from outside the package"
+
+
+def test_a_strategy_object_is_registered_under_the_name_it_was_asked_by(user_dir):
+    module = user_module(
+        user_dir,
+        """
+        from detector.losses import STRATEGIES
+        mine = STRATEGIES["packed"]
+        """,
+    )
+    strategy = get_strategy(f"{module}:mine")
+    assert strategy.name == f"{module}:mine" and strategy.fn is STRATEGIES["packed"].fn and strategy.layout == "packed"
+
+
+@pytest.mark.parametrize(
+    "attribute,match",
+    [
+        ("no_layout", r"<lambda>.layout is None; set it to the targets it takes, one of list, padded, packed"),
+        ("number", r"is a int, expected a loss function"),
+        ("missing", r"has no 'missing' \(it defines giou, giou_loss_per_box, loss, no_layout, per_box_loss, raw\)"),
+    ],
+)
+def test_what_is_not_a_loss_is_one_line(user_dir, attribute, match):
+    module = user_module(user_dir)
+    with pytest.raises(OutsideStrategyError, match=match):
+        get_strategy(f"{module}:{attribute}")
+    assert f"{module}:{attribute}" not in STRATEGIES
+
+
+def test_a_module_that_cannot_be_imported_says_why_and_where(user_dir):
+    with pytest.raises(OutsideStrategyError, match=r"'nowhere_at_all:loss': no module nowhere_at_all \(a nowhere"):
+        get_strategy("nowhere_at_all:loss")
+    broken = user_module(user_dir, "import math\n\nx = undefined_name + 1\n")
+    with pytest.raises(OutsideStrategyError, match=rf"importing {broken} failed: NameError: .*\({broken}.py, line 3\)"):
+        get_strategy(f"{broken}:loss")
+    missing = user_module(user_dir, "import not_installed_package_xyz\n")
+    with pytest.raises(OutsideStrategyError, match="ModuleNotFoundError: No module named 'not_installed_package_xyz'"):
+        get_strategy(f"{missing}:loss")
+    with pytest.raises(OutsideStrategyError, match=r"name a module and its attribute, my_module:my_loss"):
+        get_strategy("some/where/mine.py:loss")
+
+
+def test_an_unknown_name_mentions_a_loss_of_ones_own():
+    with pytest.raises(KeyError, match=r"valid strategies: loop, .* or my_module:my_loss"):
+        get_strategy("ciou")
+
+
+def test_entry_points_of_installed_packages_register_under_their_names(user_dir, monkeypatch):
+    module = user_module(user_dir)
+    points = [
+        importlib.metadata.EntryPoint("ciou_like", f"{module}:loss", registry.ENTRY_POINTS),
+        importlib.metadata.EntryPoint("broken", f"{module}:missing", registry.ENTRY_POINTS),
+    ]
+    found = lambda group: points if group == "detector.strategies" else []  # noqa: E731
+    monkeypatch.setattr(registry.importlib.metadata, "entry_points", found)
+    assert get_strategy("ciou_like").name == "ciou_like" and "ciou_like" in STRATEGIES
+    with pytest.raises(OutsideStrategyError, match=rf"'broken' \({module}:missing, entry point of detector.strateg"):
+        get_strategy("broken")
+    points.pop()
+    assert "ciou_like" in list(KnownStrategies()) and len(KnownStrategies()) == len(STRATEGIES)
+
+
+def test_the_configuration_takes_a_strategy_from_outside_and_refuses_a_broken_one(user_dir):
+    module = user_module(user_dir)
+    cfg = load_config(["preset=cpu", f"profile.strategy={module}:loss"], announce=None, strategies=KnownStrategies())
+    assert cfg.profile.strategy == f"{module}:loss" and f"{module}:loss" in STRATEGIES
+    with pytest.raises(OutsideStrategyError, match="has no 'lost'"):
+        load_config(["preset=cpu", f"bench.strategies=[padded,{module}:lost]"], strategies=KnownStrategies())
+    with pytest.raises(ValueError, match="profile.strategy='ciou' is out of range: allowed one of loop, concat"):
+        load_config(["preset=cpu", "profile.strategy=ciou"], announce=None, strategies=KnownStrategies())
+
+
+# ----------------------------------------------------------------------------- per_box_loss
+
+
+def test_per_box_loss_keeps_the_contract_around_any_term():
+    loss = per_box_loss(lambda p, t: giou_loss_per_box(p, t) + 1 / (p[..., 2] - p[..., 0]))  # infinite at zero width
+    assert loss.layout == "padded" and loss.description.startswith("the mean of <lambda>")
+    pred, boxes = random_case(5, 12, "seed", torch.bfloat16, seed=4)  # padded slots NaN
+    targets = make_targets(boxes, "padded", 12)
+    p = pred.clone().requires_grad_()
+    value = loss(p, targets)
+    value.backward()
+    assert value.dtype == torch.float32 and p.grad.dtype == torch.bfloat16
+    valid = torch.arange(12) < targets.counts[:, None]
+    assert torch.isfinite(value) and torch.all(p.grad[~valid] == 0) and torch.isfinite(p.grad).all()
+    empty = make_targets([torch.zeros(0, 4)] * 5, "padded", 12)
+    zero = loss(p, empty)
+    zero.backward()
+    assert zero.item() == 0.0 and zero.requires_grad
+    assert loss.reference(pred.double(), targets).dtype == torch.float64
+
+
+def test_the_contract_grid_fails_a_loss_that_lets_padding_in(user_dir):
+    """The documented entry (pytest --strategy) on a loss that multiplies by the mask instead of selecting: the
+    NaN of padded slots reaches the loss, and the grid says so."""
+    module = user_module(
+        user_dir,
+        """
+        from detector.losses.geometry import giou_loss_per_box
+
+
+        def leaky(pred, targets):
+            boxes, counts = targets
+            valid = (torch.arange(pred.shape[1]) < counts[:, None]).float()
+            return (giou_loss_per_box(pred, boxes) * valid).sum() / valid.sum().clamp(min=1)
+
+
+        import torch
+        leaky.layout = "padded"
+        """,
+    )
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "7-seed", "-x"]
+    command += [str(ROOT / "tests/losses/test_strategies.py"), "--strategy", f"{module}:leaky"]
+    result = subprocess.run(command, cwd=user_dir, env=child_env(), capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stdout[-2000:]
+    assert "1 failed" in result.stdout and f"{module}:leaky" in result.stdout
+    command[-1] = "nowhere_at_all:loss"
+    unknown = subprocess.run(command, cwd=user_dir, env=child_env(), capture_output=True, text=True)
+    assert unknown.returncode == 4 and "--strategy nowhere_at_all:loss: strategy 'nowhere_at_all:loss': no module" in (
+        unknown.stderr
+    )
