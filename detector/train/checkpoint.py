@@ -34,6 +34,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
+from detector.config import Config
 from detector.errors import UserError
 from detector.model import BlockedLinear
 
@@ -66,12 +67,16 @@ def fingerprint(cfg: DictConfig, world_size: int) -> dict:
     }
 
 
-def differences(saved: dict, now: dict, prefix: str = "") -> list[str]:
+def differences(saved: dict, now: dict, prefix: str = "", defaults: dict | None = None) -> list[str]:
+    """What differs between a checkpoint's fingerprint and the run's. A setting the checkpoint does not name (it
+    was added after the checkpoint was written) is the same where the run leaves it at its default."""
+    defaults = fingerprint(OmegaConf.structured(Config), 1) if defaults is None else defaults
     out = []
     for key in sorted(set(saved) | set(now)):
-        a, b = saved.get(key, "<missing>"), now.get(key, "<missing>")
+        default = defaults.get(key, "<missing>") if isinstance(defaults, dict) else "<missing>"
+        a, b = saved.get(key, default), now.get(key, "<missing>")
         if isinstance(a, dict) and isinstance(b, dict):
-            out += differences(a, b, f"{prefix}{key}.")
+            out += differences(a, b, f"{prefix}{key}.", default if isinstance(default, dict) else {})
         elif a != b:
             out.append(f"{prefix}{key}: {a!r} in the checkpoint, {b!r} now")
     return out
