@@ -27,7 +27,8 @@ from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
-from detector.train.step import lr_factor, shard_refusal, speed_option_refusal
+from detector.train.sharding import shard_refusal
+from detector.train.step import lr_factor, speed_option_refusal
 
 # ----------------------------------------------------------------------------- checkpoints
 
