@@ -1,5 +1,5 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
-#   make profile STRATEGY=padded [MODE=train|forward] [ARGS="data.batch_size=256"]
+#   make profile STRATEGY=padded [MODE=train|forward] [NPROC=N] [ARGS="data.batch_size=256"]
 #   make bench [TARGET=losses|kernels|layers|blocks|step] [ARGS="bench.repeats=50"]
 #   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | lint
 #   make curves RUNS="runs/train/<experiment>/<run> ..."
@@ -98,8 +98,14 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 test: $(SETUP)
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
+# NPROC=N: N processes under torchrun, the step `make train NPROC=N` runs; each rank records its own run (<time>/rank<r>).
 profile: $(SETUP)
+ifeq ($(NPROC),1)
 	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(ARGS)
+else
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) \
+		-m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(ARGS)
+endif
 
 compare: $(SETUP)
 	$(PY) -m detector compare $(RUNS)
