@@ -118,6 +118,10 @@ class ReportConfig:
     train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
     train_steps: int = ranged(40, 11)  # past train's first 5 untimed steps and its first log window
     short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: ~1 s a step at seed scale
+    # the scaling table (detector/bench/sharding.py: <out_dir>/<device>-x<N>.md): each train.shard_optimizer on 2, 4
+    # ... processes up to this many, against one; 0 = one per visible GPU (one GPU or none: no table). On the CPU,
+    # gloo processes
+    processes: int = ranged(0, 0)
     # replace a committed <out_dir>/<device>.md with a report whose runs the noise check flags (a busy machine):
     # false keeps the committed one and leaves the new report in the run folder
     force: bool = False

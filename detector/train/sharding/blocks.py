@@ -1,5 +1,15 @@
 """``train.shard_optimizer=blocks``: ZeRO stage 1 for the head's blocks under DDP, our own (``ShardedBlocks``), and
-the checkpoint state it gathers onto rank 0 (``BlockStates``)."""
+the checkpoint state it gathers onto rank 0 (``BlockStates``).
+
+Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters at seed
+scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the all-gather together
+move the same bytes as that all-reduce. ``python -m detector.bench.sharding run`` measures it against plain DDP
+and torch's engines.
+
+Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the ranks of
+their own blocks' squared norms, one scalar all-reduce with no host wait (``ShardedBlocks.clip``). Checkpoints
+keep one process's layout (``BlockStates``), so a run resumes whatever saved it.
+"""
 
 from __future__ import annotations
 
@@ -42,15 +52,6 @@ class ShardedBlocks(Replicated):
       on NCCL's stream while the next step copies its batch and runs the conv blocks; the layer's forward
       waits for it after computing this rank's own blocks (BlockedLinear.order and before_block), as does
       anything else that reads the weights (``wait_weights``).
-
-    Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters
-    at seed scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the
-    all-gather together move the same bytes as that all-reduce. ``make train EXPERIMENT=seed_scale NPROC=2``
-    with ``train.shard_optimizer=off`` and with the default measures the difference.
-
-    Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the
-    ranks of their own blocks' squared norms, one scalar all-reduce with no host wait (``clip``).
-    Checkpoints keep one process's layout (``BlockStates``), so a run resumes whatever saved it.
     """
 
     def __init__(self, model: torch.nn.Module, layers: dict, world_size: int, device: torch.device, cfg=None):
@@ -134,7 +135,6 @@ class ShardedBlocks(Replicated):
         dist.all_reduce(squares)  # the sum over the ranks of their blocks' squared norms
         total = (torch.nn.utils.get_total_norm(trunk).square() + squares).sqrt()
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
-        return None
 
     def gather_weights(self) -> None:
         """Send this rank's updated rows to every rank, without waiting (see ``wait_weights``)."""
@@ -147,9 +147,6 @@ class ShardedBlocks(Replicated):
         for work in self.weight_works:
             work.wait()
         self.weight_works.clear()
-
-    def model_state(self) -> dict:
-        return self.model.state_dict()  # every rank holds the whole model once wait_weights has run
 
     def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
         return self.states.gather(optimizer)

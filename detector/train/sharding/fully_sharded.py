@@ -93,7 +93,6 @@ class FullyShardedModel(Replicated):
     def clip(self, max_norm: float, one_pass: bool) -> None:
         """The whole model's gradient norm, clipped in place (the DTensor norm reduces over the shards)."""
         torch.nn.utils.clip_grad_norm_(self.owned, max_norm)
-        return None
 
     def options(self, gather: bool):
         # gather: the whole state onto rank 0's CPU memory only; load: every rank holds the whole state it read
