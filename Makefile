@@ -1,5 +1,5 @@
 # Every user command is a target here; the README lists them. Targets set themselves up on first use.
-#   make profile STRATEGY=padded [MODE=train|forward] [BOXES=widerface:gt.txt] [ARGS="data.batch_size=256"]
+#   make profile STRATEGY=padded [MODE=train|forward] [NPROC=N] [BOXES=widerface:gt.txt] [ARGS="data.batch_size=256"]
 #   make shapes [BOXES=coco:instances.json|widerface:gt.txt] [ARGS="data.max_boxes=512"]
 #   make bench [TARGET=losses|kernels|layers|blocks|step] [ARGS="bench.repeats=50"]
 #   make compare [RUNS="runs/profile/padded/<time> ..."] | report | train EXPERIMENT=... | test | test-all | lint
@@ -110,8 +110,14 @@ test: $(SETUP)
 test-all: $(SETUP)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
 
+# NPROC=N: N processes under torchrun, the step `make train NPROC=N` runs; each rank records its own run (<time>/rank<r>).
 profile: $(SETUP)
+ifeq ($(NPROC),1)
 	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
+else
+	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) \
+		-m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
+endif
 
 # The shape of a dataset's targets: box counts, padding at the slots, the strategy predicted fastest, and where
 # the profiles over the same boxes disagree with it.

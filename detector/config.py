@@ -133,6 +133,10 @@ class ReportConfig:
     train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
     train_steps: int = ranged(40, 11)  # past train's first 5 untimed steps and its first log window
     short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: ~1 s a step at seed scale
+    # the scaling table (detector/bench/sharding.py: <out_dir>/<device>-x<N>.md): each train.shard_optimizer on 2, 4
+    # ... processes up to this many, against one; 0 = one per visible GPU (one GPU or none: no table). On the CPU,
+    # gloo processes
+    processes: int = ranged(0, 0)
     # replace a committed <out_dir>/<device>.md with a report whose runs the noise check flags (a busy machine):
     # false keeps the committed one and leaves the new report in the run folder
     force: bool = False
@@ -178,11 +182,12 @@ class TrainConfig:
     # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
     # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
     float8: bool = False
-    # several processes: blocks = ZeRO stage 1 for the head's blocks under DDP (train/distributed.py,
-    # ShardedBlocks): each process keeps AdamW's state of, and updates, only its own blocks; fsdp2 = the model
-    # under torch's fully_shard (FullyShardedModel): parameters, gradients and AdamW's state sharded; off =
-    # every process updates the whole model after an all-reduce of every gradient. true/false: blocks/off
-    shard_optimizer: str = ranged("blocks", choices=("blocks", "fsdp2", "off"))
+    # several processes (train/sharding/): blocks = our ZeRO stage 1 for the head's blocks under DDP (ShardedBlocks):
+    # each process keeps AdamW's state of, and updates, only its own blocks; fsdp2 = the model under torch's
+    # fully_shard (FullyShardedModel): parameters, gradients and AdamW's state sharded; zero = torch's
+    # ZeroRedundancyOptimizer over DDP (ZeroOverDDP); off = every process updates the whole model after an
+    # all-reduce of every gradient. true/false: blocks/off. `python -m detector.bench.sharding` measures them
+    shard_optimizer: str = ranged("blocks", choices=("blocks", "fsdp2", "zero", "off"))
     # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
     # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
     # then torch's fused AdamW, then autocast's cast of every weight at the next forward (`make bench-step` times both)

@@ -7,9 +7,10 @@ Every measure is defined once, in detector/lab/measures.py. How a region's measu
   profiled process (the autograd engine launches the backward from its own threads, whatever they are
   named). Each is counted in exactly one of the regions, "other" included, so counts add up to the step.
 - Device side: a kernel, copy or memset belongs to the region whose call launched it (the trace links
-  them by a correlation id), whenever it ran. The host runs ahead of the device as in training, so a
-  region's GPU ms may run long after its wall time has ended; the step's GPU idle share is the part of
-  its wall time in which the device ran nothing at all.
+  them by a correlation id), whenever it ran; so does a collective (an NCCL kernel), whose time, bytes and
+  the share of it that other kernels ran beside (``comm_*``) are measured apart as well. The host runs
+  ahead of the device as in training, so a region's GPU ms may run long after its wall time has ended; the
+  step's GPU idle share is the part of its wall time in which the device ran nothing at all.
 
 ``check_steps`` tests what must hold whatever the strategy, and returns a warning for each violation
 (never a silent number): the regions and "other" add up to the step, every region with kernels has
@@ -35,6 +36,8 @@ from detector.lab.trace import (
     Trace,
     busy_us,
     call_range,
+    covered_us,
+    is_collective,
     is_sync,
     load_trace,
     merge_intervals,
@@ -56,6 +59,7 @@ def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]]
     for name in ("wall_ms", "runtime_ms", "sync_wait_ms"):
         out[name] = total[name] / 1e3  # µs -> ms
     out["gpu_ms"] = merge_intervals(sorted(launched, key=lambda g: (g.ts, g.end)))[2][-1] / 1e3
+    out.update(_communication(trace, launched))
     out["gpu_idle_share"] = out["device_step_ms"] = None  # the step's alone (measure_steps sets the period)
     if whole_step and out["wall_ms"] > 0:
         (start, end), *_ = spans
@@ -63,6 +67,19 @@ def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]]
     if not trace.has_gpu:
         out.update({name: None for name, m in MEASURES.items() if m.gpu_only})
     return out
+
+
+def _communication(trace: Trace, launched: list) -> dict:
+    """comm_ms, comm_bytes and comm_hidden_share of the collectives among ``launched`` (measures.py)."""
+    collectives = sorted((g for g in launched if is_collective(g)), key=lambda g: (g.ts, g.end))
+    merged = merge_intervals(collectives)
+    comm_us = merged[2][-1]
+    hidden_us = sum(covered_us(trace.compute, start, end) for start, end in zip(merged[0], merged[1], strict=True))
+    return {
+        "comm_ms": comm_us / 1e3,
+        "comm_bytes": sum(trace.message_bytes.get(g, 0) for g in collectives),
+        "comm_hidden_share": hidden_us / comm_us if comm_us else None,
+    }
 
 
 def _count_calls(trace: Trace, tid, start: float, end: float, out: Counter, launched: list) -> None:

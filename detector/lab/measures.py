@@ -131,6 +131,31 @@ MEASURES: dict[str, Measure] = {
             "article's protocol makes the host wait (not counted in syncs or CUDA API ms)",
             gpu_only=True,
         ),
+        Measure(
+            "comm_ms",
+            "comm ms",
+            "ms",
+            "device time of the collectives (NCCL's kernels: gradient reduces, weight gathers, broadcasts) the "
+            "region launched, whenever they ran (overlapping ones counted once): the communication between the "
+            "GPUs, on a run of several",
+            gpu_only=True,
+        ),
+        Measure(
+            "comm_bytes",
+            "comm bytes",
+            "bytes",
+            "the messages of those collectives where the trace gives their size: each one's larger of input and "
+            "output (an all-gather's output, a reduce-scatter's input), as NCCL's own tests count a size",
+            gpu_only=True,
+        ),
+        Measure(
+            "comm_hidden_share",
+            "comm hidden",
+            "share",
+            "the share of those collectives' device time in which a compute kernel ran beside them on another "
+            "stream: the communication the compute hid. What is not hidden, the step waits for",
+            gpu_only=True,
+        ),
     )
 }
 

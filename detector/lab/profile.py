@@ -9,7 +9,10 @@ as it does in training (``profile.sync_regions=true`` ends each region in a devi
 the article's protocol). Then ``profile.timed`` more steps run with neither profiler nor regions: the step
 as training runs it, which the profiled step is checked against.
 
-Each run gets its own folder, ``<profile.out_dir>/<strategy>[-forward]/<YYYYmmdd-HHMMSS>/``:
+Each run gets its own folder, ``<profile.out_dir>/<strategy>[-forward]/<YYYYmmdd-HHMMSS>/``; under torchrun
+(`make profile NPROC=2`) the step is the one `make train NPROC=2` runs (the processes share the model as
+train.shard_optimizer says, each rank reads its block of every global batch), and each rank records its own
+run in ``<YYYYmmdd-HHMMSS>/rank<r>/`` (`make compare RUNS="<time>/rank0 <time>/rank1"` sets them side by side):
 
     trace/           the gzipped Kineto trace, alone (HolisticTraceAnalysis and Perfetto open the folder)
     summary.json     the run record (detector/lab/record.py): its facts; per region, the spread over the
@@ -24,11 +27,12 @@ Every run records the machine's noise (detector/lab/noise.py): the CPU cores oth
 a moment before the run, during it and for a moment after, and how widely its timed steps spread. `make
 compare` and `make report` flag a noisy run instead of comparing its times as if the machine were quiet.
 
-A failed run removes only its own new folder; older runs are never touched.
+A failed run removes only its own new folder (a rank, its rank's); older runs are never touched.
 """
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import time
 from datetime import datetime, timezone
@@ -36,10 +40,11 @@ from itertools import pairwise
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from detector.config import device_name, resolve_device
-from detector.data import build_loader
+from detector.config import device_name
+from detector.data import build_loader, rank_loader
 from detector.lab import analysis, extract
 from detector.lab.noise import LoadMeter
 from detector.lab.record import Extract, Noise, ProfileRecord, Timed, write_extract, write_summary
@@ -47,34 +52,59 @@ from detector.lab.source import DataSource
 from detector.lab.text import run_card
 from detector.lab.trace import load_trace
 from detector.losses import get_strategy
+from detector.train import distributed
+from detector.train.distributed import DistEnv
 from detector.train.folders import new_run_dir
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
 
 
 def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
-    """Profile the config's training step; returns the run folder, its record and its step extract."""
+    """Profile the config's training step; returns the run folder, its record and its step extract (this rank's,
+    under torchrun)."""
+    cfg = OmegaConf.merge(cfg, {"train": {"strategy": cfg.profile.strategy}})
+    env, device = distributed.setup(cfg)  # one process: no group, the config's device
+    try:
+        return profile_rank(cfg, env, device)
+    finally:
+        distributed.teardown(env)
+
+
+def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[Path, ProfileRecord, Extract]:
     pcfg = cfg.profile
-    device = resolve_device(cfg)
-    cfg = OmegaConf.merge(cfg, {"train": {"strategy": pcfg.strategy}})
-    step = TrainStep(cfg, device)  # the training step of this config; refuses a strategy that cannot run here
+    step = TrainStep(cfg, device, env.world_size)  # the training step of this config; refuses what cannot run here
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
-    run_dir = new_run_dir(Path(pcfg.out_dir) / folder)
+    run_dir = rank_run_dir(Path(pcfg.out_dir) / folder, env)
     try:
         meter = LoadMeter()
         before = meter.sample()
         meter.start()
-        trace, timed = profile_steps(step, cfg, device, run_dir / "trace")
+        trace, timed = profile_steps(step, cfg, device, run_dir / "trace", env)
         noise = Noise(meter.cores, before, meter.stop(), meter.sample(), Timed.of(timed).step_ms.relative_iqr())
         record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
+        if env.world_size > 1 and env.is_main:
+            with contextlib.suppress(OSError):
+                run_dir.parent.rmdir()  # the run's folder, once no rank's is left in it
         raise
     print(run_card(record))
     return run_dir, record, steps_extract
 
 
-def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path) -> tuple[Path, list]:
+def rank_run_dir(parent: Path, env: DistEnv) -> Path:
+    """A new ``parent/<time>/``, or under torchrun ``parent/<time>/rank<r>/``: rank 0 picks the time, every rank
+    makes its own folder in it."""
+    if env.world_size == 1:
+        return new_run_dir(parent)
+    name = [new_run_dir(parent).name if env.is_main else None]
+    dist.broadcast_object_list(name, src=0)
+    run_dir = parent / name[0] / f"rank{env.rank}"
+    run_dir.mkdir()
+    return run_dir
+
+
+def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path, env: DistEnv):
     """Run wait + warmup + active steps under the profiler, then ``profile.timed`` steps without it;
     returns the trace file and the timed steps' wall ms."""
     pcfg = cfg.profile
@@ -84,10 +114,15 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
         f"profiling {step.strategy.name} ({step.strategy.description}), mode={pcfg.mode}, "
         f"device={device_name(device)}, batch {cfg.data.batch_size} x {cfg.data.image_size}px, "
         f"{cfg.data.max_boxes} slots, {total} steps (wait {pcfg.wait}, warmup {pcfg.warmup}, active {pcfg.active})"
+        + (f", rank {env.rank} of {env.world_size} ({step.sharing.description})" if env.world_size > 1 else "")
         + (", regions synchronised (profile.sync_regions)" if step.regions.sync else "")
         + (f", then {pcfg.timed} timed without the profiler" if pcfg.timed else "")
     )
-    batches = iter(build_loader(cfg.data, step.strategy.layout, device))
+    layout = step.strategy.layout
+    if env.world_size == 1:
+        batches = iter(build_loader(cfg.data, layout, device))
+    else:  # this rank's block of each global batch, as in training
+        batches = iter(rank_loader(cfg.data, layout, device, env.rank, env.world_size, 0, total + pcfg.timed))
     with make_profiler(pcfg, trace_dir, device, step.strategy.name) as prof:
         for i in range(total):
             step.regions.active = i >= pcfg.wait

@@ -9,7 +9,10 @@ exact command and each part starts from a clean process):
 3. ``train``: ``report.train_steps`` steps of each of ``report.train_strategies``, whose measured step the
    profiles must agree with;
 4. ``bench losses`` (on a GPU at batch 1024 and 16384), and on a GPU also ``bench kernels`` and ``bench step``.
-   Its "which strategy should I use?" table opens the document.
+   Its "which strategy should I use?" table opens the document;
+5. on a machine of several GPUs (or ``report.processes`` of them), the scaling table (detector/bench/sharding.py):
+   every train.shard_optimizer on 2 and 4 ... GPUs against one, launched with torchrun, into its own document
+   ``<report.out_dir>/<device>-x<N>.md``, which the report links.
 
 Every override given to `make report` (``ARGS="preset=seed_scale"``) goes to each part that reads its
 config section. The runs go to ``<report.work_dir>/<device>/current/``; a part whose output is there
@@ -53,15 +56,16 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass
 class Part:
-    """One command of the report: what it is, its arguments after ``python -m detector``, and the file
+    """One command of the report: what it is, its arguments after ``python -m <module>``, and the file
     that exists once it has run."""
 
     title: str
     args: list[str]
     done: Path
+    module: str = "detector"
 
     def command(self) -> str:
-        return "python -m detector " + " ".join(quote(a) for a in self.args)
+        return f"python -m {self.module} " + " ".join(quote(a) for a in self.args)
 
 
 def quote(arg: str) -> str:
@@ -214,6 +218,10 @@ def plan(cfg, device, work: Path, strategies: list[str], overrides: list[str], s
         if target == "losses" and device.type == "cuda" and not any(a.startswith("bench.batch_sizes=") for a in args):
             args.append(f"bench.batch_sizes=[{','.join(map(str, GPU_BATCHES))}]")
         parts.append(Part(f"bench {target}", args, work / "bench" / f"{target}.md"))
+    if rcfg.processes > 1 or (not rcfg.processes and device.type == "cuda" and torch.cuda.device_count() > 1):
+        # its runs and its document in the report's folder; write_document copies the document out
+        args = ["run", f"--work={work / 'scaling'}", *overrides, f"report.out_dir={work / 'scaling'}"]
+        parts.append(Part("scaling", args, work / "scaling" / "done", module="detector.bench.sharding"))
     return parts
 
 
@@ -221,7 +229,7 @@ def run_part(part: Part, log: Path) -> None:
     """Run one part, its output shown and kept in ``log``; a failure stops the report in one line."""
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", "detector", *part.args],
+            [sys.executable, "-m", part.module, *part.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -289,7 +297,15 @@ def write_document(
         lines += ["```", "", synced_section(work, compare)]
     for part in (p for p in parts if p.args[0] == "bench"):
         lines += ["", f"## {part.title}", "", "```", part.command(), "```", "", demote(part.done.read_text().strip())]
+    scaling = sorted((work / "scaling").glob(f"{slug}-x*.md"))  # the scaling part's document, copied beside
+    if scaling:
+        lines += ["", "## Several GPUs", "", "Each train.shard_optimizer against one GPU, with its commands:"]
+        lines += ["", *(f"- [{doc.name}]({doc.name})" for doc in scaling)]
     out_dir.mkdir(parents=True, exist_ok=True)
+    for doc in scaling:
+        if doc.parent != out_dir:
+            shutil.copy(doc, out_dir / f".{doc.name}.new")
+            os.replace(out_dir / f".{doc.name}.new", out_dir / doc.name)
     fresh = charts.with_name(f".{slug}.new")
     shutil.rmtree(fresh, ignore_errors=True)  # our own leftover from a failed write
     fresh.mkdir()

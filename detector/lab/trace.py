@@ -6,6 +6,9 @@ work start inside a span of time, which call launched which GPU work, and which 
   the step's time outside them, "step" the whole ProfilerStep.
 - Calls are CUDA runtime and driver calls; GPU work (kernels, copies, memsets) is linked to the call that
   launched it by the trace's correlation id.
+- Collectives: NCCL's kernels (names starting ``ncclDevKernel`` or ``ncclKernel``; a gloo run has none, nor any GPU
+  event), with the message size the trace gives them (``In``/``Out msg nelems`` and ``dtype`` in their args);
+  ``compute`` is the union of every other kernel, which a collective on another stream runs beside.
 - Syncs: each cudaDeviceSynchronize, cudaStreamSynchronize, cudaEventSynchronize (and the driver's
   cuCtx/cuStream/cuEventSynchronize), each synchronous copy (cudaMemcpy, cudaMemcpy2D/3D,
   cudaMemcpyPeer, cuMemcpyDtoH), and a device-to-host cudaMemcpyAsync into pageable memory (it returns
@@ -56,6 +59,10 @@ OP_KINDS = {
     **dict.fromkeys(("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"), "host_reads"),
 }
 OP_MEASURES = ("ops", "slices", "host_reads")
+COLLECTIVE_PREFIXES = ("ncclDevKernel", "ncclKernel")
+# the element sizes of the dtype names (c10's) that the trace gives a collective
+DTYPE_BYTES = {"Double": 8, "Long": 8, "Float": 4, "Int": 4, "BFloat16": 2, "Half": 2, "Short": 2, "Char": 1}
+DTYPE_BYTES |= {"Byte": 1, "Bool": 1}
 
 
 class Call(NamedTuple):
@@ -110,6 +117,8 @@ class Trace:
     launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Gpu] it launched
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
     kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
+    compute: tuple = ([], [], [0.0])  # merged intervals of the kernels that are not collectives
+    message_bytes: dict = field(default_factory=dict)  # a collective's Gpu -> its message's bytes, where given
     lab_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} inside "lab sync" annotations
 
     @property
@@ -180,6 +189,7 @@ def _index(name: str, events: list[dict]) -> Trace:
             trace.launched[corr].append(trace.gpu[-1])
             if cat == "kernel":
                 trace.kernels[corr] += 1
+                _message(trace, trace.gpu[-1], args)
             elif cat == "gpu_memcpy":
                 copy_events.append(e)
     for e in copy_events:
@@ -207,8 +217,26 @@ def _index(name: str, events: list[dict]) -> Trace:
     for found in trace.op_events.values():
         found.sort()
     trace.busy = merge_intervals(trace.gpu)
+    trace.compute = merge_intervals(g for g in trace.gpu if g.category == "kernel" and not is_collective(g))
     trace.lab_syncs = _lab_syncs(trace)
     return trace
+
+
+def is_collective(g: Gpu) -> bool:
+    """Whether ``g`` is a collective's kernel (NCCL's)."""
+    return g.category == "kernel" and g.name.startswith(COLLECTIVE_PREFIXES)
+
+
+def _message(trace: Trace, g: Gpu, args: dict) -> None:
+    """Record a collective's message size: the larger of its input and output (an all-gather's output, a
+    reduce-scatter's input, an all-reduce's either), as NCCL's own tests count a size."""
+    if not is_collective(g):
+        return
+    size = DTYPE_BYTES.get(args.get("dtype"))
+    counts = [args.get(key) for key in ("In msg nelems", "Out msg nelems")]
+    counts = [n for n in counts if isinstance(n, int) and n >= 0]
+    if size and counts:
+        trace.message_bytes[g] = max(counts) * size
 
 
 def merge_intervals(intervals) -> tuple[list, list, list]:
@@ -290,7 +318,12 @@ def is_sync(trace: Trace, tid, i: int) -> bool:
 
 def busy_us(trace: Trace, start: float, end: float) -> float:
     """µs of [start, end) covered by the union of GPU intervals (bisect on the merged intervals)."""
-    starts, ends, cumulative = trace.busy
+    return covered_us(trace.busy, start, end)
+
+
+def covered_us(merged: tuple, start: float, end: float) -> float:
+    """µs of [start, end) covered by ``merged`` (``merge_intervals``'s result)."""
+    starts, ends, cumulative = merged
     i, j = bisect_right(ends, start), bisect_left(starts, end)  # intervals [i, j) overlap [start, end)
     if i >= j:
         return 0.0

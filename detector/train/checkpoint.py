@@ -16,7 +16,7 @@ and a metadata file, in the layout of the run that wrote them. The integrity che
 over the whole payload, an atomic rename, a damaged file refused in one line) would need a checksum per
 file, a manifest and a folder swap; and gathering the whole state onto rank 0 fits in its host memory at
 seed scale (~13 GB). DCP's ``state_dict`` API is what gathers and shards the state under FSDP2
-(``distributed.FullyShardedModel``), ``full_state_dict=True``: one process's layout, as here.
+(``sharding.FullyShardedModel``), ``full_state_dict=True``: one process's layout, as here.
 """
 
 from __future__ import annotations

@@ -1,38 +1,124 @@
-"""The 2-GPU sharding table and its verdict, from summaries written by hand."""
+"""The scaling table (detector/bench/sharding.py): its rows and verdicts from summaries written by hand, and the
+whole command on the CPU: one process, then every train.shard_optimizer on 2 gloo processes under torchrun."""
 
 import json
+import re
 
+import pytest
+import torch
+from conftest import ROOT
+from train_helpers import TINY
+
+from detector import cli
 from detector.bench import sharding
+from detector.bench.sharding import Run
+from detector.config import load_config
+from detector.lab import report
 
 
-def summary(world_size: int, step_ms: float, losses: list[float]) -> dict:
+def summary(world_size: int, step_ms: float, losses: list[float], peak=30.0) -> dict:
     return {
         "world_size": world_size,
         "step_ms": step_ms,
         "images_per_s": 1024 * world_size / step_ms * 1e3,
-        "peak_memory_gib": 30.0,
-        "history": [(len(losses), sum(losses) / len(losses))],  # one log window's mean
+        "peak_memory_gib": peak,
         "losses": losses,  # every step's
     }
 
 
-def test_the_table_and_the_three_percent_rule(tmp_path):
-    runs = {"1gpu": summary(1, 100, [1.0, 0.5]), "off": summary(2, 110, [1.0, 0.5])}
-    runs |= {"blocks": summary(2, 100, [1.0, 0.5]), "fsdp2": summary(2, 102, [1.0, 0.5001])}
+def write_runs(folder, runs: dict[str, dict]) -> None:
     for name, s in runs.items():
-        (tmp_path / name / "seed_scale" / "padded").mkdir(parents=True)
-        (tmp_path / name / "seed_scale" / "padded" / "summary.json").write_text(json.dumps(s))
-    found = sharding.read_summaries(tmp_path)
+        (folder / name / "seed_scale" / "padded").mkdir(parents=True)
+        (folder / name / "seed_scale" / "padded" / "summary.json").write_text(json.dumps(s))
+
+
+def test_the_table_its_rows_and_the_three_percent_rule(tmp_path):
+    runs = {"1x": summary(1, 100, [1.0, 0.5]), "2x-off": summary(2, 110, [1.0, 0.5])}
+    runs |= {"2x-blocks": summary(2, 100, [1.0, 0.5]), "2x-fsdp2": summary(2, 102, [1.0, 0.5001])}
+    runs |= {"2x-zero": summary(2, 96, [1.0, 0.5]), "notes": {}}  # a folder of another name is not a run
+    write_runs(tmp_path, runs)
+    found = sharding.read_runs(tmp_path)
+    assert list(found) == [Run(1, None), *(Run(2, mode) for mode in ("off", "blocks", "fsdp2", "zero"))]
     text = sharding.table(found)
-    assert "| blocks | 2 | 100.0 | 20480 | 30.0 | 100.0% | 0.0e+00 |" in text
-    assert "| fsdp2 | 2 | 102.0 |" in text and "2.0e-04 |" in text  # 0.5001 against 0.5
-    assert "FSDP2 becomes the default" in sharding.verdict(found)  # blocks 2 % faster: not enough
-    found["fsdp2"]["step_ms"] = 104
-    assert "keep ShardedBlocks" in sharding.verdict(found)
+    assert "| 1 | – | 100 | 10,240 | 1.00× | 100.0% | 30.0 | — |" in text
+    assert "| 2 | off | 110 | 18,618 | 1.82× | 90.9% | 30.0 | — |" in text  # the reference of its row group
+    assert "| 2 | blocks | 100 | 20,480 | 2.00× | 100.0% | 30.0 | 0.0e+00 |" in text
+    assert "| 2 | fsdp2 | 102 |" in text and "| 2.0e-04 |" in text  # 0.5001 against 0.5
+    assert "| 2 | zero | 96.0 | 21,333 | 2.08× | 104.2% |" in text
+    lines = sharding.verdicts(found)
+    assert lines[0] == "2 processes: `zero` is the fastest, 2.08× one process's images/s (the target: 2.0×, met)."
+    assert (
+        lines[1]
+        == "2 processes: our `blocks` is -4.0% against torch's best, `zero`: torch's `zero` should be the default."
+    )
+    found[Run(2, "blocks")]["images_per_s"] = found[Run(2, "zero")]["images_per_s"] * 1.031
+    assert sharding.verdicts(found)[1].endswith(": keep it.")
 
 
-def test_losses_compare_step_by_step_and_by_log_window_where_a_summary_has_no_steps():
-    base, other = summary(2, 100, [1.0, 0.5]), summary(2, 100, [1.0001, 0.4999])
-    assert "| other | 2 | 100.0 | 20480 | 30.0 | - | 2.0e-04 |" in sharding.table({"off": base, "other": other})
-    del other["losses"]  # an earlier run's summary: the windows' means, here equal
-    assert "| other | 2 | 100.0 | 20480 | 30.0 | - | 0.0e+00 |" in sharding.table({"off": base, "other": other})
+def test_losses_that_do_not_pair_step_by_step_have_no_gap():
+    base, other = summary(2, 100, [1.0, 0.5]), summary(2, 100, [1.0])
+    assert sharding.loss_gap(other, base) is None and sharding.loss_gap(base, base) == 0.0
+
+
+def test_the_plan_and_its_commands():
+    assert [r.name for r in sharding.plan(1)] == ["1x"]
+    names = [r.name for r in sharding.plan(5)]  # 2 and 4 processes, not 5
+    assert names == ["1x", *(f"{n}x-{m}" for n in (2, 4) for m in ("off", "blocks", "fsdp2", "zero"))]
+    one, two = Run(1, None).command(ROOT, 40, ["device=cpu"]), Run(2, "zero").command(ROOT, 40, ["device=cpu"])
+    assert one[:3] == ["-m", "detector", "train"] and "train.shard_optimizer" not in " ".join(one)
+    assert two[:4] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert two[-1] == "train.shard_optimizer=zero" and f"train.out_dir={ROOT / '2x-zero'}" in two
+
+
+def test_fewer_than_two_processes_is_refused_in_one_line(tmp_path, capsys):
+    assert sharding.main(["run", "device=cpu", "report.processes=1", f"report.work_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("error: report.processes=1: the scaling table needs 2 processes or more")
+        and err.count("\n") == 1
+    )
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv("DETECTOR_COMMIT", "abc1234")
+    args = ["run", *TINY, "device=cpu", "data.num_workers=0", "report.processes=2", "report.train_steps=11"]
+    args += [f"report.work_dir={tmp_path / 'work'}", f"report.out_dir={tmp_path / 'docs'}"]
+    assert sharding.main(args) == 0
+    doc = (tmp_path / "docs" / "cpu-x2.md").read_text()
+    assert doc.startswith("# Scaling on 2 × cpu\n") and "commit abc1234 (a copy of its tree)" in doc
+    assert "python -m torch.distributed.run --standalone --nproc_per_node=2 -m detector train train.steps=11" in doc
+    rows = {tuple(cells[:2]): cells for cells in (line.strip("|").split(" | ") for line in doc.splitlines())}
+    rows = {key: [c.strip() for c in cells] for key, cells in rows.items()}
+    for mode in ("off", "blocks", "fsdp2", "zero"):
+        cells = rows[(" 2", mode)]
+        assert re.fullmatch(r"[\d.]+", cells[2]) and re.fullmatch(r"[\d,]+", cells[3]), cells  # step ms, images/s
+        assert re.fullmatch(r"[\d.]+×", cells[4]) and cells[6] == "—", cells  # no GPU: no peak memory
+    assert rows[(" 1", "–")][4] == "1.00×"
+    # plain DDP is the reference; blocks and zero equal it to the last bit, FSDP2 to its optimizer's rounding
+    assert rows[(" 2", "off")][7] == "—"
+    assert rows[(" 2", "blocks")][7] == rows[(" 2", "zero")][7] == "0.0e+00"
+    assert float(rows[(" 2", "fsdp2")][7]) < 1e-5
+    assert re.search(r"- 2 processes: `\w+` is the fastest, [\d.]+× one process's images/s \(the target: 2.0×", doc)
+    assert "- 2 processes: our `blocks` is " in doc
+    # again: every run has its summary, none runs twice
+    capsys.readouterr()
+    assert sharding.main(args) == 0
+    assert "[1/5]" not in capsys.readouterr().out
+
+
+def test_make_report_runs_the_scaling_part_where_there_are_several_processes(tmp_path):
+    sections = {name: set(spec[1] or ()) | set(cli.TOP_LEVEL) for name, spec in cli.COMMANDS.items()}
+    cpu = torch.device("cpu")
+    for overrides, scaling in ((["device=cpu"], False), (["device=cpu", "report.processes=2"], True)):
+        cfg = load_config(overrides, announce=None)
+        parts = report.plan(cfg, cpu, tmp_path, ["padded"], overrides, sections)
+        assert (parts[-1].title == "scaling") == scaling
+    # its runs and its document in the report's folder, which the report copies out and links
+    command = f"python -m detector.bench.sharding run --work={tmp_path / 'scaling'} device=cpu report.processes=2"
+    assert parts[-1].command() == f"{command} report.out_dir={tmp_path / 'scaling'}"
+    assert parts[-1].done == tmp_path / "scaling" / "done"

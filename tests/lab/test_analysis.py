@@ -113,6 +113,61 @@ def test_dict_and_list_inputs_agree():
     assert measure_steps({"traceEvents": events}) == measure_steps(events)
 
 
+def collective(name, ts, dur, corr, stream, **args):
+    """A collective's kernel as Kineto writes NCCL's, with the message args it gives (``In msg nelems`` ...)."""
+    event = gpu("kernel", name, ts, dur, corr, stream=stream)
+    event["args"] |= {key.replace("_", " "): value for key, value in args.items()}
+    return event
+
+
+def communication_events() -> list[dict]:
+    """One step (µs): a forward of compute alone; a backward whose all-reduce (stream 20) and reduce-scatter (stream
+    21, launched from the autograd thread) overlap each other and, in part, the backward's kernels (stream 7); an
+    optimizer step whose all-gather gives no message size and runs beside nothing."""
+    events = [mark("ProfilerStep#1", 0, 1000), mark("forward", 100, 200), mark("backward", 300, 300)]
+    events += [mark("optimizer step", 600, 300)]
+    events += [call("cudaLaunchKernel", 110, 5, 1), gpu("kernel", "fwd", 150, 100, 1)]
+    events += [call("cudaLaunchKernel", 310, 5, 2), gpu("kernel", "bwd_a", 320, 180, 2)]  # 320-500
+    all_reduce = "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+    events += [call("cudaLaunchKernelExC", 330, 5, 3), collective(all_reduce, 400, 160, 3, 20)]  # 400-560
+    events[-1]["args"] |= {"Collective name": "allreduce", "In msg nelems": 1000, "Out msg nelems": 1000}
+    events[-1]["args"] |= {"dtype": "Float"}  # 4000 bytes
+    events += [call("cudaLaunchKernelExC", 340, 5, 4, tid=AUTOGRAD)]
+    events += [collective("ncclKernel_ReduceScatter_RING_LL_Sum_bf16", 540, 40, 4, 21)]  # 540-580
+    events[-1]["args"] |= {"In msg nelems": 2000, "Out msg nelems": 1000, "dtype": "BFloat16"}  # 4000 bytes
+    events += [call("cudaLaunchKernel", 350, 5, 5), gpu("kernel", "bwd_b", 520, 50, 5)]  # 520-570
+    events += [call("cudaLaunchKernelExC", 610, 5, 6), collective("ncclDevKernel_AllGather_RING_LL", 700, 100, 6, 20)]
+    events += [call("cudaLaunchKernel", 620, 5, 7), gpu("kernel", "adam", 620, 70, 7)]  # 620-690
+    return events
+
+
+def test_collectives_are_measured_apart_exactly():
+    events = communication_events()
+    regions = measure_steps(events)[0].regions
+    comm = {name: tuple(regions[name][m] for m in ("comm_ms", "comm_bytes")) for name in regions}
+    # backward: the union 400-580 (the two collectives' overlap counted once), 4000 + 4000 bytes; the all-gather
+    # gives no size: time, but no bytes
+    assert comm == {
+        "forward": (0.0, 0),
+        "backward": (pytest.approx(0.18), 8000),
+        "optimizer step": (pytest.approx(0.1), 0),
+        "other": (0.0, 0),
+        "step": (pytest.approx(0.28), 8000),
+    }
+    # hidden: compute ran beside the collectives in 400-500 (bwd_a) and 540-570 (bwd_b, the reduce-scatter's part
+    # not already under bwd_a), 150 of 180 µs; the all-reduce beside the reduce-scatter (540-560) is no compute
+    assert regions["backward"]["comm_hidden_share"] == pytest.approx(150 / 180)
+    assert regions["optimizer step"]["comm_hidden_share"] == 0.0
+    assert regions["step"]["comm_hidden_share"] == pytest.approx(150 / 280)
+    assert regions["forward"]["comm_hidden_share"] is None  # no collective: no share to speak of
+    assert regions["step"]["gpu_ms"] == pytest.approx((100 + 260 + 100 + 70) / 1e3)  # collectives are GPU work too
+    assert check_steps(events, measure_steps(events)) == []
+    # a trace with GPU work and no collective (one GPU) has none; a trace without GPU events cannot tell
+    single = measure_steps(synthetic_events())[0].regions["step"]
+    assert (single["comm_ms"], single["comm_bytes"], single["comm_hidden_share"]) == (0.0, 0, None)
+    assert all(MEASURES[m].gpu_only for m in ("comm_ms", "comm_bytes", "comm_hidden_share"))
+
+
 # ----------------------------------------------------------------------------- the recorded H200 trace
 
 

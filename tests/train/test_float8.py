@@ -11,7 +11,7 @@ from detector.config import load_config
 from detector.data import build_loader
 from detector.errors import UserError
 from detector.model import BlockedLinear
-from detector.train import step as step_module
+from detector.train import speed
 from detector.train.checkpoint import RUN_CONTROL, differences, fingerprint
 from detector.train.float8 import float8_refusal, to_float8
 from detector.train.loop import run_name
@@ -175,7 +175,7 @@ def test_a_float8_train_step_learns_like_the_plain_one(monkeypatch):
         step = TrainStep(cfg, torch.device("cpu"))
         return step, [step(batch).item() for batch in batches_of(cfg)]
 
-    monkeypatch.setattr(step_module, "float8_unavailable", lambda *args: None)
+    monkeypatch.setattr(speed, "float8_unavailable", lambda *args: None)
     plain_step, plain = losses()
     float8_step, float8 = losses("train.float8=true")
     assert float8_step.model.head[1].float8 and not plain_step.model.head[1].float8

@@ -27,7 +27,8 @@ from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
-from detector.train.step import lr_factor, shard_refusal, speed_option_refusal
+from detector.train.sharding import shard_refusal
+from detector.train.step import lr_factor, speed_option_refusal
 
 # ----------------------------------------------------------------------------- checkpoints
 
@@ -198,6 +199,7 @@ def _sharded_worker(rank: int, out: str, backend: str) -> None:
     for name, options in {
         "all_reduce": ["train.shard_optimizer=false"],  # every rank updates the whole model
         "sharded": ["train.shard_optimizer=true"],
+        "zero": ["train.shard_optimizer=zero"],  # torch's ZeroRedundancyOptimizer
     }.items():
         results[name] = run_training(tiny_cfg(Path(out) / name, *run, *options))[0]["history"]
     # a sharded run stopped at step 2 and resumed: its checkpoint gathered each rank's optimizer share
@@ -249,23 +251,24 @@ def test_ddp_sharded_optimizer_is_the_all_reduce_step_and_checkpoints_one_layout
             torch.testing.assert_close(actual, expected, rtol=1e-6, atol=1e-6 * scale, msg=str(what))
 
     expected = results["all_reduce"]
-    for name in ("sharded", "resumed", "from_false", "from_true"):
+    for name in ("sharded", "zero", "resumed", "from_false", "from_true"):
         same([loss for _, loss in results[name]], [loss for _, loss in expected], name)
-    # the checkpoints: the same weights, and the sharded run's optimizer state gathered from both ranks into
+    # the checkpoints: the same weights, and each sharded run's optimizer state gathered from both ranks into
     # one process's layout, equal to the state every rank of the all-reduce run held
-    full, sharded = (
-        read_checkpoint(next((tmp_path / name).rglob("checkpoint.pt"))) for name in ("all_reduce", "sharded")
-    )
-    assert full["step"] == sharded["step"] == 4
-    assert full["model"].keys() == sharded["model"].keys()
-    for key, tensor in full["model"].items():
-        same(sharded["model"][key], tensor, key)
-    assert full["optimizer"]["param_groups"] == sharded["optimizer"]["param_groups"]
-    assert full["optimizer"]["state"].keys() == sharded["optimizer"]["state"].keys() == set(range(len(full["model"])))
-    for i, state in full["optimizer"]["state"].items():
-        assert state.keys() == sharded["optimizer"]["state"][i].keys()
-        for key, value in state.items():
-            same(sharded["optimizer"]["state"][i][key], value, (i, key))
+    full = read_checkpoint(next((tmp_path / "all_reduce").rglob("checkpoint.pt")))
+    for name in ("sharded", "zero"):
+        sharded = read_checkpoint(next((tmp_path / name).rglob("checkpoint.pt")))
+        assert full["step"] == sharded["step"] == 4
+        assert full["model"].keys() == sharded["model"].keys()
+        for key, tensor in full["model"].items():
+            same(sharded["model"][key], tensor, (name, key))
+        assert full["optimizer"]["param_groups"] == sharded["optimizer"]["param_groups"], name
+        indices = set(range(len(full["model"])))
+        assert full["optimizer"]["state"].keys() == sharded["optimizer"]["state"].keys() == indices, name
+        for i, state in full["optimizer"]["state"].items():
+            assert state.keys() == sharded["optimizer"]["state"][i].keys()
+            for key, value in state.items():
+                same(sharded["optimizer"]["state"][i][key].to(value.device), value, (name, i, key))
     assert "model.head_blocks=3 is not a multiple of the 2 processes" in results["refused"]
 
 

@@ -1,5 +1,6 @@
 """`make train NNODES=2` on one machine: two torchrun agents, two "nodes" of one process each, meet at a c10d
-rendezvous and train over gloo as one process does with their union batch."""
+rendezvous and train over gloo as one 2-process run does, to the last bit, and as one process does with their union
+batch, to the order of the sums."""
 
 import json
 import os
@@ -29,33 +30,52 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def make_train_node(out: Path, port: int) -> subprocess.Popen:
-    """One node's `make train NNODES=2 NPROC=1` (both nodes run the same command), in a session of its own."""
+def make_train(out: Path, *variables: str) -> subprocess.Popen:
+    """`make train <variables>` of the tiny run into ``out``, in a session of its own."""
     args = " ".join([*RUN, f"train.out_dir={out}"])
     command = ["make", "-s", "--no-print-directory", "train", f"PY={sys.executable}", "EXPERIMENT=cpu_smoke"]
-    command += ["NNODES=2", "NPROC=1", f"RDZV_ENDPOINT=localhost:{port}", f"RDZV_ID=test-{port}", f"ARGS={args}"]
+    command += [*variables, f"ARGS={args}"]
     env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     return subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
     )
 
 
-def test_two_nodes_train_as_one_process_with_their_union_batch(tmp_path):
+def make_train_node(out: Path, port: int) -> subprocess.Popen:
+    """One node's `make train NNODES=2 NPROC=1` (both nodes run the same command)."""
+    return make_train(out, "NNODES=2", "NPROC=1", f"RDZV_ENDPOINT=localhost:{port}", f"RDZV_ID=test-{port}")
+
+
+def finish(processes: list[subprocess.Popen], seconds: int) -> list[str]:
+    """The processes' outputs once they have ended; killed whole if they are not done in ``seconds``."""
+    try:
+        with fails_after(seconds):
+            return [process.communicate()[0] for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)  # a rendezvous or a collective that never completed
+
+
+def test_two_nodes_train_as_one_node_of_two_processes_and_as_one_process_with_their_union_batch(tmp_path):
     port = free_port()
     nodes = [make_train_node(tmp_path / "nodes", port) for _ in range(2)]
-    try:
-        with fails_after(90):
-            outputs = [node.communicate()[0] for node in nodes]
-    finally:
-        for node in nodes:
-            if node.poll() is None:
-                os.killpg(node.pid, signal.SIGKILL)  # a rendezvous or a collective that never completed
+    outputs = finish(nodes, 90)
     assert [node.returncode for node in nodes] == [0, 0], "\n".join(outputs)
     run_dir = tmp_path / "nodes" / "cpu_smoke" / "padded"
     two = json.loads((run_dir / "summary.json").read_text())
     assert two["world_size"] == 2 and two["global_batch"] == 8
     # global rank 0 alone writes the run folder, whichever node the rendezvous put it on
     assert sum("done: " in output for output in outputs) == 1
+
+    # one node of two processes: the same ranks and the same sums. Two ranks' gradients add as a + b, in whatever
+    # order or topology the reduction runs, so the losses are equal to the last bit (docs/training.md, "Several
+    # machines", says what may differ on GPUs)
+    pair = make_train(tmp_path / "pair", "NPROC=2")
+    output = finish([pair], 90)[0]
+    assert pair.returncode == 0, output
+    one_node = json.loads((tmp_path / "pair" / "cpu_smoke" / "padded" / "summary.json").read_text())
+    assert one_node["world_size"] == 2 and one_node["losses"] == two["losses"]
 
     # one process with the same global batch: the same 8 images a step, the same losses but for the order of sums
     cfg = load_config([*RUN, "data.batch_size=8", f"train.out_dir={tmp_path / 'one'}"], "cpu_smoke", announce=None)

@@ -1,6 +1,6 @@
-"""Checkpoints that reshard: a run stopped on 2 processes (gloo) resumes on 1 with the same global batch, and
-the other way round, under each train.shard_optimizer (blocks, fsdp2, off), with the losses of an
-uninterrupted run; FSDP2's losses are those of ShardedBlocks and of the plain all-reduce."""
+"""Every train.shard_optimizer (blocks, fsdp2, zero, off) on 2 processes (gloo): its losses against plain DDP's
+(off), and checkpoints that reshard: a run stopped on 2 processes resumes on 1 with the same global batch, and the
+other way round, with the losses of an uninterrupted run."""
 
 import json
 from pathlib import Path
@@ -14,11 +14,12 @@ from train_helpers import losses, tiny_cfg
 from detector.model import build_model
 from detector.train.checkpoint import CheckpointError, into_blocks, one_linear, read_checkpoint, save_checkpoint
 from detector.train.loop import run_training
+from detector.train.step import TrainStep
 
 # channels_last as on a GPU: FSDP2 shards only contiguous parameters, and the NHWC conv weights are not
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3", "train.channels_last=true"]
 ONE = ["data.batch_size=8"]  # 1 process with the global batch of 2 processes of tiny_cfg's 4
-MODES = ("blocks", "fsdp2", "off")
+MODES = ("blocks", "fsdp2", "zero", "off")
 # 1 and 2 processes sum the gradient in a different order; Adam divides by sqrt(v), so a near-zero gradient's
 # rounding moves an update by more than the rounding itself (as in test_loop's DDP test)
 RTOL = 1e-4
@@ -34,10 +35,30 @@ def _two_processes(rank: int, out: str) -> None:
         run_training(tiny_cfg(Path(out) / f"to_one_{mode}", *run, "train.stop_after=3"))  # the test resumes it on 1
         resumed = run_training(tiny_cfg(Path(out) / f"from_one_{mode}", *run, "train.resume=true"))[0]
         results[f"from_one_{mode}"] = resumed["history"] if resumed["resumed_at"] == 3 else "not resumed"
+        # bf16 autocast, torch's AdamW (the one FSDP2 steps), NCHW conv weights (FSDP2's): the ways' arithmetic alone
+        bf16 = [*RUN, "autocast=true", "train.optimizer=torch", "train.channels_last=false"]
+        bf16 += [f"train.shard_optimizer={mode}"]
+        results[f"bf16_{mode}"] = run_training(tiny_cfg(Path(out) / f"bf16_{mode}", *bf16))[0]["losses"]
+    results["gathered"] = gathered_head_dtypes(out)
     if rank == 0:
         (Path(out) / "results.json").write_text(json.dumps(results))
     dist.barrier()
     dist.destroy_process_group()
+
+
+def gathered_head_dtypes(out: str) -> dict[str, str]:
+    """The dtype of the head's weights as FSDP2 gathers them for a forward (reshard_after_forward=False keeps them
+    registered until the backward): bf16 under autocast, fp32 without; the trunk's stay fp32."""
+    found = {}
+    for autocast in ("true", "false"):
+        cfg = tiny_cfg(Path(out) / "dtypes", *RUN, f"autocast={autocast}", "train.shard_optimizer=fsdp2")
+        step = TrainStep(cfg, torch.device("cpu"), world_size=2)
+        with step.autocast:
+            step.net(torch.zeros(2, 1, 32, 32, dtype=torch.uint8))
+        head, trunk = step.model.head[1].blocks[0].weight, step.model.features[0].weight
+        found[autocast] = f"{head.dtype} {trunk.dtype}"
+        step.model.reshard()
+    return found
 
 
 def test_a_checkpoint_resumes_on_another_number_of_processes_with_the_same_losses(tmp_path):
@@ -53,15 +74,23 @@ def test_a_checkpoint_resumes_on_another_number_of_processes_with_the_same_losse
     message = str(refused.value)
     assert "global batch of 8" in message and "data.batch_size=8 on 1 process" in message and "\n" not in message
 
-    # FSDP2 against ShardedBlocks and the plain all-reduce (equal to the last bit, test_loop.py): its reduce-scatter
-    # averages with arithmetic of its own, so equal to rounding, well inside the 1 vs 2 processes' tolerance
-    for mode in ("blocks", "off"):
-        torch.testing.assert_close(
-            losses([{"history": results["straight_fsdp2"]}]),
-            losses([{"history": results[f"straight_{mode}"]}]),
-            rtol=1e-5,
-            atol=0,
-        )
+    # Every way against plain DDP (off). blocks and zero add the same two gradients (a + b is b + a, and halving
+    # is exact), take the same global norm and run the same AdamW per element: equal to the last bit. So is FSDP2
+    # where both step torch's AdamW, under bf16 autocast too (its bf16 all-gather of the head is the cast autocast
+    # makes, and the CPU's autocast linear gives every way the same bf16 gradient), as long as the conv weights
+    # have the same layout: FSDP2 shards contiguous tensors only, and under train.channels_last its NCHW weights
+    # make the convolutions sum in another order (in bf16, 2e-5 apart after these 6 steps).
+    # With the one-pass default FSDP2 still steps torch's AdamW, whose roundings differ from the one pass's by
+    # ~1e-7 a step (tests/train/test_optimizer.py): 5.5e-7 after these 6 steps, hence 1e-5.
+    ddp = losses([{"history": results["straight_off"]}])
+    for mode in ("blocks", "zero"):
+        assert losses([{"history": results[f"straight_{mode}"]}]) == ddp, mode
+    torch.testing.assert_close(losses([{"history": results["straight_fsdp2"]}]), ddp, rtol=1e-5, atol=0)
+    assert all(results[f"bf16_{mode}"] == results["bf16_off"] for mode in MODES), {
+        m: results[f"bf16_{m}"] for m in MODES
+    }
+    assert results["bf16_off"] != losses([{"history": results["straight_off"]}])  # autocast did compute in bf16
+    assert results["gathered"] == {"true": "torch.bfloat16 torch.float32", "false": "torch.float32 torch.float32"}
     for mode in MODES:
         to_one = run_training(tiny_cfg(tmp_path / f"to_one_{mode}", *RUN, *ONE, "train.resume=true"))
         assert to_one[0]["resumed_at"] == 3 and to_one[0]["world_size"] == 1

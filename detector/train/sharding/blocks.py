@@ -1,0 +1,215 @@
+"""``train.shard_optimizer=blocks``: ZeRO stage 1 for the head's blocks under DDP, our own (``ShardedBlocks``), and
+the checkpoint state it gathers onto rank 0 (``BlockStates``).
+
+Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters at seed
+scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the all-gather together
+move the same bytes as that all-reduce. ``python -m detector.bench.sharding run`` measures it against plain DDP
+and torch's engines.
+
+Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the ranks of
+their own blocks' squared norms, one scalar all-reduce with no host wait (``ShardedBlocks.clip``). Checkpoints
+keep one process's layout (``BlockStates``), so a run resumes whatever saved it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from detector.errors import UserError
+from detector.train.sharding.replicated import Replicated, keep_outside_ddp, wrap_ddp
+
+# torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
+def shard_refusal(layers: dict, world_size: int) -> str | None:
+    """Why train.shard_optimizer cannot share these BlockedLinear layers' blocks among the ranks, or None."""
+    fix = "set model.head_blocks=0 (auto: one block per process) or train.shard_optimizer=false"
+    for layer in layers.values():
+        if len(layer.blocks) % world_size:
+            return f"model.head_blocks={len(layer.blocks)} is not a multiple of the {world_size} processes: {fix}"
+        share = len(layer.blocks) // world_size
+        rows = {len(layer.rows(r * share, (r + 1) * share)[1]) for r in range(world_size)}
+        if len(rows) > 1:
+            blocks = f"model.hidden={layer.out_features} in {len(layer.blocks)} blocks"
+            return f"{blocks} gives the processes unequal shares of rows: {fix}"
+    return None
+
+
+class ShardedBlocks(Replicated):
+    """ZeRO stage 1 for the head's blocks under DDP: each rank keeps AdamW's state of, and updates, only its
+    own share of them; DDP keeps the rest of the model (the trunk) as it was.
+
+    Rank r owns blocks r*k .. r*k+k-1 of each BlockedLinear (k = blocks / world size): consecutive rows
+    of the Linear, one tensor (BlockedLinear.rows). A step:
+
+    - backward: once every block has its gradient, each block's gradient is averaged onto its owner
+      (``reduce``), all in one NCCL group, so that the ranks send to each other at once;
+    - optimizer: each rank's AdamW updates the trunk and its own blocks; other blocks' gradients are dropped;
+    - after the optimizer: one all-gather per layer sends each rank's updated rows to the others. It runs
+      on NCCL's stream while the next step copies its batch and runs the conv blocks; the layer's forward
+      waits for it after computing this rank's own blocks (BlockedLinear.order and before_block), as does
+      anything else that reads the weights (``wait_weights``).
+    """
+
+    def __init__(self, model: torch.nn.Module, layers: dict, world_size: int, device: torch.device, cfg=None):
+        """``layers``: name -> BlockedLinear, each with a multiple of ``world_size`` blocks in equal shares."""
+        reason = shard_refusal(layers, world_size)
+        if reason:
+            raise UserError(f"train.shard_optimizer=blocks cannot share the head among the processes: {reason}")
+        super().__init__(model)
+        rank = self.rank = dist.get_rank()
+        self.world_size = world_size
+        self.description = f"the head's optimizer sharded over the {world_size} processes"
+        self.nccl = dist.get_backend() == dist.Backend.NCCL
+        self.owner: dict[int, int] = {}  # id of a block parameter -> the rank that updates it
+        self.rows = []  # per layer: ((all rows' weight, bias), (this rank's rows' weight, bias))
+        keep_outside_ddp(model, [block for name, layer in layers.items() for block in self.share(name, layer)])
+        params = list(model.parameters())
+        self.block_params = [p for p in params if id(p) in self.owner]  # model order, the same on every rank
+        # what this rank's optimizer updates: the trunk and its own blocks, in model order
+        self.owned = [p for p in params if self.owner.get(id(p), rank) == rank]
+        self.states = BlockStates(params, self.owned, self.owner, rank)
+        self.ready: list[Tensor] = []  # block parameters whose gradient this backward has accumulated
+        self.grad_works: list = []
+        self.weight_works: list[dist.Work] = []
+        self.net = wrap_ddp(model, device)
+
+    def share(self, name: str, layer) -> list[str]:
+        """Give this rank its share of ``layer``'s blocks (owners, rows, order, hooks); the blocks' names."""
+        rank, share = self.rank, len(layer.blocks) // self.world_size
+        names = []
+        for i, block in enumerate(layer.blocks):
+            for pname, param in block.named_parameters():
+                self.owner[id(param)] = i // share
+                names.append(f"{name}.blocks.{i}.{pname}")
+                param.register_post_accumulate_grad_hook(self.accumulated)
+        self.rows.append((layer.rows(0, len(layer.blocks)), layer.rows(rank * share, (rank + 1) * share)))
+        mine = range(rank * share, (rank + 1) * share)
+        layer.order = [*mine, *(i for i in range(len(layer.blocks)) if i not in mine)]
+        # gloo finishes an all-gather by copying into the output on a thread of its own, in-place on the
+        # rows this rank reads first (an autograd version bump after the forward saved them): wait first
+        layer.before_block = lambda i, mine=mine: None if self.nccl and i in mine else self.wait_weights()
+        return names
+
+    def accumulated(self, param: Tensor) -> None:
+        self.ready.append(param)
+        if len(self.ready) == len(self.owner):
+            self.reduce_gradients()
+
+    def reduce_gradients(self) -> None:
+        """Average the ready blocks' gradients onto their owners: one NCCL group (gloo: one after another)."""
+        ids, self.ready = {id(p) for p in self.ready}, []
+        ready = [p for p in self.block_params if id(p) in ids]  # the same order on every rank, not autograd's
+        op = dist.ReduceOp.AVG if self.nccl else dist.ReduceOp.SUM  # gloo has no AVG: divided in wait_gradients
+        if not self.nccl:
+            self.grad_works += [dist.reduce(p.grad, dst=self.owner[id(p)], op=op, async_op=True) for p in ready]
+            return
+        # async_op=True: a synchronous one runs on the current stream, where the backward's kernels would wait
+        with dist._coalescing_manager(device=ready[0].grad.device, async_ops=True) as group:
+            for p in ready:
+                dist.reduce(p.grad, dst=self.owner[id(p)], op=op, async_op=True)
+        self.grad_works.append(group)
+
+    def wait_gradients(self) -> None:
+        """Make the current stream wait for the reduces; keep this rank's blocks' gradients, drop the others'."""
+        if self.ready:  # some block had no gradient: reduce the others all the same (every rank does likewise)
+            self.reduce_gradients()
+        for work in self.grad_works:
+            work.wait()
+        self.grad_works.clear()
+        for param in self.block_params:
+            if self.owner[id(param)] != self.rank:
+                param.grad = None  # a partial sum; freed for the next backward
+            elif param.grad is not None and not self.nccl:
+                param.grad.div_(self.world_size)
+
+    def clip(self, max_norm: float, one_pass: bool) -> None:
+        """``clip_grad_norm_`` of the whole model's gradients (their global norm), on this rank's share, in place."""
+        params = [p for p in self.owned if p.grad is not None]
+        trunk = [p.grad for p in params if id(p) not in self.owner]
+        mine = [p.grad for p in params if id(p) in self.owner]
+        squares = torch.nn.utils.get_total_norm(mine).square() if mine else params[0].grad.new_zeros(())
+        dist.all_reduce(squares)  # the sum over the ranks of their blocks' squared norms
+        total = (torch.nn.utils.get_total_norm(trunk).square() + squares).sqrt()
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+
+    def gather_weights(self) -> None:
+        """Send this rank's updated rows to every rank, without waiting (see ``wait_weights``)."""
+        for whole, mine in self.rows:
+            for out, part in zip(whole, mine, strict=True):
+                self.weight_works.append(all_gather_single(out, part, async_op=True))
+
+    def wait_weights(self) -> None:
+        """Make the current stream wait for the all-gathers of the updated weights (no host wait on NCCL)."""
+        for work in self.weight_works:
+            work.wait()
+        self.weight_works.clear()
+
+    def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        return self.states.gather(optimizer)
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        self.states.load(optimizer, full)
+
+
+class BlockStates:
+    """The optimizer state of ``ShardedBlocks`` in one process's layout: ``gather`` sends each rank's blocks' state
+    to rank 0, ``load`` keeps this rank's share of a whole state dict."""
+
+    STATE = ("step", "exp_avg", "exp_avg_sq")  # AdamW's state of one parameter (no amsgrad)
+
+    def __init__(self, params: list[Tensor], owned: list[Tensor], owner: dict[int, int], rank: int):
+        self.params, self.owned, self.owner, self.rank = params, owned, owner, rank
+
+    def gather(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The optimizer's state dict in one process's layout, on rank 0 (None on the others): every rank
+        calls it; each other rank sends the state of its own blocks to rank 0."""
+        own = optimizer.state_dict()
+        index = {id(p): i for i, p in enumerate(self.owned)}
+        state = {}
+        for i, param in enumerate(self.params):
+            owner = self.owner.get(id(param), 0)  # the trunk: every rank has its state, rank 0 writes its own
+            if self.rank == 0 and owner == 0 and index[id(param)] in own["state"]:
+                state[i] = own["state"][index[id(param)]]
+            elif self.rank == 0 and owner != 0:
+                received = self.receive(param, owner)
+                if received is not None:
+                    state[i] = received
+            elif self.rank == owner != 0:
+                self.send(param, optimizer.state.get(param, {}))
+        if self.rank != 0:
+            return None
+        (group,) = own["param_groups"]  # build_optimizer makes one group
+        return {"state": state, "param_groups": [{**group, "params": list(range(len(self.params)))}]}
+
+    def send(self, param: Tensor, state: dict) -> None:
+        has = torch.tensor([bool(state)], dtype=torch.int32, device=param.device)  # none before the first step
+        dist.send(has, dst=0)
+        for key in self.STATE if state else ():
+            dist.send(state[key].to(param.device), dst=0)
+
+    def receive(self, param: Tensor, owner: int) -> dict | None:
+        has = torch.zeros(1, dtype=torch.int32, device=param.device)
+        dist.recv(has, src=owner)
+        if not has.item():
+            return None
+        state = {"step": torch.zeros((), dtype=torch.float32, device=param.device)}
+        state |= {key: torch.empty_like(param, memory_format=torch.contiguous_format) for key in self.STATE[1:]}
+        for key in self.STATE:
+            dist.recv(state[key], src=owner)
+        return state
+
+    def load(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        """Load this rank's share of a one-process-layout optimizer state dict (``gather``'s)."""
+        index = {id(p): i for i, p in enumerate(self.params)}
+        mine = [index[id(p)] for p in self.owned]
+        (group,) = full["param_groups"]
+        optimizer.load_state_dict(
+            {
+                "state": {j: full["state"][i] for j, i in enumerate(mine) if i in full["state"]},
+                "param_groups": [{**group, "params": list(range(len(mine)))}],
+            }
+        )

@@ -1,0 +1,128 @@
+"""``train.shard_optimizer=fsdp2``: the model under torch's FSDP2 (``torch.distributed.fsdp.fully_shard``), tuned as
+its documentation recommends for a model that fits on one GPU."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+from detector.train.sharding.replicated import Replicated
+
+
+def head_policy(cfg) -> MixedPrecisionPolicy:
+    """The head's mixed precision: its weights gathered in bf16 when the forward computes in bf16 (autocast), its
+    gradients reduced in fp32.
+
+    - ``param_dtype=bfloat16`` (under autocast only): autocast casts every weight to bf16 before its product
+      anyway, so gathering the bf16 cast in place of the fp32 weight halves the head's all-gather (2.1 GB in
+      place of 4.3 at seed scale) and its gathered copy, for the same forward. Without autocast the forward
+      is fp32 and so is the gather.
+    - ``reduce_dtype=float32``: the reduce-scatter sums the ranks' gradients in fp32, as DDP's all-reduce does
+      (FSDP2's documentation: reduce in full precision while computing in low precision). The gradient of a
+      bf16 weight is bf16, autocast's linear's: on a GPU that rounds the head's gradient to bf16 before the
+      reduction, where the other modes take it in fp32 from the product (``_LowPrecisionLinear``); on the CPU
+      autocast's linear gives the same bf16 gradient to every mode.
+
+    The trunk (the root unit) keeps fp32 weights: the fused conv blocks' Triton kernels read them in fp32, and
+    its ~67 MB gathered in bf16 would save nothing measurable.
+    """
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16 if cfg.autocast else None, reduce_dtype=torch.float32)
+
+
+class FullyShardedModel(Replicated):
+    """The model under torch's FSDP2 (``fully_shard``): parameters, gradients and AdamW's state sharded on
+    dim 0 over the ranks (DTensors); no DDP.
+
+    Units, and FSDP2's settings for a model that fits on one GPU:
+
+    - **Groups** (FSDP2's only bucket size: each ``fully_shard`` call is one all-gather and one reduce-scatter):
+      each BlockedLinear is one unit (its blocks are views read inside its forward, not modules called there,
+      so a unit per block would never be gathered), and the root unit holds the rest (the trunk). The head's
+      reduce-scatter then runs while the trunk's backward computes.
+    - **reshard_after_forward=False** on every unit: the gathered weights stay from the forward to the
+      backward, so the backward gathers nothing (the documentation's choice where memory allows; the root's
+      default), and the only all-gathers are the forward's.
+    - **Prefetching**: the head's all-gather is issued with the trunk's at the start of the forward
+      (``set_modules_to_forward_prefetch``), so it runs while the conv blocks compute. With nothing gathered in
+      the backward there is nothing to prefetch there.
+    - **Mixed precision**: ``head_policy``.
+
+    The reduce-scatter averages over the ranks, as DDP's all-reduce does, so ``global_mean``'s scaling holds. The
+    optimizer is torch's AdamW over the DTensor shards (train.optimizer=one_pass reads whole tensors): each rank
+    updates its shard of every parameter. Every rank takes part in each forward (an all-gather), so every rank
+    evaluates (``collective_forward``). Checkpoints keep one process's layout:
+    ``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True`` gathers the model and the optimizer
+    state onto rank 0 keyed by parameter name, and on load shards the whole state that every rank read.
+    """
+
+    collective_forward = True
+
+    def __init__(self, model: torch.nn.Module, layers: dict, world_size: int, device: torch.device, cfg):
+        """``layers``: name -> BlockedLinear of ``model``."""
+        self.model = self.net = model
+        self.description = f"the model fully sharded (FSDP2) over the {world_size} processes"
+        # FSDP2 shards contiguous parameters only, and its all-gathered weights are contiguous whatever the
+        # layout before: the NHWC conv weights (train.channels_last) go back to NCHW, and the convolutions
+        # reorder these few kilobytes themselves (cuDNN, and the fused kernels' .contiguous())
+        for p in model.parameters():
+            if not p.is_contiguous():
+                p.data = p.data.contiguous()
+        # the mesh of the model's device: fully_shard's default is the accelerator's, which on a machine with
+        # GPUs would move a CPU (gloo) run's shards to cuda:<rank>
+        mesh = init_device_mesh(next(model.parameters()).device.type, (world_size,))
+        for layer in layers.values():
+            fully_shard(layer, mesh=mesh, reshard_after_forward=False, mp_policy=head_policy(cfg))
+            layer._whole = None  # its rows now live in the shards: do not keep a whole copy of the head alive
+        fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        model.set_modules_to_forward_prefetch(list(layers.values()))
+        self.owned = list(model.parameters())  # this rank's shards (DTensors), in model order
+        self.names = [name for name, _ in model.named_parameters()]  # the state dicts' keys, in model order
+
+    def make_optimizer(self, build) -> torch.optim.Optimizer:
+        return build(self.owned, kind="torch")  # torch's AdamW steps DTensor shards
+
+    def clip(self, max_norm: float, one_pass: bool) -> None:
+        """The whole model's gradient norm, clipped in place (the DTensor norm reduces over the shards)."""
+        torch.nn.utils.clip_grad_norm_(self.owned, max_norm)
+
+    def options(self, gather: bool):
+        # gather: the whole state onto rank 0's CPU memory only; load: every rank holds the whole state it read
+        return StateDictOptions(full_state_dict=True, cpu_offload=gather)
+
+    def model_state(self) -> dict:
+        """The whole model's state dict on rank 0 ({} on the others): every rank calls it."""
+        return get_model_state_dict(self.model, options=self.options(gather=True))
+
+    def load_model_state(self, state: dict) -> None:
+        set_model_state_dict(self.model, state, options=self.options(gather=False))
+
+    def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
+        """The optimizer's state dict in one process's layout (indices in model order) on rank 0, None on
+        the others: every rank calls it."""
+        full = get_optimizer_state_dict(self.model, optimizer, options=self.options(gather=True))
+        if dist.get_rank() != 0:
+            return None
+        index = {name: i for i, name in enumerate(self.names)}
+        (group,) = full["param_groups"]  # build_optimizer makes one group
+        return {
+            "state": {index[name]: state for name, state in full["state"].items()},
+            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}],
+        }
+
+    def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
+        """Load this rank's shards of a one-process-layout optimizer state dict (``full_state_dict``'s)."""
+        (group,) = full["param_groups"]
+        by_name = {
+            "state": {self.names[i]: state for i, state in full["state"].items()},
+            "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]}],
+        }
+        set_optimizer_state_dict(self.model, optimizer, by_name, options=self.options(gather=False))
