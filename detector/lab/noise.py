@@ -1,11 +1,11 @@
 """How busy the machine was around a profile run: the CPU time that *other* processes used, in cores.
 
 Linux's /proc/stat counts every core's busy time since boot; this process and its descendants (the loader's
-workers) count their own in /proc/<pid>/stat. Their difference over a window, divided by the window, is the
-number of cores that other programs kept busy: 0 on a quiet machine, 2 on 2 cores with two busy loops
-beside the run. A profile samples it for a moment before it starts, over its whole run, and for a moment
-after it ends (detector/lab/record.py ``Noise`` judges it). Where /proc cannot be read, the load is None:
-unknown, not zero.
+workers; under torchrun, every rank of the run) count their own in /proc/<pid>/stat. Their difference over a
+window, divided by the window, is the number of cores that other programs kept busy: 0 on a quiet machine, 2
+on 2 cores with two busy loops beside the run. A profile samples it for a moment before it starts, over its
+whole run, and for a moment after it ends (detector/lab/record.py ``Noise`` judges it). Where /proc cannot be
+read, the load is None: unknown, not zero.
 """
 
 from __future__ import annotations
@@ -66,6 +66,12 @@ def own_busy(root: int | None = None) -> float | None:
     return total / _ticks_per_second()
 
 
+def run_root() -> int:
+    """The process whose descendants are this run: under torchrun its agent, whose other ranks share the run's
+    work (they are not another program's load), else this process."""
+    return os.getppid() if os.environ.get("TORCHELASTIC_RUN_ID") else os.getpid()
+
+
 class LoadMeter:
     """The cores other processes kept busy between ``start`` and ``stop`` (and over a short sample alone)."""
 
@@ -75,7 +81,7 @@ class LoadMeter:
 
     @staticmethod
     def _now() -> tuple[float, float | None, float | None]:
-        return time.monotonic(), machine_busy(), own_busy()
+        return time.monotonic(), machine_busy(), own_busy(run_root())
 
     def start(self) -> None:
         self.began = self._now()

@@ -80,7 +80,7 @@ class BlockedLinear(nn.Module):
             raise ValueError(f"model.head_blocks={blocks}: expected 1 to {out_features} (the head's hidden width)")
         whole = nn.Linear(in_features, out_features)
         # The blocks' parameters are views of `whole`'s, one after the other in memory: the weights of
-        # consecutive blocks are one tensor, which ShardedBlocks (train/distributed.py) gathers in one call.
+        # consecutive blocks are one tensor, which ShardedBlocks (train/sharding/blocks.py) gathers in one call.
         self._whole = (whole.weight.detach(), whole.bias.detach())
         self.blocks = nn.ModuleList()
         for weight, bias in zip(*(t.tensor_split(blocks) for t in self._whole), strict=True):
@@ -88,7 +88,7 @@ class BlockedLinear(nn.Module):
             block.weight, block.bias = nn.Parameter(weight), nn.Parameter(bias)
             self.blocks.append(block)
         self.in_features, self.out_features = in_features, out_features
-        # ShardedBlocks (train/distributed.py) sets these: the blocks' order of computation (this rank's own
+        # ShardedBlocks (train/sharding/blocks.py) sets these: the blocks' order of computation (this rank's own
         # first, while the others' weights are still on their way), and a call before block i's weights are read
         self.order: list[int] | None = None
         self.before_block = None

@@ -141,3 +141,10 @@ def test_the_readings_count_a_child_as_ours_and_the_machine_counts_it_too():
     spent = noise.own_busy() - own
     assert 0.2 < spent < 5 and noise.machine_busy() - machine >= spent * 0.9
     assert noise.own_busy(root=2**22 + 12345) is None  # no such process
+
+
+def test_under_torchrun_the_other_ranks_are_the_runs_own(monkeypatch):
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
+    assert noise.run_root() == os.getpid()
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's agent started this process and its siblings
+    assert noise.run_root() == os.getppid()
