@@ -47,6 +47,7 @@ from detector.lab.text import run_card
 from detector.lab.trace import load_trace
 from detector.losses import get_strategy
 from detector.train.folders import new_run_dir
+from detector.train.memory import check_command_memory
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
 
@@ -56,6 +57,7 @@ def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
     pcfg = cfg.profile
     device = resolve_device(cfg)
     cfg = OmegaConf.merge(cfg, {"train": {"strategy": pcfg.strategy}})
+    check_command_memory(cfg, device, "profile", batches=pcfg.wait + pcfg.warmup + pcfg.active + pcfg.timed)
     step = TrainStep(cfg, device)  # the training step of this config; refuses a strategy that cannot run here
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
     run_dir = new_run_dir(Path(pcfg.out_dir) / folder)
