@@ -4,7 +4,9 @@ Each command has its own parser (``python -m detector <command> --help``) that t
 and the config sections it uses; anything else is refused. A user's mistake (an unknown command or
 option, a bad config value, a missing file) is one line ``error: ...`` on stderr and exit status 2;
 ``--debug`` or ``DETECTOR_DEBUG=1`` shows the traceback instead. Ctrl-C is one line ``interrupted`` (with
-what was kept, where a command knows) and exit status 130, the shell's for SIGINT.
+what was kept, where a command knows) and exit status 130, the shell's for SIGINT; SIGTERM, which schedulers
+send before they kill, is handled the same way: one line ``terminated``, exit status 143. Nothing is printed
+after that line, however many signals follow (detector/train/interrupt.py).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import sys
 
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import UserError
+from detector.train.interrupt import CommandSignals, Terminated
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
 # bench's targets, for its help and its errors (the same keys as detector.bench.TARGETS; a test checks it)
@@ -29,6 +32,7 @@ BENCH_HELP = {
     "step": "the training step against the machine's floor, and the data pipeline's images/s",
 }
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
+TERMINATED = 143  # and by SIGTERM (128 + 15)
 
 # command: (one-line help, the config sections it reads and why, or None when it reads no config)
 COMMANDS = {
@@ -158,24 +162,28 @@ def top_parser() -> Parser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The command line's entry; ``argv`` given (a test, a script): the signal handlers are restored after it."""
+    command_line = argv is None  # then the interpreter exits after us: the handlers stay, ignoring late signals
     argv = sys.argv[1:] if argv is None else argv
     debug = os.environ.get("DETECTOR_DEBUG", "") not in ("", "0") or "--debug" in argv
     at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command
-    try:
-        top = top_parser().parse_args(argv[: at + 1])
-        # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
-        args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
-        run(top.command, args)
-    except (UserError, FileNotFoundError) as err:
-        if debug:
-            raise
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are written atomically
-        if debug:
-            raise
-        print(f"interrupted{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
-        return INTERRUPTED
+    with CommandSignals(keep=command_line):
+        try:
+            top = top_parser().parse_args(argv[: at + 1])
+            # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
+            args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
+            run(top.command, args)
+        except (UserError, FileNotFoundError) as err:
+            if debug:
+                raise
+            print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are atomic
+            if debug:
+                raise
+            word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
+            print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
+            return status
     return 0
 
 

@@ -74,6 +74,10 @@ class DataConfig:
     over_max_boxes: str = ranged("truncate", choices=OVER_MAX_BOXES)
     # -1 = a worker per free core, <= 16 (data.resolve_workers): each draws ~14k images/s (detector/loader.py)
     num_workers: int = ranged(-1, -1)
+    # seconds a data worker may deliver nothing while a batch is due; then the run ends in one line naming it and
+    # the batch it holds (a stopped or stuck worker would hang it for good). Generous: a worker draws a seed-scale
+    # batch (1024 images of 256 px) in ~0.1 s; raise it for batches that take a worker longer
+    worker_timeout: float = ranged(60.0, 0.1)
 
 
 @dataclass

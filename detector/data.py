@@ -343,6 +343,7 @@ def loader_for(dataset, cfg, layout: str, device: torch.device) -> BatchLoader:
         batch_shape=(cfg.batch_size, 1, cfg.image_size, cfg.image_size),
         workers=resolve_workers(cfg.num_workers),
         device=torch.device(device),
+        worker_timeout=cfg.worker_timeout,
     )
 
 

@@ -17,13 +17,14 @@ process.
 
 A batch is a pure function of its index (``draw``): the same whatever the number of workers.
 
-Faults: a worker that dies, however (a signal, ``os._exit``, the kernel's out-of-memory killer), ends the
-iteration at the consumer's next batch with ``DataWorkerDied``, one line naming the worker and its exit
-code, even when every batch due was drawn already (a wait watches the workers' exits as well as their pipes).
-Nothing waits on a worker without a bound: each worker writes its results into its own pipe (a worker
-killed half-way through a message, which may well exceed the pipe's 64 KiB, leaves the partial message in
-its own pipe only, and holds no lock another worker needs), and the main process reads the pipes without
-blocking, gathering bytes until a whole message is there, while it watches the workers' exits.
+Faults end the iteration at the consumer's next batch in one line naming the worker (``DataWorkerDied``): a
+worker that dies, however (a signal, ``os._exit``, the kernel's out-of-memory killer), even when every batch
+due was drawn already (a wait watches the workers' exits as well as their pipes); one that raises (its
+exception; the traceback is the error's cause); one that delivers nothing for ``worker_timeout`` seconds while
+a batch is due (stopped, or stuck: named with the batch it holds). Nothing waits on a worker without a bound:
+each writes its results into its own pipe (a worker killed half-way through a message, which may well exceed
+the pipe's 64 KiB, leaves the partial message in its own pipe only, and holds no lock another worker needs),
+and the main process reads the pipes without blocking, gathering bytes until a whole message is there.
 Before the ring is allocated, its size is checked against the memory available (``MemoryRefusal``).
 """
 
@@ -37,6 +38,7 @@ import pickle
 import queue
 import signal
 import struct
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -59,6 +61,20 @@ class DataWorkerDied(UserError, RuntimeError):
     UserError so that the command ends with exit status 2 and no traceback of the main process's wait)."""
 
 
+class DataWorkerStalled(DataWorkerDied):
+    """A data worker delivered nothing for data.worker_timeout seconds while a batch was due: stopped (kill -STOP,
+    a debugger) or stuck. Without a bound the run would wait for it for good."""
+
+
+class DataWorkerFailed(DataWorkerDied):
+    """A data worker raised drawing a batch: one line with its exception; its traceback is the cause, which
+    ``--debug`` shows."""
+
+
+class WorkerTraceback(Exception):
+    """A worker's traceback, the cause of a DataWorkerFailed (a traceback cannot cross processes; its text can)."""
+
+
 class MemoryRefusal(UserError, MemoryError):
     """What a run would allocate does not fit the memory available: refused before allocating it."""
 
@@ -78,14 +94,21 @@ def available_memory() -> int | None:
     return None
 
 
+# What a command checks is a floor: the backward's temporaries, the allocator's slack and the interpreter with its
+# libraries (about 1 GiB a process) come on top, and the rest of the machine needs room too. Using all that is
+# available heads for the kernel's out-of-memory killer: a command may take this share of it
+HOST_SHARE = 2 / 3
+
+
 def check_memory(subject: str, needed: int, hint: str, detail: str = "") -> None:
-    """Refuse in one line when ``needed`` bytes exceed the machine's available memory (unknown: no check):
-    "<subject> <needed> GiB of memory<detail>, but this machine has ... available: <hint>"."""
+    """Refuse in one line when ``needed`` bytes exceed HOST_SHARE of the machine's available memory (unknown: no
+    check): "<subject> <needed> GiB of memory<detail>, but this machine has ... available ...: <hint>"."""
     available = available_memory()
-    if available is not None and needed > available:
+    if available is not None and needed > available * HOST_SHARE:
         raise MemoryRefusal(
             f"{subject} {needed / GIB:.1f} GiB of memory{detail}, but this machine has {available / GIB:.1f} GiB "
-            f"available (MemAvailable): {hint}"
+            f"available (MemAvailable), of which a command may take 2/3, {available * HOST_SHARE / GIB:.1f} GiB: "
+            f"{hint}"
         )
 
 
@@ -102,6 +125,7 @@ class BatchLoader:
     workers: int
     device: torch.device
     slots: int | None = None
+    worker_timeout: float = 60.0  # seconds a worker may deliver nothing while a batch is due (data.worker_timeout)
 
     def __len__(self) -> int:
         return self.batches
@@ -204,9 +228,15 @@ class Inbox:
         return messages
 
 
-def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int], stop, parent: int) -> None:
-    """A worker: draws the batches of ``tasks`` into their slots until told to stop or orphaned."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the process group: the main process stops us
+IDLE, DRAWING, SENDING = 0, 1, 2  # a worker's phase, which it writes into the ring's shared ``doing`` array
+PHASES = {IDLE: "waiting for a task", DRAWING: "drawing", SENDING: "sending"}
+
+
+def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int], stop, parent: int, doing, i) -> None:
+    """Worker i: draws the batches of ``tasks`` into their slots until told to stop or orphaned; writes its batch
+    and phase into doing[2i : 2i + 2] (shared memory), which names it if it stalls."""
+    for signum in (signal.SIGINT, signal.SIGTERM):  # both reach the process group: the main process stops us
+        signal.signal(signum, signal.SIG_IGN)
     for fd in read_fds:  # the read ends forked with us: once the main process closes its own, our write fails at once
         os.close(fd)
     torch.set_num_threads(1)  # one core per worker, as DataLoader's workers
@@ -218,14 +248,17 @@ def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int],
         if task is None or stop.value:  # queued tasks are dropped once we are stopped
             return
         batch, slot = task
+        doing[2 * i], doing[2 * i + 1] = batch, DRAWING
         try:
             message = (batch, slot, host_arrays(draw(batch, slots[slot])), None)
-        except Exception:  # reported to the main process, which raises it
-            message = (batch, slot, None, traceback.format_exc())
+        except Exception as err:  # reported to the main process, which raises it
+            message = (batch, slot, None, (f"{type(err).__name__}: {err}", traceback.format_exc()))
+        doing[2 * i + 1] = SENDING
         try:
             send(result_fd, message)
         except BrokenPipeError:  # the main process has gone: nobody to report to
             return
+        doing[2 * i + 1] = IDLE
 
 
 def exit_description(code: int | None) -> str:
@@ -240,8 +273,123 @@ def exit_description(code: int | None) -> str:
     return f"exited unexpectedly with code {code}"
 
 
+STATES = {"T": "stopped by a signal, as kill -STOP does", "t": "stopped by a debugger", "D": "waiting on a device"}
+
+
+def process_state(pid: int) -> str:
+    """What the kernel says a process is doing (Linux's /proc), in a few words; "" where unknown or running."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return STATES.get(f.read().rpartition(")")[2].split()[0], "")
+    except (OSError, IndexError):
+        return ""
+
+
+class Workers:
+    """A ring's worker processes: the task queue they share, a result pipe each, and what each is doing (its
+    batch and phase, in shared memory). ``receive`` raises a worker's error, its death, or its stall: nothing
+    delivered for ``worker_timeout`` seconds while a batch is due."""
+
+    def __init__(self, loader: BatchLoader, slots: Tensor):
+        context = multiprocessing.get_context("fork")  # workers inherit the slots and `draw`, nothing is pickled
+        self.batches, self.timeout = loader.batches, loader.worker_timeout
+        # tasks: one queue, written by this process only (a task is far below a pipe's atomic write size), read
+        # by whichever worker is free; results: a pipe per worker, so that no worker's death blocks another
+        # stop: a flag in shared memory, not an Event, whose lock a worker killed inside is_set() would keep
+        self.tasks, self.stop = context.Queue(), context.RawValue("b", 0)
+        self.doing = context.RawArray("q", [-1, IDLE] * loader.workers)  # per worker: its batch, its phase
+        self.processes, self.inboxes, self.last_message = [], [], time.monotonic()
+        try:
+            for i in range(loader.workers):
+                self.start(context, loader.draw, slots, i)
+        except BaseException:
+            self.close()  # the workers started so far
+            raise
+
+    def start(self, context, draw, slots: Tensor, i: int) -> None:
+        read_fd, write_fd = os.pipe()
+        self.inboxes.append(Inbox(read_fd))
+        read_fds = [inbox.fd for inbox in self.inboxes]
+        args = (draw, slots, self.tasks, write_fd, read_fds, self.stop, os.getpid(), self.doing, i)
+        process = context.Process(target=worker_loop, args=args, daemon=True)  # daemon: killed at our exit
+        try:
+            process.start()
+        finally:
+            os.close(write_fd)  # the worker has its own copy
+        self.processes.append(process)
+
+    def submit(self, batch: int, slot: int) -> None:
+        self.tasks.put((batch, slot))
+
+    def receive(self, block: bool, wanted: int, since: float = 0.0) -> list[tuple[int, int, tuple]]:
+        """The batches drawn since the last call, as (batch, slot, host_arrays message); with ``block``, waits
+        for at least one, WATCHDOG_SECONDS at a time, while batch ``wanted`` is due since ``since``."""
+        while True:
+            watched = [inbox.fd for inbox in self.inboxes] + [p.sentinel for p in self.processes]
+            ready = multiprocessing.connection.wait(watched, min(WATCHDOG_SECONDS, self.timeout) if block else 0)
+            drawn = []
+            for i, inbox in enumerate(self.inboxes):
+                for batch, slot, targets, error in inbox.read() if inbox.fd in ready else []:
+                    if error is not None:
+                        raise DataWorkerFailed(
+                            f"{self.name(i)} raised {error[0]} drawing batch {batch} of {self.batches} "
+                            "(its traceback: --debug)"
+                        ) from WorkerTraceback(error[1])
+                    drawn.append((batch, slot, targets))
+            if drawn:
+                self.last_message = time.monotonic()
+            self.check(wanted)
+            if drawn or not block:
+                return drawn
+            waited = time.monotonic() - max(since, self.last_message)
+            if waited > self.timeout:
+                raise self.stalled(wanted, waited)
+
+    def check(self, wanted: int) -> None:
+        """Raise DataWorkerDied if a worker has ended: workers end only when the ring closes."""
+        for i, process in enumerate(self.processes):
+            if process.exitcode is not None:
+                raise DataWorkerDied(
+                    f"{self.name(i)} {exit_description(process.exitcode)}, before batch {wanted} of "
+                    f"{self.batches} was loaded"
+                )
+
+    def name(self, i: int, state: str = "") -> str:
+        return f"data worker {i + 1} of {len(self.processes)} (pid {self.processes[i].pid}{state})"
+
+    def stalled(self, wanted: int, waited: float) -> DataWorkerStalled:
+        """The stall, naming the worker that holds batch ``wanted``, else one the kernel says is stopped, else a
+        busy one, and what it was doing."""
+        workers = [(i, self.doing[2 * i], self.doing[2 * i + 1]) for i in range(len(self.processes))]
+        states = {i: process_state(p.pid) for i, p in enumerate(self.processes)}
+        i, batch, phase = min(workers, key=lambda w: (w[1] != wanted or w[2] == IDLE, not states[w[0]], w[2] == IDLE))
+        doing = PHASES[IDLE] if phase == IDLE else f"{PHASES[phase]} batch {batch} of {self.batches}"
+        return DataWorkerStalled(
+            f"{self.name(i, ', ' + states[i] if states[i] else '')} delivered nothing for {waited:.0f} s, while "
+            f"{doing}, with batch {wanted} due (data.worker_timeout={self.timeout:g}): stopped or stuck"
+        )
+
+    def close(self) -> None:
+        """Stop the workers (at once: a batch half drawn is dropped)."""
+        for inbox in self.inboxes:  # first: a worker blocked writing a result nobody will read fails at once
+            os.close(inbox.fd)
+        self.inboxes = []
+        self.stop.value = 1
+        for _ in self.processes:
+            self.tasks.put(None)  # wakes a waiting worker at once
+        for process in self.processes:
+            process.join(timeout=WATCHDOG_SECONDS)
+        for process in self.processes:  # still drawing, or stopped: nothing of it is needed (workers ignore SIGTERM)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=WATCHDOG_SECONDS)
+        self.tasks.cancel_join_thread()  # do not block our exit on tasks nobody will read
+        self.tasks.close()
+        self.processes = []
+
+
 class Ring:
-    """One iteration's slots, workers and copies (see the module docstring)."""
+    """One iteration's slots and copies, fed by its ``Workers`` (see the module docstring)."""
 
     def __init__(self, loader: BatchLoader):
         self.loader, self.device = loader, loader.device
@@ -257,56 +405,37 @@ class Ring:
         self.staged = {}  # batch -> (images, targets, copy event, device tensors) ready for the consumer
         self.copying = deque()  # (event, slot): a slot goes back to `free` once its copy has finished
         self.next_task = 0  # the next batch to hand to a worker
-        self.wanted = 0  # the batch the consumer asks for
-        self.stream, self.locked, self.processes, self.inboxes = None, False, [], []
+        self.stream, self.locked, self.workers = None, False, None
         try:
             if loader.workers:  # before page-locking: a driver may keep locked pages out of a forked child
-                self.start_workers()
+                self.workers = Workers(loader, self.slots)
+                self.submit()
             if self.device.type == "cuda":
                 self.stream = torch.cuda.Stream(self.device)
                 page_lock(self.slots)
                 self.locked = True
         except BaseException:
-            self.close()  # the workers started so far
+            self.close()
             raise
-
-    def start_workers(self) -> None:
-        context = multiprocessing.get_context("fork")  # workers inherit the slots and `draw`, nothing is pickled
-        # tasks: one queue, written by this process only (a task is far below a pipe's atomic write size), read
-        # by whichever worker is free; results: a pipe per worker, so that no worker's death blocks another
-        # stop: a flag in shared memory, not an Event, whose lock a worker killed inside is_set() would keep
-        self.tasks, self.stop = context.Queue(), context.RawValue("b", 0)
-        for _ in range(self.loader.workers):
-            read_fd, write_fd = os.pipe()
-            self.inboxes.append(Inbox(read_fd))
-            read_fds = [inbox.fd for inbox in self.inboxes]
-            args = (self.loader.draw, self.slots, self.tasks, write_fd, read_fds, self.stop, os.getpid())
-            process = context.Process(target=worker_loop, args=args, daemon=True)  # daemon: killed at our exit
-            try:
-                process.start()
-            finally:
-                os.close(write_fd)  # the worker has its own copy
-            self.processes.append(process)
-        self.submit()
 
     def submit(self) -> None:
         """Hand every free slot to the workers, with the next batches in order."""
-        while self.processes and self.free and self.next_task < self.loader.batches:
-            self.tasks.put((self.next_task, self.free.popleft()))
+        while self.workers and self.free and self.next_task < self.loader.batches:
+            self.workers.submit(self.next_task, self.free.popleft())
             self.next_task += 1
 
     def take(self, b: int) -> tuple[Tensor, Targets]:
         """Batch b (the caller asks in order), on the device; the next batch's copy is issued meanwhile."""
         with torch.profiler.record_function(LOADER_LABEL):
-            self.wanted = b
-            self.check_workers()  # also when every batch due is drawn already: a death never goes unnoticed
+            if self.workers:
+                self.workers.check(b)  # also when every batch due is drawn already: a death never goes unnoticed
             self.recycle()
             if b not in self.staged:
                 self.stage(b, *self.wait_for(b))
             images, targets, event, tensors = self.staged.pop(b)
             if self.stream is not None:
-                if self.processes:
-                    self.receive(block=False)
+                if self.workers:
+                    self.collect(b, block=False)
                 if b + 1 in self.drawn:  # prefetch: its copy overlaps the consumer's step
                     self.stage(b + 1, *self.drawn.pop(b + 1))
                 consumer = torch.cuda.current_stream(self.device)
@@ -317,43 +446,21 @@ class Ring:
 
     def wait_for(self, b: int) -> tuple[int, tuple]:
         """(slot, host_arrays message) of batch b, drawn in this process (0 workers) or waited for."""
+        since = time.monotonic()
         while b not in self.drawn:
-            if not self.free and (not self.processes or self.next_task <= b):
+            if not self.free and (not self.workers or self.next_task <= b):
                 self.release(*self.copying.popleft())  # every slot waits for a copy: wait for the oldest
-            if not self.processes:
+            if not self.workers:
                 slot = self.free.popleft()
                 return slot, host_arrays(self.loader.draw(b, self.slots[slot]))
             self.submit()
-            self.receive(block=True)
+            self.collect(b, block=True, since=since)
         return self.drawn.pop(b)
 
-    def receive(self, block: bool) -> None:
-        """Collect drawn batches from the workers (with ``block``, wait for at least one, WATCHDOG_SECONDS at
-        a time); raise a worker's error, or on a worker's death."""
-        while True:
-            watched = [inbox.fd for inbox in self.inboxes] + [p.sentinel for p in self.processes]
-            ready = multiprocessing.connection.wait(watched, WATCHDOG_SECONDS if block else 0)
-            received = False
-            for inbox in self.inboxes:
-                if inbox.fd in ready:
-                    for batch, slot, targets, error in inbox.read():
-                        if error is not None:
-                            raise RuntimeError(f"data worker failed drawing batch {batch}:\n{error}")
-                        self.drawn[batch] = (slot, targets)
-                        received = True
-            self.check_workers()
-            if received or not block:
-                return
-
-    def check_workers(self) -> None:
-        """Raise DataWorkerDied if a worker has ended: workers end only when the ring closes."""
-        for i, process in enumerate(self.processes):
-            if process.exitcode is not None:
-                raise DataWorkerDied(
-                    f"data worker {i + 1} of {len(self.processes)} (pid {process.pid}) "
-                    f"{exit_description(process.exitcode)}, before batch {self.wanted} of "
-                    f"{self.loader.batches} was loaded"
-                )
+    def collect(self, b: int, block: bool, since: float = 0.0) -> None:
+        """Gather the batches the workers have drawn (``block``: wait for one), while batch b is due."""
+        for batch, slot, targets in self.workers.receive(block, b, since):
+            self.drawn[batch] = (slot, targets)
 
     def stage(self, b: int, slot: int, message: tuple) -> None:
         """Batch b's images and targets as the consumer gets them: copied to the device, or out of the slot."""
@@ -381,24 +488,10 @@ class Ring:
         self.free.append(slot)
 
     def close(self) -> None:
-        """Stop the workers (at once: a batch half drawn is dropped), then unlock the slots once no copy reads them."""
-        for inbox in self.inboxes:  # first: a worker blocked writing a result nobody will read fails at once
-            os.close(inbox.fd)
-        self.inboxes = []
-        if self.processes:
-            self.stop.value = 1
-            for _ in self.processes:
-                self.tasks.put(None)  # wakes a waiting worker at once
-            for process in self.processes:
-                process.join(timeout=WATCHDOG_SECONDS)
-            for stop in (lambda p: p.terminate(), lambda p: p.kill()):  # still drawing: nothing of it is needed
-                for process in self.processes:
-                    if process.is_alive():
-                        stop(process)
-                        process.join(timeout=WATCHDOG_SECONDS)
-            self.tasks.cancel_join_thread()  # do not block our exit on tasks nobody will read
-            self.tasks.close()
-            self.processes = []
+        """Stop the workers, then unlock the slots once no copy reads them."""
+        if self.workers:
+            self.workers.close()
+            self.workers = None
         if self.locked:
             self.stream.synchronize()
             page_unlock(self.slots)

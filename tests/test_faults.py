@@ -1,6 +1,8 @@
-"""Faults from the command line: a data worker killed mid-run, Ctrl-C, and sizes that cannot fit each end a
-command in one line with its exit status, never a hang or a traceback, and leave a state that resumes."""
+"""Faults from the command line: a data worker killed, stopped or raising mid-run, Ctrl-C (once or twice), SIGTERM,
+and sizes that cannot fit each end a command in one line with its exit status, never a hang or a traceback, and
+leave a state that resumes."""
 
+import multiprocessing
 import os
 import re
 import signal
@@ -16,10 +18,11 @@ from train_helpers import TINY as TRAIN_TINY
 
 from detector import cli, data
 from detector.config import load_config
-from detector.loader import GIB, MemoryRefusal
+from detector.loader import GIB, DataWorkerFailed, MemoryRefusal, WorkerTraceback
 from detector.train import checkpoint
 from detector.train.checkpoint import read_checkpoint, save_checkpoint
-from detector.train.loop import check_run_memory, run_memory
+from detector.train.interrupt import DeferredInterrupt, Terminated
+from detector.train.memory import check_command_memory, check_run_memory, run_memory
 
 # the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps
 TINY = [*TRAIN_TINY, "train.checkpoint_every=3"]
@@ -127,7 +130,61 @@ def alive(pid: int) -> bool:
         return False
 
 
-# ----------------------------------------------------------------------------- Ctrl-C
+def test_a_worker_that_raises_stops_the_run_in_one_line_with_its_exception_and_the_last_checkpoint(
+    tmp_path, monkeypatch, capsys
+):
+    """The exception in the line, exit status 2; with --debug the worker's own traceback, as the error's cause."""
+    draw = data.FaceSampler.draw_batch
+
+    def broken_at_batch_9(self, indices, out):
+        if indices[0] == 9 * 4 and multiprocessing.parent_process() is not None:  # in a worker only
+            raise ValueError("sample 36 is broken")
+        return draw(self, indices, out)
+
+    monkeypatch.setattr(data.FaceSampler, "draw_batch", broken_at_batch_9)  # the forked workers inherit it
+    run = [*TINY, "train.steps=12", "data.num_workers=2", f"train.out_dir={tmp_path}"]
+    assert cli.main(["train", *run]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    pattern = (
+        r"error: data worker [12] of 2 \(pid \d+\) raised ValueError: sample 36 is broken drawing batch 9 of 12 "
+        r"\(its traceback: --debug\); the run stopped after step (\d+); its last checkpoint is step (\d+) in "
+        r"\S+checkpoint.pt: continue with train.resume=true"
+    )
+    stopped, kept = map(int, re.fullmatch(pattern, line).groups())
+    assert 3 <= stopped <= 9 and kept == 3 * (stopped // 3)
+    with pytest.raises(DataWorkerFailed) as err:
+        cli.main(["train", "--debug", *run])
+    assert isinstance(err.value.__cause__, WorkerTraceback)
+    assert 'raise ValueError("sample 36 is broken")' in str(err.value.__cause__)
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers through Linux's /proc")
+def test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_timeout(tmp_path):
+    """kill -STOP of the worker: it delivers nothing, and the run would wait for it for good. After
+    data.worker_timeout seconds without a batch: exit status 2, one line naming the worker, its state and the
+    batch, and no process left behind (the stopped worker is killed)."""
+    process = start_training(tmp_path, "data.num_workers=1", "data.worker_timeout=2")
+    wait_for_step(process, 2)
+    (worker,) = children(process.pid)
+    os.kill(worker, signal.SIGSTOP)
+    start = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 2 and 2 <= time.monotonic() - start < 20
+    pattern = (
+        rf"error: data worker 1 of 1 \(pid {worker}, stopped by a signal, as kill -STOP does\) delivered nothing "
+        r"for [2-9] s, while (waiting for a task|(drawing|sending) batch (\d+) of 100000), with batch (\d+) due "
+        r"\(data.worker_timeout=2\): stopped or stuck; the run stopped after step (\d+); its last checkpoint is step "
+        r"\d+ in \S+: continue with train.resume=true"
+    )
+    named = re.fullmatch(pattern, one_error_line(err))  # stopped as it drew a batch, or as it waited for one
+    assert named and int(named[4]) == int(named[5]) and named[3] in (None, named[4]), err
+    deadline = time.monotonic() + 10
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(worker)
+
+
+# ----------------------------------------------------------------------------- Ctrl-C and SIGTERM
 
 
 def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path):
@@ -146,22 +203,79 @@ def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path):
     assert read_checkpoint(tmp_path / "default" / "padded" / "checkpoint.pt")["step"] == kept + 2
 
 
-def test_ctrl_c_within_the_loop_stops_it_between_steps_and_a_second_at_once():
-    """The first SIGINT only sets a flag (no KeyboardInterrupt inside whatever the loop is calling), which the
-    loop's check raises at the next step; a second raises where it lands; the handler before is restored."""
-    from detector.train.loop import DeferredInterrupt
-
-    before = signal.getsignal(signal.SIGINT)
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_within_the_loop_asks_for_a_stop_between_steps_and_a_second_stops_it_at_once(signum):
+    """The first signal only sets a flag (no exception inside whatever the loop is calling), which the loop
+    reads at the next step; a second raises where it lands; the handlers before are restored."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    expected = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
     with DeferredInterrupt() as interrupt:
-        interrupt.check()  # nothing requested yet
-        os.kill(os.getpid(), signal.SIGINT)
+        assert interrupt.requested is None  # nothing requested yet
+        os.kill(os.getpid(), signum)
         time.sleep(0.01)  # Python runs the handler at the next bytecode: no exception here
-        with pytest.raises(KeyboardInterrupt):
-            interrupt.check()
-        with pytest.raises(KeyboardInterrupt):
-            os.kill(os.getpid(), signal.SIGINT)
+        assert interrupt.requested == signum
+        with pytest.raises(expected) as err:
+            os.kill(os.getpid(), signum)
             time.sleep(1)
-    assert signal.getsignal(signal.SIGINT) is before
+        assert type(err.value) is expected
+        os.kill(os.getpid(), signum)  # the stop is under way: ignored
+        time.sleep(0.01)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_loop_raises_the_stop_it_was_asked_for_and_ignores_later_signals():
+    with DeferredInterrupt() as interrupt:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.01)
+        assert isinstance(interrupt.stop(), Terminated)
+        os.kill(os.getpid(), signal.SIGINT)  # during the wind-down: ignored
+        time.sleep(0.01)
+
+
+def test_sigterm_stops_the_run_with_a_checkpoint_in_one_line_exit_143_and_it_resumes_exactly(tmp_path):
+    """As a scheduler stops a job: SIGTERM to the process group (the data workers ignore it). The run writes a
+    checkpoint of the steps so far and says so in one line; resumed, its losses are an uninterrupted run's."""
+    process = start_training(tmp_path / "split")
+    wait_for_step(process, 7)
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 143
+    pattern = (
+        r"terminated: the run stopped after step (\d+); its last checkpoint is step (\d+) in (\S+): continue with "
+    )
+    stopped, kept, path = re.fullmatch(pattern + "train.resume=true", one_error_line(err, "terminated: ")).groups()
+    assert int(stopped) == int(kept) >= 7 and read_checkpoint(Path(path))["step"] == int(kept)
+    run = [*TINY, "train.steps=100000", f"train.stop_after={int(kept) + 2}"]
+    assert cli.main(["train", *run, f"train.out_dir={tmp_path / 'split'}", "train.resume=true"]) == 0
+    assert cli.main(["train", *run, f"train.out_dir={tmp_path / 'straight'}"]) == 0
+    resumed = read_checkpoint(tmp_path / "split" / "default" / "padded" / "checkpoint.pt")["losses"]
+    straight = read_checkpoint(tmp_path / "straight" / "default" / "padded" / "checkpoint.pt")["losses"]
+    assert resumed == straight and len(straight) == int(kept) + 2
+
+
+@pytest.mark.parametrize("apart", [0.05, 0.3])
+def test_ctrl_c_twice_prints_the_one_line_and_nothing_after(tmp_path, apart):
+    """The second Ctrl-C lands in the checkpoint, the workers' or the writer's closing, or the interpreter's exit
+    (atexit): ignored, since the stop is under way; nothing but the one line is printed."""
+    process = start_training(tmp_path)
+    wait_for_step(process, 3)
+    os.killpg(process.pid, signal.SIGINT)
+    time.sleep(apart)
+    if process.poll() is None:
+        os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=30)
+    assert process.returncode == 130 and "the run stopped after step" in one_error_line(err, "interrupted: ")
+
+
+def test_sigterm_of_any_command_is_one_line_and_exit_143(monkeypatch, capsys):
+    def terminated(*args):
+        os.kill(os.getpid(), signal.SIGTERM)  # the command's own handler turns it into Terminated
+        time.sleep(5)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(cli, "run", terminated)
+    assert cli.main(["strategies"]) == 143
+    assert capsys.readouterr().err == "terminated\n" and signal.getsignal(signal.SIGTERM) is before
 
 
 def test_ctrl_c_of_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
@@ -209,6 +323,7 @@ def test_the_estimate_names_each_part_and_the_memory_available(monkeypatch):
     message = str(err.value)
     assert f"needs at least {sum(need.values()) / GIB:.1f} GiB of memory" in message
     assert "the loader's ring of batch slots 30.5 GiB" in message and "has 23.0 GiB available" in message
+    assert "of which a command may take 2/3, 15.3 GiB" in message
     small = load_config(["preset=cpu"])
     check_run_memory(small, 1, torch.device("cpu"))  # the CPU preset fits
 
@@ -225,3 +340,61 @@ def test_on_a_gpu_the_model_is_checked_against_its_free_memory(monkeypatch):
     cfg = load_config(["preset=seed_scale"])  # the ~1.1 B-parameter detector: 17.5 GB of state
     with pytest.raises(MemoryRefusal, match=r"needs at least \d+\.\d GiB on cuda:0 .* but it has 4.0 GiB free"):
         check_run_memory(cfg, 1, torch.device("cuda:0"))
+
+
+def test_a_margin_is_kept_below_the_memory_available(monkeypatch):
+    """16 GiB asked with 22 GiB available heads for the out-of-memory killer: refused; with 25 GiB it fits."""
+    cfg = load_config(["preset=cpu", "data.image_size=64", "data.num_workers=0", "data.batch_size=70000"])
+    need = sum(run_memory(cfg, 1, torch.device("cpu")).values())
+    assert 15 * GIB < need < 16.5 * GIB  # about 16 GiB, most of it the activations
+    monkeypatch.setattr("detector.loader.available_memory", lambda: 22 * GIB)
+    with pytest.raises(MemoryRefusal, match=r"this run needs at least 1\d\.\d GiB .* has 22\.0 GiB available"):
+        check_run_memory(cfg, 1, torch.device("cpu"))
+    monkeypatch.setattr("detector.loader.available_memory", lambda: 25 * GIB)
+    check_run_memory(cfg, 1, torch.device("cpu"))
+
+
+@pytest.mark.parametrize(
+    "command", [["profile", "profile.timed=0"], ["bench", "step"], ["train", "train.steps=2", "train.eval_batches=1"]]
+)
+def test_each_command_refuses_what_cannot_fit_in_one_line_before_allocating_it(command, tmp_path, monkeypatch, capsys):
+    """16 GiB of activations with 12 GiB available: refused with the figures by profile, bench step and train alike,
+    before a model is built or a folder written."""
+    monkeypatch.setattr("detector.loader.available_memory", lambda: 12 * GIB)
+    where = {"profile": "profile.out_dir", "bench": "bench.out", "train": "train.out_dir"}[command[0]]
+    start = time.monotonic()
+    size = ["preset=cpu", "data.image_size=64", "data.batch_size=80000", "data.length=100000000"]
+    assert cli.main([*command, *size, f"{where}={tmp_path / 'out'}"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert time.monotonic() - start < 60 and not (tmp_path / "out").exists()
+    subject = {"profile": "this profile", "bench": "bench step", "train": "this run"}[command[0]]
+    assert re.match(rf"error: {subject} needs at least \d+\.\d GiB of memory \(", line), line
+    assert re.search(r"the activations of a batch 1\d\.\d GiB.* has 12\.0 GiB available \(MemAvailable\)", line), line
+    assert "lower data.batch_size" in line
+
+
+@pytest.mark.parametrize("command", [["profile"], ["bench", "step"]])
+def test_a_batch_larger_than_the_data_is_one_line(command, tmp_path, capsys):
+    where = {"profile": "profile.out_dir", "bench": "bench.out"}[command[0]]
+    out = f"{where}={tmp_path / 'out'}"
+    assert cli.main([*command, "preset=cpu", "data.batch_size=2000000", "data.image_size=64", out]) == 2
+    assert one_error_line(capsys.readouterr().err) == (
+        "error: data.batch_size=2000000 is larger than data.length=1000000: not one batch can be drawn; lower "
+        "data.batch_size or raise data.length"
+    )
+    if command == ["profile"]:  # 5 + 5 + 10 + 10 batches of the profiler's schedule and the timed steps
+        assert cli.main(["profile", "preset=cpu", "data.batch_size=10", "data.length=100", out]) == 2
+        assert one_error_line(capsys.readouterr().err) == (
+            "error: this profile reads 30 batches of data.batch_size=10 images (300), more than data.length=100: "
+            "raise data.length"
+        )
+    assert not (tmp_path / "out").exists()
+
+
+def test_on_a_gpu_a_profile_is_checked_against_its_free_memory(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (10 * GIB, 80 * GIB))  # no GPU here: mocked
+    cfg = load_config(["preset=seed_scale"])  # 17.5 GB of weights, gradients and AdamW's moments
+    with pytest.raises(MemoryRefusal, match=r"this profile needs at least \d+\.\d GiB on cuda:0 \(the model with"):
+        check_command_memory(cfg, torch.device("cuda:0"), "profile", batches=30)
+    forward = load_config(["preset=seed_scale", "profile.mode=forward", "data.batch_size=64"])  # weights only
+    check_command_memory(forward, torch.device("cuda:0"), "profile", batches=30)

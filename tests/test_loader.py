@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import pickle
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 from detector.config import DataConfig
 from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
 from detector.errors import UserError
-from detector.loader import HEADER, DataWorkerDied, page_unlock
+from detector.loader import HEADER, DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
 from detector.regions import DATA_WAIT, LOADER_LABEL, region_of_label
 
 
@@ -108,19 +109,21 @@ def test_a_generic_dataset_is_loaded_item_by_item():
 
 
 class Failing:
-    """Items 0-4 of a dataset; item 5 raises, or kills its worker."""
+    """Items 0-4 of a dataset; item 5 raises, kills its worker, or stops it (SIGSTOP, as kill -STOP)."""
 
-    def __init__(self, how: str):
-        self.how = how
+    def __init__(self, how: str, length: int = 12):
+        self.how, self.length = how, length
 
     def __len__(self):
-        return 12
+        return self.length
 
     def __getitem__(self, i):
         if i == 5 and self.how == "raise":
             raise ValueError("sample 5 is broken")
         if i == 5 and self.how == "exit":
             os._exit(3)
+        if i == 5 and self.how == "stop" and multiprocessing.parent_process() is not None:
+            os.kill(os.getpid(), signal.SIGSTOP)
         return torch.zeros(1, 8, 8, dtype=torch.uint8), torch.zeros(0, 4, dtype=torch.uint8)
 
 
@@ -128,11 +131,41 @@ def worker_processes():
     return multiprocessing.active_children()  # the loader's workers are this process's only children
 
 
-def test_a_worker_error_surfaces_with_its_traceback():
+def test_a_worker_error_is_one_line_with_its_exception_and_its_traceback_as_the_cause():
     loader = loader_for(Failing("raise"), data_cfg(image_size=8, num_workers=2), "packed", torch.device("cpu"))
-    with pytest.raises(RuntimeError, match="(?s)data worker failed drawing batch 1.*ValueError: sample 5 is broken"):
+    with pytest.raises(DataWorkerFailed) as err:
         list(loader)
+    pattern = r"data worker [12] of 2 \(pid \d+\) raised ValueError: sample 5 is broken drawing batch 1 of 3 "
+    assert re.fullmatch(pattern + r"\(its traceback: --debug\)", str(err.value)), str(err.value)
+    assert isinstance(err.value, DataWorkerDied) and isinstance(err.value, UserError)  # exit status 2 in the CLI
+    cause = str(err.value.__cause__)  # the worker's own traceback, which --debug prints
+    assert isinstance(err.value.__cause__, WorkerTraceback) and "Traceback (most recent call last)" in cause
+    assert 'in __getitem__\n    raise ValueError("sample 5 is broken")' in cause
     assert not worker_processes()
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="names a stopped worker through Linux's /proc")
+def test_a_stopped_worker_is_named_with_its_batch_once_it_has_delivered_nothing_for_the_timeout():
+    """The worker drawing batch 1 stops itself (SIGSTOP, as kill -STOP would); the other draws every batch it can
+    until the ring is full. The stall is reported once nothing has come for worker_timeout seconds, naming the
+    stopped worker and the batch it holds, and the stopped worker is killed with the others."""
+    cfg = data_cfg(image_size=8, num_workers=2, batch_size=4)
+    loader = dataclasses.replace(loader_for(Failing("stop", 40), cfg, "packed", "cpu"), worker_timeout=1.5)
+    batches = iter(loader)
+    assert next(batches)[0].shape == (4, 1, 8, 8)  # batch 0
+    pids = [p.pid for p in worker_processes()]
+    start = time.monotonic()
+    with pytest.raises(DataWorkerStalled) as err:
+        next(batches)
+    waited = time.monotonic() - start
+    assert 1.5 <= waited < 5, waited
+    pattern = (
+        r"data worker [12] of 2 \(pid (\d+), stopped by a signal, as kill -STOP does\) delivered nothing for [1-4] s, "
+        r"while drawing batch 1 of 10, with batch 1 due \(data.worker_timeout=1.5\): stopped or stuck"
+    )
+    named = re.fullmatch(pattern, str(err.value))
+    assert named and int(named[1]) in pids, str(err.value)
+    assert not worker_processes()  # the stopped worker too: killed as the iteration ended
 
 
 def test_a_dead_worker_is_reported_not_waited_for():

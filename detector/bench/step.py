@@ -28,6 +28,7 @@ from detector.data import build_loader, images_per_second, to_device
 from detector.errors import UserError
 from detector.lab.tables import markdown_table, run_header, significant, spread_cell
 from detector.model import build_model
+from detector.train.memory import check_command_memory
 from detector.train.step import TrainStep
 
 # The bytes one optimizer pass must move per parameter (train/optimizer.py): the clip's norm reads the fp32
@@ -123,6 +124,7 @@ def step_stats(cfg: DictConfig, device: torch.device, batch, pieces: bool) -> di
 
 def run_bench(cfg: DictConfig) -> dict:
     device = resolve_device(cfg)
+    check_command_memory(cfg, device, "bench", batches=1)
     print(f"bench step: {run_header(device)}, batch {cfg.data.batch_size} x {cfg.data.image_size}px")
     batch = device_batch(cfg, "padded", device)
     unknown = set(cfg.bench.variants) - set(VARIANTS)

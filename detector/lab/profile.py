@@ -55,6 +55,7 @@ from detector.losses import get_strategy
 from detector.train import distributed
 from detector.train.distributed import DistEnv
 from detector.train.folders import new_run_dir
+from detector.train.memory import check_command_memory
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
 
@@ -72,6 +73,7 @@ def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
 
 def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[Path, ProfileRecord, Extract]:
     pcfg = cfg.profile
+    check_command_memory(cfg, device, "profile", batches=pcfg.wait + pcfg.warmup + pcfg.active + pcfg.timed)
     step = TrainStep(cfg, device, env.world_size)  # the training step of this config; refuses what cannot run here
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
     run_dir = rank_run_dir(Path(pcfg.out_dir) / folder, env)

@@ -17,6 +17,10 @@ What NJT cannot express here, and what stands in for it (torch 2.11 to 2.13):
   can), so the intersection is multiplied by the overlap mask: for the finite coordinates of valid
   boxes the value and the gradient of ``where``.
 - no component at all (B = 0, M = 0, no box): handled before any NJT is built, from host shapes.
+- packed boxes whose number N is not the sum of the clamped counts: the contract leaves the loss undefined,
+  and NJT's CPU conversion would fail inside torch (``_padded_dense_to_jagged_forward``). On the CPU, where the
+  offsets are read on the host anyway, ``check_rows`` refuses them with ``to_padded``'s ValueError naming the
+  targets; on a GPU the check would cost a host synchronisation, and nothing is read out of bounds.
 - second derivatives: the backward of ``chunk`` and ``amax`` on an NJT cannot be differentiated
   again, so a backward with ``create_graph=True`` raises (``first_order_only``) instead.
 """
@@ -67,7 +71,22 @@ def giou_loss_njt(pred: Tensor, targets: PackedTargets) -> Tensor:
     return (1 - giou).sum() / total
 
 
+def check_rows(pred: Tensor, targets: PackedTargets) -> None:
+    """On the CPU: N packed boxes must be the sum of the counts clamped to [0, M], else the ValueError of the
+    contract's host-side checks (``detector.targets.to_padded``)."""
+    if pred.device.type != "cpu":
+        return
+    boxes, counts = targets
+    slots, total = pred.shape[1], int(counts.long().clamp(0, pred.shape[1]).sum())
+    if boxes.shape[0] != total:
+        raise ValueError(
+            f"packed targets: targets.boxes has {boxes.shape[0]} boxes but the counts, clamped to [0, {slots}], "
+            f"sum to {total}"
+        )
+
+
 def giou_loss_nested(pred: Tensor, targets: PackedTargets) -> Tensor:
+    check_rows(pred, targets)
     return first_order_only(giou_loss_njt(pred, targets), second_order("nested"))
 
 

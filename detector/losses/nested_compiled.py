@@ -2,7 +2,8 @@
 
 Compiled lazily on the first call. The packed boxes' length N changes with every batch's counts, so
 it is marked dynamic: one graph serves every N >= 2 (0 and 1 are specialised, as dynamo does for
-every size); a new pred dtype, B or M compiles again. First-order gradients only, like ``nested``.
+every size); a new pred dtype, B or M compiles again. First-order gradients only, like ``nested``, and
+malformed packed targets get its ValueError (``check_rows``, outside the compiled graph).
 """
 
 import functools
@@ -11,7 +12,7 @@ import torch
 from torch import Tensor
 
 from detector.losses.checks import first_order_only
-from detector.losses.nested import giou_loss_njt, second_order
+from detector.losses.nested import check_rows, giou_loss_njt, second_order
 from detector.losses.registry import Strategy, register
 from detector.targets import PackedTargets
 
@@ -22,6 +23,7 @@ def _compiled_njt():
 
 
 def giou_loss_nested_compiled(pred: Tensor, targets: PackedTargets) -> Tensor:
+    check_rows(pred, targets)
     torch._dynamo.maybe_mark_dynamic(targets.boxes, 0)  # N: no recompilation when the counts change
     return first_order_only(_compiled_njt()(pred, targets), second_order("nested_compiled"))
 

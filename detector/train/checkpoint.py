@@ -59,7 +59,7 @@ def fingerprint(cfg: DictConfig, world_size: int) -> dict:
     the global one: how many processes share it changes the order of the sums, not the run."""
     c = OmegaConf.to_container(cfg, resolve=True)
     return {
-        "data": {k: v for k, v in c["data"].items() if k not in ("num_workers", "batch_size")},
+        "data": {k: v for k, v in c["data"].items() if k not in ("num_workers", "batch_size", "worker_timeout")},
         "global_batch": c["data"]["batch_size"] * world_size,
         "model": c["model"],
         "train": {k: v for k, v in c["train"].items() if k not in RUN_CONTROL},

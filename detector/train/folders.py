@@ -2,8 +2,8 @@
 
 - ``new_run_dir``: a fresh, timestamped folder per profile run (``<parent>/<YYYYmmdd-HHMMSS>``), so a
   running TensorBoard picks up re-runs and older runs stay comparable.
-- ``locked``: one process at a time per run folder (a lock file beside it); a second one is refused
-  with the pid of the first.
+- ``locked``: one process at a time per run folder (a lock file beside it, removed when the run ends); a
+  second one is refused with the pid of the first.
 - ``set_aside``: a fresh training run in a folder that holds an earlier one moves the earlier one to a
   visible sibling, ``<run>-<YYYYmmdd-HHMMSS of its start>``, and says so in one line. Nothing is deleted
   and nothing is hidden: a re-run never destroys results, and a folder set aside is a run TensorBoard
@@ -19,6 +19,8 @@ import json
 import os
 import time
 from pathlib import Path
+
+from omegaconf import OmegaConf
 
 from detector.errors import UserError
 
@@ -39,27 +41,60 @@ def new_run_dir(parent: Path) -> Path:
 
 @contextlib.contextmanager
 def locked(run_dir: Path):
-    """Hold ``<run_dir>.lock`` for the duration; refuse if another process holds it."""
+    """Hold ``<run_dir>.lock`` for the duration, and remove it after; refuse if another process holds it."""
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     lock_path = run_dir.with_name(run_dir.name + ".lock")
-    with open(lock_path, "a+") as lock:
+    lock = acquire(lock_path, run_dir)
+    try:
+        lock.seek(0)
+        lock.truncate()
+        lock.write(f"pid {os.getpid()}")
+        lock.flush()
+        yield
+    finally:
+        lock_path.unlink(missing_ok=True)  # before the lock is released: whoever takes it next makes a new file
+        fcntl.flock(lock, fcntl.LOCK_UN)
+        lock.close()
+
+
+def acquire(lock_path: Path, run_dir: Path):
+    """The open lock file, locked; a UserError naming the holder if another process has it. A file that its
+    holder removed while we waited to lock it is no lock: then the new one is taken."""
+    while True:
+        lock = open(lock_path, "a+")
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             lock.seek(0)
             holder = lock.read().strip() or "another process"
+            lock.close()
             raise UserError(
                 f"{run_dir} is in use by {holder}: wait for it to finish, or give this run another "
                 "train.out_dir or experiment"
             ) from None
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"pid {os.getpid()}")
-        lock.flush()
         try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+            if os.stat(lock_path).st_ino == os.fstat(lock.fileno()).st_ino:
+                return lock
+        except FileNotFoundError:
+            pass
+        lock.close()
+
+
+def start(run_dir: Path, cfg, fresh: bool, say=print) -> None:
+    """Ready ``run_dir`` for a run: a fresh one sets an earlier run aside (``set_aside``); config.yaml is written."""
+    if fresh:
+        set_aside(run_dir, say)
+    OmegaConf.save(cfg, run_dir / "config.yaml")
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
+    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def set_aside(run_dir: Path, say=print) -> Path | None:

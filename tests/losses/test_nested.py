@@ -1,5 +1,6 @@
 """``nested`` and ``nested_compiled`` beyond the strategy grid: no host synchronisation on CUDA, no
-recompilation when the counts change, and the twin of ``packed_torch`` on hand-built counts."""
+recompilation when the counts change, the twin of ``packed_torch`` on hand-built counts, and the reference's
+ValueError for packed boxes that do not match the counts."""
 
 import inspect
 
@@ -9,6 +10,7 @@ import torch
 from detector.bench.cases import random_case
 from detector.data import make_targets
 from detector.losses import STRATEGIES, nested
+from detector.losses.contract import giou_loss_reference
 from detector.targets import PackedTargets
 
 NESTED = ["nested", "nested_compiled"]
@@ -75,3 +77,19 @@ def test_twin_of_packed_torch_on_hand_built_counts(name, counts):
     (got_loss + want_loss).backward()
     torch.testing.assert_close(got_loss, want_loss, rtol=1e-12, atol=1e-14)
     torch.testing.assert_close(got.grad, want.grad, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("name", NESTED)
+@pytest.mark.parametrize("rows", [7, 3], ids=["more_rows", "fewer_rows"])
+def test_packed_boxes_that_do_not_match_the_counts_get_the_references_value_error(name, rows):
+    """N must be the sum of the clamped counts (here 5): the reference's ValueError naming the targets, word for
+    word, instead of torch's internal `_padded_dense_to_jagged_forward(): final offset should match total_L`."""
+    pred, boxes_list = random_case(3, 4, "full", torch.float32, torch.float32, seed=5, nan_padding=False)
+    boxes = torch.cat([b[:4] for b in boxes_list])[:rows]  # 12 rows available
+    targets = PackedTargets(boxes, torch.tensor([2, 0, 3]))
+    with pytest.raises(ValueError) as want:
+        giou_loss_reference(pred, targets)
+    with pytest.raises(ValueError) as got:
+        STRATEGIES[name](pred.clone().requires_grad_(), targets)
+    expected = f"packed targets: targets.boxes has {rows} boxes but the counts, clamped to [0, 4], sum to 5"
+    assert str(got.value) == str(want.value) == expected

@@ -2,6 +2,7 @@
 and honest throughput, each on a detector of a few thousand parameters (CPU, milliseconds a step)."""
 
 import json
+import re
 import time
 
 import pytest
@@ -13,7 +14,8 @@ from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
 from detector.train import folders
 from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.loop import NonFiniteLoss, StepClock, run_training
+from detector.train.loop import NonFiniteLoss, run_training
+from detector.train.progress import StepClock
 
 RUN = ["train.steps=6", "train.checkpoint_every=3"]
 
@@ -124,6 +126,42 @@ def test_a_second_process_on_one_run_folder_is_refused(tmp_path):
             run_training(tiny_cfg(tmp_path, *RUN))
 
 
+def test_the_lock_file_is_removed_when_the_run_ends_however_it_ends(tmp_path, nan_from_step_4):
+    lock = run_dir(tmp_path).with_name("padded.lock")
+    run_training(tiny_cfg(tmp_path, *RUN))
+    assert run_dir(tmp_path).is_dir() and not lock.exists()
+    with pytest.raises(NonFiniteLoss):
+        run_training(tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}"))
+    assert not run_dir(tmp_path, nan_from_step_4).with_name(f"{nan_from_step_4}.lock").exists()
+
+
+def test_a_lock_file_removed_by_its_holder_while_another_opened_it_is_not_a_lock(tmp_path, monkeypatch):
+    """The holder removes its file before it unlocks: a process that had opened the old file and locks it then
+    holds nothing, so it opens the new file, which a third process may hold (and then it is refused)."""
+    run = run_dir(tmp_path)
+    lock_path = run.with_name("padded.lock")
+    real_open, opened = open, []
+
+    def open_then_lose_the_race(path, mode="r", *args, **kwargs):
+        file = real_open(path, mode, *args, **kwargs)
+        if path == lock_path and not opened:  # the first open: another run ends and a third one starts here
+            opened.append(file)
+            lock_path.unlink()
+            third = real_open(lock_path, "a+")
+            folders.fcntl.flock(third, folders.fcntl.LOCK_EX | folders.fcntl.LOCK_NB)
+            third.write("pid 4242")
+            third.flush()
+            opened.append(third)
+        return file
+
+    monkeypatch.setattr("builtins.open", open_then_lose_the_race)
+    with pytest.raises(UserError, match="is in use by pid 4242"):
+        with folders.locked(run):
+            pass
+    assert opened[0].closed
+    opened[1].close()
+
+
 def visible_runs(folder) -> dict[str, int]:
     """Run folder name -> steps of its summary (0 without one); a hidden entry fails the test."""
     assert not [p.name for p in folder.iterdir() if p.name.startswith(".")]
@@ -188,6 +226,20 @@ def test_throughput_is_wall_clock_with_the_device_time_beside_it(tmp_path, monke
     assert summary["images_per_s"] < summary["device_images_per_s"]
     # on the CPU nothing runs ahead: the whole wait is idle time between steps
     assert summary["device_idle_ms"] >= summary["data_wait_ms"] * 0.9
+
+
+def test_a_cpu_run_logs_no_device_or_idle_figures(tmp_path, capsys):
+    """On the CPU the host is the device: its time is the wall clock's, and nothing sits idle waiting for it."""
+    run_training(tiny_cfg(tmp_path, "train.steps=4", "train.log_every=2", "train.checkpoint_every=0"))
+    out = capsys.readouterr().out.replace(str(tmp_path), "<tmp>")  # whose name holds the test's, "...device..."
+    lines = [line for line in out.splitlines() if line.startswith(("step ", "done: "))]
+    assert len(lines) == 3 and not [line for line in lines if "device" in line or "idle" in line], lines
+    assert re.fullmatch(
+        r"step +2/4  loss \d\.\d{4}  lr \S+  step +\d+\.\d ms \(data wait \d+\.\d\) .* eta \S+", lines[0]
+    )
+    assert re.fullmatch(
+        r"done: \S+  final loss \d\.\d{4}  median step \d+\.\d ms  \d+ img/s by the wall clock", lines[2]
+    )
 
 
 def test_the_step_clock_reports_the_idle_time_between_steps():

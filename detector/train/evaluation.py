@@ -1,0 +1,36 @@
+"""A training run's evaluations: the held-out set, drawn once, and each evaluation's line and scalars
+(the measures themselves are detector/train/metrics.py's)."""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from detector.train.batches import held_out_set
+from detector.train.metrics import evaluate
+
+
+class Evaluation:
+    """The held-out batches (``active``: on the processes that evaluate) and the evaluations so far, as
+    (step, metrics), restored on resume; ``step``: the last evaluation's, or the step the run resumed at."""
+
+    def __init__(self, cfg: DictConfig, device: torch.device, global_batch: int, evals: list, active: bool, step: int):
+        self.device, self.evals, self.active, self.step = device, evals, active, step
+        self.batches = held_out_set(cfg, device, global_batch) if active else []
+
+    def __call__(self, step: int, model, autocast, say=print, writer=None) -> dict:
+        """Evaluate ``model`` at ``step``: one line, and the eval/ scalars."""
+        metrics = evaluate(model, self.batches, self.device, autocast)
+        self.evals.append((step, metrics))
+        self.step = step
+        say(
+            f"eval   {step:6d}  mean IoU {metrics['mean_iou']:.3f}  recall@0.5 {metrics['recall50']:.3f}  "
+            f"(mean box: {metrics['trivial_mean_iou']:.3f}, {metrics['trivial_recall50']:.3f})  "
+            f"loss {metrics['loss']:.4f}  on {metrics['boxes']} boxes",
+            flush=True,
+        )
+        if writer:
+            for name, value in metrics.items():
+                if name != "boxes":
+                    writer.add_scalar(f"eval/{name}", value, step)
+        return metrics
