@@ -25,7 +25,9 @@ from detector.train.interrupt import DeferredInterrupt, Terminated
 from detector.train.memory import check_command_memory, check_run_memory, run_memory
 
 # the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps
-TINY = [*TRAIN_TINY, "train.checkpoint_every=3"]
+# The CPU pinned: the runs these tests stop and resume in child processes are the CPU's (CUDA_VISIBLE_DEVICES=""),
+# and a resume in this process must be on the same device for its losses to be the uninterrupted run's.
+TINY = [*TRAIN_TINY, "device=cpu", "train.checkpoint_every=3"]
 
 
 @pytest.fixture(autouse=True)
@@ -363,7 +365,7 @@ def test_each_command_refuses_what_cannot_fit_in_one_line_before_allocating_it(c
     monkeypatch.setattr("detector.loader.available_memory", lambda: 12 * GIB)
     where = {"profile": "profile.out_dir", "bench": "bench.out", "train": "train.out_dir"}[command[0]]
     start = time.monotonic()
-    size = ["preset=cpu", "data.image_size=64", "data.batch_size=80000", "data.length=100000000"]
+    size = ["device=cpu", "preset=cpu", "data.image_size=64", "data.batch_size=80000", "data.length=100000000"]
     assert cli.main([*command, *size, f"{where}={tmp_path / 'out'}"]) == 2
     line = one_error_line(capsys.readouterr().err)
     assert time.monotonic() - start < 60 and not (tmp_path / "out").exists()

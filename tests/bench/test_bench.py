@@ -13,7 +13,14 @@ from detector.losses import STRATEGIES
 
 
 def bench_config(tmp_path, *overrides):
-    base = ["device=cpu", "data.max_boxes=16", "bench.warmup=1", "bench.repeats=3", f"bench.out={tmp_path}/bench.json"]
+    base = [
+        "device=cpu",
+        "preset=cpu",
+        "data.max_boxes=16",
+        "bench.warmup=1",
+        "bench.repeats=3",
+        f"bench.out={tmp_path}/bench.json",
+    ]
     return load_config(base + list(overrides), announce=None)
 
 

@@ -92,14 +92,14 @@ def test_forward_mode_keeps_the_articles_protocol(tmp_path):
 
 
 def test_a_failed_run_removes_only_its_own_folder(tmp_path, monkeypatch):
-    first = profile(tmp_path, "profile.strategy=padded")
+    first = profile(tmp_path, "profile.strategy=padded", "device=cpu")
 
     def broken(*args):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(profiling, "profile_steps", broken)
     with pytest.raises(RuntimeError, match="disk full"):
-        profile(tmp_path, "profile.strategy=padded")
+        profile(tmp_path, "profile.strategy=padded", "device=cpu")
     assert [p.name for p in run_dirs(tmp_path / "padded")] == [first.run]
 
 

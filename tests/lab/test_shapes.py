@@ -50,8 +50,9 @@ def dataset(tmp_path):
 
 
 def shapes_config(tmp_path, source, *overrides):
+    """The CPU pinned: the bench files these tests write are the CPU's, as the runs they check against."""
     return load_config(
-        ["preset=cpu", f"data.boxes={source}", f"data.max_boxes={SLOTS}", f"data.batch_size={BATCH}"]
+        ["device=cpu", "preset=cpu", f"data.boxes={source}", f"data.max_boxes={SLOTS}", f"data.batch_size={BATCH}"]
         + [f"bench.out={tmp_path / 'bench' / 'bench.json'}", f"profile.out_dir={tmp_path / 'runs' / 'profile'}"]
         + list(overrides),
         announce=None,
@@ -191,7 +192,14 @@ def test_the_check_against_profiles_over_the_same_boxes(tmp_path, dataset, monke
 def test_the_shapes_command_and_its_make_target(tmp_path, dataset, capsys):
     _, source = dataset
     bench_file(tmp_path)
-    args = ["shapes", source, "preset=cpu", f"data.max_boxes={SLOTS}", f"bench.out={tmp_path / 'bench' / 'x.json'}"]
+    args = [
+        "shapes",
+        source,
+        "device=cpu",
+        "preset=cpu",
+        f"data.max_boxes={SLOTS}",
+        f"bench.out={tmp_path / 'bench' / 'x.json'}",
+    ]
     assert cli.main(args + [f"profile.out_dir={tmp_path / 'runs' / 'profile'}"]) == 0
     assert "# Shapes of widerface:" in capsys.readouterr().out
     assert cli.main(["shapes", "voc:x.xml", "preset=cpu"]) == 2

@@ -230,7 +230,7 @@ def test_throughput_is_wall_clock_with_the_device_time_beside_it(tmp_path, monke
 
 def test_a_cpu_run_logs_no_device_or_idle_figures(tmp_path, capsys):
     """On the CPU the host is the device: its time is the wall clock's, and nothing sits idle waiting for it."""
-    run_training(tiny_cfg(tmp_path, "train.steps=4", "train.log_every=2", "train.checkpoint_every=0"))
+    run_training(tiny_cfg(tmp_path, "device=cpu", "train.steps=4", "train.log_every=2", "train.checkpoint_every=0"))
     out = capsys.readouterr().out.replace(str(tmp_path), "<tmp>")  # whose name holds the test's, "...device..."
     lines = [line for line in out.splitlines() if line.startswith(("step ", "done: "))]
     assert len(lines) == 3 and not [line for line in lines if "device" in line or "idle" in line], lines
