@@ -78,6 +78,7 @@ class LoadMeter:
     def __init__(self):
         self.cores = os.cpu_count() or 1
         self.began: tuple[float, float | None, float | None] | None = None
+        self.own: float | None = None  # the run's own cores over the last window stop() measured
 
     @staticmethod
     def _now() -> tuple[float, float | None, float | None]:
@@ -87,10 +88,13 @@ class LoadMeter:
         self.began = self._now()
 
     def stop(self) -> float | None:
-        """The other processes' load since ``start``, in cores; None where it cannot be read."""
+        """The other processes' load since ``start``, in cores; None where it cannot be read. ``own`` is then the
+        cores this run kept busy."""
         (t0, all0, own0), (t1, all1, own1) = self.began, self._now()
+        self.own = None
         if None in (all0, own0, all1, own1) or t1 <= t0:
             return None
+        self.own = (own1 - own0) / (t1 - t0)
         return max(0.0, ((all1 - all0) - (own1 - own0)) / (t1 - t0))
 
     def sample(self, seconds: float = SAMPLE_SECONDS) -> float | None:

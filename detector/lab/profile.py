@@ -82,7 +82,9 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
         before = meter.sample()
         meter.start()
         trace, timed = profile_steps(step, cfg, device, run_dir / "trace", env)
-        noise = Noise(meter.cores, before, meter.stop(), meter.sample(), Timed.of(timed).step_ms.relative_iqr())
+        during, own = meter.stop(), meter.own
+        spread = Timed.of(timed).step_ms.relative_iqr()
+        noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own)
         record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder

@@ -119,13 +119,25 @@ def test_noise_reasons_name_the_load_and_the_spread():
     assert Noise(cores=4).reasons() == [] and "unknown" in Noise(cores=4).describe()
 
 
+def test_others_load_is_noise_where_it_leaves_the_run_no_idle_core():
+    """On 2 cores a third of one beside a run of 1.5 competes with it; on a 32-core GPU host 1.5 cores beside a run
+    of 3 do not (such a run's timed steps spread under 1 %); without the run's own load, a quarter core is noise."""
+    assert Noise(cores=2, load_during=0.3, load_own=1.5).reasons() == [
+        "other processes kept 0.3 of 2 cores busy during it"
+    ]
+    assert Noise(cores=32, load_during=1.5, load_own=3.0, timed_spread=0.004).reasons() == []
+    assert Noise(cores=32, load_during=29.0, load_own=3.0).noisy  # the host full: it competes again
+    assert Noise(cores=32, load_during=1.5).noisy  # an older record: the run's own load unknown
+    assert Noise(cores=2, load_during=0.2, load_own=1.9).reasons() == []  # under a quarter core: quiet
+
+
 def test_the_meter_counts_the_cores_others_kept_busy(monkeypatch):
     """Between start and stop the machine used 3 s of CPU in 2 s, this process 1 s of it: others kept 1 core busy."""
     readings = iter([(10.0, 100.0, 5.0), (12.0, 103.0, 6.0)])
     monkeypatch.setattr(noise.LoadMeter, "_now", staticmethod(lambda: next(readings)))
     meter = noise.LoadMeter()
     meter.start()
-    assert meter.stop() == pytest.approx(1.0)
+    assert meter.stop() == pytest.approx(1.0) and meter.own == pytest.approx(0.5)
     readings = iter([(10.0, 100.0, None), (12.0, 103.0, 6.0)])  # /proc unreadable: unknown, not 0
     meter.start()
     assert meter.stop() is None
