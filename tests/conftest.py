@@ -5,6 +5,7 @@ one strategy, a user's own included)."""
 import contextlib
 import os
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,22 @@ def pytest_configure(config):
             get_strategy(name)
         except (KeyError, UserError) as err:
             raise pytest.UsageError(f"--strategy {name}: {err.args[0]}") from None
+
+
+@pytest.fixture
+def user_dir(tmp_path, monkeypatch):
+    """The folder a user runs from, first on sys.path (their own strategy module goes there); the strategies a test
+    registers and the modules it imports are removed after it."""
+    from detector.losses import STRATEGIES
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))  # restores sys.path after, the registry's addition included
+    before, modules = set(STRATEGIES), set(sys.modules)
+    yield tmp_path
+    for name in set(STRATEGIES) - before:
+        del STRATEGIES[name]
+    for name in set(sys.modules) - modules:
+        del sys.modules[name]
 
 
 def child_env(**overrides: str) -> dict[str, str]:

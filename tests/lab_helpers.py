@@ -13,6 +13,18 @@ from detector.lab.analysis import measure_steps, summarise
 from detector.lab.record import Noise, ProfileRecord, Timed, write_extract, write_summary
 from detector.lab.trace import load_trace
 
+# A profile of a detector of a few thousand parameters on 32 px images: seconds on the CPU.
+TINY_PROFILE = [
+    "preset=cpu",
+    "data.batch_size=4",
+    "data.image_size=32",
+    "data.num_workers=0",
+    "model.channels=[4,8]",
+    "model.hidden=16",
+    "profile.wait=1",
+    "profile.warmup=1",
+    "profile.active=2",
+]
 DATA = Path(__file__).parent / "data"
 GPU_TRACE = DATA / "padded_gpu_trace.json.gz"
 GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 from conftest import ROOT, child_env
+from lab_helpers import TINY_PROFILE
 from tensorboard.plugins.base_plugin import TBContext
 from werkzeug.test import Client
 
@@ -16,21 +17,10 @@ from detector import cli
 from detector.board.plugin import TracesPlugin
 from detector.config import load_config
 from detector.lab import report
-from detector.losses import STRATEGIES, KnownStrategies
+from detector.losses import KnownStrategies
 
 NAME = "my_ciou:ciou_loss"
-TINY = [
-    "preset=cpu",
-    "data.batch_size=4",
-    "data.image_size=32",
-    "data.num_workers=0",
-    "model.channels=[4,8]",
-    "model.hidden=16",
-    "profile.wait=1",
-    "profile.warmup=1",
-    "profile.active=2",
-    "profile.timed=2",
-]
+TINY = TINY_PROFILE + ["profile.timed=2"]
 
 
 def readme_example() -> str:
@@ -41,17 +31,10 @@ def readme_example() -> str:
 
 
 @pytest.fixture
-def user_dir(tmp_path, monkeypatch):
-    """The README's my_ciou.py in the folder the user runs from; the strategy it registers is removed after."""
-    (tmp_path / "my_ciou.py").write_text(readme_example())
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    before, modules = set(STRATEGIES), set(sys.modules)
-    yield tmp_path
-    for name in set(STRATEGIES) - before:
-        del STRATEGIES[name]
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
+def example_dir(user_dir):
+    """The user's folder with the README's example in it, as my_ciou.py."""
+    (user_dir / "my_ciou.py").write_text(readme_example())
+    return user_dir
 
 
 def test_the_example_is_under_20_lines_of_code():
@@ -59,7 +42,8 @@ def test_the_example_is_under_20_lines_of_code():
     assert len(code) < 20, code
 
 
-def test_the_readme_example_through_profile_compare_bench_report_and_the_traces_tab(user_dir):
+def test_the_readme_example_through_profile_compare_bench_report_and_the_traces_tab(example_dir):
+    user_dir = example_dir
     runs = user_dir / "runs" / "profile"
     for strategy in (NAME, "padded"):
         assert cli.main(["profile", *TINY, f"profile.strategy={strategy}", f"profile.out_dir={runs}"]) == 0

@@ -84,7 +84,8 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
         trace, timed = profile_steps(step, cfg, device, run_dir / "trace", env)
         during, own = meter.stop(), meter.own
         spread = Timed.of(timed).step_ms.relative_iqr()
-        noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own)
+        timed_by = "device" if device.type == "cuda" else "host"
+        noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own, timed_by=timed_by)
         record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder

@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from detector.lab.checked import RecordError, need, optional, read_json, short, usable
+from detector.lab.noise import Noise
 from detector.lab.source import DataSource
 
 VERSION = 2  # of summary.json; 1: no "version" key and no noise
@@ -184,68 +185,6 @@ class Timed:
             return cls(Spread(), [])
         step = Spread.parse(data.get("step_ms", {}), f"{where}.step_ms", left_out)
         return cls(step, values)
-
-
-# Other processes' CPU use, in cores, beyond which a run's times are not those of a quiet machine, where they leave
-# the run no idle core: on 2 cores a quarter of one competes with the run, on a 32-core GPU host a few cores do not
-NOISY_LOAD = 0.25
-NOISY_SPREAD = 0.10  # timed steps whose (q3 - q1) / median exceeds this are too uneven to compare by their medians
-
-
-@dataclass
-class Noise:
-    """The machine's noise around a run: the CPU cores that other processes kept busy before, during and after
-    it (detector/lab/noise.py; None where it cannot be read), and how widely its timed steps spread."""
-
-    cores: int
-    load_before: float | None = None
-    load_during: float | None = None
-    load_after: float | None = None
-    timed_spread: float | None = None
-    load_own: float | None = None  # the cores the run itself kept busy during it (None: not recorded)
-
-    def reasons(self) -> list[str]:
-        """Why the run's times are not those of a quiet machine; empty where nothing says so."""
-        out = []
-        loads = {"before": self.load_before, "during": self.load_during, "after": self.load_after}
-        busy = {when: load for when, load in loads.items() if load is not None and self.contends(load)}
-        if busy:
-            when, load = max(busy.items(), key=lambda item: item[1])
-            out.append(f"other processes kept {load:.1f} of {self.cores} cores busy {when} it")
-        if self.timed_spread is not None and self.timed_spread > NOISY_SPREAD:
-            out.append(f"its timed steps spread ±{50 * self.timed_spread:.0f} % around their median")
-        return out
-
-    def contends(self, load: float) -> bool:
-        """Whether others' ``load`` competed with the run: beyond NOISY_LOAD, and with the run's own cores more than
-        all but one of the machine's (where the run's own use is known)."""
-        return load > NOISY_LOAD and (self.load_own is None or load + self.load_own > self.cores - 1)
-
-    @property
-    def noisy(self) -> bool:
-        return bool(self.reasons())
-
-    def describe(self) -> str:
-        """One line: the load the run ran under."""
-        loads = [(w, v) for w, v in (("before", self.load_before), ("during", self.load_during)) if v is not None]
-        loads += [("after", self.load_after)] if self.load_after is not None else []
-        if not loads:
-            return "the load of other processes is unknown here"
-        text = ", ".join(f"{v:.2f} {w}" for w, v in loads)
-        own = f"; the run's own: {self.load_own:.2f}" if self.load_own is not None else ""
-        return f"other processes' load, in cores of {self.cores}: {text}{own}"
-
-    @classmethod
-    def parse(cls, data, where: str) -> Noise:
-        need(data, dict, where)
-        loads = {
-            k: optional(data, k, (int, float), where) for k in ("load_before", "load_during", "load_after", "load_own")
-        }
-        return cls(
-            cores=need(data.get("cores", os.cpu_count() or 1), int, f"{where}.cores"),
-            timed_spread=optional(data, "timed_spread", (int, float), where),
-            **loads,
-        )
 
 
 @dataclass

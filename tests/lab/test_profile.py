@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from lab_helpers import TINY_PROFILE
 
 from detector import cli
 from detector.config import load_config
@@ -12,17 +13,7 @@ from detector.lab.trace import read_events
 from detector.targets import make_targets
 from detector.train.step import TrainStep
 
-TINY = [
-    "preset=cpu",
-    "data.batch_size=4",
-    "data.image_size=32",
-    "data.num_workers=0",
-    "model.channels=[4,8]",
-    "model.hidden=16",
-    "profile.wait=1",
-    "profile.warmup=1",
-    "profile.active=2",
-]
+TINY = TINY_PROFILE
 TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]
 
 

@@ -8,22 +8,12 @@ import sys
 
 import pytest
 from conftest import ROOT, child_env, fails_after
+from lab_helpers import TINY_PROFILE
 
 from detector.lab.compare import run_compare
 from detector.lab.record import read_summary
 
-TINY = [
-    "preset=cpu",
-    "data.batch_size=4",
-    "data.image_size=32",
-    "data.num_workers=0",
-    "model.channels=[4,8]",
-    "model.hidden=16",
-    "profile.wait=1",
-    "profile.warmup=1",
-    "profile.active=2",
-    "profile.timed=2",
-]
+TINY = TINY_PROFILE + ["profile.timed=2"]
 
 
 def make_profile(out, *overrides) -> subprocess.CompletedProcess:

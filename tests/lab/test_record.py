@@ -131,6 +131,16 @@ def test_others_load_is_noise_where_it_leaves_the_run_no_idle_core():
     assert Noise(cores=2, load_during=0.2, load_own=1.9).reasons() == []  # under a quarter core: quiet
 
 
+def test_a_spread_is_noise_beyond_what_a_quiet_machine_of_its_clock_shows():
+    """Timed by CUDA events a GPU's steps spread under 1 % when quiet: 14 % is noise. The CPU's wall times spread up
+    to ~18 % on 2 quiet cores: 12 % is not, 60 % (two busy loops beside) is."""
+    assert Noise(cores=32, timed_spread=0.28, timed_by="device").reasons() == [
+        "its timed steps spread ±14 % around their median"
+    ]
+    assert Noise(cores=32, timed_spread=0.003, timed_by="device").reasons() == []
+    assert Noise(cores=2, timed_spread=0.12).reasons() == [] and Noise(cores=2, timed_spread=0.6).noisy
+
+
 def test_the_meter_counts_the_cores_others_kept_busy(monkeypatch):
     """Between start and stop the machine used 3 s of CPU in 2 s, this process 1 s of it: others kept 1 core busy."""
     readings = iter([(10.0, 100.0, 5.0), (12.0, 103.0, 6.0)])

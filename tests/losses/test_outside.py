@@ -44,19 +44,6 @@ number = 3
 """
 
 
-@pytest.fixture
-def user_dir(tmp_path, monkeypatch):
-    """The folder a user runs from, with their module in it; what a test registers or imports is removed after it."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(tmp_path))  # restores sys.path after, the registry's addition included
-    before, modules = set(STRATEGIES), set(sys.modules)
-    yield tmp_path
-    for name in set(STRATEGIES) - before:
-        del STRATEGIES[name]
-    for name in set(sys.modules) - modules:
-        del sys.modules[name]
-
-
 def user_module(folder, text: str = GIOU_FILE) -> str:
     """A module of the user's, under a name no other test imported."""
     name = f"user_loss_{next(NUMBER)}"
