@@ -13,9 +13,7 @@ of its own. The main process yields batches in order. For a CUDA device it copie
 stream (the next batch's copy is issued while the consumer's step runs), makes the consumer's stream
 wait for the copy and gives slot k back only once the copy has finished. On the CPU it yields a copy of
 the slot (a consumer may keep batches, e.g. ``list(loader)``). With 0 workers batches are drawn in this
-process.
-
-A batch is a pure function of its index (``draw``): the same whatever the number of workers.
+process. A batch is a pure function of its index (``draw``): the same whatever the number of workers.
 
 Faults end the iteration at the consumer's next batch in one line naming the worker (``DataWorkerDied``): a
 worker that dies, however (a signal, ``os._exit``, the kernel's out-of-memory killer), even when every batch
@@ -30,6 +28,7 @@ Before the ring is allocated, its size is checked against the memory available (
 
 from __future__ import annotations
 
+import atexit
 import mmap
 import multiprocessing
 import multiprocessing.connection
@@ -49,6 +48,7 @@ import torch
 from torch import Tensor
 
 from detector.errors import UserError
+from detector.host_memory import check_memory
 from detector.regions import LOADER_LABEL
 from detector.targets import ListTargets, Targets
 
@@ -73,43 +73,6 @@ class DataWorkerFailed(DataWorkerDied):
 
 class WorkerTraceback(Exception):
     """A worker's traceback, the cause of a DataWorkerFailed (a traceback cannot cross processes; its text can)."""
-
-
-class MemoryRefusal(UserError, MemoryError):
-    """What a run would allocate does not fit the memory available: refused before allocating it."""
-
-
-GIB = 2**30
-
-
-def available_memory() -> int | None:
-    """Bytes the kernel says can be allocated without swapping (/proc/meminfo's MemAvailable), or None."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-# What a command checks is a floor: the backward's temporaries, the allocator's slack and the interpreter with its
-# libraries (about 1 GiB a process) come on top, and the rest of the machine needs room too. Using all that is
-# available heads for the kernel's out-of-memory killer: a command may take this share of it
-HOST_SHARE = 2 / 3
-
-
-def check_memory(subject: str, needed: int, hint: str, detail: str = "") -> None:
-    """Refuse in one line when ``needed`` bytes exceed HOST_SHARE of the machine's available memory (unknown: no
-    check): "<subject> <needed> GiB of memory<detail>, but this machine has ... available ...: <hint>"."""
-    available = available_memory()
-    if available is not None and needed > available * HOST_SHARE:
-        raise MemoryRefusal(
-            f"{subject} {needed / GIB:.1f} GiB of memory{detail}, but this machine has {available / GIB:.1f} GiB "
-            f"available (MemAvailable), of which a command may take 2/3, {available * HOST_SHARE / GIB:.1f} GiB: "
-            f"{hint}"
-        )
 
 
 @dataclass(frozen=True)
@@ -299,6 +262,9 @@ class Workers:
         self.tasks, self.stop = context.Queue(), context.RawValue("b", 0)
         self.doing = context.RawArray("q", [-1, IDLE] * loader.workers)  # per worker: its batch, its phase
         self.processes, self.inboxes, self.last_message = [], [], time.monotonic()
+        # before multiprocessing's own exit handler (atexit runs last registered first): it would send the workers
+        # a SIGTERM, which they ignore, and then wait for them for good where no one closed the loader
+        atexit.register(self.close)
         try:
             for i in range(loader.workers):
                 self.start(context, loader.draw, slots, i)
@@ -370,7 +336,10 @@ class Workers:
         )
 
     def close(self) -> None:
-        """Stop the workers (at once: a batch half drawn is dropped)."""
+        """Stop the workers (at once: a batch half drawn is dropped); a second call does nothing."""
+        atexit.unregister(self.close)
+        if self.stop.value:
+            return
         for inbox in self.inboxes:  # first: a worker blocked writing a result nobody will read fails at once
             os.close(inbox.fd)
         self.inboxes = []

@@ -29,6 +29,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # reference, the analysis, the record, the verdicts and the training step.
 TEST_ALL = (
     "tests/board/test_browser.py",  # TensorBoard in headless Chromium
+    "tests/board/test_traces_tab.py",
     "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
     "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
     "tests/test_faults.py::test_kill_9",
@@ -93,6 +94,18 @@ def user_dir(tmp_path, monkeypatch):
         del STRATEGIES[name]
     for name in set(sys.modules) - modules:
         del sys.modules[name]
+
+
+@pytest.fixture
+def browser(tmp_path):
+    """Headless Chromium, offline (tests/browser_helpers.py); skipped where Debian's chromium is not installed."""
+    from browser_helpers import CHROMIUM, Chromium
+
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    chromium = Chromium(tmp_path / "chromium-profile", width=1950, height=1000)  # the timeline at actual size
+    yield chromium
+    chromium.close()
 
 
 def child_env(**overrides: str) -> dict[str, str]:

@@ -23,7 +23,8 @@ from omegaconf import DictConfig
 
 from detector.data import resolve_workers
 from detector.errors import UserError
-from detector.loader import GIB, MemoryRefusal, check_memory, default_slots
+from detector.host_memory import GIB, MemoryRefusal, check_memory
+from detector.loader import default_slots
 from detector.model import build_model
 
 RING = "the loader's ring of batch slots"
