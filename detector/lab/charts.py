@@ -12,6 +12,7 @@ that explain it. Timelines of steps are detector/lab/timeline.py.
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -69,7 +70,7 @@ def draw_stacked(runs: list[tuple[str, ProfileRecord]], title: str, path: Path) 
     pair = "\n(left: wall on the host; right, hatched: GPU time each region launched)" if len(kinds) == 2 else ""
     ax.set_ylabel(f"ms in the median step, by region{pair}", fontsize=9)
     emulated = " (* its kernels emulated here)" if any(r.emulated for r in records) else ""
-    ax.set_title(f"{title}{emulated}", fontsize=10)
+    ax.set_title(textwrap.fill(f"{title}{emulated}", 25 + 12 * len(runs) * len(kinds)), fontsize=10)  # the bars' width
     handles, names = ax.get_legend_handles_labels()
     ax.legend(handles[::-1], names[::-1], loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.savefig(path, dpi=100)
