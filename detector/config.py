@@ -115,7 +115,7 @@ class ProfileConfig:
 class BenchConfig:
     strategies: list[str] = ranged([], choices=(STRATEGY,))  # empty = every registered strategy
     batch_sizes: list[int] = ranged([1024], 1)
-    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/bench/cases.py
+    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/lab/cases.py
     pred_dtype: str = ranged("bfloat16", choices=("float32", "bfloat16", "float16"))  # what autocast emits
     warmup: int = ranged(10, 0)
     repeats: int = ranged(100, 1)

@@ -9,9 +9,9 @@
 
 Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
 with the device, the torch version and the ``bench`` configuration, and ``<target>.md`` with the tables it
-printed (`make report` includes them). Targets are imported when run, so
-that importing this package (``detector.bench.timing`` from the profiler) loads neither triton nor the
-extension.
+printed (`make report` includes them). Targets are imported when run, so that importing this package loads
+neither triton nor the extension. Their timing and their random cases are the lab's (detector/lab/timing.py,
+cases.py), which the shape report times with too.
 """
 
 from __future__ import annotations

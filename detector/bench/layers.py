@@ -16,10 +16,10 @@ import torch
 from omegaconf import DictConfig
 
 from detector import bench
-from detector.bench.cases import random_case
-from detector.bench.timing import budget, event_ms, graph_ms
 from detector.kernels import triton_giou
+from detector.lab.cases import random_case
 from detector.lab.tables import markdown_table, ms, run_header, spread_cell
+from detector.lab.timing import budget, event_ms, graph_ms
 from detector.losses import get_strategy
 from detector.targets import make_targets
 

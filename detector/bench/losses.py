@@ -14,10 +14,10 @@ import torch
 from omegaconf import DictConfig
 
 from detector import bench
-from detector.bench.cases import random_case
-from detector.bench.timing import budget, event_ms, graph_ms, loss_closures
 from detector.config import resolve_device
+from detector.lab.cases import random_case
 from detector.lab.tables import WHICH_HEADING, markdown_table, run_header, speedup, speedup_cell, spread_cell, times
+from detector.lab.timing import budget, event_ms, graph_ms, loss_closures
 from detector.losses import STRATEGIES, get_strategy
 from detector.targets import make_targets
 

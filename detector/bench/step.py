@@ -22,11 +22,11 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from detector import bench
-from detector.bench.timing import event_ms
 from detector.config import resolve_device
 from detector.data import build_loader, images_per_second, to_device
 from detector.errors import UserError
 from detector.lab.tables import markdown_table, run_header, significant, spread_cell
+from detector.lab.timing import event_ms
 from detector.model import build_model
 from detector.train.memory import check_command_memory
 from detector.train.step import TrainStep

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import torch
 
-from detector.bench.cases import random_case
 from detector.bench.kernels import Double
-from detector.bench.timing import device_ms, graph_ms, wall_ms
 from detector.kernels import triton_giou
+from detector.lab.cases import random_case
 from detector.lab.tables import markdown_table, ms, spread_cell
+from detector.lab.timing import device_ms, graph_ms, wall_ms
 from detector.losses import get_strategy
 from detector.targets import make_targets
 

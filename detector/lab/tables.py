@@ -2,7 +2,7 @@
 writer, one way to print milliseconds, spreads and speed-ups, and one line naming the machine a run came
 from.
 
-A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.bench.timing.Stats``,
+A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.lab.timing.Stats``,
 or ``detector.lab.record.Spread``): a median and its interquartile range [q1–q3]. The one rule for calling a
 difference a speed-up, everywhere: two spreads whose interquartile ranges overlap are the same within the
 noise (``≈``); otherwise the speed-up is the ratio of their medians.

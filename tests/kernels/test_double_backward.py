@@ -12,8 +12,8 @@ import warnings
 import pytest
 import torch
 
-from detector.bench.cases import random_case
 from detector.data import make_targets
+from detector.lab.cases import random_case
 from detector.losses import STRATEGIES
 
 # Strategies whose gradient has no graph: a backward with create_graph=True must raise.

@@ -18,9 +18,9 @@ import pytest
 import torch
 
 import detector.kernels.triton_giou as triton_strategy
-from detector.bench.cases import random_case
 from detector.data import make_targets
 from detector.kernels.triton_giou import giou_loss_triton
+from detector.lab.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
 from detector.losses.geometry import EPS
 from detector.targets import PaddedTargets
@@ -140,7 +140,7 @@ def test_interpreter_works_when_triton_and_inductor_were_imported_first():
     script = textwrap.dedent(
         """
         import torch, torch._inductor, triton, triton.language
-        from detector.bench.cases import random_case
+        from detector.lab.cases import random_case
         from detector.data import make_targets
         from detector.losses import STRATEGIES, giou_loss_reference
         pred, boxes_list = random_case(3, 13, "seed", seed=3)

@@ -13,9 +13,9 @@ from conftest import ROOT
 from lab_helpers import BUSY, QUIET, edit_summary, make_run
 
 from detector import cli
-from detector.bench.cases import sample_counts
 from detector.config import load_config
 from detector.lab import costs
+from detector.lab.cases import sample_counts
 from detector.lab.shapes import histogram, predict, run_shapes
 
 SLOTS, BATCH = 32, 16

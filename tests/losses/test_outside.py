@@ -11,8 +11,8 @@ import pytest
 import torch
 from conftest import ROOT, child_env
 
-from detector.bench.cases import random_case
 from detector.config import load_config
+from detector.lab.cases import random_case
 from detector.losses import (
     STRATEGIES,
     KnownStrategies,

@@ -9,8 +9,8 @@ another kind than GIoU is checked against its own reference (``Strategy.referenc
 import pytest
 import torch
 
-from detector.bench.cases import random_case
 from detector.data import make_targets
+from detector.lab.cases import random_case
 from detector.losses import STRATEGIES, get_strategy, giou_loss_reference
 
 # pred dtype, loss rtol, gradient rtol, gradient atol as a fraction of the largest reference gradient.

@@ -9,8 +9,8 @@ import sys
 import pytest
 import torch
 
-from detector.bench.cases import random_case
 from detector.data import make_targets
+from detector.lab.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference, torchvision_concat
 
 TORCHVISION = ["torchvision", "torchvision_padded"]
