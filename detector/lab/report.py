@@ -121,27 +121,26 @@ def finish(cfg: DictConfig, device, work: Path, parts: list[Part], skipped: dict
     return path
 
 
-def noisy_runs(work: Path) -> list[str]:
-    """``<strategy>: <why>`` for each profile of the report whose noise check flags it."""
-    found = []
-    for summary in sorted(work.glob("*/*/*/summary.json")):
-        try:
-            record = read_summary(summary)
-        except RecordError:
-            continue  # not a profile's (a training run's) or not readable: compare has said so
-        if record.noise and record.noise.noisy:
-            found.append(f"{record.strategy}: {'; '.join(record.noise.reasons())}")
-    return found
-
-
-def load_line(work: Path) -> str:
-    """The load the report's profiles ran under: each profile's noise, summed up in one line."""
+def profile_records(work: Path) -> list:
+    """The records of the report's profiles (its training runs' summaries, and any unreadable one, left out: compare
+    has said why)."""
     records = []
     for summary in sorted(work.glob("*/*/*/summary.json")):
         try:
             records.append(read_summary(summary))
         except RecordError:
             continue
+    return records
+
+
+def noisy_runs(work: Path) -> list[str]:
+    """``<strategy>: <why>`` for each profile of the report whose noise check flags it."""
+    return [f"{r.strategy}: {'; '.join(r.noise.reasons())}" for r in profile_records(work) if r.noise and r.noise.noisy]
+
+
+def load_line(work: Path) -> str:
+    """The load the report's profiles ran under: each profile's noise, summed up in one line."""
+    records = profile_records(work)
     noises = [r.noise for r in records if r.noise]
     if not noises:
         return "The load of other processes was not recorded."
