@@ -1,5 +1,6 @@
 """The command line: per-command parsers, one-line errors with exit status 2, the entry points it calls."""
 
+import os
 import shutil
 import socket
 import subprocess
@@ -249,7 +250,9 @@ def test_a_busy_port_is_refused_in_one_line_before_tensorboard_starts(capsys, mo
 
 
 def make_dry_run(*args) -> str:
-    result = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    # a make that runs pytest (make gpu-check PY=python3) passes its variables down to this one in MAKEFLAGS
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    result = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
 

@@ -193,8 +193,9 @@ def document(runs: dict[Run, dict], failed: dict[str, str], device, commands: li
 # ----------------------------------------------------------------------------- the command
 
 
-def run_table(overrides: list[str], work: Path | None = None, out: Path | None = None) -> Path:
-    """Launch the runs (resuming where they stopped) and write the document; returns its path."""
+def run_table(overrides: list[str], work: Path | None = None, out: Path | None = None) -> dict[str, str]:
+    """Launch the runs (resuming where they stopped) and write the document; returns the failed runs' ``name ->
+    why``. Where every run failed there is no table: an earlier document stays as it was."""
     cfg = load_config(overrides, announce=None)
     device, most = resolve_device(cfg), table_processes(cfg)
     if most < 2:
@@ -209,15 +210,18 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
     failed = run_all(runs, work, cfg.report.train_steps, passed)
     commands = ["python " + " ".join(quote(a) for a in r.command(work, cfg.report.train_steps, passed)) for r in runs]
     written_by = " ".join(["python -m detector.bench.sharding run", *map(quote, overrides)])
-    text = document(read_runs(work), failed, device, commands, written_by)
     out = out or Path(cfg.report.out_dir) / f"{slug}-x{max(r.processes for r in runs)}.md"
+    if len(failed) == len(runs):
+        name, why = next(iter(failed.items()))
+        raise UserError(f"every run of the scaling table failed ({name}: {why}); {out} is left as it was")
+    text = document(read_runs(work), failed, device, commands, written_by)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.new")
     temp.write_text(text)
     os.replace(temp, out)
     print(text)
-    print(f"scaling table: {out} (its runs in {work}/)")
-    return out
+    print(f"scaling table: {out} (its runs in {work}/)" + (f"; {len(failed)} of its runs failed" if failed else ""))
+    return failed
 
 
 def main(argv: list[str]) -> int:
@@ -228,8 +232,8 @@ def main(argv: list[str]) -> int:
             unknown = set(paths) - {"work", "out"}
             if unknown:
                 raise UserError(f"python -m detector.bench.sharding run: unknown option --{sorted(unknown)[0]}")
-            run_table([a for a in argv[1:] if not a.startswith("--")], paths.get("work"), paths.get("out"))
-            return 0
+            failed = run_table([a for a in argv[1:] if not a.startswith("--")], paths.get("work"), paths.get("out"))
+            return 1 if failed else 0
         folder = Path(argv[0] if argv else "runs/sharding")
         runs = read_runs(folder)
         if not runs:

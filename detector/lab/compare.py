@@ -175,8 +175,8 @@ def describe(label: str, record: ProfileRecord) -> dict:
         "mode": record.mode,
         "run": record.run,
         "dir": str(record.folder),
-        "noisy": noise.noisy if noise else None,
-        "noise": noise.reasons() if noise else None,
+        "noisy": record.noisy if noise else None,
+        "noise": record.noise_reasons() if noise else None,
         "max_boxes": record.max_boxes,
         "data": asdict(record.data) if record.data else None,  # where its boxes came from, what its slots cut
     }
@@ -212,7 +212,7 @@ def mode_report(runs: list[Run]) -> dict:
         "timed_verdicts": {label: v.trained.x if v.trained else None for label, v in verdicts.items()},
         "verdicts": [v.line() for v in verdicts.values()],
         "warnings": {label: r.analysis.warnings for label, r in runs},
-        "noisy": {label: bool(r.noise and r.noise.noisy) for label, r in runs},
+        "noisy": {label: r.noisy for label, r in runs},
     }
 
 

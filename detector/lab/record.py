@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from detector.lab.checked import RecordError, need, optional, read_json, short, usable
-from detector.lab.noise import Noise
+from detector.lab.noise import DEVICE_BOUND_IDLE, Noise
 from detector.lab.source import DataSource
 
 VERSION = 2  # of summary.json; 1: no "version" key and no noise
@@ -236,6 +236,21 @@ class ProfileRecord:
 
     def regions(self) -> list[str]:
         return list(self.analysis.regions)
+
+    def paced_by(self) -> str:
+        """What paced the run's step: "device" where the GPU was busy nearly all of it (idle under
+        DEVICE_BOUND_IDLE), else "host" (the CPU's step, or a GPU's that waits for Python's launches)."""
+        idle = self.stats("step", "gpu_idle_share")
+        return "device" if idle and idle.median < DEVICE_BOUND_IDLE else "host"
+
+    def noise_reasons(self) -> list[str]:
+        """Why the run's times are not those of a quiet machine (its noise check; empty where it passes or its noise
+        was not recorded). A host-paced step is held to the host's spread, whatever clock timed it."""
+        return self.noise.reasons(self.paced_by()) if self.noise else []
+
+    @property
+    def noisy(self) -> bool:
+        return bool(self.noise_reasons())
 
     def title(self) -> str:
         """``padded, train, NVIDIA H200, torch 2.11.0, batch 1024``: what a picture or table is of."""

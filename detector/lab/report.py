@@ -135,7 +135,7 @@ def profile_records(work: Path) -> list:
 
 def noisy_runs(work: Path) -> list[str]:
     """``<strategy>: <why>`` for each profile of the report whose noise check flags it."""
-    return [f"{r.strategy}: {'; '.join(r.noise.reasons())}" for r in profile_records(work) if r.noise and r.noise.noisy]
+    return [f"{r.strategy}: {'; '.join(r.noise_reasons())}" for r in profile_records(work) if r.noisy]
 
 
 def load_line(work: Path) -> str:
@@ -145,7 +145,7 @@ def load_line(work: Path) -> str:
     if not noises:
         return "The load of other processes was not recorded."
     during = [n.load_during for n in noises if n.load_during is not None]
-    noisy = [r.strategy for r in records if r.noise and r.noise.noisy]
+    noisy = [r.strategy for r in records if r.noisy]
     load = f"at most {max(during):.2f} of {noises[0].cores} cores" if during else "unknown"
     verdict = f"the noise check flags {', '.join(noisy)}" if noisy else "no run was flagged as noisy"
     return f"Other processes' load during the profiles: {load}; {verdict} (each run's noise: compare below)."

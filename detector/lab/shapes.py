@@ -191,7 +191,7 @@ def measured(cfg: DictConfig, report: dict) -> dict:
     steps = {name: found for name, found in steps.items() if found[0]}
     predicted = {name: ms for name, ms, _ in (report["predicted"] or {}).get("ranking", [])}
     result = {"profile_dir": cfg.profile.out_dir, "runs": {n: [asdict(s), f] for n, (s, f) in steps.items()}}
-    result["noisy"] = {r.strategy: r.noise.reasons() for r in runs if r.noise and r.noise.noisy and r.strategy in steps}
+    result["noisy"] = {r.strategy: r.noise_reasons() for r in runs if r.noisy and r.strategy in steps}
     if not steps:
         return result | {"fastest": None, "disagreements": []}
     fastest = min(steps, key=lambda n: steps[n][0].median)

@@ -92,7 +92,7 @@ def runs_table(runs: list[tuple[str, ProfileRecord]]) -> str:
     rows = []
     for _, r in runs:
         protocol = "synchronised" if r.sync_regions else "as training"
-        noise = "unknown" if r.noise is None else ("noisy" if r.noise.noisy else "quiet")
+        noise = "unknown" if r.noise is None else ("noisy" if r.noisy else "quiet")
         rows.append([r.strategy, r.mode, r.device, r.torch, r.batch_size, r.image_size or "?", protocol])
         rows[-1] += [r.analysis.steps, noise, f"`{r.folder}`", r.max_boxes or "?", boxes_of(r)]
     return markdown_table(headers + ["slots", "boxes"], rows, "lllllrlrllrl")
@@ -167,7 +167,7 @@ def mode_markdown(
     ]
     mixed = data_note(runs)
     lines += ["", mixed] if mixed else []
-    noisy = [label for label, r in runs if r.noise and r.noise.noisy]
+    noisy = [label for label, r in runs if r.noisy]
     if noisy:
         lines += ["", f"**Noisy runs** (their times are not judged): {', '.join(map(cell_text, noisy))}."]
     lines += ["", "### How the counts grow with the batch", "", *growth] if growth else []

@@ -2,6 +2,7 @@
 whole command on the CPU: one process, then every train.shard_optimizer on 2 gloo processes under torchrun."""
 
 import json
+import os
 import re
 
 import pytest
@@ -80,9 +81,23 @@ def test_fewer_than_two_processes_is_refused_in_one_line(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
+def test_a_table_whose_every_run_failed_leaves_the_earlier_document_and_says_so_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "cpu-x2.md").write_text("the committed table")
+    monkeypatch.setattr(sharding, "run_all", lambda runs, *_: {r.name: "exit 1, its output in x.log" for r in runs})
+    args = ["run", "device=cpu", "report.processes=2", f"report.work_dir={tmp_path}", f"report.out_dir={docs}"]
+    assert sharding.main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: every run of the scaling table failed (1x: exit 1, its output in x.log)")
+    assert err.count("\n") == 1 and (docs / "cpu-x2.md").read_text() == "the committed table"
+
+
 @pytest.mark.slow
 def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     monkeypatch.setenv("DETECTOR_COMMIT", "abc1234")

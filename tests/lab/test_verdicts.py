@@ -68,12 +68,38 @@ def test_a_noisy_run_keeps_its_counts_and_says_its_times_cannot_be_judged():
     line = judge(base, run, "concat").line()
     assert "calc loss: 27× the slices (266 against 10), 4.7× the operators (603 against 129)" in line
     assert (
-        "Times as training runs it not judged, the machine was busy — padded's run: other processes kept 1.9 of 2 "
-        in line
+        "Times as training runs it not judged, the noise check flags them — padded's run: other processes kept "
+        "1.9 of 2 " in line
     )
     assert "its timed steps spread ±15 % around their median" in line
     assert "(concat 14 [9.8–18.2] ms against padded's 10 [7–13])" in line
     assert "Traces tab: align on *backward*." in line  # where the counts differ most: the times cannot tell
+
+
+def test_a_gap_wider_than_any_noise_is_judged_on_a_busy_machine_and_says_the_machine_was_flagged():
+    """The loop's step is 60× padded's: two busy loops spread a run by 60 %, they cannot make that."""
+    base = record("padded", PADDED, 10.0, noise=BUSY, width=0.3)
+    run = record("loop", CONCAT, 600.0, noise=BUSY, width=0.3)
+    line = judge(base, run, "loop").line()
+    assert "As training runs it: 60× slower (loop 600 [420–780] ms against padded's 10 [7–13])" in line
+    assert "; a gap beyond the noise the check flags — padded's run: other processes kept 1.9 of 2 cores" in line
+    # at 1.9× the quartiles' gap (13 against 24.5) noise could still explain it
+    slower = judge(base, record("concat", CONCAT, 35.0, noise=BUSY, width=0.3), "concat").line()
+    assert "Times as training runs it not judged, the noise check flags them" in slower
+
+
+def test_a_gpu_step_paced_by_the_host_is_held_to_the_hosts_spread():
+    """concat on a quiet GPU: the device idles 83 % of the step while Python launches; its CUDA-event times spread
+    with the host's scheduling (±4 %), which is no busy machine. padded keeps the device busy and is held to 5 %."""
+    uneven = Noise(cores=16, load_before=0.0, load_during=0.02, load_after=0.0, timed_spread=0.08, timed_by="device")
+    concat = record("concat", CONCAT, 124.0, noise=uneven, idle=0.83, device_step=124.0)
+    padded = record("padded", PADDED, 29.4, noise=uneven, idle=0.01, device_step=29.4)
+    assert concat.paced_by() == "host" and not concat.noisy and concat.noise_reasons() == []
+    assert padded.paced_by() == "device" and padded.noise_reasons() == [
+        "its timed steps spread ±4 % around their median"
+    ]
+    cpu = record("concat", CONCAT, 12.0, noise=Noise(cores=2, timed_spread=0.2))  # no GPU: the host's threshold
+    assert cpu.paced_by() == "host" and not cpu.noisy
 
 
 def test_times_the_rule_cannot_tell_apart_are_called_so_with_their_spreads():
