@@ -169,14 +169,13 @@ format: $(SETUP)
 	$(PY) -m ruff format .
 
 # One call on a GPU machine that already has torch (e.g. `make gpu-check PY=python3 [WHEELS=dir]`): builds the
-# extension, then runs the whole suite, CUDA rows included, on the machine's cores (12 workers share one GPU well).
-# Each worker compiles torch.compile's graphs in its own process (TORCHINDUCTOR_COMPILE_THREADS=1): a pool of
-# compile processes per worker would start a dozen times over; worksteal keeps the minute-long tests from queueing
+# extension, then runs the whole suite, CUDA rows included, on the machine's cores (12 workers share one GPU well;
+# tests/conftest.py gives each its share of the CPU threads); worksteal keeps the minute-long tests from queueing
 # behind one worker. The benches' figures come from `make report`.
 GPU_CHECK_WORKERS ?= 12
 gpu-check:
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
-	TORCHINDUCTOR_COMPILE_THREADS=1 $(PY) -m pytest -q -rs -n $(GPU_CHECK_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	$(PY) -m pytest -q -rs -n $(GPU_CHECK_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # Profile strategies (default: every registered one) in MODES, then compare (GPU: `make profile-all PY=python3`).
 STRATEGIES ?=

@@ -1,6 +1,6 @@
-"""Shared test set-up: the Triton interpreter where there is no GPU, dynamo's recompile limit, a bound on tests
-that could hang, which tests `make test` leaves to `make test-all`, and ``--strategy NAME`` (the contract grid on
-one strategy, a user's own included)."""
+"""Shared test set-up: the Triton interpreter where there is no GPU, each xdist worker's share of the cores,
+dynamo's recompile limit, a bound on tests that could hang, which tests `make test` leaves to `make test-all`,
+and ``--strategy NAME`` (the contract grid on one strategy, a user's own included)."""
 
 import contextlib
 import os
@@ -16,6 +16,14 @@ if not torch.cuda.is_available() and "TRITON_INTERPRET" not in os.environ:
     # kernel then runs as numpy on the CPU, so its tests run here too.
     os.environ["TRITON_INTERPRET"] = "1"
     print("no CUDA device: Triton kernels run in the interpreter (TRITON_INTERPRET=1)")
+
+# pytest-xdist's workers share the machine's cores: each gives torch's CPU ops (and inductor's OpenMP kernels, and
+# the commands a test starts) its share of them. Left at torch's default, 12 workers on a 16-core GPU host ran 16
+# threads each, and a compiled strategy's CPU rows took minutes there against seconds on 2 cores.
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # The grid compiles the `compiled` strategy once per (dtype, shape) variant; keep them all compiled
 # instead of letting dynamo fall back to eager after its default 8 recompilations.
