@@ -250,8 +250,9 @@ def test_a_busy_port_is_refused_in_one_line_before_tensorboard_starts(capsys, mo
 
 
 def make_dry_run(*args) -> str:
-    # a make that runs pytest (make gpu-check PY=python3) passes its variables down to this one in MAKEFLAGS
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES")}
+    # the Makefile's own defaults: a make that runs pytest (make gpu-check PY=python3) exports its command line's
+    # variables, and MAKEFLAGS, to this one
+    env = {k: os.environ[k] for k in ("PATH", "HOME") if k in os.environ}
     result = subprocess.run(["make", "-n", *args], cwd=ROOT, capture_output=True, text=True, timeout=60, env=env)
     assert result.returncode == 0, result.stderr
     return result.stdout
