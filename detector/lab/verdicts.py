@@ -119,7 +119,11 @@ class Timing:
     def relation(self) -> str:
         if self.x is None:
             return "not distinguishable"
-        return f"{times(self.x)} faster" if self.x > 1 else f"{times(1 / self.x)} slower"
+        way = "faster" if self.x > 1 else "slower"
+        ratio = max(self.x, 1 / self.x)
+        if ratio < 1.01:  # "1.00× faster" says nothing: the share does
+            return f"{100 * (ratio - 1):.1f} % {way}"
+        return f"{times(ratio)} {way}"
 
     def spreads(self, label: str) -> str:
         return f"{label} {spread_text(self.run)} ms against {BASELINE}'s {spread_text(self.base)}"
@@ -269,6 +273,11 @@ class Verdict:
         return f"{how.capitalize()}: {timing.relation()} ({timing.spreads(label)}){where}."
 
     def profiler_sentence(self, label: str) -> str:
+        if all(c is not None and abs(c) < 0.01 for c in self.costs):  # the profiler left both steps as they were
+            return (
+                f"Profiled: {self.profiled.relation()}, a difference the profiler's window alone shows (it added "
+                f"under 1 % to either step); the training verdict stands."
+            )
         base, run = (f"{100 * c:+.0f} %" if c is not None else "an unknown share" for c in self.costs)
         return (
             f"Profiled: {self.profiled.relation()}, because the profiler added {run} to {label}'s step and {base} "
