@@ -116,7 +116,9 @@ class TracesPlugin(base_plugin.TBPlugin):
             runs.append(listed(run, record, files))
             summaries[run] = path
         runs.sort(key=lambda r: r["created"], reverse=True)  # newest first within a strategy: the tab ticks it
-        runs.sort(key=lambda r: (r["mode"] != "train", r["strategy"] != "padded", r["strategy"]))
+        # a run under profile.sync_regions (the article's protocol, which make report adds) after the strategy's
+        # runs as training runs it: the tab ticks what training runs
+        runs.sort(key=lambda r: (r["mode"] != "train", r["strategy"] != "padded", r["strategy"], r["synced"]))
         listing = {
             "logdir": str(self.logdir),
             "runs": runs,
@@ -236,6 +238,7 @@ def listed(run: str, record: ProfileRecord, files: RunFiles) -> dict:
         "steps": analysis.step_numbers,
         "representative": analysis.representative_step,
         "gpu": analysis.gpu,
+        "synced": record.sync_regions,
         "extract": (files.folder / EXTRACT).is_file(),
     }
 

@@ -422,3 +422,19 @@ def test_one_bad_run_is_skipped_with_its_reason_and_the_others_are_listed(logdir
     )
     assert reasons == expected
     assert http.get(f"/step?run={FUSED}&step=10").status_code == 200
+
+
+def test_a_run_with_synchronised_regions_is_listed_after_the_strategys_runs_as_training_runs_it(tmp_path):
+    """make report profiles padded a second time under profile.sync_regions (the article's protocol), after the
+    first: the newest padded run is then the synchronised one, but the tab ticks the first of each strategy, and
+    that must be the step as training runs it."""
+    root = tmp_path / "runs"
+    make_run(root / "profile", "padded", "20261122-031500")
+    synced = make_run(root / "synced", "padded", "20261122-041500")
+    edit_summary(synced, lambda s: s.update(sync_regions=True))
+    _, http = client(root)
+    runs = http.get("/runs").get_json()["runs"]
+    assert [(r["run"], r["synced"]) for r in runs] == [
+        ("profile/padded/20261122-031500", False),
+        ("synced/padded/20261122-041500", True),
+    ]

@@ -9,7 +9,8 @@ import {ms, shown, state} from './state.js';
 // A run as its checkbox reads: strategy, mode, device and when it ran, which tells two runs of one strategy apart.
 export function runLabel(run) {
   const when = run.created ? run.created.slice(0, 16).replace('T', ' ') : run.run.split('/').pop();
-  return `${run.strategy} · ${run.mode} · ${run.device} · ${when}`;
+  const synced = run.synced ? ' · regions synchronised' : '';
+  return `${run.strategy} · ${run.mode}${synced} · ${run.device} · ${when}`;
 }
 
 // The legend names what the runs shown draw: their regions (host spans and the GPU work they launched),
