@@ -3,6 +3,7 @@
 
 import gzip
 import json
+import shutil
 from functools import cache
 from pathlib import Path
 
@@ -10,7 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from detector.lab import extract
 from detector.lab.analysis import measure_steps, summarise
-from detector.lab.record import Noise, ProfileRecord, Timed, write_extract, write_summary
+from detector.lab.record import EXTRACT, Noise, ProfileRecord, Timed, read_extract, write_extract, write_summary
 from detector.lab.trace import load_trace
 
 # A profile of a detector of a few thousand parameters on 32 px images: seconds on the CPU.
@@ -101,3 +102,21 @@ def read_events(folder: Path) -> EventAccumulator:
     events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "images": 0, "tensors": 0})
     events.Reload()
     return events
+
+
+def rank_runs(root: Path, stamp: str, starts: list[float]) -> Path:
+    """``root/profile/padded/<stamp>/rank<r>/`` as make profile NPROC=2 writes them, rank r's steps starting at
+    ``starts[r]`` µs on the host's clock (their first step; the later ones as in the recorded trace)."""
+    group = root / "profile" / "padded" / stamp
+    for rank, start in enumerate(starts):
+        made = make_run(root / "made", "padded", f"{stamp[:-2]}{rank:02d}")
+        edit_summary(made, lambda s, rank=rank: s.update(run=f"rank{rank}"))
+        found = read_extract(made / EXTRACT)
+        first = min(step["start"] for step in found.steps.values())
+        for step in found.steps.values():
+            step["start"] += start - first
+        write_extract(made, found)
+        group.mkdir(parents=True, exist_ok=True)
+        made.rename(group / f"rank{rank}")
+    shutil.rmtree(root / "made")
+    return group

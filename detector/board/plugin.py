@@ -38,6 +38,7 @@ from detector.lab import extract
 from detector.lab.measures import MEASURES, WHY
 from detector.lab.record import EXTRACT, SUMMARY, ProfileRecord, RecordError, read_summary
 from detector.lab.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
+from detector.lab.trace import COLLECTIVE_PREFIXES
 
 PLUGIN_NAME = "traces"
 STATIC = Path(__file__).with_name("static")
@@ -47,6 +48,7 @@ NOSNIFF = {"X-Content-Type-Options": "nosniff"}  # a browser takes each answer a
 LISTING_SECONDS = 5.0  # how long a scan of the log directory is reused
 ANSWER_BYTES = 64 * 2**20  # the steps' answers kept in memory, the last runs read first
 STEP = re.compile(r"[0-9]{1,12}")
+RANK = re.compile(r"rank([0-9]{1,6})")  # a rank's folder in a run of several processes (lab/profile.py)
 
 
 class TracesPlugin(base_plugin.TBPlugin):
@@ -115,7 +117,13 @@ class TracesPlugin(base_plugin.TBPlugin):
                 continue
             runs.append(listed(run, record, files))
             summaries[run] = path
-        runs.sort(key=lambda r: r["created"], reverse=True)  # newest first within a strategy: the tab ticks it
+        for run in runs:  # how many ranks of its run each rank's run stands beside
+            run["ranks"] = sum(r["group"] == run["group"] for r in runs) if run["rank"] is not None else None
+        newest = {}  # a run of several ranks is as new as its last rank's record
+        for run in runs:
+            newest[run["group"]] = max(newest.get(run["group"], ""), run["created"])
+        # newest first within a strategy (the tab ticks it), a run's ranks in order
+        runs.sort(key=lambda r: (newest[r["group"]], r["group"], -(r["rank"] or 0)), reverse=True)
         # a run under profile.sync_regions (the article's protocol, which make report adds) after the strategy's
         # runs as training runs it: the tab ticks what training runs
         runs.sort(key=lambda r: (r["mode"] != "train", r["strategy"] != "padded", r["strategy"], r["synced"]))
@@ -124,6 +132,7 @@ class TracesPlugin(base_plugin.TBPlugin):
             "runs": runs,
             "skipped": skipped,
             "colors": {"regions": REGION_COLORS, "launch": LAUNCH_COLOR, "sync": SYNC_COLOR},
+            "collectives": list(COLLECTIVE_PREFIXES),  # a GPU stream of these kernels alone is labelled so
             "measures": {
                 name: {"header": m.header, "unit": m.unit, "meaning": m.meaning} for name, m in MEASURES.items()
             },
@@ -225,10 +234,15 @@ def unshowable(record: ProfileRecord, files: RunFiles) -> str | None:
 
 
 def listed(run: str, record: ProfileRecord, files: RunFiles) -> dict:
-    """A run as /runs lists it."""
+    """A run as /runs lists it; one rank's of a run of several processes (``<run>/rank<N>``) names its ``rank``
+    and the ``group`` of the ranks it ran with, whose steps the tab draws on one axis."""
     analysis = record.analysis
+    parent, _, name = run.rpartition("/")
+    rank = RANK.fullmatch(name)
     return {
         "run": run,
+        "rank": int(rank.group(1)) if rank else None,
+        "group": parent if rank else run,
         "strategy": record.strategy,
         "mode": record.mode,
         "device": record.device,

@@ -6,7 +6,8 @@ PNG timeline (detector/lab/timeline.py) and TensorBoard's Traces tab (detector/b
 request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read
 (``load``).
 
-Every time is in µs from the step's start (the ProfilerStep's start on the host). Per step:
+Every time is in µs from the step's start (the ProfilerStep's start on the host; ``start``, that start on
+the host's clock, which the ranks of one host share). Per step:
 
 - ``regions``: the lab's regions on the step's thread, ``[name, start, duration]``;
 - ``threads``: each thread of the process that ran operators in the step, with its top-level operators
@@ -96,6 +97,7 @@ def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names)
         if ops or len(calls) > first:  # a thread that only polled (event queries) is left out
             threads.append({"tid": tid, "ops": [[us(o.ts - t0), us(o.end - o.ts), names(o.name)] for o in ops]})
     return {
+        "start": t0,  # µs on the host's clock: one host's ranks share it, so their steps align on one axis
         "dur": us(t1 - t0),
         "regions": [[name, us(a - t0), us(b - a)] for a, b, name in regions],
         "threads": threads,

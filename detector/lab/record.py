@@ -380,6 +380,7 @@ def check_step(step, where: str, names: int) -> None:
     """RecordError unless ``step`` has the shape that extract.step_extract writes (names index the name table)."""
     need(step, dict, where)
     need(step.get("dur"), (int, float), f"{where}.dur")
+    optional(step, "start", (int, float), where)  # absent in extracts written before ranks were aligned
     for key, width in ROWS.items():
         for row in need(step.get(key), list, f"{where}.{key}"):
             if not isinstance(row, list) or len(row) != width:

@@ -8,7 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from lab_helpers import GPU_TRACE, edit_summary, make_run
+from lab_helpers import GPU_TRACE, edit_summary, make_run, rank_runs
 from tensorboard.plugins.base_plugin import TBContext
 from trace_helpers import AUTOGRAD, MAIN, synthetic_events
 from werkzeug.test import Client
@@ -18,6 +18,7 @@ from detector.lab import extract
 from detector.lab import record as records
 from detector.lab.analysis import measure_steps
 from detector.lab.record import EXTRACT, EXTRACT_VERSION, RecordError, read_summary
+from detector.lab.trace import load_trace
 
 # ----------------------------------------------------------------------------- the extract
 
@@ -76,6 +77,18 @@ def test_the_extract_stays_small():
     found = extract.build(GPU_TRACE, measure_steps(GPU_TRACE))
     per_step = len(gzip.compress(json.dumps(found.to_json()).encode())) / len(found.steps)
     assert per_step < 30_000
+
+
+def test_each_step_keeps_its_start_on_the_hosts_clock():
+    """The ProfilerStep's own timestamp: the ranks of one host share the clock, so the tab can align them."""
+    trace = load_trace(GPU_TRACE)
+    found = extract.build(trace, measure_steps(trace))
+    starts = {str(s.step): e["ts"] for s, e in zip(measure_steps(trace), trace.steps, strict=True)}
+    assert {n: step["start"] for n, step in found.steps.items()} == starts
+    bad = found.to_json()
+    bad["steps"][next(iter(starts))]["start"] = "soon"
+    with pytest.raises(RecordError, match=r"start"):
+        records.Extract.parse(bad, "extract.json.gz")
 
 
 # ----------------------------------------------------------------------------- the routes
@@ -438,3 +451,19 @@ def test_a_run_with_synchronised_regions_is_listed_after_the_strategys_runs_as_t
         ("profile/padded/20261122-031500", False),
         ("synced/padded/20261122-041500", True),
     ]
+
+
+def test_the_ranks_of_a_run_of_several_processes_are_listed_together_in_order_with_their_group(tmp_path):
+    """make profile NPROC=2 writes <strategy>/<time>/rank<r>/: the tab ticks a run's ranks together, in order."""
+    root = tmp_path / "runs"
+    make_run(root / "profile", "padded", "20261122-041500")  # a newer run of one process
+    rank_runs(root, "20261122-031500", [1e9, 1e9 + 5000])
+    _, http = client(root)
+    runs = http.get("/runs").get_json()["runs"]
+    assert [(r["run"], r["rank"], r["ranks"], r["group"]) for r in runs] == [
+        ("profile/padded/20261122-041500", None, None, "profile/padded/20261122-041500"),
+        ("profile/padded/20261122-031500/rank0", 0, 2, "profile/padded/20261122-031500"),
+        ("profile/padded/20261122-031500/rank1", 1, 2, "profile/padded/20261122-031500"),
+    ]
+    step = http.get(f"/step?run=profile/padded/20261122-031500/rank1&step={runs[2]['representative']}").get_json()
+    assert step["start"] >= 1e9 + 5000

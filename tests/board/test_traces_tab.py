@@ -9,7 +9,7 @@ import time
 
 import pytest
 from browser_helpers import CHROMIUM, keep, serve
-from lab_helpers import make_run
+from lab_helpers import make_run, rank_runs
 
 from detector.lab.analysis import measure_steps, summarise
 from detector.lab.record import EXTRACT, ProfileRecord, read_extract, write_extract, write_summary
@@ -189,6 +189,43 @@ def test_the_traces_tab_ticks_the_newest_run_of_each_strategy_and_colours_gpu_wo
     legend = in_traces(browser, "(doc) => doc.getElementById('legend').textContent")
     assert "forward" in legend and "kernel launch" in legend and "memset" not in legend
     keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-regions.png"))
+
+
+RANGE_END = "(doc) => doc.body.dataset.readyMs && doc.getElementById('range').textContent.split('–')[1]"
+
+
+def test_the_ranks_of_one_run_are_drawn_on_one_axis_where_each_ran(tmp_path, browser):
+    """Two ranks of one `make profile NPROC=2` run, rank 1's steps 5 ms after rank 0's on the host's clock: both are
+    ticked at one step, rank 1 drawn 5 ms to the right, the status says how they are placed, and a stream of NCCL
+    kernels alone is labelled as the collectives'."""
+    logdir = tmp_path / "runs"
+    group = rank_runs(logdir, "20261122-031500", [1e9, 1e9 + 5000])
+    found = read_extract(group / "rank1" / EXTRACT)  # NCCL's all-reduce on a stream of its own, as on 2 GPUs
+    found.names.append("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
+    for step in found.steps.values():
+        step["streams"].append({"stream": "99", "events": [[50_000, 2_000, 0, len(found.names) - 1, 0]]})
+    write_extract(group / "rank1", found)
+    url, stop = serve(logdir, [])
+    try:
+        browser.show(
+            f"{url}/#traces",
+            ["padded · train · rank 1 · step", "padded · train · rank 0 · step", "GPU stream 99: collectives"],
+        )
+        both = float(wait_for(browser, RANGE_END).removesuffix(" ms"))
+        status = in_traces(browser, "(doc) => doc.getElementById('status').textContent")
+        assert "1 rank(s) placed against their run's lowest rank on the host's clock" in status
+        labels = in_traces(browser, "(doc) => [...doc.querySelectorAll('.run span')].map((s) => s.textContent)")
+        assert [label.split(" · NVIDIA")[0] for label in labels] == [
+            "padded · train · rank 0 of 2",
+            "padded · train · rank 1 of 2",
+        ]
+        keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-ranks.png"))
+        in_traces(browser, "(doc) => (doc.querySelectorAll('.run input')[1].click(), true)")  # rank 1 unticked
+        wait_for(browser, "(doc) => !doc.getElementById('canvas').dataset.drawn.includes('rank1')")
+        alone = float(wait_for(browser, RANGE_END).removesuffix(" ms"))
+        assert both - alone == pytest.approx(5.0, abs=0.1)  # the same step, 5 ms later
+    finally:
+        stop()
 
 
 PAYLOAD = '<img src=x onerror="document.body.dataset.pwned=1">'

@@ -6,7 +6,8 @@ import {h} from './page.js';
 import {runLabel} from './panels.js';
 import {state} from './state.js';
 
-// By default the newest run of each strategy (the listing puts it first), train mode first, five at most.
+// By default the newest run of each strategy (the listing puts it first), train mode first, five at most; of a
+// run of several processes every rank, at the first rank's step, so that they line up.
 export function tickDefaults() {
   const runs = state.listing.runs;
   const seen = new Set();
@@ -14,7 +15,10 @@ export function tickDefaults() {
     const key = `${run.strategy}/${run.mode}`;
     if (!seen.has(key) && state.selected.size < 5 && run.mode === runs[0].mode) {
       seen.add(key);
-      state.selected.set(run.run, run.representative);
+      for (const rank of runs.filter((r) => r.group === run.group)) {
+        const step = rank.steps.includes(run.representative) ? run.representative : rank.representative;
+        state.selected.set(rank.run, step);
+      }
     }
   }
 }

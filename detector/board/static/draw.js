@@ -4,7 +4,7 @@
 import {COPY_EDGE} from './lanes.js';
 import {LABELS, h, setStatus} from './page.js';
 import {drawLegend, showWhy} from './panels.js';
-import {ms, offset, shown, state} from './state.js';
+import {ms, offset, rankReference, shown, state} from './state.js';
 
 const LANE = 18; // px per lane
 const HEADER = 22; // px of a run's title lane
@@ -13,8 +13,9 @@ const AXIS = 26; // px of the time axis
 function fullView(entries) {
   let start = 0;
   let end = 1;
-  for (const {data} of entries) {
-    const o = offset(data);
+  for (const entry of entries) {
+    const {data} = entry;
+    const o = offset(entry);
     start = Math.min(start, -o);
     for (const lane of data.lanes) {
       for (const [s, d] of lane.events) end = Math.max(end, s + d - o);
@@ -40,13 +41,16 @@ export function draw() {
   if (!state.view) state.view = fullView(entries);
   drawLegend(entries);
   let y = AXIS;
-  for (const {run, step, data, info} of entries) {
-    state.lanes.push({run, kind: 'header', y, h: HEADER, label: `${info.strategy} · step ${step}`, events: []});
-    const title = `${info.strategy} · ${info.mode} · step ${step} · ${(data.dur / 1e3).toFixed(1)} ms`;
+  for (const entry of entries) {
+    const {run, step, data, info} = entry;
+    const rank = info.rank === null || info.rank === undefined ? '' : ` · rank ${info.rank}`;
+    state.lanes.push({run, kind: 'header', y, h: HEADER, label: `${info.strategy}${rank} · step ${step}`, events: []});
+    const title = `${info.strategy} · ${info.mode}${rank} · step ${step} · ${(data.dur / 1e3).toFixed(1)} ms`;
     labels.append(laneLabel(title, y, HEADER, 'header'));
     y += HEADER;
+    const o = offset(entry);
     for (const lane of data.lanes) {
-      state.lanes.push({...lane, run, data, y, h: LANE, offset: offset(data)});
+      state.lanes.push({...lane, run, data, y, h: LANE, offset: o});
       labels.append(laneLabel(lane.label, y, LANE, lane.kind));
       y += LANE;
     }
@@ -72,7 +76,9 @@ export function draw() {
   canvas.dataset.drawn = JSON.stringify(drawnPerRun);
   const [a, b] = state.view;
   const where = state.align === 'step' ? "the step's start" : `the start of ${state.align}`;
-  setStatus(`showing ${ms(a)} to ${ms(b)} ms from ${where}; ${entries.length} run(s)`);
+  const aligned = entries.filter((e) => rankReference(e) && rankReference(e) !== e).length;
+  const ranks = aligned ? `; ${aligned} rank(s) placed against their run's lowest rank on the host's clock` : '';
+  setStatus(`showing ${ms(a)} to ${ms(b)} ms from ${where}; ${entries.length} run(s)${ranks}`);
   document.getElementById('range').textContent = `${ms(a)}–${ms(b)} ms`;
   if (state.why) showWhy(state.why);
   document.body.dataset.drawMs = (performance.now() - began).toFixed(1); // for the tests: responsiveness

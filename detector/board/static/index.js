@@ -51,7 +51,7 @@ async function refresh() {
     wanted.map(async ([run, step]) => {
       try {
         const url = `./step?run=${encodeURIComponent(run)}&step=${step}`;
-        state.data.set(`${run}@${step}`, prepare(await getJson(url), state.listing.colors));
+        state.data.set(`${run}@${step}`, prepare(await getJson(url), state.listing.colors, state.listing.collectives));
       } catch (err) {
         failed.push(`${run}: ${err.message}`);
         state.selected.delete(run);

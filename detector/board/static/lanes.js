@@ -6,7 +6,7 @@ export const SYNC = 2; // a call's flag (1: a kernel launch)
 export const COPY_EDGE = '#d62728'; // a copy's outline, whatever region launched it
 
 // Lanes of one step, each with its events sorted by start: [start, dur, colour, payload].
-export function prepare(step, colors) {
+export function prepare(step, colors, collectives = []) {
   const name = (i) => step.names[i];
   const lanes = [];
   lanes.push({
@@ -34,10 +34,12 @@ export function prepare(step, colors) {
   });
   // GPU work in the colour of the region whose call launched it: the host runs steps ahead of the device
   const launchedBy = (call) => regionName(step, step.calls[call][4]);
+  const collective = (kernel) => collectives.some((prefix) => name(kernel).startsWith(prefix));
   for (const stream of step.streams) {
+    const comm = stream.events.length && stream.events.every(([, , , kernel]) => collective(kernel));
     lanes.push({
       kind: 'gpu',
-      label: `GPU stream ${stream.stream}`,
+      label: `GPU stream ${stream.stream}${comm ? ': collectives' : ''}`,
       events: stream.events.map(([start, dur, category, kernel, call]) => [
         start,
         dur,

@@ -19,11 +19,28 @@ export function shown() {
     .map((entry) => ({...entry, info: state.listing.runs.find((r) => r.run === entry.run)}));
 }
 
-// µs from the step's start where this run's time axis begins: the step itself, or a region's start.
-export function offset(data) {
+// µs from the step's start where an entry's time axis begins: the step itself, or a region's start. The ranks
+// of one run share the host's clock: each is drawn where it ran against the lowest rank shown, whose step (or
+// region) the axis begins at, so a rank that waits in a collective for another shows where and how long.
+export function offset(entry) {
+  const reference = rankReference(entry);
+  if (!reference) return alignment(entry.data);
+  return alignment(reference.data) - (entry.data.start - reference.data.start);
+}
+
+function alignment(data) {
   if (state.align === 'step') return 0;
   const region = data.regions.find(([name]) => name === state.align);
   return region ? region[1] : 0;
+}
+
+// The lowest rank shown of the entry's run (the entry itself, maybe), or null for a run of one process.
+export function rankReference(entry) {
+  if (entry.info.rank === null || entry.info.rank === undefined || entry.data.start === undefined) return null;
+  const ranks = shown().filter(
+    (e) => e.info.group === entry.info.group && e.info.rank !== null && e.data.start !== undefined,
+  );
+  return ranks.reduce((low, e) => (e.info.rank < low.info.rank ? e : low), entry);
 }
 
 export function ms(us) {
