@@ -43,7 +43,7 @@ export function draw() {
   let y = AXIS;
   for (const entry of entries) {
     const {run, step, data, info} = entry;
-    const rank = info.rank === null || info.rank === undefined ? '' : ` · rank ${info.rank}`;
+    const rank = info.rank === null ? '' : ` · rank ${info.rank}`;
     state.lanes.push({run, kind: 'header', y, h: HEADER, label: `${info.strategy}${rank} · step ${step}`, events: []});
     const title = `${info.strategy} · ${info.mode}${rank} · step ${step} · ${(data.dur / 1e3).toFixed(1)} ms`;
     labels.append(laneLabel(title, y, HEADER, 'header'));

@@ -10,7 +10,7 @@ import {ms, shown, state} from './state.js';
 export function runLabel(run) {
   const when = run.created ? run.created.slice(0, 16).replace('T', ' ') : run.run.split('/').pop();
   const synced = run.synced ? ' · regions synchronised' : '';
-  const rank = run.rank === null || run.rank === undefined ? '' : ` · rank ${run.rank} of ${run.ranks}`;
+  const rank = run.rank === null ? '' : ` · rank ${run.rank} of ${run.ranks}`;
   return `${run.strategy} · ${run.mode}${synced}${rank} · ${run.device} · ${when}`;
 }
 

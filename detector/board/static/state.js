@@ -36,7 +36,7 @@ function alignment(data) {
 
 // The lowest rank shown of the entry's run (the entry itself, maybe), or null for a run of one process.
 export function rankReference(entry) {
-  if (entry.info.rank === null || entry.info.rank === undefined || entry.data.start === undefined) return null;
+  if (entry.info.rank === null || entry.data.start === undefined) return null;
   const ranks = shown().filter(
     (e) => e.info.group === entry.info.group && e.info.rank !== null && e.data.start !== undefined,
   );
