@@ -27,7 +27,7 @@ import json
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,10 +117,10 @@ class TracesPlugin(base_plugin.TBPlugin):
                 continue
             runs.append(listed(run, record, files))
             summaries[run] = path
-        for run in runs:  # how many ranks of its run each rank's run stands beside
-            run["ranks"] = sum(r["group"] == run["group"] for r in runs) if run["rank"] is not None else None
+        ranks = Counter(run["group"] for run in runs)  # a run of one process is a group of one
         newest = {}  # a run of several ranks is as new as its last rank's record
         for run in runs:
+            run["ranks"] = ranks[run["group"]] if run["rank"] is not None else None
             newest[run["group"]] = max(newest.get(run["group"], ""), run["created"])
         # newest first within a strategy (the tab ticks it), a run's ranks in order
         runs.sort(key=lambda r: (newest[r["group"]], r["group"], -(r["rank"] or 0)), reverse=True)

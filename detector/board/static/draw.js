@@ -76,7 +76,7 @@ export function draw() {
   canvas.dataset.drawn = JSON.stringify(drawnPerRun);
   const [a, b] = state.view;
   const where = state.align === 'step' ? "the step's start" : `the start of ${state.align}`;
-  const aligned = entries.filter((e) => rankReference(e) && rankReference(e) !== e).length;
+  const aligned = entries.filter((e) => ![null, e].includes(rankReference(e))).length;
   const ranks = aligned ? `; ${aligned} rank(s) placed against their run's lowest rank on the host's clock` : '';
   setStatus(`showing ${ms(a)} to ${ms(b)} ms from ${where}; ${entries.length} run(s)${ranks}`);
   document.getElementById('range').textContent = `${ms(a)}–${ms(b)} ms`;
