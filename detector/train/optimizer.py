@@ -30,7 +30,11 @@ from torch import Tensor
 
 def clip_scale(grads: list[Tensor], max_norm: float) -> Tensor:
     """``clip_grad_norm_``'s factor for these gradients, a 0-dim device tensor: min(1, max_norm / (norm + 1e-6))."""
-    norm = torch.nn.utils.get_total_norm(grads)
+    return norm_scale(torch.nn.utils.get_total_norm(grads), max_norm)
+
+
+def norm_scale(norm: Tensor, max_norm: float) -> Tensor:
+    """``clip_grad_norm_``'s factor for gradients of global norm ``norm`` (0-dim): min(1, max_norm / (norm + 1e-6))."""
     return (max_norm / (norm + 1e-6)).clamp(max=1.0)
 
 

@@ -13,11 +13,14 @@ keep one process's layout (``BlockStates``), so a run resumes whatever saved it.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from detector.errors import UserError
+from detector.train.optimizer import OnePassAdamW, norm_scale
 from detector.train.sharding.replicated import Replicated, keep_outside_ddp, wrap_ddp
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
@@ -50,8 +53,13 @@ class ShardedBlocks(Replicated):
     - optimizer: each rank's AdamW updates the trunk and its own blocks; other blocks' gradients are dropped;
     - after the optimizer: one all-gather per layer sends each rank's updated rows to the others. It runs
       on NCCL's stream while the next step copies its batch and runs the conv blocks; the layer's forward
-      waits for it after computing this rank's own blocks (BlockedLinear.order and before_block), as does
-      anything else that reads the weights (``wait_weights``).
+      waits for it after computing this rank's own blocks (BlockedLinear.order and before_block).
+
+    Where the forward reads the weights as bf16 copies that the one-pass optimizer writes (autocast; see
+    ``detector.model.low_precision``), the all-gather sends those copies: half the bytes of the fp32 rows, and
+    no cast of the other ranks' rows before the forward. The forward computes with the same bf16 weights
+    either way, so the losses are the same. The other ranks' fp32 rows are then brought up to date only
+    where something reads them outside a forward: ``wait_weights`` (a checkpoint, the end of training).
     """
 
     def __init__(self, model: torch.nn.Module, layers: dict, world_size: int, device: torch.device, cfg=None):
@@ -75,6 +83,9 @@ class ShardedBlocks(Replicated):
         self.ready: list[Tensor] = []  # block parameters whose gradient this backward has accumulated
         self.grad_works: list = []
         self.weight_works: list[dist.Work] = []
+        self.layers = list(layers.values())
+        self.low_precision: list[tuple[Tensor, Tensor]] = []  # per layer: (all rows', this rank's rows') bf16 copies
+        self.stale = False  # the other ranks' fp32 rows lag their owners' (only the bf16 copies were gathered)
         self.net = wrap_ddp(model, device)
 
     def share(self, name: str, layer) -> list[str]:
@@ -91,8 +102,28 @@ class ShardedBlocks(Replicated):
         layer.order = [*mine, *(i for i in range(len(layer.blocks)) if i not in mine)]
         # gloo finishes an all-gather by copying into the output on a thread of its own, in-place on the
         # rows this rank reads first (an autograd version bump after the forward saved them): wait first
-        layer.before_block = lambda i, mine=mine: None if self.nccl and i in mine else self.wait_weights()
+        layer.before_block = lambda i, mine=mine: None if self.nccl and i in mine else self.wait_gathers()
         return names
+
+    def make_optimizer(self, build) -> torch.optim.Optimizer:
+        """The optimizer of this rank's parameters; where it writes the forward's bf16 copies of this rank's block
+        weights, they become rows of one tensor per layer, which ``gather_weights`` sends whole."""
+        optimizer = build(self.owned)
+        weights = [block.weight for layer in self.layers for block in layer.blocks]
+        mine = [w for w in weights if self.owner[id(w)] == self.rank]
+        if isinstance(optimizer, OnePassAdamW) and all(id(w) in optimizer.copy_ids for w in mine):
+            for layer, ((whole, _), _) in zip(self.layers, self.rows, strict=True):
+                copy = torch.empty_like(whole, dtype=optimizer.copy_dtype)
+                starts = [0, *itertools.accumulate(len(block.bias) for block in layer.blocks)]
+                for i, block in enumerate(layer.blocks):
+                    view = copy[starts[i] : starts[i + 1]]
+                    if self.owner[id(block.weight)] == self.rank:
+                        optimizer.copies[id(block.weight)] = view
+                    else:
+                        block.weight.low_precision_gathered = view
+                share = len(layer.blocks) // self.world_size
+                self.low_precision.append((copy, copy[starts[self.rank * share] : starts[(self.rank + 1) * share]]))
+        return optimizer
 
     def accumulated(self, param: Tensor) -> None:
         self.ready.append(param)
@@ -126,27 +157,56 @@ class ShardedBlocks(Replicated):
             elif param.grad is not None and not self.nccl:
                 param.grad.div_(self.world_size)
 
-    def clip(self, max_norm: float, one_pass: bool) -> None:
-        """``clip_grad_norm_`` of the whole model's gradients (their global norm), on this rank's share, in place."""
+    def clip(self, max_norm: float, one_pass: bool) -> Tensor | None:
+        """``clip_grad_norm_`` of the whole model's gradients (their global norm), on this rank's share: the scale
+        for the one-pass optimizer to apply, or None once the gradients are clipped in place."""
         params = [p for p in self.owned if p.grad is not None]
         trunk = [p.grad for p in params if id(p) not in self.owner]
         mine = [p.grad for p in params if id(p) in self.owner]
         squares = torch.nn.utils.get_total_norm(mine).square() if mine else params[0].grad.new_zeros(())
         dist.all_reduce(squares)  # the sum over the ranks of their blocks' squared norms
         total = (torch.nn.utils.get_total_norm(trunk).square() + squares).sqrt()
+        if one_pass:  # the optimizer's pass scales the gradients as it reads them: no pass of its own here
+            return norm_scale(total, max_norm)
         torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        return None
 
     def gather_weights(self) -> None:
-        """Send this rank's updated rows to every rank, without waiting (see ``wait_weights``)."""
-        for whole, mine in self.rows:
-            for out, part in zip(whole, mine, strict=True):
-                self.weight_works.append(all_gather_single(out, part, async_op=True))
+        """Send this rank's updated rows to every rank, without waiting (see ``wait_gathers``): the bf16 copies
+        the forward reads where the optimizer writes them (then the fp32 rows lag: ``wait_weights``), else the
+        fp32 rows."""
+        for (whole, mine), copies in itertools.zip_longest(self.rows, self.low_precision):
+            if copies is None:
+                pairs = zip(whole, mine, strict=True)
+            else:
+                pairs = [copies, (whole[1], mine[1])]  # the biases' few kilobytes stay fp32
+                self.stale = True
+            self.weight_works += [all_gather_single(out, part, async_op=True) for out, part in pairs]
+        for layer in self.layers if self.low_precision else ():
+            for block in layer.blocks:
+                view = getattr(block.weight, "low_precision_gathered", None)
+                if view is not None:  # an other rank's rows: the forward reads the gathered copy
+                    block.weight.low_precision = (view, block.weight._version)
 
-    def wait_weights(self) -> None:
+    def wait_gathers(self) -> None:
         """Make the current stream wait for the all-gathers of the updated weights (no host wait on NCCL)."""
         for work in self.weight_works:
             work.wait()
         self.weight_works.clear()
+
+    def wait_weights(self) -> None:
+        """Before reading the parameters outside a forward: the all-gathers waited for, and where only the bf16
+        copies were gathered, the fp32 rows too (every rank calls it)."""
+        self.wait_gathers()
+        if self.stale:
+            for whole, mine in self.rows:
+                for out, part in zip(whole, mine, strict=True):
+                    all_gather_single(out, part)
+            self.stale = False
+
+    def load_model_state(self, state: dict) -> None:
+        super().load_model_state(state)
+        self.stale = False  # every rank's fp32 rows are the state's; the forward casts them afresh
 
     def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
         return self.states.gather(optimizer)
