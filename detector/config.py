@@ -141,6 +141,8 @@ class ReportConfig:
     # ... processes up to this many, against one; 0 = one per visible GPU (one GPU or none: no table). On the CPU,
     # gloo processes
     processes: int = ranged(0, 0)
+    # the ways of sharing (train.shard_optimizer) the scaling table runs on each number of processes; fewer, sooner
+    sharding_modes: list[str] = ranged(["off", "blocks", "fsdp2", "zero"], choices=("off", "blocks", "fsdp2", "zero"))
     # replace a committed <out_dir>/<device>.md with a report whose runs the noise check flags (a busy machine):
     # false keeps the committed one and leaves the new report in the run folder
     force: bool = False

@@ -9,8 +9,9 @@ are GPUs for them, 4 (8, ...) processes, from `make train` runs launched with to
 the document: the machine, the commands, one row per run (median step, images/s, images/s against one process's,
 per process, rank 0's peak memory, the largest relative difference of its per-step losses from plain DDP's at
 the same number of processes) and the verdicts. ``report.processes`` says how many processes at most: 0, one per
-visible GPU (none: no table). On the CPU the processes are gloo's, which is how the tests run it. `make report`
-runs it as one of its parts on a machine of several GPUs.
+visible GPU (none: no table); ``report.sharding_modes`` which modes (all four by default: fewer, a shorter table).
+On the CPU the processes are gloo's, which is how the tests run it. `make report` runs it as one of its parts on a
+machine of several GPUs.
 """
 
 from __future__ import annotations
@@ -63,10 +64,10 @@ class Run:
         return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.processes}", *args]
 
 
-def plan(processes: int) -> list[Run]:
-    """One process, then every mode on 2, 4, 8 ... processes up to ``processes``."""
+def plan(processes: int, modes=MODES) -> list[Run]:
+    """One process, then each of ``modes`` on 2, 4, 8 ... processes up to ``processes``, in table order."""
     counts = [n for n in (2**k for k in range(1, 8)) if n <= processes]
-    return [Run(1, None)] + [Run(n, mode) for n in counts for mode in MODES]
+    return [Run(1, None)] + [Run(n, mode) for n in counts for mode in MODES if mode in modes]
 
 
 def table_processes(cfg: DictConfig) -> int:
@@ -205,7 +206,7 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
         )
     slug = device_slug(device_name(device))
     work = work or Path(cfg.report.work_dir) / slug / "scaling"
-    runs = plan(most)
+    runs = plan(most, cfg.report.sharding_modes)
     passed = [o for o in overrides if o.partition("=")[0].split(".")[0] in SECTIONS]
     failed = run_all(runs, work, cfg.report.train_steps, passed)
     commands = ["python " + " ".join(quote(a) for a in r.command(work, cfg.report.train_steps, passed)) for r in runs]

@@ -65,6 +65,8 @@ def test_the_plan_and_its_commands():
     assert [r.name for r in sharding.plan(1)] == ["1x"]
     names = [r.name for r in sharding.plan(5)]  # 2 and 4 processes, not 5
     assert names == ["1x", *(f"{n}x-{m}" for n in (2, 4) for m in ("off", "blocks", "fsdp2", "zero"))]
+    # report.sharding_modes picks modes; the table keeps its order (plain DDP, the reference, first)
+    assert [r.name for r in sharding.plan(2, ["zero", "off"])] == ["1x", "2x-off", "2x-zero"]
     one, two = Run(1, None).command(ROOT, 40, ["device=cpu"]), Run(2, "zero").command(ROOT, 40, ["device=cpu"])
     assert one[:3] == ["-m", "detector", "train"] and "train.shard_optimizer" not in " ".join(one)
     assert two[:4] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
