@@ -1,4 +1,10 @@
-"""The tiny training configuration the training tests share (tests/train/, tests/test_faults.py)."""
+"""The tiny training configuration the training tests share (tests/train/, tests/test_faults.py), and two processes
+of a worker for the tests of several processes."""
+
+import time
+
+import pytest
+import torch.multiprocessing as mp
 
 from detector.config import load_config
 
@@ -25,3 +31,15 @@ def tiny_cfg(out_dir, *overrides):
 
 def losses(summaries) -> list[float]:
     return [loss for s in summaries for _, loss in s["history"]]
+
+
+def spawn_two(worker, *args, timeout: float = 240.0) -> None:
+    """Run worker(rank, *args) in 2 processes; fail, not hang, if they are not done within ``timeout`` s
+    (collectives issued in a different order on the two ranks wait for each other forever)."""
+    context = mp.spawn(worker, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + timeout
+    while not context.join(timeout=1.0):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"the 2 DDP processes of {worker.__name__} did not finish in {timeout:.0f} s (a hang)")

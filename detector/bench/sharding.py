@@ -4,14 +4,15 @@ are GPUs for them, 4 (8, ...) processes, from `make train` runs launched with to
     python -m detector.bench.sharding run [key=value ...]   # the runs, then <report.out_dir>/<device>-x<N>.md
     python -m detector.bench.sharding <folder>              # the table of the runs in <folder> (a run's work folder)
 
-``run`` trains ``report.train_steps`` steps of each (1 process, then ``<n>x-<mode>`` for every mode), each into
-``<folder>/<n>x-<mode>/`` (a run that has its summary.json is not run again: a stopped table resumes), then writes
-the document: the machine, the commands, one row per run (median step, images/s, images/s against one process's,
-per process, rank 0's peak memory, the largest relative difference of its per-step losses from plain DDP's at
-the same number of processes) and the verdicts. ``report.processes`` says how many processes at most: 0, one per
-visible GPU (none: no table); ``report.sharding_modes`` which modes (all four by default: fewer, a shorter table).
-On the CPU the processes are gloo's, which is how the tests run it. `make report` runs it as one of its parts on a
-machine of several GPUs.
+``run`` first times the link alone: each collective the ways of sharing send, by itself, on as many processes
+(detector/bench/link.py, kept in ``<folder>/link-x<N>.json``). Then it trains ``report.train_steps`` steps of each
+run (1 process, then ``<n>x-<mode>`` for every mode), each into ``<folder>/<n>x-<mode>/`` (a run that has its
+summary.json is not run again: a stopped table resumes), and writes the document: the machine, the commands, one
+row per run (median step, images/s, images/s against one process's, per process, rank 0's peak memory, the largest
+relative difference of its per-step losses from plain DDP's at the same number of processes), the verdicts and
+the link's table. ``report.processes`` says how many processes at most: 0, one per visible GPU (none: no table);
+``report.sharding_modes`` which modes (all four by default: fewer, a shorter table). On the CPU the processes are
+gloo's, which is how the tests run it. `make report` runs it as one of its parts on a machine of several GPUs.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
+from detector.bench.link import summary_lines
 from detector.config import device_name, load_config, resolve_device
 from detector.errors import UserError
 from detector.lab.report import device_slug, machine_line, now, quote
@@ -98,6 +100,24 @@ def run_all(runs: list[Run], work: Path, steps: int, overrides: list[str]) -> di
             failed[run.name] = f"exit {code}, its output in {log}"
         print(f"[{i}/{len(runs)}] {run.name}: {failed.get(run.name, 'done')} in {time.perf_counter() - began:.0f} s")
     return failed
+
+
+def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict | None, str | None]:
+    """The link alone on ``processes`` processes (detector/bench/link.py), kept in ``work/link-x<N>.json`` (a
+    stopped table does not measure it again): its times, or None and why not."""
+    path = work / f"link-x{processes}.json"
+    if not path.exists():
+        (work / "logs").mkdir(parents=True, exist_ok=True)
+        log = work / "logs" / f"link-x{processes}.log"
+        command = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+        command += ["-m", "detector.bench.link", f"--out={path}", *overrides]
+        print(f"the link alone: python {' '.join(quote(a) for a in command)}", flush=True)
+        with open(log, "w") as out:
+            env = os.environ | {"PYTHONUNBUFFERED": "1"}
+            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+        if code or not path.exists():
+            return None, f"exit {code}, its output in {log}"
+    return json.loads(path.read_text()), None
 
 
 def summary_of(folder: Path) -> dict | None:
@@ -173,8 +193,10 @@ def verdicts(runs: dict[Run, dict]) -> list[str]:
     return lines
 
 
-def document(runs: dict[Run, dict], failed: dict[str, str], device, commands: list[str], written_by: str) -> str:
-    """The markdown of the scaling document."""
+def document(
+    runs: dict[Run, dict], failed: dict[str, str], device, commands: list[str], written_by: str, link=(None, None)
+) -> str:
+    """The markdown of the scaling document; ``link``: ``measure_link``'s (times, why not)."""
     most = max(r.processes for r in runs) if runs else 1
     lines = [f"# Scaling on {most} × {device_name(device)}", "", machine_line(device), ""]
     lines += [f"Written by `{written_by}` on {now()[:10]}, from these runs (`python` from the repository root):", ""]
@@ -188,6 +210,8 @@ def document(runs: dict[Run, dict], failed: dict[str, str], device, commands: li
     ]
     lines += [f"- {line}" for line in verdicts(runs)]
     lines += [f"- `{name}` failed: {why}." for name, why in failed.items()]
+    times, why = link
+    lines += ["", *summary_lines(times)] if times else ["", f"The link alone was not measured: {why}."] if why else []
     return "\n".join(lines) + "\n"
 
 
@@ -208,6 +232,7 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
     work = work or Path(cfg.report.work_dir) / slug / "scaling"
     runs = plan(most, cfg.report.sharding_modes)
     passed = [o for o in overrides if o.partition("=")[0].split(".")[0] in SECTIONS]
+    link = measure_link(work, most, passed)
     failed = run_all(runs, work, cfg.report.train_steps, passed)
     commands = ["python " + " ".join(quote(a) for a in r.command(work, cfg.report.train_steps, passed)) for r in runs]
     written_by = " ".join(["python -m detector.bench.sharding run", *map(quote, overrides)])
@@ -215,7 +240,7 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
     if len(failed) == len(runs):
         name, why = next(iter(failed.items()))
         raise UserError(f"every run of the scaling table failed ({name}: {why}); {out} is left as it was")
-    text = document(read_runs(work), failed, device, commands, written_by)
+    text = document(read_runs(work), failed, device, commands, written_by, link)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.new")
     temp.write_text(text)

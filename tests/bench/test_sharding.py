@@ -90,6 +90,7 @@ def test_a_table_whose_every_run_failed_leaves_the_earlier_document_and_says_so_
     docs.mkdir()
     (docs / "cpu-x2.md").write_text("the committed table")
     monkeypatch.setattr(sharding, "run_all", lambda runs, *_: {r.name: "exit 1, its output in x.log" for r in runs})
+    monkeypatch.setattr(sharding, "measure_link", lambda *_: (None, "exit 1, its output in link.log"))
     args = ["run", "device=cpu", "report.processes=2", f"report.work_dir={tmp_path}", f"report.out_dir={docs}"]
     assert sharding.main(args) == 2
     err = capsys.readouterr().err
@@ -122,10 +123,14 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
     assert float(rows[(" 2", "fsdp2")][7]) < 1e-5
     assert re.search(r"- 2 processes: `\w+` is the fastest, [\d.]+× one process's images/s \(the target: 2.0×", doc)
     assert "- 2 processes: our `blocks` is " in doc
+    # the link alone, measured first on as many processes
+    assert "The link alone on 2 processes, the head's " in doc and "| reduce | blocks: the fp32 gradients" in doc
+    assert [p.name for p in (tmp_path / "work").rglob("link-x*.json")] == ["link-x2.json"]
     # again: every run has its summary, none runs twice
     capsys.readouterr()
     assert sharding.main(args) == 0
-    assert "[1/5]" not in capsys.readouterr().out
+    again = capsys.readouterr().out
+    assert "[1/5]" not in again and "the link alone:" not in again
 
 
 def test_make_report_runs_the_scaling_part_where_there_are_several_processes(tmp_path):
@@ -139,3 +144,9 @@ def test_make_report_runs_the_scaling_part_where_there_are_several_processes(tmp
     command = f"python -m detector.bench.sharding run --work={tmp_path / 'scaling'} device=cpu report.processes=2"
     assert parts[-1].command() == f"{command} report.out_dir={tmp_path / 'scaling'}"
     assert parts[-1].done == tmp_path / "scaling" / "done"
+
+
+def test_a_link_that_could_not_be_measured_is_named_in_the_document():
+    runs = {Run(1, None): summary(1, 100, [1.0]), Run(2, "blocks"): summary(2, 100, [1.0])}
+    text = sharding.document(runs, {}, "cpu", ["python -m detector train"], "w", (None, "exit 1, its output in l.log"))
+    assert text.endswith("\nThe link alone was not measured: exit 1, its output in l.log.\n")

@@ -4,15 +4,13 @@
 import json
 import math
 import os
-import time
 from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
-from train_helpers import losses, tiny_cfg
+from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.cli import main as cli_main
 from detector.config import load_config
@@ -124,18 +122,6 @@ def test_rank_blocks_are_disjoint_blocks_of_each_global_batch():
 
 
 # ----------------------------------------------------------------------------- DDP (gloo, 2 processes)
-
-
-def spawn_two(worker, *args, timeout: float = 240.0) -> None:
-    """Run worker(rank, *args) in 2 processes; fail, not hang, if they are not done within ``timeout`` s
-    (collectives issued in a different order on the two ranks wait for each other forever)."""
-    context = mp.spawn(worker, args=args, nprocs=2, join=False)
-    deadline = time.monotonic() + timeout
-    while not context.join(timeout=1.0):
-        if time.monotonic() > deadline:
-            for process in context.processes:
-                process.kill()
-            pytest.fail(f"the 2 DDP processes of {worker.__name__} did not finish in {timeout:.0f} s (a hang)")
 
 
 def _ddp_worker(rank: int, out: str) -> None:

@@ -14,8 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from conftest import ROOT, child_env, fails_after
-from test_loop import spawn_two
-from train_helpers import TINY, losses
+from train_helpers import TINY, losses, spawn_two
 
 from detector.config import load_config
 from detector.train.checkpoint import CheckpointError, read_checkpoint, shared_checkpoint

@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from test_loop import spawn_two
-from train_helpers import losses, tiny_cfg
+from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.model import build_model
 from detector.train.checkpoint import CheckpointError, into_blocks, one_linear, read_checkpoint, save_checkpoint

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from test_loop import spawn_two
 from torch import nn
+from train_helpers import spawn_two
 
 from detector.model import BlockedLinear, low_precision
 from detector.train.optimizer import OnePassAdamW

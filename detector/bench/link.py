@@ -1,0 +1,161 @@
+"""The link alone: each collective that a way of sharing sends in a step, on the head's weight at the configured
+scale, timed by itself with nothing computing beside it. It is the floor for the step's communication, as
+``bench step`` measures the floor for its compute. The scaling table (detector/bench/sharding.py) measures it in
+the same run as its training runs:
+
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m detector.bench.link --out=l.json [key=value]
+
+The collectives, on the head's first Linear (65536 × 16384 at seed scale; its bias and the trunk add ~1 %):
+
+    reduce       blocks: each rank's fp32 gradient of each share of rows, reduced onto the share's owner, in one
+                 NCCL group as ShardedBlocks sends them (gloo: one reduce after another)
+    all-gather   blocks: each rank's updated rows to every rank, as the forward reads them (bf16 under autocast)
+    all-reduce   off (plain DDP): every fp32 gradient, summed on every rank
+
+Each is timed ``bench.repeats`` times after ``bench.warmup`` untimed calls (CUDA events on a GPU; on the CPU the
+wall clock between barriers). Rank 0 writes the JSON: per collective its times and the bytes each process sends.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from detector.config import device_name, load_config
+from detector.errors import UserError
+from detector.lab.tables import markdown_table, significant
+from detector.train import distributed
+from detector.train.sharding.blocks import all_gather_single
+
+
+def head_shape(cfg) -> tuple[int, int]:
+    """(rows, columns) of the head's first Linear: model.hidden by the flattened last conv block."""
+    side = cfg.data.image_size // 2 ** len(cfg.model.channels)
+    return cfg.model.hidden, cfg.model.channels[-1] * side * side
+
+
+def collectives(rows: int, columns: int, dtype: torch.dtype, device: torch.device) -> list[tuple]:
+    """(name, what the step sends with it, bytes each process sends, call) of each collective, on tensors made once."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    nccl = dist.get_backend() == dist.Backend.NCCL
+    grads = torch.randn(rows, columns, device=device)
+    shares = grads.chunk(world)
+    gathered = torch.empty(rows, columns, device=device, dtype=dtype)
+    mine = gathered.chunk(world)[rank]
+    elements, share = rows * columns, (world - 1) / world
+
+    def reduce() -> None:
+        if not nccl:
+            for owner, part in enumerate(shares):
+                dist.reduce(part, dst=owner)
+            return
+        with dist._coalescing_manager(device=device, async_ops=True) as group:
+            for owner, part in enumerate(shares):
+                dist.reduce(part, dst=owner, op=dist.ReduceOp.AVG, async_op=True)
+        group.wait()
+
+    precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    return [
+        ("reduce", "blocks: the fp32 gradients onto their owners", int(elements * 4 * share), reduce),
+        (
+            "all-gather",
+            f"blocks: the updated rows, {precision}",
+            int(elements * dtype.itemsize * share),
+            lambda: all_gather_single(gathered, mine),
+        ),
+        ("all-reduce", "off: every fp32 gradient", int(2 * elements * 4 * share), lambda: dist.all_reduce(grads)),
+    ]
+
+
+def timed(call: Callable, device: torch.device, warmup: int, repeats: int) -> list[float]:
+    """Milliseconds of each of ``repeats`` calls, after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        call()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize(device)
+            start.record()
+            call()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            dist.barrier()
+            began = time.perf_counter()
+            call()
+            dist.barrier()
+            times.append((time.perf_counter() - began) * 1e3)
+    return times
+
+
+def measure(cfg) -> dict:
+    """Every collective's times on this process group (every rank calls it); the same dict on every rank."""
+    env, device = distributed.setup(cfg)
+    if env.world_size < 2:
+        raise UserError("python -m detector.bench.link needs 2 processes or more: run it under torchrun")
+    rows, columns = head_shape(cfg)
+    if rows % env.world_size:
+        raise UserError(f"model.hidden={rows} is not a multiple of the {env.world_size} processes")
+    dtype = torch.bfloat16 if cfg.autocast and device.type == "cuda" else torch.float32
+    found = []
+    for name, role, sent, call in collectives(rows, columns, dtype, device):
+        times = timed(call, device, cfg.bench.warmup, cfg.bench.repeats)
+        found.append({"name": name, "role": role, "bytes": sent, "ms": times})
+    return {"processes": env.world_size, "device": device_name(device), "shape": [rows, columns], "collectives": found}
+
+
+def summary_lines(link: dict) -> list[str]:
+    """The link's table for the scaling document: per collective its median [min–max] ms, bytes and rate, and what
+    each way of sharing sends a step."""
+    rows, medians = [], {c["name"]: statistics.median(c["ms"]) for c in link["collectives"]}
+    for c in link["collectives"]:
+        median = medians[c["name"]]
+        spread = f"{significant(median)} [{significant(min(c['ms']))}–{significant(max(c['ms']))}]"
+        rows.append(
+            [c["name"], c["role"], spread, significant(c["bytes"] / 1e9), significant(c["bytes"] / median / 1e6)]
+        )
+    table = markdown_table(["collective", "what the step sends", "ms", "GB per process", "GB/s"], rows, "llrrr")
+    rows_, columns = link["shape"]
+    blocks = medians["reduce"] + medians["all-gather"]
+    return [
+        f"The link alone on {link['processes']} processes, the head's {rows_} × {columns} weight, nothing computing "
+        f"beside it (median [min–max] of {len(link['collectives'][0]['ms'])}; `python -m detector.bench.link`):",
+        "",
+        table,
+        "",
+        f"A step of `blocks` sends the reduce and the all-gather, {significant(blocks)} ms of the link by themselves; "
+        f"a step of `off` its all-reduce, {significant(medians['all-reduce'])} ms. The step hides what it can under "
+        'its compute (docs/training.md, "Where the time goes").',
+    ]
+
+
+def main(argv: list[str]) -> int:
+    out = next((Path(a.partition("=")[2]) for a in argv if a.startswith("--out=")), None)
+    try:
+        if out is None:
+            raise UserError("python -m detector.bench.link: give --out=<file.json> for the times")
+        cfg = load_config([a for a in argv if not a.startswith("--")], announce=None)
+        link = measure(cfg)
+        if dist.get_rank() == 0:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(link))
+            print("\n".join(summary_lines(link)))
+        dist.barrier()
+        dist.destroy_process_group()
+        return 0
+    except UserError as err:
+        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
