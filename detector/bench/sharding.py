@@ -42,6 +42,7 @@ KEEP_OURS_ABOVE = 1.03  # our ShardedBlocks stays only where it is more than 3 %
 # docs/training.md, "Several GPUs")
 TARGETS = {2: 2.0, 4: 3.9}
 SECTIONS = ("data", "model", "train", "preset", "device", "autocast")  # the overrides a training run takes
+LINK_SECONDS = 600  # the link alone: seconds at seed scale, then the table goes on without it
 RUN_NAME = re.compile(r"(\d+)x(?:-(\w+))?$")
 
 
@@ -114,7 +115,13 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
         print(f"the link alone: python {' '.join(quote(a) for a in command)}", flush=True)
         with open(log, "w") as out:
             env = os.environ | {"PYTHONUNBUFFERED": "1"}
-            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env).returncode
+            try:  # seconds at seed scale: a link that hangs must not hold up the table
+                run = subprocess.run(
+                    [sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env, timeout=LINK_SECONDS
+                )
+            except subprocess.TimeoutExpired:
+                return None, f"no result in {LINK_SECONDS} s, its output in {log}"
+            code = run.returncode
         if code or not path.exists():
             return None, f"exit {code}, its output in {log}"
     return json.loads(path.read_text()), None

@@ -148,5 +148,16 @@ def test_make_report_runs_the_scaling_part_where_there_are_several_processes(tmp
 
 def test_a_link_that_could_not_be_measured_is_named_in_the_document():
     runs = {Run(1, None): summary(1, 100, [1.0]), Run(2, "blocks"): summary(2, 100, [1.0])}
-    text = sharding.document(runs, {}, "cpu", ["python -m detector train"], "w", (None, "exit 1, its output in l.log"))
+    why = (None, "exit 1, its output in l.log")
+    text = sharding.document(runs, {}, torch.device("cpu"), ["python -m detector train"], "w", why)
     assert text.endswith("\nThe link alone was not measured: exit 1, its output in l.log.\n")
+
+
+def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, monkeypatch):
+    def hangs(*args, **kwargs):
+        raise sharding.subprocess.TimeoutExpired(args[0], kwargs["timeout"])
+
+    monkeypatch.setattr(sharding.subprocess, "run", hangs)
+    times, why = sharding.measure_link(tmp_path, 2, ["device=cpu"])
+    assert times is None and why == f"no result in {sharding.LINK_SECONDS} s, its output in {tmp_path}/logs/link-x2.log"
+    assert not (tmp_path / "link-x2.json").exists()  # nothing kept: the next table measures it again
