@@ -32,7 +32,7 @@ from detector.config import device_name, load_config
 from detector.errors import UserError
 from detector.lab.tables import markdown_table, significant
 from detector.train import distributed
-from detector.train.sharding.blocks import all_gather_single
+from detector.train.sharding.blocks import all_gather_single, reduce_onto_owners
 
 
 def head_shape(cfg) -> tuple[int, int]:
@@ -44,22 +44,15 @@ def head_shape(cfg) -> tuple[int, int]:
 def collectives(rows: int, columns: int, dtype: torch.dtype, device: torch.device) -> list[tuple]:
     """(name, what the step sends with it, bytes each process sends, call) of each collective, on tensors made once."""
     world, rank = dist.get_world_size(), dist.get_rank()
-    nccl = dist.get_backend() == dist.Backend.NCCL
     grads = torch.randn(rows, columns, device=device)
     shares = grads.chunk(world)
     gathered = torch.empty(rows, columns, device=device, dtype=dtype)
     mine = gathered.chunk(world)[rank]
     elements, share = rows * columns, (world - 1) / world
 
-    def reduce() -> None:
-        if not nccl:
-            for owner, part in enumerate(shares):
-                dist.reduce(part, dst=owner)
-            return
-        with dist._coalescing_manager(device=device, async_ops=True) as group:
-            for owner, part in enumerate(shares):
-                dist.reduce(part, dst=owner, op=dist.ReduceOp.AVG, async_op=True)
-        group.wait()
+    def reduce() -> None:  # as ShardedBlocks sends the head's gradients
+        for work in reduce_onto_owners([(part, owner) for owner, part in enumerate(shares)]):
+            work.wait()
 
     precision = "bf16" if dtype == torch.bfloat16 else "fp32"
     return [

@@ -41,6 +41,19 @@ def shard_refusal(layers: dict, world_size: int) -> str | None:
     return None
 
 
+def reduce_onto_owners(parts: list[tuple[Tensor, int]]) -> list:
+    """Reduce each tensor onto its owner rank, in place and without waiting: on NCCL averaged, in one coalescing
+    group, so that the ranks send to each other at once; on gloo summed (it has no AVG), one reduce after another.
+    Returns the works to wait on. (``async_op=True`` also on NCCL: a synchronous collective runs on the current
+    stream, where the backward's kernels would wait for it.)"""
+    if dist.get_backend() != dist.Backend.NCCL:
+        return [dist.reduce(t, dst=owner, op=dist.ReduceOp.SUM, async_op=True) for t, owner in parts]
+    with dist._coalescing_manager(device=parts[0][0].device, async_ops=True) as group:
+        for t, owner in parts:
+            dist.reduce(t, dst=owner, op=dist.ReduceOp.AVG, async_op=True)
+    return [group]
+
+
 class ShardedBlocks(Replicated):
     """ZeRO stage 1 for the head's blocks under DDP: each rank keeps AdamW's state of, and updates, only its
     own share of them; DDP keeps the rest of the model (the trunk) as it was.
@@ -134,15 +147,8 @@ class ShardedBlocks(Replicated):
         """Average the ready blocks' gradients onto their owners: one NCCL group (gloo: one after another)."""
         ids, self.ready = {id(p) for p in self.ready}, []
         ready = [p for p in self.block_params if id(p) in ids]  # the same order on every rank, not autograd's
-        op = dist.ReduceOp.AVG if self.nccl else dist.ReduceOp.SUM  # gloo has no AVG: divided in wait_gradients
-        if not self.nccl:
-            self.grad_works += [dist.reduce(p.grad, dst=self.owner[id(p)], op=op, async_op=True) for p in ready]
-            return
-        # async_op=True: a synchronous one runs on the current stream, where the backward's kernels would wait
-        with dist._coalescing_manager(device=ready[0].grad.device, async_ops=True) as group:
-            for p in ready:
-                dist.reduce(p.grad, dst=self.owner[id(p)], op=op, async_op=True)
-        self.grad_works.append(group)
+        # gloo sums: wait_gradients divides
+        self.grad_works += reduce_onto_owners([(p.grad, self.owner[id(p)]) for p in ready])
 
     def wait_gradients(self) -> None:
         """Make the current stream wait for the reduces; keep this rank's blocks' gradients, drop the others'."""
