@@ -18,7 +18,7 @@ import socket
 import sys
 
 from detector.bench import TARGETS as BENCH_TARGETS
-from detector.errors import UserError
+from detector.errors import UserError, refuse
 from detector.train.interrupt import CommandSignals, Terminated
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
@@ -176,8 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         except (UserError, FileNotFoundError) as err:
             if debug:
                 raise
-            print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-            return 2
+            return refuse(err)
         except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are atomic
             if debug:
                 raise

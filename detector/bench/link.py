@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from detector.config import device_name, load_config
-from detector.errors import UserError
+from detector.errors import UserError, refuse
 from detector.lab.tables import markdown_table, significant
 from detector.train import distributed
 from detector.train.sharding.blocks import all_gather_single, reduce_onto_owners
@@ -146,8 +146,7 @@ def main(argv: list[str]) -> int:
         dist.destroy_process_group()
         return 0
     except UserError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
+        return refuse(err)
 
 
 if __name__ == "__main__":

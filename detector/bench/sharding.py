@@ -31,7 +31,7 @@ from omegaconf import DictConfig
 
 from detector.bench.link import summary_lines
 from detector.config import device_name, load_config, resolve_device
-from detector.errors import UserError
+from detector.errors import UserError, refuse
 from detector.lab.report import device_slug, machine_line, now, quote
 from detector.lab.tables import markdown_table, significant
 
@@ -277,8 +277,7 @@ def main(argv: list[str]) -> int:
         print("\n".join(verdicts(runs)))
         return 0
     except UserError as err:
-        print(f"error: {' '.join(str(err).split())}", file=sys.stderr)
-        return 2
+        return refuse(err)
 
 
 if __name__ == "__main__":
