@@ -96,11 +96,15 @@ class BlockedLinear(nn.Module):
         # float8 casts and products; compiled one by one under train.compile) in place of `linear`
         self.float8 = False
 
+    def starts(self) -> list[int]:
+        """The first row of each block, then the number of rows: block i is rows starts[i] .. starts[i+1]-1."""
+        return [0, *itertools.accumulate(len(block.bias) for block in self.blocks)]
+
     def rows(self, first: int, stop: int) -> tuple[Tensor, Tensor]:
         """The weights and biases of blocks first..stop-1 as one [rows, in] and one [rows] tensor, views of
         the blocks' own parameters; an error if a conversion (``.to(dtype)``, say) has separated them."""
         weight, bias = self._whole
-        starts = [0, *itertools.accumulate(len(block.bias) for block in self.blocks)]
+        starts = self.starts()
         for start, block in zip(starts[:-1], self.blocks, strict=True):
             if (block.weight.data_ptr(), block.bias.data_ptr()) != (weight[start:].data_ptr(), bias[start:].data_ptr()):
                 raise RuntimeError("BlockedLinear: the blocks' parameters no longer lie in one tensor")

@@ -98,6 +98,7 @@ class ShardedBlocks(Replicated):
         self.weight_works: list[dist.Work] = []
         self.layers = list(layers.values())
         self.low_precision: list[tuple[Tensor, Tensor]] = []  # per layer: (all rows', this rank's rows') bf16 copies
+        self.gathered: list[tuple[Tensor, Tensor]] = []  # (weight of an other rank's block, its rows in those copies)
         self.stale = False  # the other ranks' fp32 rows lag their owners' (only the bf16 copies were gathered)
         self.net = wrap_ddp(model, device)
 
@@ -127,14 +128,13 @@ class ShardedBlocks(Replicated):
         if isinstance(optimizer, OnePassAdamW) and all(id(w) in optimizer.copy_ids for w in mine):
             for layer, ((whole, _), _) in zip(self.layers, self.rows, strict=True):
                 copy = torch.empty_like(whole, dtype=optimizer.copy_dtype)
-                starts = [0, *itertools.accumulate(len(block.bias) for block in layer.blocks)]
+                starts, share = layer.starts(), len(layer.blocks) // self.world_size
                 for i, block in enumerate(layer.blocks):
                     view = copy[starts[i] : starts[i + 1]]
                     if self.owner[id(block.weight)] == self.rank:
                         optimizer.copies[id(block.weight)] = view
                     else:
-                        block.weight.low_precision_gathered = view
-                share = len(layer.blocks) // self.world_size
+                        self.gathered.append((block.weight, view))
                 self.low_precision.append((copy, copy[starts[self.rank * share] : starts[(self.rank + 1) * share]]))
         return optimizer
 
@@ -188,11 +188,8 @@ class ShardedBlocks(Replicated):
                 pairs = [copies, (whole[1], mine[1])]  # the biases' few kilobytes stay fp32
                 self.stale = True
             self.weight_works += [all_gather_single(out, part, async_op=True) for out, part in pairs]
-        for layer in self.layers if self.low_precision else ():
-            for block in layer.blocks:
-                view = getattr(block.weight, "low_precision_gathered", None)
-                if view is not None:  # an other rank's rows: the forward reads the gathered copy
-                    block.weight.low_precision = (view, block.weight._version)
+        for weight, view in self.gathered:  # an other rank's rows: the forward reads the gathered copy
+            weight.low_precision = (view, weight._version)
 
     def wait_gathers(self) -> None:
         """Make the current stream wait for the all-gathers of the updated weights (no host wait on NCCL)."""
