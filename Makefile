@@ -115,7 +115,7 @@ profile: $(SETUP)
 ifeq ($(NPROC),1)
 	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
 else
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) \
+	$(PY) -m detector.launch --standalone --nproc_per_node=$(NPROC) \
 		-m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
 endif
 
@@ -151,13 +151,13 @@ bench-step: $(SETUP)
 
 train: $(SETUP)
 ifneq ($(NNODES),1)
-	$(PY) -m torch.distributed.run --nnodes=$(NNODES) --node_rank=$(NODE_RANK) --rdzv-backend=$(RDZV_BACKEND) \
+	$(PY) -m detector.launch --nnodes=$(NNODES) --node_rank=$(NODE_RANK) --rdzv-backend=$(RDZV_BACKEND) \
 		--rdzv-endpoint=$(RDZV_ENDPOINT) --rdzv-id=$(RDZV_ID) --nproc_per_node=$(NPROC) \
 		-m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 else ifeq ($(NPROC),1)
 	$(PY) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 else
-	$(PY) -m torch.distributed.run --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
+	$(PY) -m detector.launch --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 endif
 
 lint: $(SETUP)

@@ -19,7 +19,8 @@ import sys
 
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import UserError, refuse
-from detector.train.interrupt import CommandSignals, Terminated
+from detector.train.distributed import LAUNCHED, PeerLost
+from detector.train.interrupt import CommandSignals, Handlers, Terminated
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
 # bench's targets, for its help and its errors (the same keys as detector.bench.TARGETS; a test checks it)
@@ -173,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
             # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
             args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
             run(top.command, args)
+        except PeerLost as err:  # under detector.launch, the launcher names the process that stopped
+            if debug:
+                raise
+            Handlers.stopping = True  # torchrun's SIGTERM to the survivors follows: nothing is printed after this
+            return 2 if os.environ.get(LAUNCHED) else refuse(err)
         except (UserError, FileNotFoundError) as err:
             if debug:
                 raise
@@ -181,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
             if debug:
                 raise
             word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
-            print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
+            if os.environ.get("RANK", "0") == "0":  # one line for the run, whatever its number of processes
+                print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
             return status
     return 0
 

@@ -43,6 +43,7 @@ TEST_ALL = (
     "tests/test_faults.py::test_kill_9",
     "tests/test_faults.py::test_ctrl_c_is_one_line_exit_130_and_the_run_resumes",
     "tests/train/test_multinode.py",  # several processes over gloo
+    "tests/train/test_launch.py",
     "tests/train/test_reshard.py",
     "tests/train/test_loop.py::test_ddp_",
     "tests/test_loader.py::test_workers_killed_at_random_points",  # worker processes killed and counted

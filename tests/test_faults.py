@@ -20,8 +20,8 @@ from detector import cli, data
 from detector.config import load_config
 from detector.host_memory import GIB, MemoryRefusal
 from detector.loader import DataWorkerFailed, WorkerTraceback
-from detector.train import checkpoint
-from detector.train.checkpoint import read_checkpoint, save_checkpoint
+from detector.train import checkpoint_files
+from detector.train.checkpoint import read_checkpoint
 from detector.train.interrupt import DeferredInterrupt, Terminated
 from detector.train.memory import check_command_memory, check_run_memory, run_memory
 
@@ -67,7 +67,7 @@ def test_a_worker_that_dies_mid_run_stops_it_in_one_line_and_resume_finishes_it(
     line = one_error_line(capsys.readouterr().err)
     pattern = (
         r"error: data worker [12] of 2 \(pid \d+\) exited unexpectedly with code 7, before batch (\d+) of 12 was "
-        r"loaded; the run stopped after step (\d+); its last checkpoint is step (\d+) in \S+checkpoint.pt: continue "
+        r"loaded; the run stopped after step (\d+); its last checkpoint is step (\d+) in \S+checkpoint.json: continue "
         r"with train.resume=true"
     )
     batch, stopped, kept = map(int, re.fullmatch(pattern, line).groups())
@@ -75,8 +75,8 @@ def test_a_worker_that_dies_mid_run_stops_it_in_one_line_and_resume_finishes_it(
 
     monkeypatch.setenv("KILL_WORKER", "0")
     assert cli.main(["train", *run, f"train.out_dir={tmp_path / 'split'}", "train.resume=true"]) == 0
-    straight = read_checkpoint(tmp_path / "straight" / "default" / "padded" / "checkpoint.pt")
-    resumed = read_checkpoint(tmp_path / "split" / "default" / "padded" / "checkpoint.pt")
+    straight = read_checkpoint(tmp_path / "straight" / "default" / "padded")
+    resumed = read_checkpoint(tmp_path / "split" / "default" / "padded")
     assert resumed["losses"] == straight["losses"] and len(resumed["losses"]) == 12
 
 
@@ -151,7 +151,7 @@ def test_a_worker_that_raises_stops_the_run_in_one_line_with_its_exception_and_t
     pattern = (
         r"error: data worker [12] of 2 \(pid \d+\) raised ValueError: sample 36 is broken drawing batch 9 of 12 "
         r"\(its traceback: --debug\); the run stopped after step (\d+); its last checkpoint is step (\d+) in "
-        r"\S+checkpoint.pt: continue with train.resume=true"
+        r"\S+checkpoint.json: continue with train.resume=true"
     )
     stopped, kept = map(int, re.fullmatch(pattern, line).groups())
     assert 3 <= stopped <= 9 and kept == 3 * (stopped // 3)
@@ -199,11 +199,11 @@ def test_ctrl_c_is_one_line_exit_130_and_the_run_resumes(tmp_path):
     line = one_error_line(err, "interrupted: ")
     assert "the run stopped after step" in line and "train.resume=true" in line
     (kept,) = [int(s) for s in line.split("its last checkpoint is step ")[1].split()[:1]]
-    state = read_checkpoint(tmp_path / "default" / "padded" / "checkpoint.pt")
+    state = read_checkpoint(tmp_path / "default" / "padded")
     assert state["step"] == kept >= 6 and not list((tmp_path / "default" / "padded").glob("*.tmp-*"))
     resume = ["train.steps=100000", f"train.stop_after={kept + 2}", "train.resume=true"]
     assert cli.main(["train", *TINY, f"train.out_dir={tmp_path}", *resume]) == 0
-    assert read_checkpoint(tmp_path / "default" / "padded" / "checkpoint.pt")["step"] == kept + 2
+    assert read_checkpoint(tmp_path / "default" / "padded")["step"] == kept + 2
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
@@ -247,12 +247,12 @@ def test_sigterm_stops_the_run_with_a_checkpoint_in_one_line_exit_143_and_it_res
         r"terminated: the run stopped after step (\d+); its last checkpoint is step (\d+) in (\S+): continue with "
     )
     stopped, kept, path = re.fullmatch(pattern + "train.resume=true", one_error_line(err, "terminated: ")).groups()
-    assert int(stopped) == int(kept) >= 7 and read_checkpoint(Path(path))["step"] == int(kept)
+    assert int(stopped) == int(kept) >= 7 and read_checkpoint(Path(path).parent)["step"] == int(kept)
     run = [*TINY, "train.steps=100000", f"train.stop_after={int(kept) + 2}"]
     assert cli.main(["train", *run, f"train.out_dir={tmp_path / 'split'}", "train.resume=true"]) == 0
     assert cli.main(["train", *run, f"train.out_dir={tmp_path / 'straight'}"]) == 0
-    resumed = read_checkpoint(tmp_path / "split" / "default" / "padded" / "checkpoint.pt")["losses"]
-    straight = read_checkpoint(tmp_path / "straight" / "default" / "padded" / "checkpoint.pt")["losses"]
+    resumed = read_checkpoint(tmp_path / "split" / "default" / "padded")["losses"]
+    straight = read_checkpoint(tmp_path / "straight" / "default" / "padded")["losses"]
     assert resumed == straight and len(straight) == int(kept) + 2
 
 
@@ -290,17 +290,26 @@ def test_ctrl_c_of_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "interrupted\n"
 
 
-def test_ctrl_c_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path, monkeypatch):
-    path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"step": 3})
+@pytest.mark.parametrize("where", ["the part", "the record", "the manifest"])
+def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where):
+    """The writer of step 6's save fails (a full disk, a kill) while it writes its part, its record or the
+    manifest: the manifest still names step 3's checkpoint, which resumes; the run says what failed."""
+    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]
+    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    fail = {"the part": "write_file", "the record": "write_record", "the manifest": "commit"}[where]
+    real = getattr(checkpoint_files, fail)
 
-    def interrupted(fd):
-        raise KeyboardInterrupt
+    def failing(*args, **kwargs):
+        if fail != "write_file" or args[0].name == "rank0.bin":
+            raise OSError(28, "No space left on device")
+        return real(*args, **kwargs)
 
-    monkeypatch.setattr(checkpoint.os, "fsync", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(path, {"step": 6})
-    assert read_checkpoint(path) == {"step": 3} and [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    monkeypatch.setattr(checkpoint_files, fail, failing)
+    assert cli.main(["train", *run, "train.resume=true"]) == 2
+    monkeypatch.undo()
+    assert read_checkpoint(tmp_path / "default" / "padded")["step"] == 3
+    summary = cli.main(["train", *run, "train.resume=true", "train.stop_after=4"])
+    assert summary == 0 and read_checkpoint(tmp_path / "default" / "padded")["step"] == 4
 
 
 # ----------------------------------------------------------------------------- sizes that cannot fit

@@ -1,31 +1,23 @@
-"""Checkpoints: atomic writes with a checksum, and a resume that refuses anything it cannot trust.
+"""What a checkpoint holds and means: the state of a run in one process's layout, whatever wrote it, and the resume
+that refuses anything it cannot trust. How it lies on disk is checkpoint_files.py's; how a save stays off the
+step's path, checkpointer.py's.
 
-File format: one header line ``detector-checkpoint v1 sha256=<hex> bytes=<n>`` followed by the n bytes
-of a ``torch.save`` payload. A torn, truncated, overwritten or foreign file fails the check on load
-with one line naming the file, instead of resuming on silently wrong (or NaN) weights.
+One process's layout: each tensor is named as one process's model names it, each BlockedLinear as one Linear
+(``<layer>.weight``: the blocks' rows joined, and their optimizer state with them). Every process holds rows of
+some of these tensors (``Piece``): the whole of each on one process; under a way of sharing (train/sharding/) its
+own shard, block or parameters, and copies of the rest. On save each row is written by one process (``Piece.write``:
+its own rows by their holder, rows that every process holds split among them), all at once; on resume each
+process reads the rows it holds, whatever number of processes and way of sharing wrote them.
 
-Resharding: the payload holds one process's state, whatever number of processes wrote it, and each
-BlockedLinear as one Linear (``one_linear``: the blocks' rows joined, and their optimizer state with them),
-so any number of processes, and so of blocks (``model.head_blocks=0``: one per process), resumes it
-(``into_blocks``). "The same run" is the same global batch (``world_size x data.batch_size``): the data
-position is ``step x global batch`` whoever reads it, so 2 processes of batch B resume on 1 of batch 2B, and
-the other way round; another global batch is refused in one line.
-
-Why one file and not ``torch.distributed.checkpoint``'s (DCP) save: DCP writes a folder of per-rank files
-and a metadata file, in the layout of the run that wrote them. The integrity check (a header and a sha256
-over the whole payload, an atomic rename, a damaged file refused in one line) would need a checksum per
-file, a manifest and a folder swap; and gathering the whole state onto rank 0 fits in its host memory at
-seed scale (~13 GB). DCP's ``state_dict`` API is what gathers and shards the state under FSDP2
-(``sharding.FullyShardedModel``), ``full_state_dict=True``: one process's layout, as here.
+"The same run" is the same global batch (``world_size x data.batch_size``): the data position is ``step x global
+batch`` whoever reads it, so 2 processes of batch B resume on 1 of batch 2B, and the other way round; another global
+batch is refused in one line, as is another configuration (``fingerprint``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import io
-import os
 import random
-import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,12 +27,10 @@ from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
 
 from detector.config import Config
-from detector.errors import UserError
 from detector.model import BlockedLinear
+from detector.train import checkpoint_files as files
+from detector.train.checkpoint_files import CheckpointError
 
-MAGIC = b"detector-checkpoint v1"
-LAYOUT = 2  # the payload's layout: 2 = one process's, the head as one Linear, the fingerprint's global batch
-HEADER_VALUES = re.compile(re.escape(MAGIC) + rb" sha256=[0-9a-f]{64} bytes=[0-9]{1,20}")  # what save_checkpoint writes
 # Settings that change how a run is watched or how fast it goes, never its losses: a checkpoint
 # written under other values of these still resumes.
 RUN_CONTROL = {"resume", "stop_after", "log_every", "eval_every", "checkpoint_every", "out_dir", "profile"}
@@ -49,9 +39,9 @@ RUN_CONTROL |= {"shard_optimizer"}  # the checkpoint holds one process's layout 
 RUN_CONTROL |= {"optimizer"}  # one pass or torch's pieces: the same AdamW and the same state keys
 # Not train.float8: its products round to 3 mantissa bits and change the losses (the same state keys, though)
 
+MINE, SPLIT, HELD = "mine", "split", "held"  # Piece.write: see there
 
-class CheckpointError(UserError):
-    pass
+__all__ = ["CheckpointError", "Piece", "fingerprint", "load_checkpoint", "read_checkpoint", "state_pieces"]
 
 
 def fingerprint(cfg: DictConfig, world_size: int) -> dict:
@@ -82,68 +72,97 @@ def differences(saved: dict, now: dict, prefix: str = "", defaults: dict | None 
     return out
 
 
-def checkpoint_names(model: torch.nn.Module) -> dict[str, tuple[str, int]]:
-    """Each parameter's name -> (its name in a checkpoint, its block): block i of a BlockedLinear
-    (``<layer>.blocks.<i>.weight``) holds rows of ``<layer>.weight``; any other parameter keeps its name."""
-    blocks = {}
+# ----------------------------------------------------------------------------- the pieces a process holds
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows of one of the checkpoint's tensors that this process holds."""
+
+    key: str  # the checkpoint's tensor: "model/<name>" or "optimizer/<name>/<state>"
+    tensor: Tensor  # this process's rows of it: the live tensor (a view), written on save, filled on resume
+    row: int  # the first of those rows in the checkpoint's tensor (0-dim: 0)
+    shape: tuple[int, ...]  # the checkpoint tensor's whole shape
+    # who writes these rows: MINE, this process (it alone holds them); SPLIT, every process holds them and each
+    # writes its share; HELD, another process (their owner) does
+    write: str
+
+    def rows(self) -> int:
+        return self.tensor.shape[0] if self.tensor.dim() else 1
+
+
+def layout(model: torch.nn.Module) -> dict[str, tuple[str, int, tuple[int, ...]]]:
+    """Each parameter's name -> (its name in a checkpoint, its first row there, the checkpoint tensor's shape): block
+    i of a BlockedLinear (``<layer>.blocks.<i>.weight``) is rows starts[i].. of ``<layer>.weight``."""
+    out = {}
     for name, module in model.named_modules():
         if isinstance(module, BlockedLinear):
+            starts = module.starts()
             for i, block in enumerate(module.blocks):
-                blocks |= {f"{name}.blocks.{i}.{part}": (f"{name}.{part}", i) for part, _ in block.named_parameters()}
-    return {name: blocks.get(name, (name, 0)) for name, _ in model.named_parameters()}
+                for part, param in block.named_parameters():
+                    out[f"{name}.blocks.{i}.{part}"] = (f"{name}.{part}", starts[i], (starts[-1], *param.shape[1:]))
+    return {name: out.get(name, (name, 0, tuple(p.shape))) for name, p in model.named_parameters()}
 
 
-def join(parts: list[Tensor]) -> Tensor:
-    """The blocks' values of one Linear's: rows concatenated; a scalar (AdamW's step) is the same in each."""
-    return torch.cat(parts) if len(parts) > 1 and parts[0].dim() else parts[0]
+def local_rows(tensor: Tensor) -> tuple[Tensor, int]:
+    """(this process's rows of ``tensor``, the first's index): a DTensor's shard (FSDP2 shards dim 0), else all."""
+    if hasattr(tensor, "to_local"):
+        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+        _, offset = compute_local_shape_and_global_offset(tensor.shape, tensor.device_mesh, tensor.placements)
+        return tensor.to_local(), (offset[0] if tensor.dim() else 0)
+    return tensor, 0
 
 
-def in_order(pairs: list[tuple[int, object]]) -> list:
-    return [value for _, value in sorted(pairs, key=lambda pair: pair[0])]
+def state_pieces(step_fn) -> list[Piece]:
+    """Every piece of the state that this process holds: the model's parameters and its optimizer's state (made
+    first where the optimizer has not stepped yet, so that a resume has somewhere to put it)."""
+    model, sharing = step_fn.model, step_fn.sharing
+    optimizer = sharing.local(step_fn.optimizer)
+    sharing.at_rest()
+    init_state(optimizer)
+    out, where = [], layout(model)
+    for name, param in model.named_parameters():
+        whole, first, shape = where[name]
+        tensor, offset = local_rows(param.detach())
+        out.append(Piece(f"model/{whole}", tensor, first + offset, shape, sharing.writes(param, state=False)))
+        write = sharing.writes(param, state=True)
+        for key, value in optimizer.state.get(param, {}).items():
+            if value.dim():
+                tensor, offset = local_rows(value)
+                out.append(Piece(f"optimizer/{whole}/{key}", tensor, first + offset, shape, write))
+            else:  # AdamW's step: one value for the whole tensor, the same in each of its blocks
+                out.append(Piece(f"optimizer/{whole}/{key}", value, 0, (), write))
+    return out
 
 
-def one_linear(model: torch.nn.Module, model_state: dict, optimizer_state: dict) -> tuple[dict, dict]:
-    """A checkpoint's layout of one process's state dicts (optimizer state indexed in ``model``'s parameter
-    order): each BlockedLinear's blocks joined into one Linear's weight and bias, and their optimizer state
-    with them."""
-    where = checkpoint_names(model)
-    names, joined = list(where), list(dict.fromkeys(whole for whole, _ in where.values()))
-    parts: dict[str, list] = {}  # name in the checkpoint -> [(block, tensor)]
-    for key, value in model_state.items():
-        whole, block = where.get(key, (key, 0))  # a buffer, if any, keeps its name
-        parts.setdefault(whole, []).append((block, value))
-    model_out = {key: join(in_order(values)) for key, values in parts.items()}
-    states: dict[int, list] = {}  # index in the checkpoint -> [(block, its optimizer state)]
-    for i, state in optimizer_state["state"].items():
-        whole, block = where[names[i]]
-        states.setdefault(joined.index(whole), []).append((block, state))
-    optimizer_out = {}
-    for j, values in states.items():
-        blocks = in_order(values)
-        optimizer_out[j] = {key: join([state[key] for state in blocks]) for key in blocks[0]}
-    (group,) = optimizer_state["param_groups"]  # build_optimizer makes one group
-    return model_out, {"state": optimizer_out, "param_groups": [{**group, "params": list(range(len(joined)))}]}
+def init_state(optimizer: torch.optim.Optimizer) -> None:
+    """AdamW's state of every parameter that has none yet, as AdamW makes it at its first step (zeros; the step
+    on the device for the fused and capturable kernels and the one pass, else on the CPU)."""
+    for group in optimizer.param_groups:
+        on_device = group.get("fused") or group.get("capturable") or not isinstance(optimizer, torch.optim.AdamW)
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if not state:
+                state["step"] = torch.zeros((), dtype=torch.float32, device=param.device if on_device else "cpu")
+                state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
 
 
-def into_blocks(model: torch.nn.Module, model_state: dict, optimizer_state: dict) -> tuple[dict, dict]:
-    """``one_linear``'s inverse for ``model``'s blocks (BlockedLinear's own split of its rows, ``tensor_split``)."""
-    where = checkpoint_names(model)
-    joined = list(dict.fromkeys(whole for whole, _ in where.values()))
-    count = {whole: sum(w == whole for w, _ in where.values()) for whole in joined}
+def written_rows(piece: Piece, rank: int, world_size: int) -> tuple[int, int] | None:
+    """The rows of ``piece`` (indices into its tensor) that process ``rank`` writes, or None."""
+    if piece.write == HELD or (piece.write == SPLIT and not piece.tensor.dim() and rank != 0):
+        return None
+    rows = piece.rows()
+    if piece.write == MINE or not piece.tensor.dim():
+        return 0, rows
+    share, extra = divmod(rows, world_size)  # torch.tensor_split's shares
+    start = rank * share + min(rank, extra)
+    stop = start + share + (rank < extra)
+    return (start, stop) if stop > start else None
 
-    def part(value: Tensor, whole: str, i: int) -> Tensor:
-        # a scalar is cloned: blocks sharing one step tensor would each step it
-        return value.tensor_split(count[whole])[i] if value.dim() else value.clone()
 
-    model_out = {key: value for key, value in model_state.items() if key not in count}  # buffers, if any
-    model_out |= {name: part(model_state[whole], whole, i) for name, (whole, i) in where.items()}
-    optimizer_out = {}
-    for i, (whole, block) in enumerate(where.values()):
-        state = optimizer_state["state"].get(joined.index(whole))
-        if state is not None:
-            optimizer_out[i] = {key: part(value, whole, block) for key, value in state.items()}
-    (group,) = optimizer_state["param_groups"]
-    return model_out, {"state": optimizer_out, "param_groups": [{**group, "params": list(range(len(where)))}]}
+# ----------------------------------------------------------------------------- what else a checkpoint holds
 
 
 def rng_state() -> dict:
@@ -163,91 +182,129 @@ def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Write header + payload to a temporary file of this process, fsync, then rename over ``path``:
-    a run killed mid-write leaves the previous checkpoint intact."""
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    payload = buffer.getvalue()
-    header = MAGIC + f" sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n".encode()
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(header + payload)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:  # Ctrl-C or a full disk mid-write: the previous checkpoint stands, no stray file
-        tmp.unlink(missing_ok=True)
-        raise
+SCHEDULED = ("lr", "initial_lr")  # what of an optimizer's parameter groups changes in a run (LambdaLR's)
 
 
-def read_checkpoint(path: Path) -> dict:
-    """The state saved in ``path``, after checking its header and checksum."""
-    fix = "delete it or set train.resume=false to start this run afresh"
-    data = path.read_bytes()
-    header, _, payload = data.partition(b"\n")
-    if not HEADER_VALUES.fullmatch(header):
-        raise CheckpointError(f"{path} is not a detector checkpoint (empty, foreign or garbled header): {fix}")
-    fields = dict(field.split(b"=", 1) for field in header[len(MAGIC) :].split())
-    if len(payload) != int(fields[b"bytes"]):
-        raise CheckpointError(f"{path} is truncated ({len(payload)} of {int(fields[b'bytes'])} bytes): {fix}")
-    if hashlib.sha256(payload).hexdigest().encode() != fields[b"sha256"]:
-        raise CheckpointError(f"{path} is corrupt (its checksum does not match its contents): {fix}")
-    # Our own file, holding numpy and Python RNG states: not loadable with weights_only=True.
-    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)
+def param_groups(optimizer: torch.optim.Optimizer) -> list[dict]:
+    """The learning rate of each parameter group (the rest is the configuration's, in the fingerprint)."""
+    return [{k: float(g[k]) for k in SCHEDULED if k in g} for g in optimizer.param_groups]
 
 
-def shared_checkpoint(path: Path, world_size: int) -> bool:
-    """Whether ``path`` exists, once every rank has found the same file there (its header, checksum
-    included): on several nodes the run folder must be one they share, or ranks would resume from
-    different steps (or none). Refused in one line, on every rank alike."""
-    header = path.open("rb").readline(200) if path.exists() else None
-    if world_size > 1:
-        headers = [None] * world_size
-        dist.all_gather_object(headers, header)
-        others = [rank for rank, h in enumerate(headers) if h != headers[0]]
-        if others:
-            raise CheckpointError(
-                f"train.resume=true: rank(s) {others} do not find the checkpoint {path} that rank 0 finds (or the "
-                "other way round): on several nodes train.out_dir must be a folder that every node shares"
-            )
-    return header is not None
+def set_param_groups(optimizer: torch.optim.Optimizer, saved: list[dict]) -> None:
+    for group, values in zip(optimizer.param_groups, saved, strict=True):
+        for key, value in values.items():
+            if isinstance(group.get(key), Tensor):  # a device learning rate (CUDA graphs read its address)
+                group[key].fill_(value)
+            else:
+                group[key] = value
 
 
-def load_checkpoint(path: Path, step_state, expected: dict, global_batch: int) -> dict:
-    """Restore model, optimizer, schedule and RNG of ``step_state`` (a TrainStep) from ``path``, with any
-    number of processes; return the saved state (step, losses, evals). Refuses a checkpoint of another
-    configuration or another global batch."""
-    state = read_checkpoint(path)
-    if state.get("layout") != LAYOUT:
-        raise CheckpointError(
-            f"checkpoint {path} was written by an earlier version of detector (in its processes' layout): set "
-            "train.resume=false to start this folder afresh"
-        )
-    saved, processes = state["fingerprint"]["global_batch"], step_state.world_size
+# ----------------------------------------------------------------------------- resume
+
+
+def load_checkpoint(run_dir: Path, step_fn, expected: dict, global_batch: int) -> dict:
+    """Restore model, optimizer, schedule and RNG of ``step_fn`` (a TrainStep) from ``run_dir``'s checkpoint, with any
+    number of processes and way of sharing, each process reading the rows it holds; return the saved meta (step,
+    losses, evaluations). Refuses a checkpoint of another configuration or another global batch."""
+    manifest = run_dir / files.MANIFEST
+    source = files.Reader(run_dir) if manifest.exists() else Legacy(run_dir / files.LEGACY, step_fn.model)
+    name = source.path
+    meta = source.meta()
+    check_meta(meta, name, expected, global_batch, step_fn.world_size)
+    for piece in state_pieces(step_fn):
+        shape = source.shape(piece.key)
+        if shape is None and piece.key.startswith("optimizer/"):
+            continue  # a parameter that never had a gradient: AdamW makes its state at its first
+        if shape != piece.shape:
+            raise CheckpointError(f"checkpoint {name} holds {piece.key} as {shape}, this model as {piece.shape}")
+        value = source.read(piece.key, piece.row, piece.rows())
+        piece.tensor.copy_(value.reshape(piece.tensor.shape))
+    set_param_groups(step_fn.optimizer, meta["param_groups"])
+    step_fn.sharing.loaded()
+    step_fn.scheduler.load_state_dict(meta["scheduler"])
+    set_rng_state(meta["rng"])
+    return meta
+
+
+def check_meta(meta: dict, name: Path, expected: dict, global_batch: int, processes: int) -> None:
+    saved = meta["fingerprint"]["global_batch"]
     if saved != global_batch:
         fix = f"data.batch_size={saved // processes} on {processes} process(es)"
         if saved % processes:
             fix = f"a number of processes that divides {saved}, each with {saved} / processes images"
         raise CheckpointError(
-            f"checkpoint {path} was written with a global batch of {saved} images (data.batch_size x processes), "
+            f"checkpoint {name} was written with a global batch of {saved} images (data.batch_size x processes), "
             f"this run's is {global_batch} ({processes} process(es) x {global_batch // processes}): resume it with "
             f"{fix}, or set train.resume=false to start this folder afresh"
         )
-    diffs = differences(state["fingerprint"], expected)
+    diffs = differences(meta["fingerprint"], expected)
     if diffs:
         raise CheckpointError(
-            f"checkpoint {path} was written by another configuration ({'; '.join(diffs)}): resume with the "
+            f"checkpoint {name} was written by another configuration ({'; '.join(diffs)}): resume with the "
             "checkpoint's settings, or set train.resume=false to start this folder afresh"
         )
-    if state["data"]["next_index"] != state["step"] * global_batch:
+    if meta["data"]["next_index"] != meta["step"] * global_batch:
         raise CheckpointError(
-            f"checkpoint {path}: data position {state['data']['next_index']} != step {state['step']} x {global_batch}"
+            f"checkpoint {name}: data position {meta['data']['next_index']} != step {meta['step']} x {global_batch}"
         )
-    model, optimizer = into_blocks(step_state.model, state["model"], state["optimizer"])
-    step_state.load_model_state(model)
-    step_state.load_optimizer_state(optimizer)
-    step_state.scheduler.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return state
+
+
+def shared_checkpoint(run_dir: Path, world_size: int) -> bool:
+    """Whether ``run_dir`` holds a checkpoint, once every rank has found the same one there: on several nodes the run
+    folder must be one they share, or ranks would resume from different steps (or none). Refused in one line, on
+    every rank alike."""
+    digest = files.manifest_digest(run_dir)
+    if world_size > 1:
+        digests = [None] * world_size
+        dist.all_gather_object(digests, digest)
+        others = [rank for rank, d in enumerate(digests) if d != digests[0]]
+        if others:
+            raise CheckpointError(
+                f"train.resume=true: rank(s) {others} do not find the checkpoint in {run_dir} that rank 0 finds (or "
+                "the other way round): on several nodes train.out_dir must be a folder that every node shares"
+            )
+    return digest is not None
+
+
+class Legacy:
+    """A version-1 checkpoint.pt, read whole, as a source of rows (``files.Reader``'s interface): its payload was
+    already one process's layout, the optimizer's state indexed in the order of the checkpoint's names."""
+
+    def __init__(self, path: Path, model: torch.nn.Module):
+        self.path = path
+        state = files.read_legacy(path)
+        if state.get("layout") != 2:
+            raise CheckpointError(
+                f"checkpoint {path} was written by an earlier version of detector (in its processes' layout): set "
+                "train.resume=false to start this folder afresh"
+            )
+        names = list(dict.fromkeys(whole for whole, _, _ in layout(model).values()))
+        self.tensors = {f"model/{k}": v for k, v in state["model"].items()}
+        for i, values in state["optimizer"]["state"].items():
+            self.tensors |= {f"optimizer/{names[i]}/{k}": v for k, v in values.items()}
+        (group,) = state["optimizer"]["param_groups"]
+        state["param_groups"] = [{k: group[k] for k in SCHEDULED if k in group}]
+        self.state = state
+
+    def meta(self) -> dict:
+        return self.state
+
+    def shape(self, key: str) -> tuple[int, ...] | None:
+        return tuple(self.tensors[key].shape) if key in self.tensors else None
+
+    def read(self, key: str, row: int, rows: int) -> Tensor:
+        value = self.tensors[key]
+        return value[row : row + rows] if value.dim() else value
+
+
+def read_checkpoint(run_dir: Path) -> dict:
+    """A committed checkpoint as one dict, for tools and tests: its meta, and every tensor whole under ``tensors``
+    (``model`` too: the model's alone, by parameter name)."""
+    reader = files.Reader(run_dir)
+    meta = reader.meta()
+    tensors = {}
+    for key, entry in reader.manifest.tensors.items():
+        tensors[key] = reader.read(key, 0, entry.shape[0] if entry.shape else 1).reshape(entry.shape)
+    meta["tensors"] = tensors
+    meta["model"] = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    return meta

@@ -34,6 +34,7 @@ from torch import Tensor
 
 from detector.config import resolve_device
 from detector.data import ListTargets, Targets
+from detector.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -69,6 +70,72 @@ def teardown(env: DistEnv) -> None:
         gc.collect()
         dist.barrier()
         dist.destroy_process_group()
+
+
+LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they
+
+
+class PeerLost(UserError):
+    """Another process of the run stopped (it died, or its machine did): this one cannot go on."""
+
+
+# how gloo and NCCL report a collective whose peer is gone (killed, or its machine down)
+PEER_GONE = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "NCCL communicator was aborted")
+
+
+def lost_peer(err: BaseException) -> PeerLost | None:
+    """``err`` as a ``PeerLost``, where a collective failed because another process is gone; else None."""
+    text = " ".join(str(err).split())
+    return (
+        PeerLost(f"another process of this run stopped ({text[:200]})") if any(p in text for p in PEER_GONE) else None
+    )
+
+
+class Control:
+    """The run's control messages between its processes, on a gloo group of their own (never behind a step's NCCL
+    work): the token of the run's checkpoint folders, whether they share the run folder, and the stop vote.
+
+    ``stop_vote(requested)`` is called by every process once a step: it sends whether this process was asked to
+    stop (SIGTERM, Ctrl-C) without waiting, and returns whether any process had been asked at the previous call,
+    by then long delivered. Every process gets the same answer at the same step, so all stop at the same step,
+    after one checkpoint, even where the signal reached only some of them. A process that died fails the vote at
+    once (gloo's connection closes): ``PeerLost``.
+    """
+
+    def __init__(self, env: DistEnv):
+        self.group = dist.new_group(backend="gloo") if env.world_size > 1 else None
+        self.vote: tuple[dist.Work, Tensor] | None = None
+
+    def broadcast(self, value):
+        """Process 0's ``value``, on every process."""
+        if self.group is None:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def gather(self, value) -> list:
+        """Every process's ``value``, in rank order, on every process."""
+        if self.group is None:
+            return [value]
+        values = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(values, value, group=self.group)
+        return values
+
+    def stop_vote(self, requested: bool) -> bool:
+        if self.group is None:
+            return requested
+        decided = False
+        try:
+            if self.vote is not None:
+                work, flag = self.vote
+                work.wait()
+                decided = bool(flag.item())
+            flag = torch.tensor([int(requested)])
+            self.vote = (dist.all_reduce(flag, group=self.group, async_op=True), flag)
+        except RuntimeError as err:  # gloo: a peer's connection closed
+            raise (lost_peer(err) or PeerLost(f"another process of this run stopped ({err})")) from err
+        return decided
 
 
 def all_reduce_mean(tensor: Tensor, group=None) -> tuple[dist.Work, bool]:

@@ -23,6 +23,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from detector.errors import UserError
+from detector.train import checkpoint_files
 
 
 def new_run_dir(parent: Path) -> Path:
@@ -99,14 +100,21 @@ def write_atomically(path: Path, text: str) -> None:
 
 def set_aside(run_dir: Path, say=print) -> Path | None:
     """Move the earlier run in ``run_dir`` (if it holds anything) to a visible sibling named by its start and
-    say where; ``run_dir`` is then an empty folder. Returns where the earlier run went, or None."""
+    say where, and for an unfinished run with a checkpoint how to continue it instead; ``run_dir`` is then an
+    empty folder. Returns where the earlier run went, or None."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if not any(run_dir.iterdir()):
         return None
     aside = free_name(run_dir, started(run_dir))
     os.replace(run_dir, aside)
     run_dir.mkdir()
-    say(f"{run_dir} held an earlier run ({describe(aside)}): moved to {aside}/ (nothing is deleted)")
+    line = f"{run_dir} held an earlier run ({describe(aside)}): moved to {aside}/ (nothing is deleted)"
+    if checkpoint_files.exists(aside) and unfinished(aside):
+        line += (
+            f". It was unfinished: to continue it instead, stop this run, move {aside}/ back to {run_dir}/ and run "
+            "again with train.resume=true"
+        )
+    say(line)
     return aside
 
 
@@ -137,12 +145,21 @@ def started(folder: Path) -> float:
     return min(stamps or [p.stat().st_mtime for p in folder.iterdir()] or [folder.stat().st_mtime])
 
 
+def unfinished(folder: Path) -> bool:
+    """Whether the run in ``folder`` stopped before its train.steps (killed, or train.stop_after)."""
+    try:
+        steps = json.loads((folder / "summary.json").read_text())["steps"]
+        return steps < OmegaConf.load(folder / "config.yaml").train.steps
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True
+
+
 def describe(folder: Path) -> str:
     """A run folder in a few words: how far it got, and its size on disk."""
     try:
         summary = json.loads((folder / "summary.json").read_text())
         what = f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}"
     except (OSError, ValueError, KeyError, TypeError):
-        what = "no summary: unfinished" + (", with a checkpoint" if (folder / "checkpoint.pt").exists() else "")
+        what = "no summary: unfinished" + (", with a checkpoint" if checkpoint_files.exists(folder) else "")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"

@@ -6,15 +6,17 @@
 of processes (a run resumes on another number of them, with the same global batch):
 
     config.yaml       the merged configuration
-    events.out.*      TensorBoard scalars: train/, eval/, time/, memory/
-    checkpoint.pt     model, optimizer, schedule, step, RNG states, data position, the loss of every
-                      step and the evaluations so far (atomic writes with a checksum)
-    summary.json      final loss and metrics, step times, images/s, the loss curve
+    events.out.*      TensorBoard scalars: train/, eval/, time/, memory/, goodput/
+    checkpoint.json   the last checkpoint's manifest: model, optimizer, schedule, step, RNG states, data position,
+    checkpoint-*/     the loss of every step and the evaluations so far, written by every process in the background
+                      and committed atomically, checksummed (checkpoint.py, checkpoint_files.py, checkpointer.py)
+    summary.json      final loss and metrics, step times, images/s, the loss curve, where the wall clock went
     profile/          with train.profile=true: one torch.profiler window, regions as in `make profile`
 
 Its parts, each a module here: the run folder and its lock (folders.py), what the run allocates (memory.py),
 the data it reads (batches.py), the step's losses and times and the log line (progress.py), the evaluations
-(evaluation.py), Ctrl-C and SIGTERM (interrupt.py), the summary (summary.py); this module holds the loop.
+(evaluation.py), the checkpoints (checkpointer.py), Ctrl-C and SIGTERM (interrupt.py), where the wall clock went
+(wallclock.py), the summary (summary.py); this module holds the loop.
 
 Guarantees:
 - Resuming gives the weights, the logged curve and the summary of an uninterrupted run (the loss of
@@ -24,50 +26,60 @@ Guarantees:
 - One process per run folder (a lock, removed at the end); a fresh run moves the folder's earlier run to a
   visible sibling ``<run>-<its start time>/`` and says so (folders.py): a re-run never destroys results.
 - What cannot fit is refused before it is allocated, in one line with the figures (memory.py).
+- A checkpoint stops the step only while its state is copied to host memory; it is written in the background,
+  every process its own part, and logged with its times against the disk's.
 - A data worker that dies, raises or delivers nothing for data.worker_timeout seconds stops the run in one
-  line naming the last checkpoint, which stays intact. Ctrl-C and SIGTERM stop it between two steps with a
-  checkpoint of the steps so far (with train.checkpoint_every > 0, on one process), in one line.
+  line naming the last checkpoint, which stays intact. Ctrl-C and SIGTERM stop every process at the same step,
+  with a checkpoint of the steps so far (with train.checkpoint_every > 0), in one line; a process that dies stops
+  the others at their next step (``distributed.PeerLost``).
 - Throughput is reported by the wall clock (data waits included); on a GPU with the device time beside it
   and the device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
 Multi-GPU: under torchrun each rank reads its own block of every global batch and the loss is the
 global mean over valid boxes (detector/train/distributed.py); rank 0 (the global one, on several nodes)
-evaluates, logs and checkpoints (under train.shard_optimizer=fsdp2 every rank takes part in the
-evaluation's forward). The other ranks send rank 0 their shares of the state first, so the checkpoint is
-one process's, whatever the setting or number of processes that resumes it (detector/train/checkpoint.py).
+evaluates, logs and commits checkpoints (under train.shard_optimizer=fsdp2 every rank takes part in the
+evaluation's forward). Every rank writes its own part of a checkpoint, in one process's layout, whatever the
+setting or number of processes that resumes it (detector/train/checkpoint.py).
 """
 
 from __future__ import annotations
 
 import contextlib
+import signal
 import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from detector.config import device_name
 from detector.errors import UserError
 from detector.loader import DataWorkerDied
-from detector.train import distributed, folders, summary
+from detector.train import checkpoint_files, distributed, folders, summary
 from detector.train.batches import training_batches
 from detector.train.checkpoint import (
-    LAYOUT,
+    CheckpointError,
     fingerprint,
     load_checkpoint,
-    one_linear,
+    param_groups,
     rng_state,
-    save_checkpoint,
     shared_checkpoint,
+    state_pieces,
 )
-from detector.train.distributed import DistEnv
+from detector.train.checkpointer import Checkpointer, token
+from detector.train.distributed import Control, DistEnv, PeerLost
 from detector.train.evaluation import Evaluation
-from detector.train.interrupt import DeferredInterrupt
+from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.memory import check_run_memory
 from detector.train.profile_window import make_profiler
 from detector.train.progress import Log, format_eta, log_scalars, step_times, throughput
+from detector.train.speed import compile_caches
 from detector.train.step import TrainStep
+from detector.train.wallclock import WallClock
+
+STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
 
 
 class NonFiniteLoss(UserError):
@@ -102,12 +114,14 @@ class Run:
 
     def __init__(self, cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device, run_dir: Path):
         self.cfg, self.tcfg, self.experiment, self.env, self.device = cfg, cfg.train, experiment, env, device
-        self.run_dir, self.checkpoint_path = run_dir, run_dir / "checkpoint.pt"
+        self.run_dir, self.checkpoint_path = run_dir, run_dir / checkpoint_files.MANIFEST
         self.say = print if env.is_main else (lambda *args, **kwargs: None)
         self.global_batch = cfg.data.batch_size * env.world_size
         self.expected = fingerprint(cfg, env.world_size)
+        self.wall = WallClock()
 
     def go(self) -> dict:
+        self.control = Control(self.env)
         self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
         # rank 0 evaluates; under FSDP2 every rank runs the forward with it, since each forward gathers the shards
         evaluates = self.env.is_main or bool(self.step_fn.shard and self.step_fn.shard.collective_forward)
@@ -121,34 +135,67 @@ class Run:
         if complete:
             return self.finish_complete()
         try:
-            with DeferredInterrupt() as interrupt:
-                self.steps.loop(interrupt)
-        except (DataWorkerDied, KeyboardInterrupt) as err:  # one line: what stopped the run, and how to go on
-            raise type(err)(self.stopped(err)) from err.__cause__  # the cause: a worker's traceback, for --debug
+            try:
+                with DeferredInterrupt() as interrupt:
+                    self.steps.loop(interrupt)
+            except (DataWorkerDied, KeyboardInterrupt, PeerLost) as err:  # one line: what stopped, how to go on
+                # a second signal or a lost process: the save under way is left (the last committed one stands)
+                stop_now = isinstance(err, PeerLost) or (isinstance(err, KeyboardInterrupt) and not self.steps.stopping)
+                Handlers.stopping |= isinstance(err, PeerLost)  # torchrun's SIGTERM follows: nothing after our line
+                raise type(err)(self.stopped(err, wait=not stop_now)) from err.__cause__  # --debug: the cause
+            except RuntimeError as err:  # a collective of the step whose peer is gone: the vote's PeerLost
+                lost = distributed.lost_peer(err) if self.env.world_size > 1 else None
+                if lost is None:
+                    raise
+                Handlers.stopping = True
+                raise PeerLost(self.stopped(lost, wait=False)) from err
+            except BaseException:
+                self.steps.close_checkpoints(wait=True)  # a non-finite loss names the last good checkpoint: committed
+                raise
+            finally:
+                self.wall.stop_loop()
+            return self.finish()
         finally:
             if self.steps.writer:
                 self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
-        return self.finish()
 
-    def stopped(self, err: BaseException) -> str:
+    def stopped(self, err: BaseException, wait: bool) -> str:
         """``err``'s message, then where the run stopped and what to continue it from."""
-        kept = "no checkpoint was written (train.checkpoint_every)"
-        if self.steps.checkpoint_step > 0:
-            kept = f"its last checkpoint is step {self.steps.checkpoint_step} in {self.checkpoint_path}: continue "
-            kept += "with train.resume=true"
-        return "; ".join(filter(None, [str(err), f"the run stopped after step {self.steps.step}", kept]))
+        self.steps.close_checkpoints(wait=wait)
+        return "; ".join(filter(None, [str(err), f"the run stopped after step {self.steps.step}", self.kept()]))
+
+    def kept(self) -> str:
+        """Where the run can continue from: its last checkpoint, and the setting that continues it."""
+        committed = self.steps.checkpointer.committed_step if self.steps.checkpointer else -1
+        step = max(self.steps.checkpoint_step, committed)  # a save committed since the last step's look counts
+        if step < 1:
+            return "no checkpoint was written (train.checkpoint_every)"
+        return f"its last checkpoint is step {step} in {self.checkpoint_path}: continue with train.resume=true"
 
     def resume(self) -> dict:
         """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's."""
-        if self.tcfg.resume and shared_checkpoint(self.checkpoint_path, self.env.world_size):
-            state = load_checkpoint(self.checkpoint_path, self.step_fn, self.expected, self.global_batch)
+        if self.tcfg.resume and shared_checkpoint(self.run_dir, self.env.world_size):
+            try:
+                state, error = load_checkpoint(self.run_dir, self.step_fn, self.expected, self.global_batch), None
+            except CheckpointError as err:
+                state, error = None, str(err)
+            # every process reads its own rows: one that finds them damaged stops every process, with its line
+            errors = [error]
+            if self.env.world_size > 1:
+                errors = [None] * self.env.world_size
+                dist.all_gather_object(errors, error)
+            first = next((e for e in errors if e), None)
+            if first:
+                raise CheckpointError(first)
             self.say(f"resuming {self.run_dir} at step {state['step']}")
             return state
         if self.tcfg.resume:
-            self.say(f"train.resume=true but {self.checkpoint_path} does not exist: starting from step 0")
+            self.say(f"train.resume=true but {self.run_dir} holds no checkpoint: starting from step 0")
         return {"step": 0, "losses": [], "evals": []}
 
     def finish(self) -> dict:
+        with self.wall.part("checkpoints"):
+            self.steps.close_checkpoints(wait=True)  # the final checkpoint, committed before the summary says so
         result = summary.summary(self)
         if self.env.is_main:
             summary.write(self.run_dir / "summary.json", result)
@@ -178,60 +225,84 @@ class Steps:
         self.run, self.cfg, self.tcfg, self.say = run, run.cfg, run.tcfg, run.say
         self.step = self.resumed_at = saved["step"]
         self.log = Log(run.device, saved["losses"])
-        self.checkpoint_step = saved["step"] if saved["step"] else -1
+        self.checkpoint_step = saved["step"] if saved["step"] else -1  # the last committed (process 0)
+        self.saved_step = self.checkpoint_step  # the last one started, the same on every process
         self.evaluation = Evaluation(
             run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.checkpoint_step
         )
         self.writer = None  # TensorBoard's, on the main process, once the loop starts
+        self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
+        self.stopping = False  # a stop that every process agreed on is under way
 
     def loop(self, interrupt: DeferredInterrupt) -> None:
         tcfg, cfg, run = self.tcfg, self.cfg, self.run
         loader = training_batches(cfg, run.step_fn.strategy.layout, run.device, run.env, self.step)
         if run.env.is_main:
             self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
+        if tcfg.checkpoint_every or tcfg.stop_after:
+            self.checkpointer = Checkpointer(run.run_dir, run.env.rank, run.env.world_size, run.device, "")
+            self.checkpointer.token = shared_folder(run, token())
+            self.checkpointer.committed_step = self.checkpoint_step
+            self.checkpointer.prepare(state_pieces(run.step_fn))
         profiling = tcfg.profile and run.env.is_main
         profiler = make_profiler(cfg.profile, run.run_dir / "profile", run.device, tcfg.strategy) if profiling else None
         if run.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(run.device)
         self.say(announcement(run, self.step))
         self.start = time.perf_counter()
+        run.wall.start_loop()
         # closed as the loop ends, however it ends: the workers stop before the run's last line
         with contextlib.closing(iter(loader)) as batches, profiler or contextlib.nullcontext():
             while self.step < tcfg.steps:
-                if interrupt.requested is not None:
+                if run.control.stop_vote(interrupt.requested is not None):
+                    self.stopping = True
+                    interrupt.requested = interrupt.requested or signal.SIGTERM  # asked of another process
                     self.save_before_stop()
                     raise interrupt.stop()
                 index = self.step - self.resumed_at  # this process's step count: the profiler window
                 run.step_fn.regions.active = profiling and index >= cfg.profile.wait
-                started = time.perf_counter()
-                batch = next(batches)
-                data_seconds = time.perf_counter() - started
+                with run.wall.part("data"):
+                    started = time.perf_counter()
+                    batch = next(batches)
+                    data_seconds = time.perf_counter() - started
+                first = index == 0
+                step_started = time.perf_counter()
                 self.log.clock.start()
                 loss = run.step_fn(batch)
                 self.log.clock.stop()
+                if first:  # compilation and the first launches: waited for, so that the first step is all of it
+                    loss.item()
+                    run.wall.add("first step", time.perf_counter() - step_started)
                 self.log.add(loss, data_seconds)
                 self.step += 1
                 if profiler:
                     profiler.step()
+                self.poll_checkpoints()
                 if self.after_step():
                     break
         run.step_fn.wait_weights()  # the last update's all-gather, before anything reads the weights
 
     def save_before_stop(self) -> None:
-        """A checkpoint of the steps so far, before a stop that Ctrl-C or SIGTERM asked for, where the settings
-        allow: checkpoints on (train.checkpoint_every), and one process (several would first have to agree on
-        the step to stop at)."""
-        if self.tcfg.checkpoint_every and self.run.env.world_size == 1 and self.step > max(self.checkpoint_step, 0):
+        """Before a stop that Ctrl-C or SIGTERM asked for (of any process), where the settings allow
+        (train.checkpoint_every): the save under way finished, then one of the steps since, where the last save's
+        time says it fits in ``STOP_SECONDS`` (torchrun kills 30 s after its SIGTERM). Process 0 decides, for all."""
+        if self.checkpointer is None or not self.tcfg.checkpoint_every:
+            return
+        start = time.perf_counter()
+        self.close_checkpoints(wait=True, final=False)
+        last = self.checkpointer.saves[-1].written if self.checkpointer.saves else 0.0
+        fits = self.step > max(self.saved_step, 0) and time.perf_counter() - start + (last or 0.0) < STOP_SECONDS
+        if self.run.control.broadcast(fits):
             self.check_finite(self.log.flush(self.step))
             self.save()
+            self.close_checkpoints(wait=True)
 
     def after_step(self) -> bool:
         """Log, evaluate and checkpoint when due; True when the run stops here (train.stop_after)."""
-        tcfg, step, step_fn = self.tcfg, self.step, self.run.step_fn
+        tcfg, step, step_fn, wall = self.tcfg, self.step, self.run.step_fn, self.run.wall
         last = step == tcfg.steps or step == tcfg.stop_after
         log_due = step % tcfg.log_every == 0 or last
         eval_due = self.evaluation.active and (step % tcfg.eval_every == 0 or last)
-        # every rank: a sharded optimizer's state is gathered to rank 0, which writes the file
         checkpoint_due = (
             tcfg.checkpoint_every and (step % tcfg.checkpoint_every == 0 or step == tcfg.steps)
         ) or step == tcfg.stop_after
@@ -240,10 +311,12 @@ class Steps:
         if log_due:
             self.log_line()
         if eval_due:
-            self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
+            with wall.part("evaluations"):
+                self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
         if checkpoint_due:
             self.save()
         if step == tcfg.stop_after:
+            self.close_checkpoints(wait=True)
             self.say(f"stopping after step {step} (train.stop_after); continue with train.resume=true")
         return step == tcfg.stop_after
 
@@ -253,6 +326,7 @@ class Steps:
         if self.tcfg.nonfinite == "skip":
             self.say(f"skipped the update of step(s) {bad_steps}: non-finite loss (train.nonfinite=skip)")
             return
+        self.close_checkpoints(wait=True)
         kept = f"the last good checkpoint is step {self.checkpoint_step} in {self.run.checkpoint_path}"
         if self.checkpoint_step < 1:
             kept = "no checkpoint was written"
@@ -278,15 +352,37 @@ class Steps:
                 self.writer.add_scalar(tag, value, step)
 
     def save(self) -> None:
-        """Write the checkpoint (rank 0); every rank calls it, to send its share of a sharded optimizer."""
-        step_fn = self.run.step_fn
-        step_fn.wait_weights()
-        model, optimizer = step_fn.model_state(), step_fn.optimizer_state()  # every rank: shards onto rank 0
-        if self.run.env.is_main:
-            save_checkpoint(
-                self.run.checkpoint_path, checkpoint_state(self, *one_linear(step_fn.model, model, optimizer))
-            )
-            self.checkpoint_step = self.step
+        """Start a checkpoint of this step: every process copies its part to host memory (the step's only wait) and
+        writes it in the background; process 0 commits it (``Checkpointer``)."""
+        run = self.run
+        with run.wall.part("checkpoints"):
+            save = self.checkpointer.save(self.step, state_pieces(run.step_fn), meta(self) if run.env.is_main else None)
+        self.saved_step = self.step
+        if self.writer:
+            self.writer.add_scalar("checkpoint/blocked_s", save.blocked, self.step)
+
+    def poll_checkpoints(self) -> None:
+        """Log the checkpoints committed since the last step."""
+        if self.checkpointer is not None:
+            self.logged(self.checkpointer.poll())
+
+    def close_checkpoints(self, wait: bool, final: bool = True) -> None:
+        """Wait for the save under way (``wait``) and log it, or leave it; with ``final``, no more saves after this."""
+        if self.checkpointer is not None:
+            before = len(self.checkpointer.saves)
+            if final:
+                self.checkpointer.close(wait)
+            elif wait:
+                self.checkpointer.wait()
+            self.logged(self.checkpointer.saves[before:])
+
+    def logged(self, saves) -> None:
+        for save in saves:
+            if self.run.env.is_main and save.error is None:
+                self.checkpoint_step = save.step
+                self.say(self.checkpointer.line(save), flush=True)
+                if self.writer:
+                    self.writer.add_scalar("checkpoint/written_s", save.written, save.step)
 
 
 def announcement(run: Run, step: int) -> str:
@@ -297,24 +393,43 @@ def announcement(run: Run, step: int) -> str:
         f"training {run.run_dir.name} ({step_fn.strategy.description}) on {device_name(run.device)} "
         f"x {run.env.world_size}: steps {step + 1}-{cfg.train.steps}, batch {cfg.data.batch_size} x "
         f"{run.env.world_size} of {cfg.data.image_size}px, {parameters:,} parameters, "
-        f"autocast {'bf16' if cfg.autocast else 'off'}" + (f", {step_fn.shard.description}" if step_fn.shard else "")
+        f"autocast {'bf16' if cfg.autocast else 'off'}"
+        + (f", {step_fn.shard.description}" if step_fn.shard else "")
+        + (f"; compile caches in {compile_caches()}" if cfg.train.compile or run.device.type == "cuda" else "")
     )
 
 
-def checkpoint_state(steps: Steps, model: dict, optimizer: dict | None) -> dict:
-    """What a checkpoint holds: the model and optimizer (as one process's, whatever the number of processes
-    that resumes it), the schedule, the step, the RNG states, the data position and the run's record so far."""
+def shared_folder(run: Run, mark: str) -> str:
+    """Process 0's ``mark``, once every process has found it in the run folder: each writes its part of a checkpoint
+    there, so on several nodes train.out_dir must be a folder they share; refused in one line on every process."""
+    path = run.run_dir / f".shared-{mark}"
+    if run.env.is_main:
+        path.touch()
+    mark = run.control.broadcast(mark)  # after process 0 made the file
+    found = run.control.gather((run.run_dir / f".shared-{mark}").exists())
+    if run.env.is_main:
+        path.unlink(missing_ok=True)
+    if not all(found):
+        missing = [rank for rank, ok in enumerate(found) if not ok]
+        raise UserError(
+            f"rank(s) {missing} do not see the run folder {run.run_dir} that rank 0 writes: every process writes its "
+            "part of a checkpoint there, so on several nodes train.out_dir must be a folder that every node shares"
+        )
+    return mark
+
+
+def meta(steps: Steps) -> dict:
+    """What a checkpoint holds besides the model's and the optimizer's tensors: the schedule, the step, the RNG states,
+    the data position and the run's record so far."""
     run = steps.run
     return {
-        "layout": LAYOUT,
         "step": steps.step,
-        "model": model,
-        "optimizer": optimizer,
+        "param_groups": param_groups(run.step_fn.optimizer),
         "scheduler": run.step_fn.scheduler.state_dict(),
         "rng": rng_state(),
         "data": {"next_index": steps.step * run.global_batch, "global_batch": run.global_batch},
-        "losses": steps.log.losses,
-        "evals": steps.evaluation.evals,
+        "losses": list(steps.log.losses),
+        "evals": list(steps.evaluation.evals),
         "fingerprint": run.expected,
         "config": OmegaConf.to_container(run.cfg, resolve=True),
     }
@@ -329,8 +444,12 @@ def training_processes(cfg: DictConfig):
     env, device = distributed.setup(cfg)
     try:
         yield env, device
-    finally:
+    except PeerLost:
+        raise  # no teardown: its barrier would wait for the process that is gone (the process ends now anyway)
+    except BaseException:
         distributed.teardown(env)
+        raise
+    distributed.teardown(env)
 
 
 def experiment_name(experiment: str | None) -> str:

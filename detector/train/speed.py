@@ -77,3 +77,11 @@ def build_trained_model(cfg: DictConfig, device: torch.device, world_size: int) 
     if device.type == "cuda":
         torch.backends.cudnn.benchmark = bool(tcfg.cudnn_benchmark)
     return model
+
+
+def compile_caches() -> str:
+    """Where torch keeps what the first step compiles (inductor's and AOTAutograd's graphs, Triton's kernels), which a
+    second run of the same configuration on this machine reuses: ``TORCHINDUCTOR_CACHE_DIR`` or its default."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()

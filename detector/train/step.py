@@ -144,24 +144,6 @@ class TrainStep:
         """Before reading the parameters outside a forward (a checkpoint): wait for the last step's update."""
         self.sharing.wait_weights()
 
-    def model_state(self) -> dict:
-        """The model's state dict in one process's layout. Under fsdp2 every rank must call it (they gather
-        the shards onto rank 0); the other ranks get {}."""
-        return self.sharing.model_state()
-
-    def load_model_state(self, state: dict) -> None:
-        """Load a ``model_state`` (this rank's shards of it, under fsdp2)."""
-        self.sharing.load_model_state(state)
-
-    def optimizer_state(self) -> dict | None:
-        """The optimizer's state dict in one process's layout. With a sharded optimizer every rank must call
-        it (they send their shares to rank 0); the other ranks get None."""
-        return self.sharing.full_state_dict(self.optimizer)
-
-    def load_optimizer_state(self, state: dict) -> None:
-        """Load an ``optimizer_state`` (this rank's share of it, under a sharded optimizer)."""
-        self.sharing.load_state_dict(self.optimizer, state)
-
     @torch.no_grad()
     def forward_only(self, batch) -> Tensor:
         """The article's protocol: copy, forward and loss, no gradient and no optimizer."""

@@ -1,5 +1,6 @@
 """A training run's summary: summary.json (final loss and metrics, step times, images/s, the loss of every
-step) and the run's last line. detector/lab/record.py's TrainingRecord is what the lab reads of it."""
+step, where the wall clock went and the checkpoints' times) and the run's last line. detector/lab/record.py's
+TrainingRecord is what the lab reads of it."""
 
 from __future__ import annotations
 
@@ -13,6 +14,8 @@ import torch
 from detector.config import device_name
 from detector.train.folders import write_atomically
 from detector.train.progress import TIMING_SKIP, throughput
+from detector.train.wallclock import PARTS
+from detector.train.wallclock import line as wall_line
 
 if TYPE_CHECKING:
     from detector.train.loop import Run
@@ -39,7 +42,25 @@ def summary(run: Run) -> dict:
         "evals": evals,
         "checkpoint_step": steps.checkpoint_step,
         "eval_step": steps.evaluation.step,
+        "wall_clock": wall_clock(run),
+        "checkpoints": steps.checkpointer.record() if steps.checkpointer else None,
     }
+
+
+def wall_clock(run: Run) -> dict:
+    """Where this process's wall clock went (wallclock.py), its images/s over the whole run ("as lived"), and the
+    same as TensorBoard scalars under goodput/."""
+    steps = run.steps
+    background = sum(s.written or 0.0 for s in steps.checkpointer.saves) if steps.checkpointer else 0.0
+    record = run.wall.record(background)
+    trained = (steps.step - steps.resumed_at) * run.global_batch
+    record["images_per_s_lived"] = trained / record["total_s"] if record["total_s"] else None
+    if steps.writer:
+        steps.writer.add_scalar("goodput/share", record["goodput"] or 0.0, steps.step)
+        for part in PARTS:
+            steps.writer.add_scalar(f"goodput/{part.replace(' ', '_')}_s", record["seconds"][part], steps.step)
+        steps.writer.flush()
+    return record
 
 
 def write(path: Path, summary: dict) -> None:
@@ -66,4 +87,6 @@ def done_line(run_dir: Path, summary: dict, device: torch.device) -> str:
             f" ({summary['device_images_per_s']:.0f} by device time; device idle between steps "
             f"{summary['device_idle_ms']:.1f} ms)"
         )
+    if summary.get("wall_clock"):
+        line += f"\n      {wall_line(summary['wall_clock'])}"
     return line

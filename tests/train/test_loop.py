@@ -36,8 +36,9 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     straight = run_training(tiny_cfg(tmp_path / "straight", *run))
     first = run_training(tiny_cfg(tmp_path / "split", *run, "train.stop_after=3"))
     run_dir = tmp_path / "split" / "default" / "padded"
-    assert first[0]["steps"] == 3 and (run_dir / "checkpoint.pt").exists()
-    assert not list(run_dir.glob("*.tmp*")), "the checkpoint is written to a temporary file, then renamed"
+    assert first[0]["steps"] == 3 and (run_dir / "checkpoint.json").exists()
+    assert not list(run_dir.glob("*.tmp*")), "the manifest is written to a temporary file, then renamed"
+    assert len(list(run_dir.glob("checkpoint-*"))) == 1, "the saves before the one committed are removed"
     second = run_training(tiny_cfg(tmp_path / "split", *run, "train.resume=true"))
     # the resumed run's history is the whole run's, not only the steps after the resume
     assert second[0]["resumed_at"] == 3 and [s for s, _ in second[0]["history"]] == [1, 2, 3, 4, 5, 6]
@@ -241,20 +242,16 @@ def test_ddp_sharded_optimizer_is_the_all_reduce_step_and_checkpoints_one_layout
         same([loss for _, loss in results[name]], [loss for _, loss in expected], name)
     # the checkpoints: the same weights, and each sharded run's optimizer state gathered from both ranks into
     # one process's layout, equal to the state every rank of the all-reduce run held
-    full = read_checkpoint(next((tmp_path / "all_reduce").rglob("checkpoint.pt")))
+    full = read_checkpoint(next((tmp_path / "all_reduce").rglob("checkpoint.json")).parent)
     for name in ("sharded", "zero"):
-        sharded = read_checkpoint(next((tmp_path / name).rglob("checkpoint.pt")))
+        sharded = read_checkpoint(next((tmp_path / name).rglob("checkpoint.json")).parent)
         assert full["step"] == sharded["step"] == 4
-        assert full["model"].keys() == sharded["model"].keys()
-        for key, tensor in full["model"].items():
-            same(sharded["model"][key], tensor, (name, key))
-        assert full["optimizer"]["param_groups"] == sharded["optimizer"]["param_groups"], name
-        indices = set(range(len(full["model"])))
-        assert full["optimizer"]["state"].keys() == sharded["optimizer"]["state"].keys() == indices, name
-        for i, state in full["optimizer"]["state"].items():
-            assert state.keys() == sharded["optimizer"]["state"][i].keys()
-            for key, value in state.items():
-                same(sharded["optimizer"]["state"][i][key].to(value.device), value, (name, i, key))
+        assert full["param_groups"] == sharded["param_groups"], name
+        # every tensor of one process's layout, the optimizer's state of every parameter included
+        assert full["tensors"].keys() == sharded["tensors"].keys(), name
+        assert sum(key.startswith("optimizer/") for key in full["tensors"]) == 3 * len(full["model"])
+        for key, tensor in full["tensors"].items():
+            same(sharded["tensors"][key].to(tensor.device), tensor, (name, key))
     assert "model.head_blocks=3 is not a multiple of the 2 processes" in results["refused"]
 
 
@@ -332,7 +329,7 @@ def test_make_train_command_line_runs_the_cpu_smoke_experiment(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "experiment: cpu_smoke" in out and "eval        2  mean IoU" in out
     run_dir = tmp_path / "cpu_smoke" / "padded"
-    assert (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.pt").exists()
+    assert (run_dir / "config.yaml").exists() and (run_dir / "checkpoint.json").exists()
     assert list(run_dir.glob("events.out.tfevents.*"))
 
 

@@ -80,7 +80,7 @@ def test_two_nodes_train_as_one_node_of_two_processes_and_as_one_process_with_th
     cfg = load_config([*RUN, "data.batch_size=8", f"train.out_dir={tmp_path / 'one'}"], "cpu_smoke", announce=None)
     one = run_training(cfg, "cpu_smoke")
     torch.testing.assert_close(losses([two]), losses(one), rtol=1e-4, atol=0)
-    assert read_checkpoint(run_dir / "checkpoint.pt")["fingerprint"]["global_batch"] == 8
+    assert read_checkpoint(run_dir)["fingerprint"]["global_batch"] == 8
 
 
 @pytest.mark.parametrize("variable", ["NNODES=2", "NPROC=2"])
@@ -105,7 +105,7 @@ def _sees_its_own_folder(rank: int, out: str) -> None:
     # node 0 finds a checkpoint in its train.out_dir; node 1, whose out_dir is another disk, finds none there
     found = "unexpected: no refusal"
     try:
-        shared_checkpoint(Path(out) / f"node{rank}" / "checkpoint.pt", world_size=2)
+        shared_checkpoint(Path(out) / f"node{rank}", world_size=2)
     except CheckpointError as err:
         found = str(err)
     (Path(out) / f"rank{rank}.txt").write_text(found)
@@ -114,7 +114,7 @@ def _sees_its_own_folder(rank: int, out: str) -> None:
 
 def test_a_run_folder_that_not_every_node_shares_is_refused_on_every_rank(tmp_path):
     (tmp_path / "node0").mkdir()
-    (tmp_path / "node0" / "checkpoint.pt").write_bytes(b"detector-checkpoint v1 sha256=00 bytes=0\n")
+    (tmp_path / "node0" / "checkpoint.json").write_text("{}")
     spawn_two(_sees_its_own_folder, str(tmp_path), timeout=60)
     for rank in (0, 1):  # both ranks refuse, so neither waits for the other in a collective
         message = (tmp_path / f"rank{rank}.txt").read_text()

@@ -4,15 +4,17 @@ and honest throughput, each on a detector of a few thousand parameters (CPU, mil
 import json
 import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import losses, tiny_cfg
 
 from detector import data
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
-from detector.train import folders
+from detector.train import checkpoint_files, folders
 from detector.train.checkpoint import CheckpointError, read_checkpoint
 from detector.train.loop import NonFiniteLoss, run_training
 from detector.train.progress import StepClock
@@ -27,40 +29,51 @@ def run_dir(tmp_path, strategy="padded"):
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def damage(path, how: str) -> None:
+def damage(run: Path, how: str) -> Path:
+    """Damage the committed checkpoint of ``run`` as ``how`` says; the file damaged."""
+    manifest = run / "checkpoint.json"
+    folder = run / json.loads(manifest.read_text())["folder"]
+    path = {"manifest": manifest, "part": folder / "rank0.bin", "meta": folder / "meta.pt"}[how.split()[0]]
     raw = bytearray(path.read_bytes())
-    if how == "overwritten":
-        raw[len(raw) // 2 : len(raw) // 2 + 4096] = b"\xff" * 4096
-    elif how == "zeroed":
-        raw[len(raw) // 2 : len(raw) // 2 + 4096] = bytes(4096)
-    elif how == "truncated":
+    kind = how.split()[1]
+    if kind == "overwritten":
+        raw[len(raw) // 2 : len(raw) // 2 + 4096] = b"\xff" * min(4096, len(raw) - len(raw) // 2)
+    elif kind == "zeroed":
+        raw[len(raw) // 2 : len(raw) // 2 + 4096] = bytes(min(4096, len(raw) - len(raw) // 2))
+    elif kind == "truncated":
         raw = raw[: len(raw) // 2]
-    elif how == "garbage":
+    elif kind == "garbage":
         raw = bytearray(b"not a checkpoint at all\n" * 100)
-    elif how == "empty":
+    elif kind == "empty":
         raw = bytearray()
-    elif how in ("bad length", "bad hash"):  # a header of the right form but for one value
-        header, _, payload = bytes(raw).partition(b"\n")
-        field = b"bytes=" if how == "bad length" else b"sha256="
-        start = header.index(field) + len(field)
-        raw = bytearray(header[:start] + b"12ab" + header[start + 4 :] + b"\n" + payload)
+    elif kind == "edited":  # a well-formed manifest, one value changed, its own checksum not
+        raw = bytearray(bytes(raw).replace(b'"step": 3', b'"step": 4'))
+    elif kind == "missing":
+        path.unlink()
+        return path
     path.write_bytes(bytes(raw))
+    return path
 
 
-@pytest.mark.parametrize("how", ["overwritten", "zeroed", "truncated", "garbage", "empty", "bad length", "bad hash"])
+DAMAGES = [
+    f"{where} {kind}" for where in ("part", "meta") for kind in ("overwritten", "zeroed", "truncated", "missing")
+]
+DAMAGES += ["manifest garbage", "manifest empty", "manifest edited", "manifest truncated"]
+
+
+@pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, how):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
-    path = run_dir(tmp_path) / "checkpoint.pt"
-    damage(path, how)
+    path = damage(run_dir(tmp_path), how)
     with pytest.raises(CheckpointError) as err:
         run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))
     message = str(err.value)
-    assert str(path) in message and "train.resume=false" in message and "\n" not in message
+    assert str(path) in message and "train.resume=false" in message and "\n" not in message, message
 
 
 def test_an_intact_checkpoint_reads_back(tmp_path):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
-    state = read_checkpoint(run_dir(tmp_path) / "checkpoint.pt")
+    state = read_checkpoint(run_dir(tmp_path))
     assert state["step"] == 3 and len(state["losses"]) == 3
 
 
@@ -85,7 +98,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_good_chec
     cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}")
     with pytest.raises(NonFiniteLoss, match="not finite at step 4.*last good checkpoint is step 3"):
         run_training(cfg)
-    state = read_checkpoint(run_dir(tmp_path, nan_from_step_4) / "checkpoint.pt")
+    state = read_checkpoint(run_dir(tmp_path, nan_from_step_4))
     assert state["step"] == 3 and all(torch.isfinite(p).all() for p in state["model"].values())
 
 
@@ -93,7 +106,7 @@ def test_nonfinite_skip_skips_those_updates_and_finishes(tmp_path, nan_from_step
     cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}", "train.nonfinite=skip")
     summary = run_training(cfg)[0]
     assert summary["steps"] == 6 and "skipped the update of step(s) [4]" in capsys.readouterr().out
-    state = read_checkpoint(run_dir(tmp_path, nan_from_step_4) / "checkpoint.pt")
+    state = read_checkpoint(run_dir(tmp_path, nan_from_step_4))
     assert all(torch.isfinite(p).all() for p in state["model"].values())
 
 
@@ -254,3 +267,44 @@ def test_the_step_clock_reports_the_idle_time_between_steps():
     clock.start()
     clock.stop()
     assert clock.read()[0][1] < 30  # measured from the last step of the previous read
+
+
+# ----------------------------------------------------------------------------- the run as lived
+
+
+def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_background_s(tmp_path, monkeypatch):
+    """A disk that takes a second per file: the step waits for the copy to host memory alone, the write goes on
+    beside the next steps, and the run's end waits for the last save to be committed."""
+    real = checkpoint_files.write_file
+
+    def slow(path, data, pool):
+        time.sleep(1.0)
+        return real(path, data, pool)
+
+    monkeypatch.setattr(checkpoint_files, "write_file", slow)
+    summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]
+    first, last = summary["checkpoints"]["saves"]
+    assert first["step"] == 4 and last["step"] == 8
+    assert first["blocked_s"] < 0.5 and first["written_s"] >= 2.0  # two files (its part, the meta): 2 s or more
+    assert read_checkpoint(run_dir(tmp_path))["step"] == 8  # committed before the run said done
+
+
+def test_the_summary_says_where_the_wall_clock_went(tmp_path):
+    summary = run_training(tiny_cfg(tmp_path, "train.steps=6", "train.checkpoint_every=3", "data.num_workers=0"))[0]
+    wall = summary["wall_clock"]
+    assert set(wall["seconds"]) == {"start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end"}
+    assert wall["total_s"] == pytest.approx(sum(wall["seconds"].values()))
+    assert wall["seconds"]["start-up"] > 0 and wall["seconds"]["first step"] > 0 and wall["seconds"]["steps"] > 0
+    assert 0 < wall["goodput"] < 1 and wall["goodput"] == pytest.approx(wall["seconds"]["steps"] / wall["total_s"])
+    assert wall["images_per_s_lived"] == pytest.approx(6 * 4 / wall["total_s"])
+    assert [s["step"] for s in summary["checkpoints"]["saves"]] == [3, 6]
+    scalars = EventAccumulator(str(run_dir(tmp_path))).Reload().Tags()["scalars"]
+    assert {"goodput/share", "goodput/start-up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
+
+
+def test_a_fresh_run_that_moves_an_unfinished_one_aside_says_how_to_continue_it(tmp_path, capsys):
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    capsys.readouterr()
+    run_training(tiny_cfg(tmp_path, *RUN))
+    line = next(line for line in capsys.readouterr().out.splitlines() if "held an earlier run" in line)
+    assert "It was unfinished: to continue it instead" in line and "train.resume=true" in line

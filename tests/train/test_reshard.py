@@ -2,6 +2,8 @@
 (off), and checkpoints that reshard: a run stopped on 2 processes resumes on 1 with the same global batch, and the
 other way round, with the losses of an uninterrupted run."""
 
+import hashlib
+import io
 import json
 from pathlib import Path
 
@@ -11,7 +13,7 @@ import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.model import build_model
-from detector.train.checkpoint import CheckpointError, into_blocks, one_linear, read_checkpoint, save_checkpoint
+from detector.train.checkpoint import CheckpointError, fingerprint, layout, load_checkpoint, read_checkpoint
 from detector.train.loop import run_training
 from detector.train.step import TrainStep
 
@@ -102,33 +104,63 @@ def test_a_checkpoint_resumes_on_another_number_of_processes_with_the_same_losse
             torch.testing.assert_close(losses([{"history": curve}]), straight, rtol=RTOL, atol=0, msg=f"{mode} {name}")
 
 
-def test_the_checkpoint_layout_joins_the_blocks_and_splits_them_for_any_number():
-    cfg = tiny_cfg("unused")
-    two, one = (build_model(cfg.model, cfg.data, world_size) for world_size in (2, 1))  # 2 blocks, 1 block
-    optimizer = torch.optim.AdamW(two.parameters())
-    two(torch.zeros(2, 1, 32, 32, dtype=torch.uint8)).sum().backward()
-    optimizer.step()
-    model_state, optimizer_state = one_linear(two, two.state_dict(), optimizer.state_dict())
-    assert set(model_state) == {key.replace(".blocks.0.", ".") for key in one.state_dict()}  # head.1.weight, ...
-    assert len(optimizer_state["state"]) == len(model_state)  # one Linear, one optimizer state
-    # 2 blocks again: exactly what was saved, every block with a step of its own
-    back_model, back_optimizer = into_blocks(two, model_state, optimizer_state)
-    for key, value in two.state_dict().items():
-        assert torch.equal(back_model[key], value), key
-    for i, state in optimizer.state_dict()["state"].items():
-        for key, value in state.items():
-            assert torch.equal(back_optimizer["state"][i][key], value), (i, key)
-    steps = [state["step"] for state in back_optimizer["state"].values()]
-    assert len({id(step) for step in steps}) == len(steps)
-    one.load_state_dict(into_blocks(one, model_state, optimizer_state)[0])
+def test_the_checkpoint_joins_the_blocks_of_the_head_into_one_linear(tmp_path):
+    """A head of 2 blocks (model.head_blocks=2) on one process: the checkpoint's head.1.weight is the blocks' rows
+    one after the other, and so is each of its optimizer states; the step, the same in each block, is one value."""
+    cfg = tiny_cfg(tmp_path, "device=cpu", "data.num_workers=0", "model.head_blocks=2", "train.steps=2")
+    run_training(cfg)
+    state = read_checkpoint(tmp_path / "default" / "padded")
+    step = TrainStep(cfg, torch.device("cpu"))
+    blocks = step.model.head[1].blocks
+    assert len(blocks) == 2 and state["tensors"]["model/head.1.weight"].shape == (32, blocks[0].in_features)
+    keys = {key.rsplit("/", 1)[-1] for key in state["tensors"] if key.startswith("optimizer/head.1.weight/")}
+    assert keys == {"step", "exp_avg", "exp_avg_sq"} and state["tensors"]["optimizer/head.1.weight/step"].dim() == 0
+    # resumed into 2 blocks: each block's rows and optimizer state are the joined tensor's
+    load_checkpoint(tmp_path / "default" / "padded", step, fingerprint(cfg, 1), 4)
+    weight = torch.cat([block.weight.detach() for block in blocks])
+    assert torch.equal(weight, state["tensors"]["model/head.1.weight"])
+    exp_avg = torch.cat([step.optimizer.state[block.weight]["exp_avg"] for block in blocks])
+    assert torch.equal(exp_avg, state["tensors"]["optimizer/head.1.weight/exp_avg"])
+    assert all(step.optimizer.state[block.weight]["step"] == 2 for block in blocks)
 
 
-def test_a_checkpoint_of_the_earlier_layout_is_refused_in_one_line(tmp_path):
-    run = ["train.steps=4", "train.checkpoint_every=2"]
-    run_training(tiny_cfg(tmp_path, *run, "train.stop_after=2"))
-    path = tmp_path / "default" / "padded" / "checkpoint.pt"
-    state = read_checkpoint(path)
-    del state["layout"]
-    save_checkpoint(path, state)
+def test_a_checkpoint_of_the_single_file_format_resumes_exactly(tmp_path):
+    """checkpoint.pt of version 1 (a header line, then one torch.save of the state in one process's layout): resumed
+    with the losses of an uninterrupted run, then replaced by the resumed run's first checkpoint."""
+    run = ["device=cpu", "data.num_workers=0", "train.steps=4", "train.checkpoint_every=2"]
+    straight = run_training(tiny_cfg(tmp_path / "straight", *run))[0]
+    run_training(tiny_cfg(tmp_path / "old", *run, "train.stop_after=2"))
+    folder = tmp_path / "old" / "default" / "padded"
+    cfg = tiny_cfg(tmp_path, *run)
+    names = list(dict.fromkeys(whole for whole, _, _ in layout(build_model(cfg.model, cfg.data, 1)).values()))
+    write_version_1(folder, read_checkpoint(folder), names)
+    (folder / "checkpoint.json").unlink()
+    resumed = run_training(tiny_cfg(tmp_path / "old", *run, "train.resume=true"))[0]
+    assert resumed["resumed_at"] == 2 and resumed["losses"] == straight["losses"]
+    assert not (folder / "checkpoint.pt").exists() and (folder / "checkpoint.json").exists()
+    # a version-1 file of the layout before (each process's own) is refused in one line
+    write_version_1(folder, read_checkpoint(folder), names, payload_layout=1)
+    (folder / "checkpoint.json").unlink()
     with pytest.raises(CheckpointError, match="earlier version of detector.*train.resume=false"):
-        run_training(tiny_cfg(tmp_path, *run, "train.resume=true"))
+        run_training(tiny_cfg(tmp_path / "old", *run, "train.resume=true"))
+
+
+def write_version_1(folder: Path, state: dict, names: list[str], payload_layout: int = 2) -> None:
+    """The single-file checkpoint as versions before the manifest wrote it (the optimizer's state indexed in the
+    order of ``names``, the model's)."""
+    tensors = state.pop("tensors")
+    del state["model"]
+    state["layout"] = payload_layout
+    state["model"] = {name: tensors[f"model/{name}"] for name in names}
+    optimizer = {
+        i: {k: tensors[f"optimizer/{n}/{k}"] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(names)
+    }
+    state["optimizer"] = {
+        "state": optimizer,
+        "param_groups": [{**state.pop("param_groups")[0], "params": list(range(len(names)))}],
+    }
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    header = f"detector-checkpoint v1 sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n"
+    (folder / "checkpoint.pt").write_bytes(header.encode() + payload)

@@ -1,5 +1,4 @@
-"""``train.shard_optimizer=blocks``: ZeRO stage 1 for the head's blocks under DDP, our own (``ShardedBlocks``), and
-the checkpoint state it gathers onto rank 0 (``BlockStates``).
+"""``train.shard_optimizer=blocks``: ZeRO stage 1 for the head's blocks under DDP, our own (``ShardedBlocks``).
 
 Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters at seed
 scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the all-gather together
@@ -7,8 +6,8 @@ move the same bytes as that all-reduce. ``python -m detector.bench.sharding run`
 and torch's engines.
 
 Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the ranks of
-their own blocks' squared norms, one scalar all-reduce with no host wait (``ShardedBlocks.clip``). Checkpoints
-keep one process's layout (``BlockStates``), so a run resumes whatever saved it.
+their own blocks' squared norms, one scalar all-reduce with no host wait (``ShardedBlocks.clip``). In a checkpoint
+each rank writes its own blocks' rows and their optimizer state, and its share of the trunk's.
 """
 
 from __future__ import annotations
@@ -92,7 +91,6 @@ class ShardedBlocks(Replicated):
         self.block_params = [p for p in params if id(p) in self.owner]  # model order, the same on every rank
         # what this rank's optimizer updates: the trunk and its own blocks, in model order
         self.owned = [p for p in params if self.owner.get(id(p), rank) == rank]
-        self.states = BlockStates(params, self.owned, self.owner, rank)
         self.ready: list[Tensor] = []  # block parameters whose gradient this backward has accumulated
         self.grad_works: list = []
         self.weight_works: list[dist.Work] = []
@@ -207,72 +205,10 @@ class ShardedBlocks(Replicated):
                     all_gather_single(out, part)
             self.stale = False
 
-    def load_model_state(self, state: dict) -> None:
-        super().load_model_state(state)
-        self.stale = False  # every rank's fp32 rows are the state's; the forward casts them afresh
+    def writes(self, param: Tensor, state: bool) -> str:
+        if id(param) not in self.owner:
+            return "split"  # the trunk: every rank holds it
+        return "mine" if self.owner[id(param)] == self.rank else "held"
 
-    def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        return self.states.gather(optimizer)
-
-    def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        self.states.load(optimizer, full)
-
-
-class BlockStates:
-    """The optimizer state of ``ShardedBlocks`` in one process's layout: ``gather`` sends each rank's blocks' state
-    to rank 0, ``load`` keeps this rank's share of a whole state dict."""
-
-    STATE = ("step", "exp_avg", "exp_avg_sq")  # AdamW's state of one parameter (no amsgrad)
-
-    def __init__(self, params: list[Tensor], owned: list[Tensor], owner: dict[int, int], rank: int):
-        self.params, self.owned, self.owner, self.rank = params, owned, owner, rank
-
-    def gather(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The optimizer's state dict in one process's layout, on rank 0 (None on the others): every rank
-        calls it; each other rank sends the state of its own blocks to rank 0."""
-        own = optimizer.state_dict()
-        index = {id(p): i for i, p in enumerate(self.owned)}
-        state = {}
-        for i, param in enumerate(self.params):
-            owner = self.owner.get(id(param), 0)  # the trunk: every rank has its state, rank 0 writes its own
-            if self.rank == 0 and owner == 0 and index[id(param)] in own["state"]:
-                state[i] = own["state"][index[id(param)]]
-            elif self.rank == 0 and owner != 0:
-                received = self.receive(param, owner)
-                if received is not None:
-                    state[i] = received
-            elif self.rank == owner != 0:
-                self.send(param, optimizer.state.get(param, {}))
-        if self.rank != 0:
-            return None
-        (group,) = own["param_groups"]  # build_optimizer makes one group
-        return {"state": state, "param_groups": [{**group, "params": list(range(len(self.params)))}]}
-
-    def send(self, param: Tensor, state: dict) -> None:
-        has = torch.tensor([bool(state)], dtype=torch.int32, device=param.device)  # none before the first step
-        dist.send(has, dst=0)
-        for key in self.STATE if state else ():
-            dist.send(state[key].to(param.device), dst=0)
-
-    def receive(self, param: Tensor, owner: int) -> dict | None:
-        has = torch.zeros(1, dtype=torch.int32, device=param.device)
-        dist.recv(has, src=owner)
-        if not has.item():
-            return None
-        state = {"step": torch.zeros((), dtype=torch.float32, device=param.device)}
-        state |= {key: torch.empty_like(param, memory_format=torch.contiguous_format) for key in self.STATE[1:]}
-        for key in self.STATE:
-            dist.recv(state[key], src=owner)
-        return state
-
-    def load(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        """Load this rank's share of a one-process-layout optimizer state dict (``gather``'s)."""
-        index = {id(p): i for i, p in enumerate(self.params)}
-        mine = [index[id(p)] for p in self.owned]
-        (group,) = full["param_groups"]
-        optimizer.load_state_dict(
-            {
-                "state": {j: full["state"][i] for j, i in enumerate(mine) if i in full["state"]},
-                "param_groups": [{**group, "params": list(range(len(mine)))}],
-            }
-        )
+    def loaded(self) -> None:
+        self.stale = False  # every rank's fp32 rows are the checkpoint's; the forward casts them afresh

@@ -4,16 +4,8 @@ its documentation recommends for a model that fits on one GPU."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from detector.train.sharding.replicated import Replicated
 
@@ -59,9 +51,7 @@ class FullyShardedModel(Replicated):
     The reduce-scatter averages over the ranks, as DDP's all-reduce does, so ``global_mean``'s scaling holds. The
     optimizer is torch's AdamW over the DTensor shards (train.optimizer=one_pass reads whole tensors): each rank
     updates its shard of every parameter. Every rank takes part in each forward (an all-gather), so every rank
-    evaluates (``collective_forward``). Checkpoints keep one process's layout:
-    ``torch.distributed.checkpoint.state_dict`` with ``full_state_dict=True`` gathers the model and the optimizer
-    state onto rank 0 keyed by parameter name, and on load shards the whole state that every rank read.
+    evaluates (``collective_forward``). Checkpoints: every rank writes and reads its own shards' rows.
     """
 
     collective_forward = True
@@ -85,7 +75,6 @@ class FullyShardedModel(Replicated):
         fully_shard(model, mesh=mesh, reshard_after_forward=False)
         model.set_modules_to_forward_prefetch(list(layers.values()))
         self.owned = list(model.parameters())  # this rank's shards (DTensors), in model order
-        self.names = [name for name, _ in model.named_parameters()]  # the state dicts' keys, in model order
 
     def make_optimizer(self, build) -> torch.optim.Optimizer:
         return build(self.owned, kind="torch")  # torch's AdamW steps DTensor shards
@@ -94,35 +83,11 @@ class FullyShardedModel(Replicated):
         """The whole model's gradient norm, clipped in place (the DTensor norm reduces over the shards)."""
         torch.nn.utils.clip_grad_norm_(self.owned, max_norm)
 
-    def options(self, gather: bool):
-        # gather: the whole state onto rank 0's CPU memory only; load: every rank holds the whole state it read
-        return StateDictOptions(full_state_dict=True, cpu_offload=gather)
+    def at_rest(self) -> None:
+        # an evaluation's forward (reshard_after_forward=False) leaves every unit's weights gathered
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
-    def model_state(self) -> dict:
-        """The whole model's state dict on rank 0 ({} on the others): every rank calls it."""
-        return get_model_state_dict(self.model, options=self.options(gather=True))
-
-    def load_model_state(self, state: dict) -> None:
-        set_model_state_dict(self.model, state, options=self.options(gather=False))
-
-    def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        """The optimizer's state dict in one process's layout (indices in model order) on rank 0, None on
-        the others: every rank calls it."""
-        full = get_optimizer_state_dict(self.model, optimizer, options=self.options(gather=True))
-        if dist.get_rank() != 0:
-            return None
-        index = {name: i for i, name in enumerate(self.names)}
-        (group,) = full["param_groups"]  # build_optimizer makes one group
-        return {
-            "state": {index[name]: state for name, state in full["state"].items()},
-            "param_groups": [{**group, "params": [index[name] for name in group["params"]]}],
-        }
-
-    def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        """Load this rank's shards of a one-process-layout optimizer state dict (``full_state_dict``'s)."""
-        (group,) = full["param_groups"]
-        by_name = {
-            "state": {self.names[i]: state for i, state in full["state"].items()},
-            "param_groups": [{**group, "params": [self.names[i] for i in group["params"]]}],
-        }
-        set_optimizer_state_dict(self.model, optimizer, by_name, options=self.options(gather=False))
+    def writes(self, param, state: bool) -> str:
+        return "mine"

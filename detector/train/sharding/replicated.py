@@ -92,8 +92,9 @@ class Replicated:
     every rank must take part in each forward (then every rank evaluates with rank 0). A step calls
     ``wait_gradients`` before reading the gradients, ``clip`` for the global gradient norm, and
     ``gather_weights`` after the optimizer; anything that reads the weights outside a forward calls
-    ``wait_weights`` first. The state methods give and take one process's layout (train/checkpoint.py); with a
-    sharded optimizer every rank calls them, and only rank 0 gets the whole state.
+    ``wait_weights`` first. A checkpoint asks ``writes`` who writes each parameter's rows and its optimizer
+    state's (train/checkpoint.py: each process writes its part), and a resume calls ``loaded`` once it has put the
+    state in place.
     """
 
     collective_forward = False
@@ -128,17 +129,18 @@ class Replicated:
     def wait_weights(self) -> None:
         pass
 
-    def model_state(self) -> dict:
-        return self.model.state_dict()
+    def at_rest(self) -> None:
+        """The parameters in the layout a checkpoint reads and writes (FSDP2: its shards, not the gathered weights
+        that a forward keeps until the backward)."""
 
-    def load_model_state(self, state: dict) -> None:
-        self.model.load_state_dict(state)
+    def writes(self, param: Tensor, state: bool) -> str:
+        """Who writes ``param``'s rows in a checkpoint (its optimizer state's, ``state``): ``mine`` (this process
+        alone holds them), ``split`` (every process holds them: each writes its share) or ``held`` (their owner
+        writes them). One process holds everything."""
+        return "mine"
 
-    def full_state_dict(self, optimizer: torch.optim.Optimizer) -> dict | None:
-        return optimizer.state_dict()
-
-    def load_state_dict(self, optimizer: torch.optim.Optimizer, full: dict) -> None:
-        optimizer.load_state_dict(full)
+    def loaded(self) -> None:
+        """A resume has written the parameters and the optimizer state in place."""
 
 
 class AllReduced(Replicated):
@@ -151,6 +153,9 @@ class AllReduced(Replicated):
         self.early = EarlyAllReduce(model, [f"{n}.{p}" for n, m in split for p, _ in m.named_parameters()])
         self.net = wrap_ddp(model, device)
         self.description = f"every one of the {world_size} processes updating the whole model"
+
+    def writes(self, param: Tensor, state: bool) -> str:
+        return "split"
 
     def wait_gradients(self) -> None:
         self.early.wait()

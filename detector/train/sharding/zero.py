@@ -4,7 +4,6 @@ DDP of the whole model."""
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
@@ -39,8 +38,7 @@ class ZeroOverDDP(Replicated):
     off: with a dozen parameter tensors the broadcasts are few, and a bucket view would move the head's blocks
     out of their one tensor (``BlockedLinear.rows``).
 
-    Checkpoints keep one process's layout: ``consolidate_state_dict`` sends every rank's state to rank 0, whose
-    ``state_dict`` indexes it in model order; ``load_state_dict`` keeps this rank's part of a whole one.
+    Checkpoints: every rank writes its share of the replicated parameters and the optimizer state of its own.
     """
 
     def __init__(self, model: torch.nn.Module, layers: dict, world_size: int, device: torch.device, cfg=None):
@@ -65,17 +63,5 @@ class ZeroOverDDP(Replicated):
         torch.nn.utils.clip_grads_with_norm_(self.mine, max_norm, torch.nn.utils.get_total_norm(grads))
         return None
 
-    def full_state_dict(self, optimizer: ZeroRedundancyOptimizer) -> dict | None:
-        optimizer.consolidate_state_dict(to=0)  # every rank: a broadcast of each rank's state
-        return optimizer.state_dict() if dist.get_rank() == 0 else None
-
-    def load_state_dict(self, optimizer: ZeroRedundancyOptimizer, full: dict) -> None:
-        optimizer.load_state_dict(full)
-        # ZeRO puts each 0-dim state ("step") on the CPU; fused and capturable AdamW read it on the device, where
-        # torch's own Optimizer.load_state_dict puts it for them
-        for group in optimizer.optim.param_groups:
-            if group.get("fused") or group.get("capturable"):
-                for param in group["params"]:
-                    state = optimizer.optim.state.get(param, {})
-                    if "step" in state:
-                        state["step"] = state["step"].to(param.device, torch.float32)
+    def writes(self, param: Tensor, state: bool) -> str:
+        return "mine" if state else "split"

@@ -1,0 +1,114 @@
+"""torchrun, with the project's one-line endings: ``python -m detector.launch <torchrun's arguments>`` (make train
+and make profile with NPROC or NNODES).
+
+torchrun (``torch.distributed.run``) starts one process per rank and, when one fails, stops the others (SIGTERM,
+then SIGKILL after its 30 s grace) and raises a ``ChildFailedError`` whose traceback runs to some 40 lines. Here the
+same launch ends as the project's commands end:
+
+- a rank that ends with its own line (``error:``, ``interrupted``, ``terminated``: exit status 2, 130 or 143) says
+  all there is: the launcher adds nothing and exits with that status;
+- a rank that dies (a signal, a crash) gets one line: which rank, how it ended, the run's last checkpoint and the
+  command that continues it (``failed: ...``, exit status 1);
+- SIGTERM or Ctrl-C to the launcher reaches every rank, which checkpoint and end with their own line (143, 130).
+
+The other ranks learn of a dead rank at their next step (``distributed.Control``) and stop without a line of their
+own (``distributed.LAUNCHED``); none outlives torchrun's grace.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shlex
+import signal
+import sys
+from pathlib import Path
+
+OWN_LINE = (2, 130, 143)  # exit statuses of a rank that printed its own line (detector/cli.py)
+
+
+def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import get_args_parser, run
+
+    from detector.train.distributed import LAUNCHED
+
+    args = get_args_parser().parse_args(argv)
+    for name in list(logging.root.manager.loggerDict):  # torchrun's own warnings as it stops ranks: our line says it
+        if name.startswith("torch.distributed.elastic"):
+            logging.getLogger(name).setLevel(logging.CRITICAL)
+    os.environ[LAUNCHED] = "1"
+    try:
+        run(args)
+    except ChildFailedError as err:
+        failures = sorted(err.failures.items(), key=lambda item: item[1].timestamp)
+        died = [(rank, f) for rank, f in failures if f.exitcode not in OWN_LINE]
+        if not died:
+            return failures[0][1].exitcode
+        rank, failure = died[0]
+        print(f"failed: {how(rank, failure, args)}; {continuation(args, argv)}", file=sys.stderr)
+        return 1
+    except SignalException as err:  # the ranks had it too, and each said how it stopped
+        return 128 + int(err.sigval)
+    return 0
+
+
+def how(rank: int, failure, args) -> str:
+    """Which rank ended how: ``rank 1 of 2 (pid 1234) was killed by SIGKILL``."""
+    world = f" of {args.nproc_per_node}" if one_node(args) else ""
+    if failure.exitcode < 0:
+        try:
+            ended = f"was killed by {signal.Signals(-failure.exitcode).name}"
+        except ValueError:
+            ended = f"was killed by signal {-failure.exitcode}"
+    else:
+        ended = f"exited with status {failure.exitcode}"
+    return f"rank {rank}{world} (pid {failure.pid}) {ended}, and torchrun stopped the others"
+
+
+def one_node(args) -> bool:
+    return str(args.nnodes) in ("1", "1:1")
+
+
+def continuation(args, argv: list[str]) -> str:
+    """The run's last checkpoint and the command that continues it, for a training run: make's where make ran it,
+    else this launch's own."""
+    command = [args.training_script, *args.training_script_args]
+    if not (args.module and command[:2] == ["detector", "train"]):
+        return "run the command again"
+    try:
+        run_dir, experiment, overrides = training_run(command[2:])
+        from detector.train import checkpoint_files
+
+        step = checkpoint_files.Reader(run_dir).manifest.step if (run_dir / checkpoint_files.MANIFEST).exists() else 0
+    except Exception as err:  # noqa: BLE001 - a hint, never a second failure
+        return f"its last checkpoint could not be read ({err})"
+    if not step:
+        return f"{run_dir} holds no checkpoint to continue from (train.checkpoint_every)"
+    again = [o for o in overrides if not o.startswith("train.resume=")] + ["train.resume=true"]
+    if os.environ.get("MAKELEVEL") and experiment:
+        nodes = "" if one_node(args) else f" NNODES={args.nnodes} (on every node)"
+        command = (
+            f"make train EXPERIMENT={experiment} NPROC={args.nproc_per_node}{nodes} ARGS={shlex.quote(' '.join(again))}"
+        )
+    else:
+        command = shlex.join([sys.executable, "-m", "detector.launch", *argv, "train.resume=true"])
+    return f"its last checkpoint is step {step} in {run_dir / checkpoint_files.MANIFEST}: continue with {command}"
+
+
+def training_run(argv: list[str]) -> tuple[Path, str, list[str]]:
+    """The run folder, experiment and overrides of ``python -m detector train <argv>`` (imported here, on a failure
+    only: the launcher itself starts in a moment)."""
+    from detector.cli import command_parser
+    from detector.config import load_config
+    from detector.train.loop import experiment_name, run_name
+
+    parsed = command_parser("train").parse_intermixed_args(argv)
+    cfg = load_config(parsed.overrides, parsed.experiment, announce=None)
+    experiment = experiment_name(parsed.experiment)
+    return Path(cfg.train.out_dir) / experiment / run_name(cfg.train), parsed.experiment or "", parsed.overrides
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

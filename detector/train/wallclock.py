@@ -1,0 +1,93 @@
+"""Where a training run's wall clock went, and its goodput: the share of it that trained.
+
+    start-up      from the process's start (its interpreter, imports, the model, a resume) to the first step
+    first step    the first step: compilation, autotuning, cuDNN's benchmark of the shapes
+    steps         every other step, the host's waits for the device at log lines included
+    data          the loop's waits for the loader (a data stall: the step had no batch)
+    evaluations   the held-out evaluations
+    checkpoints   the step's waits for checkpoints: the copy to host memory, and a save still under way
+    end           from the last step to the summary (the final checkpoint's write included)
+
+Goodput is ``steps / total``. The checkpoints' writes in the background are reported beside, not in the total: they
+overlap the steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+PARTS = ("start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end")
+
+
+def process_age() -> float:
+    """Seconds since this process started (Linux: /proc), or 0 where that cannot be read."""
+    try:
+        with open("/proc/self/stat") as f:
+            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, after the command's name
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class WallClock:
+    """The run's seconds by part (``PARTS``); ``part`` times a block, the steps are what the loop leaves over."""
+
+    def __init__(self):
+        self.origin = time.perf_counter() - process_age()
+        self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.loop_start: float | None = None
+        self.loop_end: float | None = None
+        self.loop_seconds = 0.0
+        self.in_loop = 0.0  # the parts' seconds inside the loop (the steps are the rest of it)
+
+    @contextlib.contextmanager
+    def part(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
+
+    def start_loop(self) -> None:
+        self.loop_start = time.perf_counter()
+        self.seconds["start-up"] = self.loop_start - self.origin
+
+    def stop_loop(self) -> None:
+        if self.loop_start is not None:
+            self.loop_end = time.perf_counter()
+            self.loop_seconds = self.loop_end - self.loop_start
+            self.in_loop = sum(self.seconds[p] for p in ("first step", "data", "evaluations", "checkpoints"))
+            self.loop_start = None
+
+    def record(self, background: float = 0.0) -> dict:
+        """``seconds`` by part, their total, the goodput and the checkpoints' background seconds (summary.json)."""
+        now = time.perf_counter()
+        seconds = dict(self.seconds)
+        seconds["steps"] = max(0.0, self.loop_seconds - self.in_loop)
+        if self.loop_end is not None:  # after the loop: the parts timed there (the final checkpoint), the rest is end
+            after = sum(seconds[p] for p in ("first step", "data", "evaluations", "checkpoints")) - self.in_loop
+            seconds["end"] = max(0.0, now - self.loop_end - after)
+        total = sum(seconds.values())
+        return {
+            "seconds": seconds,
+            "total_s": total,
+            "goodput": seconds["steps"] / total if total else None,
+            "checkpoint_background_s": background,
+        }
+
+
+def line(record: dict) -> str:
+    """The closing log line's account: goodput, then each part that took time."""
+    s = record["seconds"]
+    parts = ", ".join(f"{name} {s[name]:.1f} s" for name in PARTS if s[name] >= 0.05)
+    text = f"goodput {100 * (record['goodput'] or 0):.0f} % of {record['total_s']:.1f} s ({parts})"
+    if record["checkpoint_background_s"]:
+        text += f"; checkpoints wrote {record['checkpoint_background_s']:.1f} s in the background"
+    return text

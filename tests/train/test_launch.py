@@ -1,0 +1,156 @@
+"""Several processes as users live them, on gloo: a stop that every process agrees on, a process that dies, SIGTERM
+under torchrun (detector.launch), and a resume that continues exactly."""
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from conftest import ROOT, child_env
+from train_helpers import TINY, spawn_two
+
+from detector.train.checkpoint import read_checkpoint
+from detector.train.distributed import Control, DistEnv, PeerLost
+
+RUN = [*TINY, "device=cpu", "data.num_workers=0", "train.checkpoint_every=3"]
+
+
+# ----------------------------------------------------------------------------- the control group
+
+
+def _votes(rank: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    control = Control(DistEnv(rank, 2, True))
+    decided = [control.stop_vote(rank == 1 and step == 3) for step in range(6)]  # rank 1 alone is asked, at 3
+    token = control.broadcast(f"token of rank {rank}")
+    Path(out, f"rank{rank}.json").write_text(json.dumps({"decided": decided, "token": token}))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_every_process_stops_at_the_same_step_when_one_is_asked(tmp_path):
+    spawn_two(_votes, str(tmp_path), timeout=60)
+    for rank in (0, 1):
+        result = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert result["decided"] == [False] * 4 + [True, False], rank  # asked at 3: decided at the next step, by both
+        assert result["token"] == "token of rank 0"
+
+
+def _loses_a_peer(rank: int, out: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
+    control = Control(DistEnv(rank, 2, True))
+    control.stop_vote(False)
+    if rank == 1:
+        os._exit(0)  # as a killed process: no goodbye to the group
+    start, found = time.monotonic(), "no error"
+    try:
+        for _ in range(100):
+            control.stop_vote(False)
+            time.sleep(0.05)
+    except PeerLost as err:
+        found = str(err)
+    Path(out, "rank0.txt").write_text(f"{time.monotonic() - start:.1f} {found}")
+    os._exit(0)
+
+
+def test_a_process_that_dies_stops_the_others_at_their_next_step(tmp_path):
+    spawn_two(_loses_a_peer, str(tmp_path), timeout=60)
+    seconds, found = (tmp_path / "rank0.txt").read_text().split(" ", 1)
+    assert found.startswith("another process of this run stopped") and float(seconds) < 5, found
+
+
+# ----------------------------------------------------------------------------- under torchrun
+
+
+def launch(out: Path, *overrides: str) -> subprocess.Popen:
+    """`make train NPROC=2`'s command, in a session of its own, its ranks on gloo."""
+    args = ["-m", "detector.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
+    args += [*RUN, f"train.out_dir={out}", *overrides]
+    return subprocess.Popen(
+        [sys.executable, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"),
+        start_new_session=True,
+    )
+
+
+def wait_for_step(process: subprocess.Popen, step: int) -> None:
+    for line in process.stdout:
+        if line.startswith("step") and int(line.split()[1].split("/")[0]) >= step:
+            return
+    raise AssertionError(f"the run ended before step {step}: {process.wait()} {process.stderr.read()}")
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The pid of ``rank`` among the launcher's children (by its RANK variable)."""
+    for pid in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if f"RANK={rank}".encode() in environ:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} under {launcher}")
+
+
+def one_line(err: str, prefix: str) -> str:
+    lines = [line for line in err.strip().splitlines() if line]
+    assert len(lines) == 1 and lines[0].startswith(prefix) and "Traceback" not in err, err
+    return lines[0]
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through Linux's /proc")
+def test_a_rank_killed_is_one_line_naming_it_and_the_checkpoint_and_the_resume_continues_exactly(tmp_path):
+    straight = launch(tmp_path / "straight", "train.steps=12")
+    out, err = straight.communicate(timeout=300)
+    assert straight.returncode == 0, err
+
+    process = launch(tmp_path / "split", "train.steps=12")
+    wait_for_step(process, 7)  # past the checkpoint of step 6
+    victim = rank_pid(process.pid, 1)
+    os.kill(victim, signal.SIGKILL)
+    start = time.monotonic()
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 1 and time.monotonic() - start < 35  # torchrun's grace at most
+    line = one_line(err, "failed: ")
+    pattern = (
+        rf"failed: rank 1 of 2 \(pid {victim}\) was killed by SIGKILL, and torchrun stopped the others; its last "
+        r"checkpoint is step (\d+) in (\S+checkpoint.json): continue with (.+)"
+    )
+    kept, manifest, command = re.fullmatch(pattern, line).groups()
+    assert int(kept) >= 6 and read_checkpoint(Path(manifest).parent)["step"] == int(kept)
+
+    again = subprocess.run(
+        shlex.split(command), capture_output=True, text=True, cwd=ROOT, env=child_env(CUDA_VISIBLE_DEVICES="")
+    )
+    assert again.returncode == 0 and f"resuming {Path(manifest).parent} at step {kept}" in again.stdout, again.stderr
+    summaries = [
+        json.loads(next((tmp_path / name).rglob("summary.json")).read_text()) for name in ("split", "straight")
+    ]
+    assert summaries[0]["losses"] == summaries[1]["losses"] and len(summaries[1]["losses"]) == 12  # gloo: to the bit
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through Linux's /proc")
+def test_sigterm_under_torchrun_checkpoints_every_rank_and_ends_in_one_line_with_143(tmp_path):
+    """As a scheduler preempts a job: SIGTERM to torchrun, which sends it to every rank and kills them 30 s later.
+    The ranks agree on a step, checkpoint it and end, each with 143; the run says so in one line."""
+    process = launch(tmp_path, "train.steps=100000")
+    wait_for_step(process, 7)
+    ranks = [rank_pid(process.pid, rank) for rank in (0, 1)]
+    process.send_signal(signal.SIGTERM)
+    start = time.monotonic()
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 143 and time.monotonic() - start < 30, err
+    pattern = (
+        r"terminated: the run stopped after step (\d+); its last checkpoint is step (\d+) in (\S+): continue with "
+    )
+    stopped, kept, path = re.fullmatch(pattern + "train.resume=true", one_line(err, "terminated: ")).groups()
+    assert stopped == kept and read_checkpoint(Path(path).parent)["step"] == int(kept)
+    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()]  # none left for torchrun's SIGKILL
