@@ -8,11 +8,17 @@ are GPUs for them, 4 (8, ...) processes, from `make train` runs launched with to
 (detector/bench/link.py, kept in ``<folder>/link-x<N>.json``). Then it trains ``report.train_steps`` steps of each
 run (1 process, then ``<n>x-<mode>`` for every mode), each into ``<folder>/<n>x-<mode>/`` (a run that has its
 summary.json is not run again: a stopped table resumes), and writes the document: the machine, the commands, one
-row per run (median step, images/s, images/s against one process's, per process, rank 0's peak memory, the largest
-relative difference of its per-step losses from plain DDP's at the same number of processes), the verdicts and
-the link's table. ``report.processes`` says how many processes at most: 0, one per visible GPU (none: no table);
-``report.sharding_modes`` which modes (all four by default: fewer, a shorter table). On the CPU the processes are
-gloo's, which is how the tests run it. `make report` runs it as one of its parts on a machine of several GPUs.
+row per run (median step, images/s, images/s against one process's, per process, images/s as a run lives it, rank
+0's peak memory, the largest relative difference of its per-step losses from plain DDP's at the same number of
+processes), the verdicts and the link's table. ``report.processes`` says how many processes at most: 0, one per
+visible GPU (none: no table); ``report.sharding_modes`` which modes (all four by default: fewer, a shorter table). On
+the CPU the processes are gloo's, which is how the tests run it. `make report` runs it as one of its parts on a
+machine of several GPUs.
+
+"As a run lives it": each run checkpoints halfway and at its end and evaluates at its end, and its start-up, first
+step, checkpoint waits and evaluation are measured (summary.json's ``wall_clock``); ``lived`` projects them onto a
+run of the defaults' length and cadence (train.steps, train.checkpoint_every, train.eval_every): the images/s a
+user's run of the defaults gets, where the steady step's leave all of that out.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 from omegaconf import DictConfig
 
 from detector.bench.link import summary_lines
-from detector.config import device_name, load_config, resolve_device
+from detector.config import TrainConfig, device_name, load_config, resolve_device
 from detector.errors import UserError, refuse
 from detector.lab.report import device_slug, machine_line, now, quote
 from detector.lab.tables import markdown_table, significant
@@ -59,12 +65,13 @@ class Run:
 
     def command(self, work: Path, steps: int, overrides: list[str]) -> list[str]:
         """The command line (after ``python``): ``-m detector train ...``, under torchrun for several processes."""
-        args = ["-m", "detector", "train", f"train.steps={steps}", "train.checkpoint_every=0"]
+        # a checkpoint halfway and at the end: what a save costs the step, for ``lived``
+        args = ["-m", "detector", "train", f"train.steps={steps}", f"train.checkpoint_every={max(1, steps // 2)}"]
         args += [f"train.out_dir={work / self.name}", *overrides]
         args += [f"train.shard_optimizer={self.mode}"] if self.mode else []
         if self.processes == 1:
             return args
-        return ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.processes}", *args]
+        return ["-m", "detector.launch", "--standalone", f"--nproc_per_node={self.processes}", *args]
 
 
 def plan(processes: int, modes=MODES) -> list[Run]:
@@ -110,7 +117,7 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
     if not path.exists():
         (work / "logs").mkdir(parents=True, exist_ok=True)
         log = work / "logs" / f"link-x{processes}.log"
-        command = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+        command = ["-m", "detector.launch", "--standalone", f"--nproc_per_node={processes}"]
         command += ["-m", "detector.bench.link", f"--out={path}", *overrides]
         print(f"the link alone: python {' '.join(quote(a) for a in command)}", flush=True)
         with open(log, "w") as out:
@@ -156,6 +163,24 @@ def loss_gap(run: dict, base: dict) -> float | None:
     return max(abs(a - b) / abs(b) for a, b in zip(ours, theirs, strict=True))
 
 
+def lived(summary: dict, defaults=None) -> float | None:
+    """Images/s of a run of the defaults' length and cadence (train.steps, checkpoint_every, eval_every), from this
+    run's measured parts: its start-up and first step, its median step, each checkpoint's wait, each evaluation and
+    the final checkpoint's write; None for a summary without them (an earlier version's)."""
+    wall, saves = summary.get("wall_clock"), (summary.get("checkpoints") or {}).get("saves")
+    if not wall or not saves or not summary.get("evals") or not summary.get("step_ms"):
+        return None
+    d = defaults or TrainConfig()
+    seconds = wall["seconds"]
+    blocked = [s["blocked_s"] for s in saves]
+    final = max(0.0, seconds["checkpoints"] - sum(blocked))  # the last save's write, which the run's end waits for
+    n_saves, n_evals = -(-d.steps // d.checkpoint_every), -(-d.steps // d.eval_every)
+    total = seconds["start-up"] + seconds["first step"] + (d.steps - 1) * summary["step_ms"] / 1e3
+    total += n_saves * sum(blocked) / len(blocked) + final
+    total += n_evals * seconds["evaluations"] / len(summary["evals"])
+    return d.steps * summary["global_batch"] / total
+
+
 def table(runs: dict[Run, dict]) -> str:
     one = next((s for r, s in runs.items() if r.processes == 1), None)
     rows = []
@@ -163,6 +188,7 @@ def table(runs: dict[Run, dict]) -> str:
         base = next((b for r, b in runs.items() if r.processes == run.processes and r.mode == "off"), None)
         times = s["images_per_s"] / one["images_per_s"] if one else None
         gap = loss_gap(s, base) if base is not None and run.mode not in (None, "off") else None
+        rate = lived(s)
         rows.append(
             [
                 run.processes,
@@ -171,12 +197,13 @@ def table(runs: dict[Run, dict]) -> str:
                 f"{s['images_per_s']:,.0f}",
                 None if times is None else f"{times:.2f}×",
                 None if times is None else f"{times / run.processes:.1%}",
+                None if rate is None else f"{rate:,.0f}",
                 None if s.get("peak_memory_gib") is None else f"{s['peak_memory_gib']:.1f}",
                 None if gap is None else f"{gap:.1e}",
             ]
         )
-    headers = ["processes", "train.shard_optimizer", "step ms", "images/s", "× one process", "per process"]
-    return markdown_table(headers + ["peak GiB", "loss vs DDP"], rows, "rl" + "r" * 6)
+    headers = ["processes", "train.shard_optimizer", "step ms", "images/s", "× one process", "per process", "lived"]
+    return markdown_table(headers + ["peak GiB", "loss vs DDP"], rows, "rl" + "r" * 7)
 
 
 def verdicts(runs: dict[Run, dict]) -> list[str]:
@@ -210,7 +237,10 @@ def document(
     lines += ["```", *commands, "```", "", table(runs), ""]
     lines += [
         "`× one process`: images/s (by the wall clock, data waits included) against one process's, each process "
-        "with the same batch; `per process`: that divided by the processes. `peak GiB`: rank 0's peak of "
+        "with the same batch; `per process`: that divided by the processes. `lived`: the images/s of a run of the "
+        f"defaults' length ({TrainConfig.steps} steps, a checkpoint every {TrainConfig.checkpoint_every}, an "
+        f"evaluation every {TrainConfig.eval_every}) from this run's start-up, first step, checkpoint waits and "
+        "evaluation as measured, with its median step. `peak GiB`: rank 0's peak of "
         "allocated GPU memory. `loss vs DDP`: the largest relative difference of the per-step losses from "
         "plain DDP's (`off`) on as many processes (docs/training.md says what bounds it).",
         "",

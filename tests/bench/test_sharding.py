@@ -61,6 +61,22 @@ def test_losses_that_do_not_pair_step_by_step_have_no_gap():
     assert sharding.loss_gap(other, base) is None and sharding.loss_gap(base, base) == 0.0
 
 
+def test_images_per_s_as_lived_project_the_measured_parts_onto_the_defaults_cadence():
+    """1000 steps of 30 ms, a checkpoint every 500 (2 saves of 0.5 s each, and the last one's write, 10 s, waited for
+    at the end), an evaluation every 200 (5 of 2 s), 20 s of start-up and a first step of 6 s: 1024 x 1000 images in
+    20 + 6 + 999 x 0.03 + 2 x 0.5 + 10 + 5 x 2 = 76.97 s."""
+    run = {
+        "step_ms": 30.0,
+        "global_batch": 1024,
+        "evals": [[40, {}]],
+        "checkpoints": {"saves": [{"blocked_s": 0.5}] * 2},
+    }
+    seconds = {"start-up": 20.0, "first step": 6.0, "checkpoints": 0.5 + 0.5 + 10.0, "evaluations": 2.0}
+    run["wall_clock"] = {"seconds": seconds}
+    assert sharding.lived(run) == pytest.approx(1024 * 1000 / 76.97)
+    assert sharding.lived({"step_ms": 30.0}) is None  # a summary of an earlier version: not guessed
+
+
 def test_the_plan_and_its_commands():
     assert [r.name for r in sharding.plan(1)] == ["1x"]
     names = [r.name for r in sharding.plan(5)]  # 2 and 4 processes, not 5
@@ -69,7 +85,7 @@ def test_the_plan_and_its_commands():
     assert [r.name for r in sharding.plan(2, ["zero", "off"])] == ["1x", "2x-off", "2x-zero"]
     one, two = Run(1, None).command(ROOT, 40, ["device=cpu"]), Run(2, "zero").command(ROOT, 40, ["device=cpu"])
     assert one[:3] == ["-m", "detector", "train"] and "train.shard_optimizer" not in " ".join(one)
-    assert two[:4] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    assert two[:4] == ["-m", "detector.launch", "--standalone", "--nproc_per_node=2"]
     assert two[-1] == "train.shard_optimizer=zero" and f"train.out_dir={ROOT / '2x-zero'}" in two
 
 
@@ -109,13 +125,14 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
     assert sharding.main(args) == 0
     doc = (tmp_path / "docs" / "cpu-x2.md").read_text()
     assert doc.startswith("# Scaling on 2 × cpu\n") and "commit abc1234 (a copy of its tree)" in doc
-    assert "python -m torch.distributed.run --standalone --nproc_per_node=2 -m detector train train.steps=11" in doc
+    assert "python -m detector.launch --standalone --nproc_per_node=2 -m detector train train.steps=11" in doc
     rows = {tuple(cells[:2]): cells for cells in (line.strip("|").split(" | ") for line in doc.splitlines())}
     rows = {key: [c.strip() for c in cells] for key, cells in rows.items()}
     for mode in ("off", "blocks", "fsdp2", "zero"):
         cells = rows[(" 2", mode)]
         assert re.fullmatch(r"[\d.]+", cells[2]) and re.fullmatch(r"[\d,]+", cells[3]), cells  # step ms, images/s
-        assert re.fullmatch(r"[\d.]+×", cells[4]) and cells[6] == "—", cells  # no GPU: no peak memory
+        assert re.fullmatch(r"[\d.]+×", cells[4]) and cells[7] == "—", cells  # no GPU: no peak memory
+        assert re.fullmatch(r"[\d,]+", cells[6]), cells  # images/s as lived: its checkpoints and evaluation timed
     assert rows[(" 1", "–")][4] == "1.00×"
     # plain DDP is the reference; blocks and zero equal it to the last bit, FSDP2 to its optimizer's rounding
     assert rows[(" 2", "off")][7] == "—"
