@@ -156,12 +156,14 @@ def test_per_box_loss_keeps_the_contract_around_any_term():
     assert loss.reference(pred.double(), targets).dtype == torch.float64
 
 
-def test_the_contract_grid_fails_a_loss_that_lets_padding_in(user_dir):
-    """The documented entry (pytest --strategy) on a loss that multiplies by the mask instead of selecting: the
-    NaN of padded slots reaches the loss, and the grid says so."""
+def test_the_contract_grid_fails_a_loss_that_lets_padding_in_and_one_that_scales_its_targets(user_dir):
+    """The documented entry (pytest --strategy) on a loss that multiplies by the mask instead of selecting (the NaN
+    of padded slots reaches the loss), and on one that scales the caller's list targets in place before an exact
+    GIoU (the targets it is handed are the boxes the reference would read): the grid fails both, naming why."""
     module = user_module(
         user_dir,
         """
+        from detector.losses import STRATEGIES
         from detector.losses.geometry import giou_loss_per_box
 
 
@@ -171,15 +173,25 @@ def test_the_contract_grid_fails_a_loss_that_lets_padding_in(user_dir):
             return (giou_loss_per_box(pred, boxes) * valid).sum() / valid.sum().clamp(min=1)
 
 
+        def scaled(pred, targets):
+            for boxes in targets.boxes:
+                boxes.copy_((boxes * 1.01).to(boxes.dtype))
+            return STRATEGIES["concat"].fn(pred, targets)
+
+
         import torch
         leaky.layout = "padded"
+        scaled.layout = "list"
         """,
     )
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "7-seed", "-x"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "float32-uint8-7-seed"]
     command += [str(ROOT / "tests/losses/test_strategies.py"), "--strategy", f"{module}:leaky"]
+    command += ["--strategy", f"{module}:scaled"]
     result = subprocess.run(command, cwd=user_dir, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-2000:]
-    assert "1 failed" in result.stdout and f"{module}:leaky" in result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
+    assert any(f"[{module}:leaky-" in line for line in failed) and any(f"[{module}:scaled-" in line for line in failed)
+    assert f"{module}:scaled wrote to its input targets.boxes[" in result.stdout
     command[-1] = "nowhere_at_all:loss"
     unknown = subprocess.run(command, cwd=user_dir, env=child_env(), capture_output=True, text=True)
     assert unknown.returncode == 4 and "--strategy nowhere_at_all:loss: strategy 'nowhere_at_all:loss': no module" in (
