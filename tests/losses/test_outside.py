@@ -15,6 +15,7 @@ from lab_helpers import TINY_PROFILE
 from detector import cli
 from detector.config import load_config
 from detector.lab.cases import random_case
+from detector.lab.compare import run_compare
 from detector.losses import (
     STRATEGIES,
     KnownStrategies,
@@ -206,6 +207,29 @@ def test_profile_train_and_bench_say_it_in_one_line_and_exit_2(user_dir, capsys,
     assert err == f"{expected} (the mean over the batch's boxes)"
     with pytest.raises(OutsideStrategyError):  # --debug: the traceback
         cli.main(["--debug", *argv])
+
+
+def test_a_profile_of_a_loss_that_is_not_finite_says_so_on_its_card_and_in_compare(user_dir, capsys):
+    module = user_module(
+        user_dir,
+        """
+        from detector.losses import giou_loss_reference
+
+
+        def nan_after_two(pred, targets):
+            nan_after_two.calls += 1
+            return giou_loss_reference(pred, targets) * (float("nan") if nan_after_two.calls > 2 else 1.0)
+
+
+        nan_after_two.calls = 0
+        nan_after_two.layout = "padded"
+        """,
+    )
+    assert cli.main(["profile", f"profile.strategy={module}:nan_after_two", *TINY_PROFILE]) == 0
+    warning = "the loss is not finite at 2 of the 4 profiled steps (step 3: nan): the times are those of a loss that"
+    assert f"**warning**: {warning}" in capsys.readouterr().out  # wait 1, warmup 1, active 2: steps 3 and 4
+    run_compare(user_dir / "runs" / "profile", out_dir=user_dir / "compare")
+    assert f"**warning** ({module}:nan_after_two): {warning}" in capsys.readouterr().out
 
 
 def test_an_unknown_name_mentions_a_loss_of_ones_own():
