@@ -9,10 +9,15 @@
   no image sizes: WIDER FACE's images are 1024 px wide, so each image is taken as a square of side
   max(1024, its boxes' extent).
 
+Boxes against their image: an image side outside [1, MAX_SIDE] px, a box side beyond MAX_SIDE and a box with no
+pixel in its image are refused; a box partly outside its image is clipped to it and counted (``clipped``), which
+the configuration's announcement and a profile's record report. Numbers are ASCII digits (a WIDER count of ``²``
+is not a count), and a file's BOM is not part of its first name.
+
 ``read_annotations`` returns every image's boxes as the file gives them (``Annotations``), empty images
 included; a file that is not one of these is one line, ``AnnotationError``, naming the line (WIDER FACE) or
-the field (COCO) and what was expected. ``fit_boxes`` scales them to the square images of ``data.image_size``
-and applies the slots' rule (``data.over_max_boxes``); the layers below trust what it returns.
+the field and the image (COCO) and what was expected. ``fit_boxes`` scales them to the square images of
+``data.image_size`` and applies the slots' rule (``data.over_max_boxes``); the layers below trust what it returns.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +37,9 @@ SYNTHETIC = "synthetic"  # data.boxes of the synthetic faces (detector/data.py's
 FORMATS = {"coco": "<instances.json>", "widerface": "<wider_face_*_bbx_gt.txt>"}
 WIDER_SIDE = 1024  # WIDER FACE's images are 1024 px wide; their height is not in the ground-truth file
 OVER_MAX_BOXES = ("truncate", "fit", "refuse")  # data.over_max_boxes
+MAX_SIDE = 65_535  # px: JPEG's largest image side; an image or a box beyond it is a mistake in the file
+NUMBER = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")  # ASCII only: float() takes '٣' and '1_0'
+COUNT = re.compile(r"[0-9]{1,9}")  # a WIDER FACE count: a file of 10^9 faces would be tens of GB
 
 
 class AnnotationError(UserError, ValueError):
@@ -46,6 +55,7 @@ class Annotations:
     sizes: np.ndarray  # [I, 2] float64: each image's width and height in pixels
     boxes: np.ndarray  # [N, 4] float64: x, y, w, h in the image's pixels; image 0's boxes first, then image 1's
     counts: np.ndarray  # [I] int64: the boxes of each image
+    clipped: int = 0  # boxes partly outside their image, cut to it
 
     @property
     def images(self) -> int:
@@ -91,7 +101,7 @@ def read_widerface(path: Path, source: str) -> Annotations:
     """WIDER FACE's ``wider_face_*_bbx_gt.txt`` (see the module docstring); AnnotationError naming the line."""
     where = f"data.boxes={source}"
     try:
-        lines = path.read_text().splitlines()
+        lines = path.read_text(encoding="utf-8-sig").splitlines()  # a BOM is not part of the first image's name
     except (OSError, UnicodeDecodeError) as err:
         raise AnnotationError(f"{where}: cannot read {path} as text ({err})") from None
     numbered = [(n, line.strip()) for n, line in enumerate(lines, 1) if line.strip()]
@@ -107,7 +117,7 @@ def read_widerface(path: Path, source: str) -> Annotations:
         if at + 1 >= len(numbered):
             raise AnnotationError(f"{where}: line {n}: the image {name} has no count line after it (end of file)")
         n, text = numbered[at + 1]
-        count = int(text) if text.isdigit() else None
+        count = int(text) if COUNT.fullmatch(text) else None
         if count is None:
             raise AnnotationError(f"{where}: line {n}: expected the number of faces of {name}, got {_shown(text)}")
         at += 2
@@ -135,11 +145,9 @@ def read_widerface(path: Path, source: str) -> Annotations:
 
 
 def _numbers(text: str) -> list[float] | None:
-    """The numbers of a line of numbers, else None."""
-    try:
-        return [float(v) for v in text.split()]
-    except ValueError:
-        return None
+    """The numbers of a line of numbers (ASCII decimals), else None."""
+    values = text.split()
+    return [float(v) for v in values] if all(NUMBER.fullmatch(v) for v in values) else None
 
 
 def _is_zeros(text: str) -> bool:
@@ -157,12 +165,17 @@ def _wider_face(n: int, text: str, where: str) -> list[float]:
     x, y, w, h = values[:4]
     if w < 0 or h < 0 or x < 0 or y < 0:
         raise AnnotationError(f"{where}: line {n}: a face's x, y, width and height must be >= 0, got {_shown(text)}")
+    if x + w > MAX_SIDE or y + h > MAX_SIDE:  # the image is taken as large as its faces reach
+        raise AnnotationError(
+            f"{where}: line {n}: a face reaching {max(x + w, y + h):g} px, beyond any image ({MAX_SIDE:,} px at "
+            f"most), got {_shown(text)}"
+        )
     return [x, y, w, h]
 
 
-def _shown(text) -> str:
-    text = repr(text)
-    return text if len(text) <= 60 else text[:57] + "...'"
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + ("...'" if isinstance(value, str) else "...")
 
 
 # ----------------------------------------------------------------------------- COCO
@@ -178,6 +191,9 @@ def read_coco(path: Path, source: str) -> Annotations:
         raise AnnotationError(f"{where}: cannot read {path} ({err.strerror or err})") from None
     except (UnicodeDecodeError, ValueError) as err:
         raise AnnotationError(f"{where}: {path} is not JSON ({str(err)[:80]})") from None
+    except RecursionError:
+        deep = "nests lists or objects thousands deep"
+        raise AnnotationError(f"{where}: {path} {deep}: not COCO detection JSON") from None
     if not isinstance(data, dict):
         raise AnnotationError(f"{where}: expected a JSON object with images and annotations, got a {_kind(data)}")
     for key in ("images", "annotations"):
@@ -193,24 +209,49 @@ def read_coco(path: Path, source: str) -> Annotations:
             what = "a repeated id" if image_id in index else "not an integer"
             raise AnnotationError(f"{field}.id is {_shown(image_id)}: {what}")
         for key in ("width", "height"):
-            if not _number(image.get(key)) or image[key] <= 0:
-                raise AnnotationError(f"{field}.{key} is {_shown(image.get(key))}, expected a number of pixels > 0")
+            if not _number(image.get(key)) or not 1 <= image[key] <= MAX_SIDE:
+                raise AnnotationError(
+                    f"{field}.{key} is {_shown(image.get(key))}, expected a number of pixels in [1, {MAX_SIDE:,}]"
+                )
         index[image_id] = i
         names.append(str(image.get("file_name", image_id)))
         sizes.append((image["width"], image["height"]))
     if not names:
         raise AnnotationError(f"{where}: images is empty: the file holds no image")
-    owners, boxes = [], []
+    owners, boxes, clipped = [], [], 0
     for k, annotation in enumerate(data["annotations"]):
         owner, box = _coco_box(annotation, index, f"{where}: annotations[{k}]")
         if box is not None:
+            inside = _inside(box, *sizes[owner], f"{where}: annotations[{k}].bbox", names[owner])
             owners.append(owner)
-            boxes.append(box)
+            boxes.append(inside)
+            clipped += inside != box
     owners = np.array(owners, dtype=np.int64)
     order = np.argsort(owners, kind="stable")  # image by image, in the file's order within an image
     boxes = np.array(boxes, dtype=np.float64).reshape(-1, 4)[order]
     counts = np.bincount(owners, minlength=len(names)).astype(np.int64)
-    return Annotations(source, names, np.array(sizes, dtype=np.float64).reshape(-1, 2), boxes, counts)
+    return Annotations(source, names, np.array(sizes, dtype=np.float64).reshape(-1, 2), boxes, counts, clipped)
+
+
+def _inside(box: list[float], width: float, height: float, field: str, image: str) -> list[float]:
+    """``box`` [x, y, w, h] cut to its ``width`` x ``height`` image; AnnotationError where no pixel of it lies in
+    the image (a zero-size box is its point) or a side is beyond any image."""
+    x, y, w, h = box
+    shown = f"[{x:g}, {y:g}, {w:g}, {h:g}]"
+    if w > MAX_SIDE or h > MAX_SIDE:
+        raise AnnotationError(
+            f"{field} is {shown} in {image}: a box {w:g} x {h:g} px, larger than any image ({MAX_SIDE:,} px "
+            "a side at most)"
+        )
+    for start, size, side in ((x, w, width), (y, h, height)):
+        if start >= side or start + size < 0 or (start + size == 0 and size > 0):
+            raise AnnotationError(
+                f"{field} is {shown}: it lies wholly outside its image {image} ({width:g} x {height:g} px)"
+            )
+    if x >= 0 and y >= 0 and x + w <= width and y + h <= height:
+        return box
+    x1, y1, x2, y2 = max(x, 0.0), max(y, 0.0), min(x + w, width), min(y + h, height)
+    return [x1, y1, x2 - x1, y2 - y1]
 
 
 def _coco_box(annotation, index: dict, field: str) -> tuple[int, list[float] | None]:
@@ -232,7 +273,13 @@ def _coco_box(annotation, index: dict, field: str) -> tuple[int, list[float] | N
 
 
 def _number(value) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite JSON number: not a bool, nor an integer too large for a float (10^400)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
 
 
 def _kind(value) -> str:
@@ -319,6 +366,8 @@ def describe(annotations: Annotations, max_boxes: int, policy: str) -> str:
         f"({int(counts.min()):,}–{int(counts.max()):,} an image, {counts.mean():.1f} on average, "
         f"{counted((counts == 0).sum(), 'image')} without any)"
     )
+    if annotations.clipped:
+        line += f"; {counted(annotations.clipped, 'box')} partly outside the image clipped to it"
     over, dropped = annotations.over(max_boxes)
     if policy == "fit":
         return f"{line}; data.max_boxes={max_boxes}: the most boxes an image holds (data.over_max_boxes=fit)"

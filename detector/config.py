@@ -7,7 +7,8 @@ experiment file ``experiments/<name>.yaml`` <- dotlist overrides from the comman
 
 Each field's allowed values sit next to its default (``ranged``); ``load_config`` checks them all, so a
 bad value fails at load, as one ``ConfigError`` line naming the field, the value and what is allowed,
-instead of mid-run.
+instead of mid-run. A path-valued field (``path``) takes an override's text after the ``=`` as written: a
+``#``, spaces and quotes inside a file's name are the name's, not YAML's.
 """
 
 from __future__ import annotations
@@ -47,6 +48,11 @@ class ConfigFileNotFound(ConfigError, FileNotFoundError):
     """No such experiment or preset file (still a FileNotFoundError for callers that catch that)."""
 
 
+def path(default: str) -> Any:
+    """A dataclass field that names a file or folder: an override's value is taken as written, not as YAML."""
+    return field(default=default, metadata={"path": True})
+
+
 def ranged(default: Any, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
     """A dataclass field with its allowed values, checked by load_config; for a list, each item's."""
     metadata = {"low": low, "high": high, "choices": choices}
@@ -68,7 +74,7 @@ class DataConfig:
     tail_min: int = ranged(32, 0)  # fewest faces in a crowded image
     # where each image's boxes come from: synthetic (count_std, tail_*), or an annotation file whose boxes are
     # scaled to image_size, coco:<instances.json> or widerface:<wider_face_*_bbx_gt.txt> (detector/annotations.py)
-    boxes: str = SYNTHETIC
+    boxes: str = path(SYNTHETIC)
     # an image of the file with more boxes than max_boxes: truncate (it keeps its max_boxes largest; the run says
     # how many boxes and images lost some), fit (max_boxes becomes the most boxes an image holds), refuse (an error)
     over_max_boxes: str = ranged("truncate", choices=OVER_MAX_BOXES)
@@ -99,7 +105,7 @@ class ProfileConfig:
     wait: int = ranged(5, 0)  # torch.profiler schedule, as in the article
     warmup: int = ranged(5, 0)
     active: int = ranged(10, 1)  # the steps recorded: at least one
-    out_dir: str = "runs/profile"  # traces go to <out_dir>/<strategy>[-forward]/
+    out_dir: str = path("runs/profile")  # traces go to <out_dir>/<strategy>[-forward]/
     # a device synchronize at the end of each region (the original article's protocol): each region's wall
     # time then holds its own GPU work, but the host can no longer run ahead, so the step is longer than
     # training's; the profile says by how much
@@ -125,13 +131,13 @@ class BenchConfig:
     max_call_ms: float = ranged(200.0, 0.0)
     # bench step: the speed-option rows timed beside the config's own step (GPU); empty = every row of its ladder
     variants: list[str] = field(default_factory=list)
-    out: str = "runs/bench/bench.json"
+    out: str = path("runs/bench/bench.json")
 
 
 @dataclass
 class ReportConfig:
-    out_dir: str = "docs/results"  # <out_dir>/<device>.md and its charts in <out_dir>/<device>/
-    work_dir: str = "runs/report"  # the runs it makes: <work_dir>/<device>/<time>/
+    out_dir: str = path("docs/results")  # <out_dir>/<device>.md and its charts in <out_dir>/<device>/
+    work_dir: str = path("runs/report")  # the runs it makes: <work_dir>/<device>/<time>/
     strategies: list[str] = ranged([], choices=(STRATEGY,))  # profiled; empty = every registered strategy
     # trained for report.train_steps steps each: the profiles must agree with their measured step
     train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
@@ -164,7 +170,7 @@ class TrainConfig:
     eval_batches: int = ranged(4, 1)  # held-out batches per evaluation (drawn once, kept in memory)
     eval_start: int = ranged(1_000_000_000, 0)  # first held-out sample index: far beyond any run's training indices
     checkpoint_every: int = ranged(500, 0)  # steps between checkpoints, plus one at the end; 0 = none (timing runs)
-    out_dir: str = "runs/train"  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
+    out_dir: str = path("runs/train")  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     # torch.compile of the model (the loss stays the strategy's own: `compiled` is the compiled one): it fuses
@@ -256,7 +262,7 @@ def load_config(
     ``data.over_max_boxes``; what the run gets of it is announced after the preset.
     Raises ConfigError (one line) for anything wrong in the files, the overrides or the values.
     """
-    cli = parse_overrides(list(overrides or []))
+    cli = parse_overrides(list(overrides or []), path_keys(schema))
     exp_file = experiment_path(experiment) if experiment else None
     exp = load_yaml(exp_file) if exp_file else OmegaConf.create()
     preset = resolve_preset(cli.get("preset", exp.get("preset", "auto")))
@@ -296,19 +302,53 @@ def fit_slots(data: DictConfig) -> str:
 DOTTED_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
-def parse_overrides(overrides: list[str]) -> DictConfig:
-    """Dotlist overrides ``key.sub=value`` (value in YAML), each checked so a typo gets one clear line."""
+def parse_overrides(overrides: list[str], paths: Collection[str] = ()) -> DictConfig:
+    """Dotlist overrides ``key.sub=value``, each checked so a typo gets one clear line. A value is YAML, except
+    for a key of ``paths``: its text is the path as written (``#`` and spaces included), less quotes around it."""
+    layer, named = [], {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"override {item!r} has no '=': write key=value, e.g. data.batch_size=256")
         if not DOTTED_KEY.fullmatch(key):
             raise ConfigError(f"override {item!r}: {key!r} is not a key such as data.batch_size")
+        if key in paths:
+            named[key] = unquoted(value)
+            if not named[key]:
+                raise ConfigError(f"override {item!r}: {key} names a file or folder, and the name is empty")
+            continue
         try:
             yaml.safe_load(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: {value!r} is not a YAML value ({yaml_problem(err)})") from None
-    return OmegaConf.from_dotlist(overrides)
+        layer.append(item)
+    cli = OmegaConf.from_dotlist(layer)
+    for key, value in named.items():  # in the order given: a later override of the same key wins
+        OmegaConf.update(cli, key, value.replace("${", "\\${"), merge=True)  # ${ is a name's, not OmegaConf's
+    return cli
+
+
+def unquoted(value: str) -> str:
+    """``value`` less the quotes around it where it is one quoted YAML string (``'my file.json'``), else as is."""
+    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
+        try:
+            loaded = yaml.safe_load(value)
+        except yaml.YAMLError:
+            return value
+        return loaded if isinstance(loaded, str) else value
+    return value
+
+
+def path_keys(schema: type, prefix: str = "") -> set[str]:
+    """The dotted keys of ``schema``'s path-valued fields (``path``)."""
+    keys = set()
+    for f in fields(schema):
+        default = f.default_factory() if f.default_factory is not MISSING else f.default
+        if is_dataclass(default):
+            keys |= path_keys(type(default), f"{prefix}{f.name}.")
+        elif f.metadata.get("path"):
+            keys.add(prefix + f.name)
+    return keys
 
 
 def load_yaml(path: Path) -> DictConfig:

@@ -126,7 +126,10 @@ def coco_with(change) -> dict:
         (lambda d: d["annotations"][2].update(image_id=999), r"annotations\[2\]\.image_id is 999: no image"),
         (lambda d: d["annotations"][0].update(iscrowd=2), r"annotations\[0\]\.iscrowd is 2, expected 0 or 1"),
         (lambda d: d["images"][1].update(id=100), r"images\[1\]\.id is 100: a repeated id"),
-        (lambda d: d["images"][0].update(width=0), r"images\[0\]\.width is 0, expected a number of pixels > 0"),
+        (
+            lambda d: d["images"][0].update(width=0),
+            r"images\[0\]\.width is 0, expected a number of pixels in \[1, 65,5",
+        ),
         (lambda d: d["images"][0].pop("height"), r"images\[0\]\.height is None"),
         (lambda d: d.update(images=[]), r"images is empty"),
     ],
@@ -155,6 +158,85 @@ def test_a_changed_file_is_read_again(tmp_path):
     assert read_annotations(source) is read_annotations(source)  # read once
     (tmp_path / "gt.txt").write_text(WIDER + "c.jpg\n1\n1 1 5 5 0 0 0 0 0 0\n")
     assert read_annotations(source).counts.tolist() == [0, 2, 1]
+
+
+# ----------------------------------------------------------------------------- a hostile file
+
+
+@pytest.mark.parametrize(
+    "text,match",
+    [
+        ("a.jpg\n\u00b2\n1 2 3 4\n", r"line 2: expected the number of faces of a.jpg, got '\u00b2'"),  # int() refuses
+        ("a.jpg\n\u0661\n1 2 3 4\n", r"line 2: expected the number of faces of a.jpg"),  # Arabic-Indic 1: int() takes
+        ("a.jpg\n1\n\u0661 2 3 4\n", r"line 3: expected a face"),  # ... and float() takes it
+        ("a.jpg\n1\n1_0 2 3 4\n", r"line 3: expected a face"),  # float() reads 1_0 as 10
+        ("a.jpg\n1\n" + "9" * 400 + " 2 3 4\n", r"line 3: expected a face"),  # float(): inf
+        ("a.jpg\n" + "9" * 5000 + "\n", r"line 2: expected the number of faces"),  # int(): past its 4300 digits
+        ("a.jpg\n1\n70000 2 3 4\n", r"line 3: a face reaching 70003 px, beyond any image \(65,535 px at most\)"),
+        ("a.jpg\n1\n1 2 3 1e308\n", r"line 3: a face reaching 1e\+308 px, beyond any image"),
+    ],
+)
+def test_a_hostile_widerface_file_is_one_line_naming_the_line(tmp_path, text, match):
+    refused(wider(tmp_path, text), match)
+
+
+def test_a_bom_is_not_part_of_the_first_images_name(tmp_path):
+    (tmp_path / "gt.txt").write_text("\ufeff" + WIDER, encoding="utf-8")
+    assert read_annotations(f"widerface:{tmp_path / 'gt.txt'}").names[0] == "0--Parade/0_Parade_marchingband_1_849.jpg"
+    (tmp_path / "c.json").write_text("\ufeff" + json.dumps(coco_json([2, 1])), encoding="utf-8")
+    assert read_annotations(f"coco:{tmp_path / 'c.json'}").counts.tolist() == [2, 1]
+
+
+def hostile_coco(tmp_path, image=None, bbox=None, edit=("", "")) -> str:
+    """A COCO file of one 640 x 480 image and one box, the image's fields updated by ``image``, the box ``bbox``;
+    ``edit``: (a text of the JSON, what replaces it), for what json.dumps cannot write."""
+    data = {"images": [{"id": 1, "file_name": "a.jpg", "width": 640, "height": 480} | (image or {})]}
+    data["annotations"] = [{"image_id": 1, "bbox": bbox or [10, 10, 50, 50], "iscrowd": 0}]
+    (tmp_path / "c.json").write_text(json.dumps(data).replace(*edit) if edit[0] else json.dumps(data))
+    return f"coco:{tmp_path / 'c.json'}"
+
+
+OUTSIDE = r"annotations\[0\]\.bbox is \[{}\]: it lies wholly outside its image a.jpg \(640 x 480 px\)"
+
+
+BIG = "9" * 400  # an integer JSON reads, and float() cannot take
+
+
+@pytest.mark.parametrize(
+    "image,bbox,edit,match",
+    [
+        (None, [900, 700, 50, 50], ("", ""), OUTSIDE.format("900, 700, 50, 50")),  # past the right and the bottom
+        (None, [640, 10, 5, 5], ("", ""), OUTSIDE.format("640, 10, 5, 5")),  # starts on the right edge: no pixel in
+        (None, [-60, 10, 50, 50], ("", ""), OUTSIDE.format("-60, 10, 50, 50")),  # ends left of the image
+        (None, [10, -50, 50, 50], ("", ""), OUTSIDE.format("10, -50, 50, 50")),  # ends on the top edge
+        (None, [10, 10, 1e308, 50], ("", ""), r"bbox is \[10, 10, 1e\+308, 50\] in a.jpg: a box 1e\+308 x 50 px, lar"),
+        ({"width": 1e-300}, None, ("", ""), r"images\[0\]\.width is 1e-300, expected a number of pixels in \[1, 65,53"),
+        ({"height": 1e308}, None, ("", ""), r"images\[0\]\.height is 1e\+308, expected a number of pixels in \[1, "),
+        ({"width": 0.5}, None, ("", ""), r"images\[0\]\.width is 0.5, expected a number of pixels in \[1,"),
+        (None, None, ("[10, 10", f"[{BIG}, 10"), r"annotations\[0\]\.bbox is \[9999\S+\.\.\., expected \[x, y, w"),
+        (None, None, ('"width": 640', f'"width": {BIG}'), r"images\[0\]\.width is 9999\S+\.\.\., expected a numbe"),
+        (None, None, ("[10, 10, 50, 50]", "[" * 100_000 + "]" * 100_000), r"c.json nests lists or objects thousands"),
+    ],
+    ids=["outside", "on-the-edge", "left", "above", "1e308-wide", "1e-300-image", "1e308-image", "half-pixel-image"]
+    + ["400-digit-x", "400-digit-width", "100000-deep"],
+)
+def test_a_hostile_coco_file_is_one_line_naming_the_image_and_the_field(tmp_path, image, bbox, edit, match):
+    source = hostile_coco(tmp_path, image, bbox, edit)
+    assert refused(source, match).startswith(f"data.boxes={source}: ")
+
+
+def test_a_box_partly_outside_its_image_is_clipped_to_it_and_counted(tmp_path):
+    source = hostile_coco(tmp_path, bbox=[600, -20, 100, 70])  # 40 px past the right, 20 above
+    found = read_annotations(source)
+    assert found.boxes.tolist() == [[600, 0, 40, 50]] and found.clipped == 1
+    assert "1 image, 1 box (1–1 an image, 1.0 on average, 0 images without any); 1 box partly outside the image " in (
+        describe(found, 8, "truncate")
+    )
+    assert fit_boxes(found, 64, 8).of(0).tolist() == [[60, 0, 63, 6]]  # 600/640*64 = 60; ceil(50/480*64) - 1 = 6
+    inside = read_annotations(hostile_coco(tmp_path, bbox=[0, 0, 0, 0]))  # a point in the corner: inside, kept
+    assert (
+        inside.clipped == 0 and inside.boxes.tolist() == [[0, 0, 0, 0]] and "clipped" not in describe(inside, 8, "fit")
+    )
 
 
 # ----------------------------------------------------------------------------- the slots

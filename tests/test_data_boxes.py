@@ -100,6 +100,21 @@ def test_bad_data_values_are_one_config_line(override, match):
         load_config(["preset=cpu", override], announce=None)
 
 
+def test_a_path_is_taken_as_written_hash_spaces_and_all(tmp_path):
+    """As YAML, ``ann #1.json`` would be ``ann`` and a comment: both files exist here, and hold different images."""
+    write_coco(tmp_path / "ann", coco_json([0] * 5))
+    named = write_coco(tmp_path / "ann #1.json", coco_json([2]))
+    overrides = [f"data.boxes=coco:{named}", f"profile.out_dir={tmp_path}/runs #2/${{x}}", "train.out_dir='my runs'"]
+    cfg = load_config(["preset=cpu", *overrides], announce=None)
+    assert cfg.data.boxes == f"coco:{named}" and read_annotations(cfg.data.boxes).counts.tolist() == [2]
+    assert cfg.profile.out_dir == f"{tmp_path}/runs #2/${{x}}" and cfg.train.out_dir == "my runs"
+    assert load_config(["preset=cpu", "data.batch_size=3 # a comment"], announce=None).data.batch_size == 3  # YAML
+    with pytest.raises(ConfigError, match=r"'train.out_dir=': train.out_dir names a file or folder, and the name is e"):
+        load_config(["preset=cpu", "train.out_dir="], announce=None)
+    with pytest.raises(AnnotationError, match=r"^data.boxes=coco:\S+/nope #1.json: cannot read \S+/nope #1.json \("):
+        load_config(["preset=cpu", f"data.boxes=coco:{tmp_path}/nope #1.json"], announce=None)
+
+
 def test_synthetic_boxes_stay_the_default_and_bit_identical():
     cfg = load_config(["preset=cpu"], announce=None)
     assert cfg.data.boxes == "synthetic" and cfg.data.over_max_boxes == "truncate"

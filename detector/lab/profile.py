@@ -81,12 +81,12 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
         meter = LoadMeter()
         before = meter.sample()
         meter.start()
-        trace, timed = profile_steps(step, cfg, device, run_dir / "trace", env)
+        trace, timed, losses = profile_steps(step, cfg, device, run_dir / "trace", env)
         during, own = meter.stop(), meter.own
         spread = Timed.of(timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"
         noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own, timed_by=timed_by)
-        record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise)
+        record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise, nonfinite(losses))
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
         if env.world_size > 1 and env.is_main:
@@ -111,7 +111,7 @@ def rank_run_dir(parent: Path, env: DistEnv) -> Path:
 
 def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path, env: DistEnv):
     """Run wait + warmup + active steps under the profiler, then ``profile.timed`` steps without it;
-    returns the trace file and the timed steps' wall ms."""
+    returns the trace file, the timed steps' wall ms and the profiled steps' losses (on the device, unread)."""
     pcfg = cfg.profile
     total = pcfg.wait + pcfg.warmup + pcfg.active
     run = step if pcfg.mode == "train" else step.forward_only
@@ -128,11 +128,12 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
         batches = iter(build_loader(cfg.data, layout, device))
     else:  # this rank's block of each global batch, as in training
         batches = iter(rank_loader(cfg.data, layout, device, env.rank, env.world_size, 0, total + pcfg.timed))
+    losses = []
     with make_profiler(pcfg, trace_dir, device, step.strategy.name) as prof:
         for i in range(total):
             step.regions.active = i >= pcfg.wait
             start = time.perf_counter()
-            run(next(batches))
+            losses.append(run(next(batches)))  # kept, not read: reading would wait for the device
             prof.step()
             phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
             print(f"  step {i + 1:3d}/{total} [{phase:6s}] {(time.perf_counter() - start) * 1e3:9.1f} ms", flush=True)
@@ -142,7 +143,20 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
     traces = sorted(trace_dir.glob("*.pt.trace.json*"))
     if len(traces) != 1:
         raise RuntimeError(f"expected one trace in {trace_dir}, found {len(traces)}")
-    return traces[0], timed
+    return traces[0], timed, losses
+
+
+def nonfinite(losses: list[torch.Tensor]) -> list[str]:
+    """A warning for the run's card and compare where a profiled step's loss was not finite (read once, after the
+    timed steps): such a loss trains nothing, and its times may not be those of the loss it is meant to be."""
+    values = torch.stack([loss.detach().float().reshape(()) for loss in losses]).cpu()
+    bad = torch.nonzero(~torch.isfinite(values)).flatten().tolist()
+    if not bad:
+        return []
+    return [
+        f"the loss is not finite at {len(bad)} of the {len(values)} profiled steps (step {bad[0] + 1}: "
+        f"{values[bad[0]].item()}): the times are those of a loss that trains nothing"
+    ]
 
 
 def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) -> list[float]:
@@ -170,9 +184,15 @@ def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) 
 
 
 def summarise_run(
-    cfg: DictConfig, device: torch.device, run_dir: Path, trace: Path, timed: list[float], noise: Noise
+    cfg: DictConfig,
+    device: torch.device,
+    run_dir: Path,
+    trace: Path,
+    timed: list[float],
+    noise: Noise,
+    warnings: list[str] = (),
 ) -> tuple[ProfileRecord, Extract]:
-    """summary.json and extract.json.gz of a finished profile run."""
+    """summary.json and extract.json.gz of a finished profile run; ``warnings`` join the analysis' own."""
     print("  analysing the trace ...", flush=True)
     parsed = load_trace(trace)
     steps = analysis.measure_steps(parsed)
@@ -198,6 +218,7 @@ def summarise_run(
         data=DataSource.of(cfg.data),
         folder=run_dir,
     )
+    record.analysis.warnings += warnings
     write_summary(run_dir, record)
     steps_extract = extract.build(parsed, steps, extract.about(record))
     write_extract(run_dir, steps_extract)  # what the timelines and TensorBoard's Traces tab draw

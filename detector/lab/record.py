@@ -12,7 +12,9 @@ A profile run folder holds
 what is wrong in it (a field of the wrong type, a version this code does not read, a file too large). A
 summary of version 1 (written before the noise was recorded) is converted: its noise is unknown. A value no
 measure can take (not finite, negative, beyond 10^15) is left out, as if not measured, and named in
-``left_out``. ``TrainingRecord`` is the summary.json of a `make train` run, read the same way.
+``left_out``; but a profiled step's wall time that is not such a value, or no usable profiled step, is refused:
+every reader times the run by its steps. ``TrainingRecord`` is the summary.json of a `make train` run, read the
+same way.
 """
 
 from __future__ import annotations
@@ -114,11 +116,13 @@ class StepMeasures:
     def parse(cls, data, where: str, left_out: list[str]) -> StepMeasures | None:
         need(data, dict, where)
         regions = need(data.get("regions"), dict, f"{where}.regions")
-        if not isinstance(regions.get("step"), dict) or regions["step"].get("wall_ms") is None:
-            left_out.append(f"{where} (no step wall time)")
-            return None
+        if not isinstance(regions.get("step"), dict) or "wall_ms" not in regions["step"]:
+            raise RecordError(f"{where}.regions.step has no wall_ms: a profiled step without its time")
         for name, measures in regions.items():
             need(measures, dict, f"{where}.regions.{name}")
+            wall = measures.get("wall_ms", 0.0)
+            if wall is None or not usable(wall):
+                raise RecordError(f"{where}.regions.{name}.wall_ms is {short(wall)}: not a step's time in ms")
             bad = [f"{where}.regions.{name}.{m} ({short(v)})" for m, v in measures.items() if not usable(v)]
             if bad:
                 left_out.extend(bad)
@@ -287,10 +291,14 @@ class ProfileRecord:
         analysis = Analysis.parse(data["analysis"], f"{where}: analysis", left_out)
         if not analysis.regions["step"].get("wall_ms") or analysis.regions["step"]["wall_ms"].median <= 0:
             raise RecordError(f"{where}: its step wall time is not usable ({', '.join(left_out) or 'no steps'})")
-        steps = [
-            StepMeasures.parse(s, f"per_step[{i}]", left_out)
-            for i, s in enumerate(need(data["per_step"], list, f"{where}: per_step"))
-        ]
+        per_step = need(data["per_step"], list, f"{where}: per_step")
+        try:
+            steps = [StepMeasures.parse(s, f"per_step[{i}]", left_out) for i, s in enumerate(per_step)]
+        except RecordError as err:
+            raise RecordError(f"{where}: {err}") from None
+        if not any(steps):
+            why = "is empty" if not per_step else "has no step whose measures are all usable"
+            raise RecordError(f"{where}: per_step {why}: no profiled step to time the run by")
         timed = data.get("timed")
         noise = data.get("noise")
         source = data.get("data")  # None in a summary written before data.boxes: the synthetic faces

@@ -11,8 +11,9 @@ from detector.lab.checked import need, optional
 @dataclass
 class DataSource:
     """Where a run's boxes came from (``data.boxes``) and what the slots did to them (``data.over_max_boxes``):
-    ``truncated`` images held more boxes than the run's slots and lost their ``dropped`` smallest. The file's
-    counts are None for the synthetic faces, which are drawn on demand."""
+    ``truncated`` images held more boxes than the run's slots and lost their ``dropped`` smallest; ``clipped`` boxes
+    lay partly outside their image and were cut to it. The file's counts are None for the synthetic faces, which are
+    drawn on demand."""
 
     boxes: str = SYNTHETIC
     over_max_boxes: str = "truncate"
@@ -21,6 +22,7 @@ class DataSource:
     largest: int | None = None  # the most boxes an image of the file holds
     truncated: int = 0
     dropped: int = 0
+    clipped: int = 0
 
     @classmethod
     def of(cls, data) -> DataSource:
@@ -30,7 +32,8 @@ class DataSource:
         annotations = read_annotations(data.boxes)
         truncated, dropped = annotations.over(data.max_boxes)
         total, largest = int(annotations.counts.sum()), int(annotations.counts.max())
-        return cls(data.boxes, data.over_max_boxes, annotations.images, total, largest, truncated, dropped)
+        clipped = annotations.clipped
+        return cls(data.boxes, data.over_max_boxes, annotations.images, total, largest, truncated, dropped, clipped)
 
     def describe(self) -> str:
         """``widerface:gt.txt (12,880 images, 1,968 boxes at most; 21 images over the slots lost 3,512 boxes)``."""
@@ -41,6 +44,8 @@ class DataSource:
             if self.truncated
             else "none over the slots"
         )
+        if self.clipped:
+            cut += f"; {counted(self.clipped, 'box')} clipped to the image"
         return f"{self.boxes} ({counted(self.images, 'image')}, {counted(self.largest, 'box')} at most; {cut})"
 
     @classmethod
@@ -52,5 +57,6 @@ class DataSource:
             over_max_boxes=optional(data, "over_max_boxes", str, where, "truncate"),
             truncated=optional(data, "truncated", int, where, 0),
             dropped=optional(data, "dropped", int, where, 0),
+            clipped=optional(data, "clipped", int, where, 0),  # 0 in summaries written before boxes were clipped
             **counts,
         )

@@ -10,13 +10,20 @@ outside the package is found by its name when first asked for (``get_strategy``)
 - an entry point of the group ``detector.strategies`` of an installed package (``ciou = "my_pkg.ciou:ciou_loss"``
   in its pyproject.toml's ``[project.entry-points."detector.strategies"]``), registered under its entry point's
   name (``ciou``); ``KnownStrategies`` lists them with the package's own.
+
+A strategy from outside is the user's code: importing it, and each call of it, fails as one line naming the
+strategy (``OutsideStrategyError``, a UserError: ``error: ...``, exit 2, the traceback under --debug) where it
+raises or exits, takes other arguments than ``(pred, targets)``, or returns anything but a 0-dim floating tensor
+connected to pred's graph. Profile, train and bench all call it through that check (``checked``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.metadata
+import inspect
 import os
 import re
 import sys
@@ -122,9 +129,9 @@ class KnownStrategies(Mapping):
 
 
 def outside(name: str, found) -> Strategy:
-    """``found`` (a Strategy, or a loss function with a ``layout``) as the strategy ``name``."""
+    """``found`` (a Strategy, or a loss function with a ``layout``) as the strategy ``name``, its calls checked."""
     if isinstance(found, Strategy):
-        return dataclasses.replace(found, name=name)
+        return dataclasses.replace(found, name=name, fn=checked(name, found.fn))
     if not callable(found):
         raise OutsideStrategyError(
             f"strategy {name!r} is a {type(found).__name__}, expected a loss function (pred, targets) -> loss"
@@ -138,7 +145,57 @@ def outside(name: str, found) -> Strategy:
         )
     doc = (getattr(found, "__doc__", None) or "").strip().splitlines()
     description = getattr(found, "description", None) or (doc[0] if doc else f"{name}, from outside the package")
-    return Strategy(name, layout, found, description, reference=getattr(found, "reference", None))
+    return Strategy(name, layout, checked(name, found), description, reference=getattr(found, "reference", None))
+
+
+def checked(name: str, fn: Callable) -> Callable[[Tensor, Targets], Tensor]:
+    """``fn``, a loss of the user's, whose every failure is one OutsideStrategyError naming the strategy ``name``:
+    a signature that does not take (pred, targets) (said here, before any call), an exception or sys.exit inside
+    it, a result that is not a 0-dim floating tensor, or one without a gradient where pred needs one. No check
+    reads a device value: the step runs ahead of the GPU as before."""
+    try:
+        inspect.signature(fn).bind(None, None)
+    except TypeError as err:
+        shown = f"{getattr(fn, '__name__', 'it')}{inspect.signature(fn)}"
+        raise OutsideStrategyError(
+            f"strategy {name!r}: {shown} cannot take a loss's arguments (pred, targets): {err}"
+        ) from None
+    except ValueError:
+        pass  # no signature to read (a builtin): its first call says what is wrong
+    home = getattr(getattr(fn, "__code__", None), "co_filename", None)  # where its own lines are
+
+    @functools.wraps(fn)
+    def loss(pred: Tensor, targets: Targets) -> Tensor:
+        try:
+            value = fn(pred, targets)
+        except Exception as err:
+            raise OutsideStrategyError(f"strategy {name!r} raised {failure(err, home)}") from err
+        except SystemExit as err:
+            raise OutsideStrategyError(f"strategy {name!r} called sys.exit({err.code!r}){where(err, home)}") from err
+        wrong = not_a_loss(value, pred)
+        if wrong:
+            raise OutsideStrategyError(f"strategy {name!r} returned {wrong}")
+        return value
+
+    return loss
+
+
+def not_a_loss(value, pred: Tensor) -> str | None:
+    """What ``value`` is, where it is not a loss of ``pred`` (a 0-dim floating tensor, with a gradient where pred
+    needs one); None where it is."""
+    if not isinstance(value, Tensor):
+        shown = f" ({value!r:.40})" if isinstance(value, int | float | str) else ""
+        return f"{'None' if value is None else 'a ' + type(value).__name__}{shown}, expected a 0-dim tensor: the loss"
+    if value.dim() != 0:
+        return f"a tensor of shape {list(value.shape)}, expected a 0-dim loss (the mean over the batch's boxes)"
+    if not value.is_floating_point():
+        return f"a tensor of dtype {value.dtype}, expected a floating loss"
+    if torch.is_grad_enabled() and pred.requires_grad and not value.requires_grad:
+        return (
+            "a loss without a gradient (requires_grad=False) though pred requires one: does it detach pred, call "
+            ".item() or .numpy(), or run under torch.no_grad()?"
+        )
+    return None
 
 
 def import_attribute(spec: str):
@@ -157,6 +214,11 @@ def import_attribute(spec: str):
         raise OutsideStrategyError(f"strategy {spec!r}: importing {module_name} failed: {failure(err)}") from None
     except Exception as err:  # the user's code: its error, in one line, where --debug shows the traceback
         raise OutsideStrategyError(f"strategy {spec!r}: importing {module_name} failed: {failure(err)}") from err
+    except SystemExit as err:  # else the command would end here, with the module's status and no word
+        raise OutsideStrategyError(
+            f"strategy {spec!r}: importing {module_name} called sys.exit({err.code!r}){where(err)}: a module that "
+            "holds a loss must import without exiting (under if __name__ == '__main__':, a script's code does not run)"
+        ) from err
     if not hasattr(module, attribute):
         defined = sorted(k for k, v in vars(module).items() if callable(v) and not k.startswith("_"))
         raise OutsideStrategyError(
@@ -166,15 +228,25 @@ def import_attribute(spec: str):
     return getattr(module, attribute)
 
 
-def failure(err: BaseException) -> str:
-    """``NameError: name 'x' is not defined (my_ciou.py, line 5)``: an exception and where it rose."""
-    frame = err.__traceback__
-    while frame and frame.tb_next:
+def failure(err: BaseException, home: str | None = None) -> str:
+    """``NameError: name 'x' is not defined (my_ciou.py, line 5)``: an exception and where it rose (its last line in
+    the file ``home``, where it passed through it)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split()) or '-'}{where(err, home)}"
+
+
+def where(err: BaseException, home: str | None = None) -> str:
+    """`` (my_ciou.py, line 5)``: the last line of ``err``'s traceback, or of it in the file ``home``; or nothing."""
+    frames, frame = [], err.__traceback__
+    while frame:
+        frames.append(frame)
         frame = frame.tb_next
-    lineno = getattr(err, "lineno", None) or (frame.tb_lineno if frame else None)
-    filename = getattr(err, "filename", None) or (frame.tb_frame.f_code.co_filename if frame else None)
-    where = f" ({os.path.basename(filename)}, line {lineno})" if filename and lineno else ""
-    return f"{type(err).__name__}: {' '.join(str(err).split()) or '-'}{where}"
+    own = [f for f in frames if f.tb_frame.f_code.co_filename == home]
+    last = (own or frames or [None])[-1]
+    if isinstance(err, SyntaxError):  # raised by the compiler, whose frames are not the file's
+        filename, lineno = err.filename, err.lineno
+    else:
+        filename, lineno = (last.tb_frame.f_code.co_filename, last.tb_lineno) if last else (None, None)
+    return f" ({os.path.basename(filename)}, line {lineno})" if filename and lineno else ""
 
 
 def installed() -> dict[str, importlib.metadata.EntryPoint]:
@@ -185,7 +257,7 @@ def installed() -> dict[str, importlib.metadata.EntryPoint]:
 def load_entry_point(entry: importlib.metadata.EntryPoint):
     try:
         return entry.load()
-    except Exception as err:  # the package's code
+    except (Exception, SystemExit) as err:  # the package's code
         raise OutsideStrategyError(
             f"strategy {entry.name!r} ({entry.value}, entry point of {ENTRY_POINTS}) failed to load: {failure(err)}"
         ) from err

@@ -69,6 +69,37 @@ def test_a_summary_of_the_wrong_shape_is_one_line_naming_the_field(run, tmp_path
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def set_walls(value):
+    """A change of a summary: every profiled step's wall time set to ``value``."""
+    return lambda d: [step["regions"]["step"].update(wall_ms=value) for step in d["per_step"]]
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (set_walls(float("nan")), "per_step[0].regions.step.wall_ms is NaN: not a step's time in ms"),
+        (set_walls(-1e308), "per_step[0].regions.step.wall_ms is -1e+308: not a step's time in ms"),
+        (set_walls(None), "per_step[0].regions.step.wall_ms is null: not a step's time in ms"),
+        (lambda d: d["per_step"][1]["regions"]["forward"].update(wall_ms=float("inf")), "per_step[1].regions.forward"),
+        (lambda d: d["per_step"][2]["regions"]["step"].pop("wall_ms"), "per_step[2].regions.step has no wall_ms"),
+        (lambda d: d.update(per_step=[]), "per_step is empty: no profiled step to time the run by"),
+        (lambda d: d["per_step"][0].update(regions=[]), "per_step[0].regions is list [], expected an object"),
+    ],
+    ids=["nan", "-1e308", "null", "a-region-inf", "no-wall", "empty", "wrong-type"],
+)
+def test_a_summary_whose_steps_cannot_time_the_run_is_refused_naming_the_file_and_the_field(
+    run, tmp_path, change, message
+):
+    """Compare, report and the Traces tab leave such a run out with this line, where compare met a TypeError."""
+    data = json.loads((run / "summary.json").read_text())
+    change(data)
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    with pytest.raises(RecordError) as err:
+        read_summary(tmp_path)
+    assert str(err.value).startswith(f"{tmp_path / 'summary.json'}: ") and message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
 def test_an_extract_that_would_decompress_past_its_cap_is_refused_without_reading_it_all(tmp_path, monkeypatch):
     """A small gzip of a huge JSON (a zip bomb): refused once its cap is read, in one line."""
     monkeypatch.setattr("detector.lab.record.EXTRACT_BYTES", 2**20)

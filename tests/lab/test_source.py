@@ -4,7 +4,7 @@ without it too), shown on the run's card and in `make compare`, which says when 
 import json
 
 import pytest
-from annotation_helpers import widerface_text
+from annotation_helpers import coco_json, widerface_text, write_coco
 from lab_helpers import edit_summary, make_run
 
 from detector.config import load_config
@@ -27,13 +27,24 @@ def test_the_source_of_a_configuration(tmp_path):
     assert DataSource.of(load_config(["preset=cpu"], announce=None).data) == DataSource("synthetic", "truncate")
 
 
+def test_boxes_clipped_to_their_image_are_announced_and_recorded(tmp_path):
+    data = coco_json([2, 1])
+    data["annotations"][0]["bbox"] = [600.0, 400.0, 100.0, 100.0]  # past the right and the bottom of 640 x 480
+    source = f"coco:{write_coco(tmp_path / 'c.json', data)}"
+    lines = []
+    cfg = load_config(["preset=cpu", f"data.boxes={source}"], announce=lines.append)
+    assert "; 1 box partly outside the image clipped to it; " in lines[1]
+    recorded = DataSource.of(cfg.data)
+    assert recorded.clipped == 1 and recorded.describe().endswith("none over the slots; 1 box clipped to the image)")
+
+
 def test_an_older_summary_has_no_source_and_a_newer_one_reads_back(tmp_path):
     run = make_run(tmp_path, "padded", "20261122-031500", gpu=False)
     older = read_summary(run)
     assert older.data is None and "boxes: synthetic" in run_card(older)  # written before data.boxes
     edit_summary(run, lambda s: s.update(data=WIDER))
     newer = read_summary(run)
-    assert newer.data == DataSource(**WIDER) and newer.to_json()["data"] == WIDER
+    assert newer.data == DataSource(**WIDER) and newer.to_json()["data"] == WIDER | {"clipped": 0}
     assert (
         "boxes: widerface:gt.txt (12,880 images, 1,968 boxes at most; 21 images over the slots lost 3,512 boxes)"
         in (run_card(newer))
@@ -56,7 +67,7 @@ def test_compare_shows_each_runs_boxes_and_says_when_they_differ(tmp_path, capsy
     )
     assert "**Runs over different boxes** (their times are of different work): padded: widerface:gt.txt" in out
     described = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "compare.json").read_text())["runs"]}
-    assert described["padded"]["data"] == WIDER and described["packed"]["data"] is None
+    assert described["padded"]["data"] == WIDER | {"clipped": 0} and described["packed"]["data"] is None
     assert "Runs over different boxes" in comparison.texts["train"]
 
     edit_summary(next((root / "packed").iterdir()), lambda s: s.update(data=WIDER))

@@ -10,9 +10,12 @@ import textwrap
 import pytest
 import torch
 from conftest import ROOT, child_env
+from lab_helpers import TINY_PROFILE
 
+from detector import cli
 from detector.config import load_config
 from detector.lab.cases import random_case
+from detector.lab.compare import run_compare
 from detector.losses import (
     STRATEGIES,
     KnownStrategies,
@@ -74,7 +77,8 @@ def test_a_strategy_object_is_registered_under_the_name_it_was_asked_by(user_dir
         """,
     )
     strategy = get_strategy(f"{module}:mine")
-    assert strategy.name == f"{module}:mine" and strategy.fn is STRATEGIES["packed"].fn and strategy.layout == "packed"
+    assert strategy.name == f"{module}:mine" and strategy.layout == "packed"
+    assert strategy.fn.__wrapped__ is STRATEGIES["packed"].fn  # called through the check of a user's loss
 
 
 @pytest.mark.parametrize(
@@ -103,6 +107,129 @@ def test_a_module_that_cannot_be_imported_says_why_and_where(user_dir):
         get_strategy(f"{missing}:loss")
     with pytest.raises(OutsideStrategyError, match=r"name a module and its attribute, my_module:my_loss"):
         get_strategy("some/where/mine.py:loss")
+
+
+BROKEN_FILE = """
+import sys
+
+import torch
+
+from detector.losses import giou_loss_reference
+
+
+def raises(pred, targets):
+    return pred.view(-1, 3).sum()
+
+
+def per_image(pred, targets):
+    return giou_loss_reference(pred, targets) + pred.nan_to_num().sum(dim=(1, 2)) * 0
+
+
+def detached(pred, targets):
+    return giou_loss_reference(pred.detach(), targets)
+
+
+def nothing(pred, targets):
+    giou_loss_reference(pred, targets)
+
+
+def number(pred, targets):
+    return giou_loss_reference(pred, targets).item()
+
+
+def counts(pred, targets):
+    return targets.counts.sum()
+
+
+def exits(pred, targets):
+    sys.exit("giving up")
+
+
+def one_argument(pred):
+    return pred.sum()
+
+
+for fn in (raises, per_image, detached, nothing, number, counts, exits, one_argument):
+    fn.layout = "padded"
+"""
+
+
+@pytest.mark.parametrize(
+    "attribute,match",
+    [
+        ("raises", r"raised RuntimeError: shape '\[-1, 3\]' is invalid .*\({module}.py, line 10\)$"),  # not torch's
+        ("per_image", r"returned a tensor of shape \[7\], expected a 0-dim loss"),
+        ("detached", r"returned a loss without a gradient \(requires_grad=False\) though pred requires one: does"),
+        ("nothing", r"returned None, expected a 0-dim tensor: the loss"),
+        ("number", r"returned a float \(\d+\.\d+\), expected a 0-dim tensor"),
+        ("counts", r"returned a tensor of dtype torch.int64, expected a floating loss"),
+        ("exits", r"called sys.exit\('giving up'\) \({module}.py, line 34\)"),
+    ],
+)
+def test_a_loss_that_fails_when_called_is_one_line_naming_it_and_what_it_returned(user_dir, attribute, match):
+    module = user_module(user_dir, BROKEN_FILE)
+    strategy = get_strategy(f"{module}:{attribute}")
+    pred, boxes = random_case(7, 16, "seed", seed=1)
+    with pytest.raises(OutsideStrategyError, match=rf"^strategy '{module}:{attribute}' " + match.format(module=module)):
+        strategy(pred.requires_grad_(), make_targets(boxes, "padded", 16))
+
+
+def test_a_loss_that_takes_other_arguments_is_refused_when_named(user_dir):
+    module = user_module(user_dir, BROKEN_FILE)
+    with pytest.raises(
+        OutsideStrategyError, match=r"one_argument\(pred\) cannot take a loss's arguments \(pred, targets\): too many"
+    ):
+        get_strategy(f"{module}:one_argument")
+
+
+def test_a_module_that_exits_when_imported_is_said_to(user_dir):
+    module = user_module(user_dir, "import sys\n\nsys.exit(3)\n")
+    with pytest.raises(OutsideStrategyError, match=rf"importing {module} called sys.exit\(3\) \({module}.py, line 3\)"):
+        get_strategy(f"{module}:loss")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profile", "profile.strategy={}", *TINY_PROFILE],
+        ["train", "train.strategy={}", "train.steps=2", "train.compile=false", *TINY_PROFILE[:6]],
+        ["bench", "bench.strategies=[{}]", "bench.batch_sizes=[4]", "bench.repeats=1", "bench.warmup=0", "preset=cpu"],
+    ],
+    ids=lambda argv: argv[0],
+)
+def test_profile_train_and_bench_say_it_in_one_line_and_exit_2(user_dir, capsys, monkeypatch, argv):
+    module = user_module(user_dir, BROKEN_FILE)
+    monkeypatch.delenv("DETECTOR_DEBUG", raising=False)
+    argv = [arg.format(f"{module}:per_image") for arg in argv]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    expected = f"error: strategy '{module}:per_image' returned a tensor of shape [4], expected a 0-dim loss"
+    assert err == f"{expected} (the mean over the batch's boxes)"
+    with pytest.raises(OutsideStrategyError):  # --debug: the traceback
+        cli.main(["--debug", *argv])
+
+
+def test_a_profile_of_a_loss_that_is_not_finite_says_so_on_its_card_and_in_compare(user_dir, capsys):
+    module = user_module(
+        user_dir,
+        """
+        from detector.losses import giou_loss_reference
+
+
+        def nan_after_two(pred, targets):
+            nan_after_two.calls += 1
+            return giou_loss_reference(pred, targets) * (float("nan") if nan_after_two.calls > 2 else 1.0)
+
+
+        nan_after_two.calls = 0
+        nan_after_two.layout = "padded"
+        """,
+    )
+    assert cli.main(["profile", f"profile.strategy={module}:nan_after_two", *TINY_PROFILE]) == 0
+    warning = "the loss is not finite at 2 of the 4 profiled steps (step 3: nan): the times are those of a loss that"
+    assert f"**warning**: {warning}" in capsys.readouterr().out  # wait 1, warmup 1, active 2: steps 3 and 4
+    run_compare(user_dir / "runs" / "profile", out_dir=user_dir / "compare")
+    assert f"**warning** ({module}:nan_after_two): {warning}" in capsys.readouterr().out
 
 
 def test_an_unknown_name_mentions_a_loss_of_ones_own():
@@ -156,12 +283,14 @@ def test_per_box_loss_keeps_the_contract_around_any_term():
     assert loss.reference(pred.double(), targets).dtype == torch.float64
 
 
-def test_the_contract_grid_fails_a_loss_that_lets_padding_in(user_dir):
-    """The documented entry (pytest --strategy) on a loss that multiplies by the mask instead of selecting: the
-    NaN of padded slots reaches the loss, and the grid says so."""
+def test_the_contract_grid_fails_a_loss_that_lets_padding_in_and_one_that_scales_its_targets(user_dir):
+    """The documented entry (pytest --strategy) on a loss that multiplies by the mask instead of selecting (the NaN
+    of padded slots reaches the loss), and on one that scales the caller's list targets in place before an exact
+    GIoU (the targets it is handed are the boxes the reference would read): the grid fails both, naming why."""
     module = user_module(
         user_dir,
         """
+        from detector.losses import STRATEGIES
         from detector.losses.geometry import giou_loss_per_box
 
 
@@ -171,15 +300,25 @@ def test_the_contract_grid_fails_a_loss_that_lets_padding_in(user_dir):
             return (giou_loss_per_box(pred, boxes) * valid).sum() / valid.sum().clamp(min=1)
 
 
+        def scaled(pred, targets):
+            for boxes in targets.boxes:
+                boxes.copy_((boxes * 1.01).to(boxes.dtype))
+            return STRATEGIES["concat"].fn(pred, targets)
+
+
         import torch
         leaky.layout = "padded"
+        scaled.layout = "list"
         """,
     )
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "7-seed", "-x"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "float32-uint8-7-seed"]
     command += [str(ROOT / "tests/losses/test_strategies.py"), "--strategy", f"{module}:leaky"]
+    command += ["--strategy", f"{module}:scaled"]
     result = subprocess.run(command, cwd=user_dir, env=child_env(), capture_output=True, text=True, timeout=300)
     assert result.returncode == 1, result.stdout[-2000:]
-    assert "1 failed" in result.stdout and f"{module}:leaky" in result.stdout
+    failed = [line for line in result.stdout.splitlines() if line.startswith("FAILED")]
+    assert any(f"[{module}:leaky-" in line for line in failed) and any(f"[{module}:scaled-" in line for line in failed)
+    assert f"{module}:scaled wrote to its input targets.boxes[" in result.stdout
     command[-1] = "nowhere_at_all:loss"
     unknown = subprocess.run(command, cwd=user_dir, env=child_env(), capture_output=True, text=True)
     assert unknown.returncode == 4 and "--strategy nowhere_at_all:loss: strategy 'nowhere_at_all:loss': no module" in (

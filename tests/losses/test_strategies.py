@@ -3,7 +3,10 @@ over one grid.
 
 A strategy registered in detector.losses.STRATEGIES is picked up here without edits. ``--strategy NAME`` runs the
 grid on that strategy only, one from outside the package included (``--strategy my_ciou:ciou_loss``): a loss of
-another kind than GIoU is checked against its own reference (``Strategy.reference``, which per_box_loss sets).
+another kind than GIoU is checked against its own reference (``Strategy.reference``, which per_box_loss sets). The
+reference is computed from copies of the inputs that the strategy never sees, and a strategy that writes to its
+inputs (pred or the targets' tensors) fails, naming the tensor. tests/losses/test_grid.py checks that the grid fails
+losses that are wrong in those ways and in others.
 """
 
 import pytest
@@ -37,6 +40,8 @@ WEIRD = [
     (torch.float16, torch.float16, 7, "seed", 256),
 ]
 TOLERANCES[torch.float16] = (1e-5, 5e-3, 5e-3)  # fp16 gradients: 2^-11 relative rounding
+# Every row with its slots and seed, as the two tests below draw them (tests/losses/test_grid.py runs them all).
+ROWS = [(*row, 256, row[2]) for row in GRID] + [(*row, row[4]) for row in WEIRD]
 
 
 def pytest_generate_tests(metafunc):
@@ -51,20 +56,39 @@ DEVICES = [
 ]
 
 
+def named_inputs(pred, targets) -> dict[str, torch.Tensor]:
+    """The tensors a strategy is handed, by the name a message gives them."""
+    named = {"pred": pred.detach()}
+    if isinstance(targets.boxes, torch.Tensor):
+        named["targets.boxes"] = targets.boxes
+    else:
+        named |= {f"targets.boxes[{b}]": boxes for b, boxes in enumerate(targets.boxes)}
+    if hasattr(targets, "counts"):
+        named["targets.counts"] = targets.counts
+    return named
+
+
 def check_against_reference(strategy, pred, boxes_list, max_boxes, device):
     reason = strategy.unavailable(torch.device(device))
     if reason:
         pytest.skip(f"{strategy.name} on {device}: {reason}")
+    # The reference first, from copies: list targets share their tensors with boxes_list, so a strategy that
+    # changed them would otherwise move the reference along with its own loss.
+    ref_pred = pred.detach().clone().double().requires_grad_()
+    reference = strategy.reference or giou_loss_reference
+    ref = reference(ref_pred, make_targets([b.clone() for b in boxes_list], "padded", max_boxes))
+    ref.backward()
+
     targets = make_targets(boxes_list, strategy.layout, max_boxes).to(device)
-    boxes_list = [b.to(device) for b in boxes_list]
     p = pred.clone().to(device).requires_grad_()
+    given = {name: t.clone() for name, t in named_inputs(p, targets).items()}
     loss = strategy(p, targets)
     loss.backward()
-
-    ref_pred = pred.double().requires_grad_()
-    reference = strategy.reference or giou_loss_reference
-    ref = reference(ref_pred, make_targets([b.cpu() for b in boxes_list], "padded", max_boxes))
-    ref.backward()
+    after = named_inputs(p, targets)
+    for name, before in given.items():  # NaN padding equals NaN padding; any other change is a write
+        unchanged = name in after and before.shape == after[name].shape
+        unchanged = unchanged and torch.isclose(after[name], before, rtol=0, atol=0, equal_nan=True).all()
+        assert unchanged, f"{strategy.name} wrote to its input {name}: a loss must leave pred and targets as given"
 
     loss_rtol, grad_rtol, grad_atol = TOLERANCES[pred.dtype]
     assert loss.dim() == 0 and loss.dtype == torch.float32
