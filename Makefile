@@ -22,7 +22,7 @@ STRATEGY ?= padded
 # widerface:<wider_face_*_bbx_gt.txt> (an annotation file, scaled to the images); STRATEGY=my_module:my_loss
 # takes a loss from my_module.py (README: a strategy of your own)
 BOXES ?=
-DATA_BOXES = $(if $(BOXES),data.boxes=$(BOXES))
+DATA_BOXES = $(if $(BOXES),'data.boxes=$(BOXES)')
 MODE ?= train
 EXPERIMENT ?= cpu_smoke
 # bench target: losses (every strategy's loss), kernels (GPU: the custom kernels), layers (GPU: triton, layer by

@@ -1,10 +1,15 @@
 """Images drawn over the boxes of an annotation file (data.boxes, detector/data.py's BoxFileSampler), through the
 configuration (detector/config.py reads the file and sets the slots) and the loader, in every layout."""
 
+import os
+import shlex
+import subprocess
+
 import numpy as np
 import pytest
 import torch
 from annotation_helpers import coco_json, widerface_text, write_coco
+from conftest import ROOT
 from omegaconf import OmegaConf
 
 from detector.annotations import AnnotationError, fit_boxes, read_annotations
@@ -124,3 +129,16 @@ def test_synthetic_boxes_stay_the_default_and_bit_identical():
     again = FaceSampler(cfg.data.image_size, cfg.data.max_boxes, 0, 3.0, cfg.data.tail_fraction, 32)(5)
     assert torch.equal(image, again[0]) and torch.equal(boxes, again[1])
     assert np.array_equal(sampler.draw(5, np.empty((16, 16), np.uint8)), boxes.numpy())
+
+
+def test_make_passes_a_boxes_path_with_spaces_and_a_hash_whole():
+    """`make profile BOXES="coco:my data/ann #1.json"`: one argument, as written (make -n prints the command)."""
+    printed = subprocess.run(
+        ["make", "-n", "profile", "PY=python3", "BOXES=coco:my data/ann #1.json"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PATH": os.environ["PATH"], "HOME": os.environ.get("HOME", "/")},
+    ).stdout
+    assert shlex.split(printed.splitlines()[0])[-1] == "data.boxes=coco:my data/ann #1.json"
