@@ -206,7 +206,7 @@ def test_the_shapes_command_and_its_make_target(tmp_path, dataset, capsys):
     assert "error: data.boxes='voc:x.xml' is out of range: allowed synthetic, coco:" in capsys.readouterr().err
     assert cli.main(["shapes", "preset=cpu", "train.steps=3"]) == 2  # a section shapes does not read
     dry = subprocess.run(["make", "-n", "shapes", f"BOXES={source}", "PY=python3"], cwd=ROOT, capture_output=True)
-    assert f"python3 -m detector shapes data.boxes={source}" in dry.stdout.decode()
+    assert f"python3 -m detector shapes 'data.boxes={source}'" in dry.stdout.decode()
 
 
 def test_the_synthetic_faces_have_a_shape_too(tmp_path):
