@@ -162,13 +162,8 @@ def draw_memory(runs: list[tuple[str, StepModel]], path, title: str = "") -> Pat
         ax.set_ylim(low - 0.02 * (high - low + 1), high + 0.08 * (high - low + 1))
         ax.set_yticks([low, high], [memory_text(low), memory_text(high)], fontsize=7)
         ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
-        ax.text(
-            width,
-            high,
-            f"peak {memory_text(high)}, +{memory_text(high - start)} over the step's start ",
-            ha="right",
-            va="top",
-            fontsize=8,
+        ax.set_title(
+            f"peak {memory_text(high)}, {memory_text(high - start)} over the step's start", loc="right", fontsize=8
         )
         ax.grid(axis="x", alpha=0.3)
     axes[-1].set_xlim(0, width)
