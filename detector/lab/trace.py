@@ -292,6 +292,19 @@ def _memory(trace: Trace, events: list[dict]) -> Memory | None:
     )
 
 
+def peak_rise(events: list[dict], device_type: int = CPU_DEVICE) -> int:
+    """The most bytes allocated at once on ``device_type`` during ``events`` (any profiler trace's, no steps needed)
+    above what was allocated before the first of them: the working memory of the code profiled."""
+    found = sorted(
+        (e for e in events if e.get("name") == MEMORY_EVENT and e.get("args", {}).get("Device Type") == device_type),
+        key=lambda e: e["ts"],
+    )
+    if not found:
+        return 0
+    before = found[0]["args"]["Total Allocated"] - found[0]["args"]["Bytes"]
+    return max(before, *(e["args"]["Total Allocated"] for e in found)) - before
+
+
 def _allocating_ops(trace: Trace, events: list[dict]) -> list[str]:
     """Per memory event (sorted by time), the innermost operator around it on its thread that is not in
     ALLOCATING: one sweep per thread over its operators (sorted, nested), a stack of those open."""
