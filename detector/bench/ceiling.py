@@ -48,7 +48,7 @@ from detector.targets import make_targets
 from detector.train.speed import speed_option_refusal
 from detector.train.step import TrainStep
 
-WARMUP, MEASURED = 3, 5  # allocator: steps before it is measured, and steps measured
+WARMUP, MEASURED = 2, 3  # allocator: steps before it is measured, and steps measured (a loop's: seconds each)
 PROBE_STEPS = 2  # ceiling: the steps a batch must train (the second reuses the optimizer's state the first made)
 RESOLUTION = 1 / 32  # ceiling: the search stops when the largest fit and the first failure are this close
 GRANULE = 32  # ceiling: batches are multiples of this
@@ -82,13 +82,17 @@ class Pool:
         self.boxes += self.sampler.draw_batch(range(len(self.boxes), count), more)
         self.images = np.concatenate([self.images, more])
 
-    def batch(self, size: int, k: int, layout: str, slots: int, device: torch.device):
-        """Batch ``k`` of ``size`` images on ``device``: ([B, 1, S, S] uint8, targets in ``layout``)."""
+    def batch(self, size: int, k: int, layout: str, cfg: DictConfig, device: torch.device):
+        """Batch ``k`` of ``size`` images on ``device``: ([B, 1, S, S] uint8, targets in ``layout``). Under
+        train.compile its batch dimension is marked dynamic: one graph serves every batch size, compiled once a
+        source in each child (and found in inductor's cache by the next child) instead of once a size."""
         self.ensure((k + 1) * size)
         part = slice(k * size, (k + 1) * size)
         images = torch.from_numpy(self.images[part]).unsqueeze(1).to(device)
+        if cfg.train.compile:
+            torch._dynamo.maybe_mark_dynamic(images, 0)
         boxes = [torch.from_numpy(b) for b in self.boxes[part]]
-        return images, make_targets(boxes, layout, slots).to(device)
+        return images, make_targets(boxes, layout, cfg.data.max_boxes).to(device)
 
 
 def use_strategy(step: TrainStep, cfg: DictConfig, name: str) -> None:
@@ -117,10 +121,11 @@ def out_of_memory(err: BaseException) -> bool:
 
 def allocator_row(step: TrainStep, pool: Pool, cfg: DictConfig) -> dict:
     """WARMUP steps, then MEASURED steps of the caching allocator's figures (None on the CPU: it has none)."""
-    meter, batch, slots = StepMeter(step.device), cfg.data.batch_size, cfg.data.max_boxes
+    meter, batch = StepMeter(step.device), cfg.data.batch_size
+    free_memory(step)  # the allocator's cache from the strategy before: each starts from an empty one, and warms up
     began = time.perf_counter()
     for k in range(WARMUP + MEASURED):
-        images, targets = pool.batch(batch, k, step.strategy.layout, slots, step.device)
+        images, targets = pool.batch(batch, k, step.strategy.layout, cfg, step.device)
         meter.start()
         step((images, targets))
         meter.stop(k)
@@ -201,9 +206,7 @@ class Prober:
         step, device = self.step, self.step.device
         began, error, base = time.perf_counter(), None, None
         try:
-            images, targets = self.pool.batch(batch, 0, step.strategy.layout, self.cfg.data.max_boxes, device)
-            if self.cfg.train.compile:  # one graph for every batch: no recompile a probe
-                torch._dynamo.maybe_mark_dynamic(images, 0)
+            images, targets = self.pool.batch(batch, 0, step.strategy.layout, self.cfg, device)
             for _ in range(PROBE_STEPS):
                 base = torch.cuda.memory_allocated(device)
                 torch.cuda.reset_peak_memory_stats(device)

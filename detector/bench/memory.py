@@ -5,11 +5,13 @@ Its parts, each a process of its own under a time limit (PART_SECONDS; all of th
 1. ``make profile`` of each strategy (bench.strategies, default STRATEGIES) with the memory measures, on a short
    schedule (the per-image loop shorter still: its trace is the largest);
 2. ``make compare`` of them: the verdicts, led by memory, and the memory per region side by side;
-3. a child process under the default allocator (detector/bench/ceiling.py): the caching allocator under each
-   strategy's dynamic shapes after warm-up, for the synthetic faces and for a crowd file (detector/bench/crowd.py,
-   written here: hundreds of faces an image, data.max_boxes=1024, data.over_max_boxes=fit); then the ceiling, the
-   largest batch each strategy trains at over either source before the device runs out of memory;
-4. the allocator again, in a child under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts).
+3. a child process (detector/bench/ceiling.py) under the default allocator, for a crowd file (detector/bench/crowd.py,
+   written here: hundreds of faces an image, data.max_boxes=1024, data.over_max_boxes=fit) and then the synthetic
+   faces: the caching allocator under each strategy's dynamic shapes after warm-up, and the ceiling, the largest
+   batch each strategy trains at before the device runs out of memory (one model a source serves both, compiled
+   once);
+4. the allocator again, in a child under PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (set before CUDA starts),
+   which finds the graphs the first child compiled in inductor's cache.
 
 A part that fails or runs out of its time is a line in the document, not the end of it: what it measured stays. The
 parts run in ``<dir of bench.out>/memory-work/current/`` (traces, the crowd file, the children's results); a run
@@ -51,9 +53,9 @@ PROFILE = ["profile.wait=2", "profile.warmup=1", "profile.active=3", "profile.ti
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=2", "profile.timed=2"]
 # seconds each part may run (a process start, the model's build and compile included), and all of them: under the
 # ten minutes of a GPU call, with time for the document
-PART_SECONDS = {"profile": 100, "profile loop": 200, "compare": 90, "default": 270, "expandable": 150}
+PART_SECONDS = {"profile": 100, "profile loop": 200, "compare": 90, "default": 330, "expandable": 150}
 TOTAL_SECONDS = 570
-LAST_PART_SECONDS = 40  # kept for each part still to come when one starts
+LAST_PART_SECONDS = 60  # kept for each part still to come when one starts
 SOURCES = ("synthetic", "crowd")
 TOP_LEVEL = ("preset", "device", "autocast")  # the config's keys outside its sections
 SECTIONS = ("data", "model", "train")  # what the profiles and the children take of this command's configuration
@@ -103,20 +105,20 @@ def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path
         parts.append(Part(f"profile {name}", profile, seconds, done=work / "profile" / name / "done"))
     compare = ["-m", "detector", "compare", "--dir", str(work / "profile"), "--out", str(work / "compare")]
     parts.append(Part("compare", compare, PART_SECONDS["compare"], done=work / "compare" / "compare.json"))
-    sources = {"synthetic": "synthetic", "crowd": f"crowd:{crowd}"}
-    allocator = [[sources[s], n, "allocator"] for s in SOURCES for n in strategies]
-    ceiling = [[sources[s], n, "ceiling"] for s in SOURCES for n in strategies]
-    settings = {"default": (allocator + ceiling, None)}
+    sources = {"crowd": f"crowd:{crowd}", "synthetic": "synthetic"}  # the crowd first: its shapes change most
+    allocator = {s: [[sources[s], n, "allocator"] for n in strategies] for s in sources}
+    ceiling = {s: [[sources[s], n, "ceiling"] for n in strategies] for s in sources}
+    children = {
+        "default": (allocator["crowd"] + ceiling["crowd"] + allocator["synthetic"] + ceiling["synthetic"], None)
+    }
     if device.type == "cuda":  # the CPU's allocator has no setting to compare
-        settings["expandable"] = (allocator, EXPANDABLE)
-    for setting, (jobs, conf) in settings.items():
-        jobs_file = work / f"jobs-{setting}.json"
+        children["expandable"] = (allocator["crowd"] + allocator["synthetic"], EXPANDABLE)
+    for name, (jobs, conf) in children.items():
+        jobs_file = work / f"jobs-{name}.json"
         jobs_file.write_text(json.dumps(jobs))
-        seconds = PART_SECONDS[setting]
-        child = ["-m", "detector.bench.ceiling", f"--out={work / f'{setting}.json'}", f"--jobs={jobs_file}"]
-        title = f"allocator{' and ceiling' if setting == 'default' else ''}, {setting} allocator"
-        env = {"PYTORCH_CUDA_ALLOC_CONF": conf}
-        parts.append(Part(title, child + args, seconds, env, done=work / f"{setting}.done"))
+        child = ["-m", "detector.bench.ceiling", f"--out={work / f'{name}.json'}", f"--jobs={jobs_file}", *args]
+        title = "allocator and ceiling, default allocator" if name == "default" else f"allocator, {EXPANDABLE}"
+        parts.append(Part(title, child, PART_SECONDS[name], {"PYTORCH_CUDA_ALLOC_CONF": conf}, work / f"{name}.done"))
     return parts
 
 
@@ -127,7 +129,7 @@ def run_part(part: Part, log, seconds: float) -> dict:
         env.pop(key, None) if value is None else env.__setitem__(key, value)
     args = part.args
     if "detector.bench.ceiling" in args:  # the child shares its time among its jobs: it is told how much it has
-        args = args[:4] + [f"--seconds={max(10.0, seconds - 20):.0f}"] + args[4:]
+        args = args[:4] + [f"--seconds={max(10.0, seconds - 30):.0f}"] + args[4:]  # its last write within the limit
     log.write(f"\n===== {part.title}: python {' '.join(quote(a) for a in args)} (at most {seconds:.0f} s)\n")
     log.flush()
     began = time.perf_counter()
@@ -163,7 +165,8 @@ def run_bench(cfg: DictConfig) -> dict:
     parts = plan(cfg, device, work, strategies, crowd)
     deadline = time.monotonic() + TOTAL_SECONDS
     ran = []
-    print(f"bench memory on {device_name(device)}: {len(parts)} parts, at most {TOTAL_SECONDS} s in all, in {work}/")
+    # the device is named only once the children are done: this process holds no CUDA context while they measure
+    print(f"bench memory on {device}: {len(parts)} parts, at most {TOTAL_SECONDS} s in all, in {work}/")
     with open(work / "memory.log", "a") as log:
         for i, part in enumerate(parts):
             if part.done is not None and part.done.exists():
@@ -256,7 +259,8 @@ def document(cfg: DictConfig, device, work: Path, results: dict) -> str:
         lines += ["", "## The profiles: verdicts", "", section_body(text, "### Verdicts")]
         lines += ["", "## The profiles: memory per region", "", section_body(text, "### Memory")]
         lines += ["", "![the bytes allocated over each strategy's median step](memory-train.png)"]
-    default, expandable = results["children"]["default"], results["children"]["expandable"]
+    children = results["children"]
+    default, expandable = children["default"], children["expandable"]
     lines += ["", "## The ceiling: the largest batch that trains", ""] + ceiling_lines(default, cfg)
     lines += ["", "## The allocator under dynamic shapes", ""] + allocator_lines(default, expandable, device)
     return "\n".join(lines)
@@ -284,7 +288,7 @@ def source_label(source: str, slots) -> str:
 def ceiling_lines(child: dict | None, cfg: DictConfig) -> list[str]:
     jobs = jobs_of(child, "ceiling")
     if not jobs:
-        return ["Not measured: the child under the default allocator left no result (its part above says why)."]
+        return ["Not measured: its child left no result (its part above says why)."]
     reasons = {job.get("error") for job in jobs}
     if len(reasons) == 1 and None not in reasons:  # one reason for all (the CPU's): said once
         return [f"None: {reasons.pop()}."]
