@@ -49,7 +49,7 @@ def test_extract_of_the_hand_written_trace():
     assert late[:2] == [1200, 100] and names[step["calls"][late[4]][3]] == "cudaLaunchKernel"
     assert not any(names[e[3]] == "late" for s in found.steps["6"]["streams"] for e in s["events"])
     assert step["why"]["forward"]["launches"] == 5 and "gpu_idle_share" not in step["why"]["forward"]
-    assert "memory" not in step  # no memory events: no lane (tests/lab/test_memory.py has them)
+    assert "memory" not in step  # no memory events: no lane (tests/lab/test_memory_measures.py has them)
 
 
 def test_extract_is_written_once_and_converted_for_older_runs(tmp_path):
