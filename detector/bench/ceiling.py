@@ -53,6 +53,7 @@ PROBE_STEPS = 2  # ceiling: the steps a batch must train (the second reuses the 
 RESOLUTION = 1 / 32  # ceiling: the search stops when the largest fit and the first failure are this close
 GRANULE = 32  # ceiling: batches are multiples of this
 GROWTH = 8  # ceiling: the most a probe's batch exceeds the largest that fitted, where the estimate is unsure
+PROBE_OVERHEAD = 5.0  # ceiling: seconds a probe takes beyond its steps (its batch drawn and copied, cuDNN's benchmark)
 OOM_TEXT = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
 
 
@@ -145,7 +146,8 @@ def allocator_row(step: TrainStep, pool: Pool, cfg: DictConfig) -> dict:
 @dataclass
 class Probe:
     """A batch tried: whether its steps trained, the peak and the bytes allocated before its last step (model,
-    optimizer), how long they took, and why it failed (its first line)."""
+    optimizer), how long they took (all of them, and the last alone: the first may compile and benchmark cuDNN for a
+    new shape), and why it failed (its first line)."""
 
     batch: int
     fits: bool
@@ -153,6 +155,7 @@ class Probe:
     peak: int | None = None
     base: int | None = None
     error: str | None = None
+    step_seconds: float | None = None
 
 
 def search(probe, start: int, estimate, seconds: float) -> dict:
@@ -162,7 +165,8 @@ def search(probe, start: int, estimate, seconds: float) -> dict:
     batch = start
     while batch:
         last = max((p for p in probes if p.fits), key=lambda p: p.batch, default=None)
-        expected = last.seconds * batch / last.batch if last else 0.0  # a step's time grows with the batch
+        step = last.step_seconds if last and last.step_seconds is not None else last.seconds if last else 0.0
+        expected = PROBE_OVERHEAD + PROBE_STEPS * step * batch / last.batch if last else 0.0  # steps grow with it
         if probes and time.perf_counter() - began + expected > seconds:
             stopped = (
                 f"time-limited: a probe at {batch} would take ~{expected:.0f} s, past the search's {seconds:.0f} s"
@@ -208,18 +212,20 @@ class Prober:
         try:
             images, targets = self.pool.batch(batch, 0, step.strategy.layout, self.cfg, device)
             for _ in range(PROBE_STEPS):
+                torch.cuda.synchronize(device)
+                last = time.perf_counter()
                 base = torch.cuda.memory_allocated(device)
                 torch.cuda.reset_peak_memory_stats(device)
                 step((images, targets))
             torch.cuda.synchronize(device)
-            peak = torch.cuda.max_memory_allocated(device)
+            peak, last = torch.cuda.max_memory_allocated(device), time.perf_counter() - last
         except Exception as err:  # noqa: BLE001  whatever a probe hits is its result; the search goes on
             error = ("out of memory: " if out_of_memory(err) else "failed: ") + str(err).strip().split("\n")[0][:300]
         images = targets = None
         if error:
             free_memory(step)
             return Probe(batch, False, time.perf_counter() - began, error=error)
-        return Probe(batch, True, time.perf_counter() - began, peak, base)
+        return Probe(batch, True, time.perf_counter() - began, peak, base, step_seconds=last)
 
     def estimate(self, found: Probe) -> int | None:
         """The batch at which the allocator's headroom (the device's free memory and what it holds) runs out, at the
