@@ -47,7 +47,7 @@ from detector.lab.record import EXTRACT, SUMMARY
 from detector.lab.report import machine_line, now, prepare_work, quote
 from detector.lab.tables import markdown_table, run_info
 
-STRATEGIES = ("padded", "packed", "concat", "loop")  # the four: a layout each, and the per-image loop
+STRATEGIES = ("padded", "packed", "concat", "loop")  # one of each layout, and the per-image loop beside concat
 SHORT = ("loop",)  # seconds a step at seed scale, and the largest trace: the shortest schedule
 PROFILE = ["profile.wait=2", "profile.warmup=1", "profile.active=3", "profile.timed=3"]
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=2", "profile.timed=2"]
