@@ -9,19 +9,18 @@ representative steps (one host row and one GPU row each) on one time axis, so a 
 wall of launches or a GPU that idles is seen at a glance; the axis ends at four times the median step,
 and a longer step is cut there with its length written. A run without GPU work draws no GPU rows, and the
 legend names only what is drawn. ``draw_memory`` draws each run's bytes allocated over its step, one panel a run,
-coloured by the region the host was in: where a strategy's memory rises, and how far.
+each level coloured by the region whose allocation or free set it: where a strategy's memory rises, and how far.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 from matplotlib.figure import Figure
 
 from detector.lab.extract import LAUNCH, SYNC, StepModel
 from detector.lab.measures import memory_text
-from detector.regions import REGIONS
+from detector.regions import OTHER, REGIONS
 
 # data wait, copy data, forward, calc loss, backward, optimizer step, step (CUDA graph), other, step
 REGION_COLORS = dict(
@@ -138,7 +137,7 @@ def draw_memory(runs: list[tuple[str, StepModel]], path, title: str = "") -> Pat
     axis, the area under the curve coloured by region; each panel's axis spans its own lowest to highest, and its
     label says the peak and how far it rose over the step's start. None where no run recorded memory."""
     drawn = [(label, model, model.memory()) for label, model in runs]
-    drawn = [(label, model, memory) for label, model, memory in drawn if memory and memory[1]]
+    drawn = [(label, model, memory) for label, model, memory in drawn if memory]  # a step of no event: flat
     if not drawn:
         return None
     fig = Figure(figsize=(14, 1.2 + 1.3 * len(drawn)), layout="constrained")
@@ -148,16 +147,14 @@ def draw_memory(runs: list[tuple[str, StepModel]], path, title: str = "") -> Pat
     for ax, (label, model, (start, rows)) in zip(axes, drawn, strict=True):
         times = [0.0] + [t / 1e3 for t, *_ in rows] + [model.dur / 1e3]
         levels = [start] + [allocated for _, allocated, *_ in rows]
-        regions = [rows[0][4] if rows else "other"] + [region for *_, region in rows]
+        regions = [rows[0][4] if rows else OTHER] + [region for *_, region in rows]
         low, high = min(levels), max(levels)
         levels.append(levels[-1])  # the last level holds to the step's end
         regions.append(regions[-1])
-        for name in REGIONS:  # each level holds until the next event, in the colour of its region
-            where = np.array([r == name for r in regions])
-            if where.any():
-                ax.fill_between(
-                    times, low, levels, where=where, step="post", color=REGION_COLORS[name], linewidth=0, label=name
-                )
+        for name in REGIONS:  # each level holds until the next event, in the colour of its region: the others at 0
+            mine = [level if region == name else low for level, region in zip(levels, regions, strict=True)]
+            if any(region == name for region in regions):
+                ax.fill_between(times, low, mine, step="post", color=REGION_COLORS[name], linewidth=0, label=name)
         ax.step(times, levels, where="post", color="#333333", linewidth=0.5)
         ax.set_ylim(low - 0.02 * (high - low + 1), high + 0.08 * (high - low + 1))
         ax.set_yticks([low, high], [memory_text(low), memory_text(high)], fontsize=7)

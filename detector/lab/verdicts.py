@@ -269,7 +269,10 @@ class Verdict:
         """The verdict as one markdown bullet (its label escaped: it comes from a file)."""
         label = cell_text(self.label)
         memory = f"{counts_text(self.memory, per_region=2)}. " if self.memory else ""
-        parts = [f"- **{label}** — {memory}{counts_text(self.counts)}."]
+        counts = counts_text(self.counts)
+        if memory and not self.counts:  # a sentence of its own after the memory's
+            counts = counts.capitalize()
+        parts = [f"- **{label}** — {memory}{counts}."]
         parts.append(self.time_sentence(label))
         if self.trained and disagree(self.trained, self.profiled) and self.profiled.judged:
             parts.append(self.profiler_sentence(label))

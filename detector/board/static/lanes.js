@@ -1,6 +1,6 @@
 // A step's extract (detector/lab/extract.py) as lanes of events: the regions, each thread's operators, the CUDA
 // calls, each GPU stream's work in the colour of the region whose call launched it, and the bytes the allocator
-// had allocated over the step, in the colour of the region the host was in.
+// had allocated over the step, each level in the colour of the region whose allocation or free set it.
 
 export const CATEGORIES = ['kernel', 'gpu_memcpy', 'gpu_memset'];
 export const SYNC = 2; // a call's flag (1: a kernel launch)
@@ -59,7 +59,7 @@ export function prepare(step, colors, collectives = []) {
 }
 
 // The allocator's events as a lane: each level holds from its event to the next (the last to the step's end), in the
-// colour of the region the host was in; low and high bound the levels, the step's start included.
+// colour of the region it fell in; low and high bound the levels, the step's start included.
 function memoryLane(step, colors) {
   const {rows, start, device, events} = step.memory;
   const name = (i) => (i >= 0 ? step.names[i] : '');
