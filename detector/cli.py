@@ -31,6 +31,8 @@ BENCH_HELP = {
     "blocks": "the fused conv blocks' kernels under each launch configuration and program count, and the step "
     "with the fastest (GPU)",
     "step": "the training step against the machine's floor, and the data pipeline's images/s",
+    "memory": "each strategy's memory: profiles and their verdicts, the allocator under dynamic shapes with and "
+    "without expandable segments, the largest batch that trains (GPU; the CPU's where it has one)",
 }
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
 TERMINATED = 143  # and by SIGTERM (128 + 15)

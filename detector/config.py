@@ -113,7 +113,9 @@ class ProfileConfig:
     # steps timed after the profiler's window with neither profiler nor regions: the step as training runs
     # it, beside which the profiled step shows what profiling costs; 0 = none
     timed: int = ranged(10, 0)
-    profile_memory: bool = False  # allocation events: not analysed, and they double a trace (loop: minutes to write)
+    # every allocation and free as an event: the memory measures (detector/lab/measures.py) and the Traces tab's
+    # memory lanes. They double a loop's trace and its writing time (docs/measures.md measures it); false: time only
+    profile_memory: bool = True
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
 
 

@@ -52,6 +52,7 @@ TEST_ALL = (
     "tests/test_sampler.py::test_sample_is_a_pure_function_of_seed_and_index_in_a_fresh_process",
     "tests/lab/test_report.py::test_report_runs",  # the standard set, part by part
     "tests/lab/test_report.py::test_a_stopped_report",
+    "tests/bench/test_memory_bench.py::test_bench_memory_writes",  # bench memory's parts, each a process
     "tests/kernels/test_cuda_op.py::test_cuda_kernels_compile_with_nvcc",  # nvcc -c of every CUDA source
     "tests/train/test_optimizer.py::test_two_hundred_steps",  # 200 training steps, twice
     "tests/test_model.py::test_loss_falls_by_a_large_factor",

@@ -97,3 +97,44 @@ def synthetic_events() -> list[dict]:
     step6 += [mark("copy data", 1100, 100), call("cudaMemcpyAsync", 1110, 5, 50)]
     step6 += [gpu("gpu_memcpy", H2D, 1120, 40, 50, nbytes=500), *lab_sync(1180, 10, 51)]
     return meta + step6[::-1] + step5  # out of order on purpose: the analysis sorts
+
+
+# ----------------------------------------------------------------------------- memory events
+
+
+def memory(ts, nbytes, total, reserved=4096, tid=MAIN, device=(1, 0)):
+    """A profiler "[memory]" event: ``nbytes`` allocated (> 0) or freed (< 0) at ``ts``, ``total`` allocated after it,
+    on ``device`` (c10's device type, index: (1, 0) is cuda:0, (0, -1) the CPU)."""
+    args = {"Total Reserved": reserved, "Total Allocated": total, "Bytes": nbytes, "Addr": 1 << 40}
+    args |= {"Device Type": device[0], "Device Id": device[1]}
+    return {
+        "ph": "i",
+        "cat": "cpu_instant_event",
+        "s": "t",
+        "name": "[memory]",
+        "pid": PID,
+        "tid": tid,
+        "ts": ts,
+        "args": args,
+    }
+
+
+# (ts, bytes, total after, thread) of synthetic_memory(): 1000 B live before the first; the operator each falls in
+MEMORY_EVENTS = [
+    (110, 100, 1100, MAIN),  # copy data, outside any operator
+    (206.6, 500, 1600, MAIN),  # forward: aten::empty inside aten::addmm inside aten::linear -> aten::addmm
+    (300.5, 200, 1800, MAIN),  # forward: aten::relu
+    (350, -500, 1300, MAIN),  # forward: a free outside any operator
+    (401.5, 1000, 2300, MAIN),  # calc loss: aten::select
+    (450.5, -1000, 1300, MAIN),  # calc loss: aten::item
+    (621.5, 300, 1600, AUTOGRAD),  # backward, on the autograd thread: aten::mul
+    (900, -600, 1000, MAIN),  # other
+]
+
+
+def synthetic_memory(events=MEMORY_EVENTS) -> list[dict]:
+    """synthetic_events() with the caching allocator's events of ``events`` on cuda:0, an aten::empty inside
+    aten::addmm, and a CPU tensor's allocation in forward that a GPU run's memory leaves out."""
+    cuda = [memory(ts, nbytes, total, tid=tid) for ts, nbytes, total, tid in events]
+    cpu = [memory(250, 9999, 9999, reserved=0, device=(0, -1))]
+    return synthetic_events() + [op("aten::empty", 206.5, dur=0.2)] + cuda[::-1] + cpu

@@ -6,6 +6,9 @@
 - ``blocks``: the fused conv blocks' Triton kernels under each launch configuration (GPU)
 - ``step``: the training step, its speed options and its pieces against the machine's floor, and the
   data pipeline's images/s
+- ``memory``: each strategy's memory: profiles with the memory measures and their comparison, the caching
+  allocator under dynamic shapes with and without expandable segments, and the largest batch that trains
+  (detector/bench/memory.py, which writes a folder of its own)
 
 Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
 with the device, the torch version and the ``bench`` configuration, and ``<target>.md`` with the tables it
@@ -32,6 +35,7 @@ TARGETS = {
     "layers": "detector.bench.layers",
     "step": "detector.bench.step",
     "blocks": "detector.bench.blocks",
+    "memory": "detector.bench.memory",
 }
 
 

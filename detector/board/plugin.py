@@ -35,7 +35,7 @@ from tensorboard.plugins import base_plugin
 from werkzeug import Response, wrappers
 
 from detector.lab import extract
-from detector.lab.measures import MEASURES, WHY
+from detector.lab.measures import MEASURES, MEMORY, WHY
 from detector.lab.record import EXTRACT, SUMMARY, ProfileRecord, RecordError, read_summary
 from detector.lab.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
 from detector.lab.trace import COLLECTIVE_PREFIXES
@@ -136,7 +136,7 @@ class TracesPlugin(base_plugin.TBPlugin):
             "measures": {
                 name: {"header": m.header, "unit": m.unit, "meaning": m.meaning} for name, m in MEASURES.items()
             },
-            "why": ["wall_ms", "gpu_ms", *WHY],
+            "why": ["wall_ms", "gpu_ms", *WHY, *MEMORY],
         }
         with self.lock:
             self.listing = (time.monotonic(), listing, summaries)

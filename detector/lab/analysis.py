@@ -12,11 +12,20 @@ Every measure is defined once, in detector/lab/measures.py. How a region's measu
   ahead of the device as in training, so a region's GPU ms may run long after its wall time has ended; the
   step's GPU idle share is the part of its wall time in which the device ran nothing at all.
 
+- Memory: the allocator's events (trace.py ``Memory``) that fall in the region's time span, on any thread: the
+  bytes live when it began, the most allocated at once in it (its peak, and how far that rose above the start),
+  the allocations and their bytes; a GPU's device mallocs and frees are its CUDA calls (cudaMalloc, cudaFree),
+  the CPU's every allocation and free (its allocator caches nothing). The caching allocator's retries are not in
+  the trace: `make profile` reads them from torch.cuda.memory_stats around each step (``allocator_checks``).
+
 ``check_steps`` tests what must hold whatever the strategy, and returns a warning for each violation
 (never a silent number): the regions and "other" add up to the step, every region with kernels has
 launches, every launch has its kernel, and every GPU event in the active steps has the call that
-launched it. ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive
-method), min, max and n over the steps; ``trace_summary`` is all of it, JSON-ready, for summary.json.
+launched it; each memory event's total follows from the one before, no region's peak rises further than it
+allocated, and the step's peak is its regions' highest. On a GPU, ``allocator_checks`` holds the trace against
+the allocator's own statistics of each step: the bytes live at its start, its peak and its device mallocs.
+``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive method), min, max
+and n over the steps; ``trace_summary`` is all of it, JSON-ready, for summary.json.
 """
 
 from __future__ import annotations
@@ -29,6 +38,8 @@ from pathlib import Path
 from detector.lab.measures import MEASURES
 from detector.lab.record import Analysis, Spread, StepMeasures
 from detector.lab.trace import (
+    DEVICE_FREES,
+    DEVICE_MALLOCS,
     LAUNCHES,
     OP_MEASURES,
     STEP_NAME,
@@ -64,8 +75,40 @@ def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]]
     if whole_step and out["wall_ms"] > 0:
         (start, end), *_ = spans
         out["gpu_idle_share"] = 1.0 - busy_us(trace, start, end) / (end - start)
+    out.update(memory_measures(trace, spans, whole_step))
     if not trace.has_gpu:
         out.update({name: None for name, m in MEASURES.items() if m.gpu_only})
+    return out
+
+
+def memory_measures(trace: Trace, spans: list[tuple[float, float]], whole_step: bool = False) -> dict:
+    """The memory measures (measures.py) of a region made of ``spans``: None where the trace has no memory events;
+    a GPU's device mallocs and frees (its CUDA calls) are counted with the calls, as is the allocator's retries
+    (``allocator_checks``). Over several spans, the highest peak and the largest rise of any."""
+    memory, out = trace.memory, {"alloc_retries": None, "reserved_free_bytes": None}
+    if memory is None:
+        cpu = {} if trace.has_gpu else {"device_mallocs": None, "device_frees": None}
+        return out | cpu | {"peak_bytes": None, "peak_rise_bytes": None, "alloc_bytes": None, "allocs": None}
+    peak, rise, last = 0, 0, None
+    totals = dict.fromkeys(memory.counts, 0)
+    for start, end in spans:
+        i, j = bisect_left(memory.ts, start), bisect_left(memory.ts, end)
+        level = memory.level(i)
+        top = max(level, max(memory.allocated[i:j], default=level))
+        peak, rise = max(peak, top), max(rise, top - level)
+        for name, prefix in memory.counts.items():
+            totals[name] += prefix[j] - prefix[i]
+        last = j
+    out |= {
+        "peak_bytes": peak,
+        "peak_rise_bytes": rise,
+        "alloc_bytes": totals["alloc_bytes"],
+        "allocs": totals["allocs"],
+    }
+    if not trace.has_gpu:  # c10's CPU allocator asks the system for every allocation and gives every free back
+        out |= {"device_mallocs": totals["allocs"], "device_frees": totals["frees"]}
+    elif whole_step and last:
+        out["reserved_free_bytes"] = memory.reserved[last - 1] - memory.allocated[last - 1]
     return out
 
 
@@ -99,6 +142,10 @@ def _count_calls(trace: Trace, tid, start: float, end: float, out: Counter, laun
             launches += 1
         elif name in SYNC_CANDIDATES:
             syncs += is_sync(trace, tid, i)
+        elif name in DEVICE_MALLOCS:
+            out["device_mallocs"] += 1
+        elif name in DEVICE_FREES:
+            out["device_frees"] += 1
         if correlation in trace.launched:
             launched.extend(trace.launched[correlation])
             out["kernels"] += trace.kernels[correlation]
@@ -152,6 +199,7 @@ def _gpu_span(trace: Trace, threads: list, start: float, end: float) -> tuple[fl
 
 
 ADDITIVE = ("wall_ms", "ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies")
+ADDITIVE += ("allocs", "alloc_bytes", "device_mallocs", "device_frees")
 
 
 def check_steps(source, steps: list[StepMeasures]) -> list[str]:
@@ -186,7 +234,82 @@ def check_steps(source, steps: list[StepMeasures]) -> list[str]:
             f"kernels with no launch counted in {len(unlaunched)} of {len(steps)} steps (step {first}: "
             f"{unlaunched[first]}): launched by a call the analysis does not know as a launch"
         )
-    return warnings + _unmatched_launches(trace)
+    return warnings + _unmatched_launches(trace) + _memory_checks(trace, steps)
+
+
+def _memory_checks(trace: Trace, steps: list[StepMeasures]) -> list[str]:
+    """What the memory events must satisfy (see the module docstring): one line per kind of violation."""
+    memory = trace.memory
+    if memory is None:
+        return []
+    out = []
+    broken = sum(
+        1 for k in range(1, len(memory.ts)) if memory.allocated[k] != memory.allocated[k - 1] + memory.bytes[k]
+    )
+    if broken:
+        out.append(
+            f"{broken} of {len(memory.ts)} memory events do not follow from the one before (bytes allocated after "
+            "it against before it plus its own): events dropped or out of order, the peaks may be off"
+        )
+    risen, peaks = {}, {}
+    for step in steps:
+        regions = {name: r for name, r in step.regions.items() if r.get("peak_bytes") is not None}
+        over = [
+            f"{name} (+{r['peak_rise_bytes']:,} B, {r['alloc_bytes']:,} B allocated)"
+            for name, r in regions.items()
+            if r["peak_rise_bytes"] > r["alloc_bytes"]
+        ]
+        if over:
+            risen[step.step] = ", ".join(over)
+        parts = [r["peak_bytes"] for name, r in regions.items() if name != STEP]
+        if STEP in regions and parts and max(parts) != regions[STEP]["peak_bytes"]:
+            peaks[step.step] = f"regions' highest {max(parts):,} B against the step's {regions[STEP]['peak_bytes']:,} B"
+    for found, what in (
+        (risen, "a region's peak rises further than it allocated"),
+        (peaks, "the step's peak is not its regions' highest"),
+    ):
+        if found:
+            first = min(found)
+            out.append(f"{what} in {len(found)} of {len(steps)} steps (step {first}: {found[first]})")
+    return out
+
+
+# A trace's figure and the allocator's own may differ by this share before they are called different: both read
+# the caching allocator's counters at the same allocations, so they agree exactly unless events were lost.
+ALLOCATOR_TOLERANCE = 1e-3
+
+
+def allocator_checks(steps: list[StepMeasures], allocator: dict[int, dict]) -> list[str]:
+    """Set each step's alloc_retries from ``allocator`` (step number -> the caching allocator's figures around it,
+    `make profile` reads them on a GPU: ``live``, ``peak``, ``device_mallocs``, ``retries``) and hold the trace's
+    bytes live at the start, peak and device mallocs against them; one line per kind of disagreement."""
+    found = {"live": {}, "peak": {}, "mallocs": {}}
+    for step in steps:
+        stats, measured = allocator.get(step.step), step.regions[STEP]
+        if not stats:
+            continue
+        measured["alloc_retries"] = stats["retries"]
+        if measured.get("peak_bytes") is not None:
+            start = measured["peak_bytes"] - measured["peak_rise_bytes"]
+            for key, trace_value in (("live", start), ("peak", measured["peak_bytes"])):
+                if abs(trace_value - stats[key]) > ALLOCATOR_TOLERANCE * max(stats[key], 1):
+                    found[key][step.step] = f"{trace_value:,} B in the trace, {stats[key]:,} B by the allocator"
+        if measured.get("device_mallocs") is not None and measured["device_mallocs"] != stats["device_mallocs"]:
+            found["mallocs"][step.step] = (
+                f"{measured['device_mallocs']} in the trace, {stats['device_mallocs']} by the allocator"
+            )
+    what = {
+        "live": "the bytes live at the step's start differ from the allocator's",
+        "peak": "the step's peak differs from the allocator's (torch.cuda.max_memory_allocated)",
+        "mallocs": "the step's device mallocs differ from the allocator's (num_device_alloc): under expandable "
+        "segments it maps memory with driver calls the trace does not record, so the regions' are too low",
+    }
+    out = []
+    for key, by_step in found.items():
+        if by_step:
+            first = min(by_step)
+            out.append(f"{what[key]} in {len(by_step)} of {len(steps)} steps (step {first}: {by_step[first]})")
+    return out
 
 
 def _unmatched_launches(trace: Trace) -> list[str]:
@@ -230,9 +353,11 @@ def representative_step(steps: list[StepMeasures]) -> StepMeasures:
     return steps[walls.index(statistics.median_low(walls))]
 
 
-def summarise(trace: Trace, steps: list[StepMeasures]) -> Analysis:
+def summarise(trace: Trace, steps: list[StepMeasures], allocator: dict[int, dict] | None = None) -> Analysis:
     """The record's analysis (detector/lab/record.py) of ``steps``, the trace's ``measure_steps``: each measure's
-    spread per region over the steps, the representative step, and the warnings of ``check_steps``."""
+    spread per region over the steps, the representative step, and the warnings of ``check_steps`` (and, given the
+    caching allocator's figures of each step, of ``allocator_checks``, which sets the steps' alloc retries)."""
+    held = allocator_checks(steps, allocator) if allocator else []
     names = [name for name in REGIONS if any(name in s.regions for s in steps)]
     regions = {
         name: {m: Spread.of([s.regions[name][m] for s in steps if name in s.regions]) for m in MEASURES}
@@ -245,5 +370,5 @@ def summarise(trace: Trace, steps: list[StepMeasures]) -> Analysis:
         steps=len(steps),
         step_numbers=[s.step for s in steps],
         regions=regions,
-        warnings=check_steps(trace, steps),
+        warnings=check_steps(trace, steps) + held,
     )

@@ -7,7 +7,7 @@ and mode), or the run folders named. Per mode:
   batch, image size), the counts that differ first, then the time as training runs it and as profiled;
 - the wall-time and (on a GPU) GPU-time tables, the why table, and the runs' noise (detector/lab/text.py);
 - charts (detector/lab/charts.py, detector/lab/timeline.py): the median step stacked by region, the counts
-  per region, and every strategy's median step on one time axis.
+  per region, every strategy's median step on one time axis, and the bytes each allocated over it.
 
 Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json and the PNGs. A summary that is
 not a record this lab reads (detector/lab/record.py) is skipped with its reason, and the rest compared.
@@ -28,7 +28,7 @@ from detector.lab import charts, text
 from detector.lab.extract import StepModel, load
 from detector.lab.record import MODES, SUMMARY, ProfileRecord, RecordError, read_summary
 from detector.lab.tables import speedup
-from detector.lab.timeline import draw_steps
+from detector.lab.timeline import draw_memory, draw_steps
 from detector.lab.verdicts import BASELINE, growth, judge, setting, verdict_lines
 from detector.losses import STRATEGIES
 
@@ -239,4 +239,8 @@ def draw_charts(runs: list[Run], mode: str, out: Path) -> dict[str, Path]:
     if steps:
         title = f"mode={mode}: the median step of each strategy — {where}"
         images[f"3 timeline, {mode}"] = draw_steps(steps, out / f"timeline-{mode}.png", title=title)
+        title = f"mode={mode}: the bytes allocated over each strategy's median step — {where}"
+        memory = draw_memory(steps, out / f"memory-{mode}.png", title=title)
+        if memory:
+            images[f"4 memory, {mode}"] = memory
     return images

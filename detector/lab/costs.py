@@ -14,11 +14,19 @@ Two sources, the first that applies:
   with the batch): one slot count at a batch of hundreds; where a few fit, the run's own if it is one of them.
 - otherwise a cheap timing here: each strategy's forward+backward on a batch of the run's shape with no box,
   then with the data's counts of boxes.
+
+Memory is modelled the same way, ``per_slot × slots + per_box × boxes`` bytes (``MemoryCost``), from each strategy's
+loss forward as the training step runs it in "calc loss" (its predictions requiring a gradient, so that autograd
+keeps what the backward will need), measured here on the same two batches: the peak it rises to above what was
+allocated before it (on a GPU the caching allocator's peak, on the CPU the profiler's memory events). Bytes depend
+on the shapes alone, so the model holds at other batches as long as the strategy allocates per slot and per box.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,6 +36,7 @@ import torch
 from detector.config import device_name
 from detector.lab.cases import random_boxes, sample_counts
 from detector.lab.timing import event_ms, loss_closures
+from detector.lab.trace import peak_rise, read_events
 from detector.losses import STRATEGIES, get_strategy
 from detector.targets import make_targets
 
@@ -144,18 +153,81 @@ def timed_here(names: list[str], counts: np.ndarray, slots: int, device: torch.d
     return Costs(source, costs)
 
 
-def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> float:
-    """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b, bf16 predictions
-    on a GPU (what autocast emits) and fp32 on the CPU."""
+def loss_inputs(name: str, counts: np.ndarray, slots: int, device: torch.device):
+    """(strategy, pred, targets): random boxes, ``counts[b]`` in image b, in the strategy's layout; predictions
+    requiring a gradient, bf16 on a GPU (what autocast emits) and fp32 on the CPU."""
     strategy = get_strategy(name)
     generator = torch.Generator().manual_seed(len(counts))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     boxes = random_boxes((len(counts), slots), generator, integer=True).to(torch.uint8)  # [B, M, 4]
     targets = make_targets([boxes[b, :n] for b, n in enumerate(counts.tolist())], strategy.layout, slots)
     pred = (boxes.double() + torch.randn(boxes.shape, generator=generator, dtype=torch.float64)).to(dtype)
-    pred = pred.to(device).requires_grad_()
-    _, forward_backward = loss_closures(strategy, pred, targets.to(device))
+    return strategy, pred.to(device).requires_grad_(), targets.to(device)
+
+
+def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> float:
+    """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b."""
+    strategy, pred, targets = loss_inputs(name, counts, slots, device)
+    _, forward_backward = loss_closures(strategy, pred, targets)
     return event_ms(forward_backward, device, **QUICK).median
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+@dataclass
+class MemoryCost:
+    """One strategy's loss forward in bytes: its peak rise per slot and per box, and what they were measured on."""
+
+    strategy: str
+    per_slot_bytes: float
+    per_box_bytes: float
+    measured: str
+
+    def at(self, slots: int, boxes: float) -> float:
+        """The predicted peak rise, in bytes, of the loss over ``slots`` slots holding ``boxes`` boxes."""
+        return self.per_slot_bytes * slots + self.per_box_bytes * boxes
+
+
+def memory_here(names: list[str], counts: np.ndarray, slots: int, device: torch.device) -> list[MemoryCost]:
+    """Each strategy's loss forward at a batch of ``counts`` boxes (each <= ``slots``) and with none: its slots'
+    bytes (the rise with no box) and its boxes' (the difference, a box)."""
+    batch, boxes = len(counts), int(counts.sum())
+    out = []
+    for name in names:
+        empty = loss_peak_rise(name, np.zeros_like(counts), slots, device)
+        full = loss_peak_rise(name, counts, slots, device)
+        per_box = max(0, full - empty) / boxes if boxes else 0.0
+        out.append(
+            MemoryCost(name, empty / (batch * slots), per_box, f"batch {batch} x {slots} slots, 0 and {boxes:,} boxes")
+        )
+    return out
+
+
+def loss_peak_rise(name: str, counts: np.ndarray, slots: int, device: torch.device) -> int:
+    """The bytes a strategy's loss forward rises to above what was allocated before it (after one call to warm up:
+    a first call may allocate what the later ones reuse)."""
+    strategy, pred, targets = loss_inputs(name, counts, slots, device)
+    strategy(pred, targets)
+    return peak_rise_of(lambda: strategy(pred, targets), device)
+
+
+def peak_rise_of(fn, device: torch.device) -> int:
+    """The peak bytes allocated while ``fn`` runs above those allocated before: the caching allocator's own peak on
+    a GPU, the profiler's memory events on the CPU (whose allocator keeps no peak)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        fn()
+        return torch.cuda.max_memory_allocated(device) - before
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")  # as the profile's window: no Kineto log lines among ours
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as folder:
+        path = f"{folder}/memory.json"
+        prof.export_chrome_trace(path)
+        return peak_rise(read_events(path)[1])
 
 
 def quick_strategies(requested: list[str], device: torch.device) -> tuple[list[str], list[str]]:

@@ -17,7 +17,12 @@ the host's clock, which the ranks of one host share). Per step:
 - ``streams``: per GPU stream, the kernels, copies and memsets the step's calls launched, whenever they
   ran, ``[start, duration, category, name, call]``: the host runs ahead, so a step's device work often
   starts after its host part has ended;
-- ``why``: every measure of each region in this step (detector/lab/measures.py), for the tab's region panel.
+- ``why``: every measure of each region in this step (detector/lab/measures.py), for the tab's region panel;
+- ``memory`` (where the profile recorded memory): the run's device (``cuda:0``, ``cpu``), the bytes allocated
+  when the step began (``start``), the allocator's events in it (``events``) and ``rows`` ``[start, allocated,
+  bytes, operator]``: the bytes allocated after each allocation (bytes > 0) or free (< 0) and the operator it is
+  attributed to (-1: none). A step of more than MEMORY_ROWS events keeps, in each of MEMORY_ROWS / 4 equal slices
+  of its time, the first, the last, the highest and the lowest: the curve's envelope, its peak exact.
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ from detector.regions import OTHER, STEP
 CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 LAUNCH, SYNC = 1, 2  # a call's flags
 TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
+# memory events kept per step: a GPU step of the loop strategy allocates ~10^5 times, and a screen is ~2000 px wide
+MEMORY_ROWS = 8000
 
 
 class Names:
@@ -106,7 +113,42 @@ def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names)
         "why": {
             region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()
         },
-    }
+    } | memory_rows(trace, t0, t1, names)
+
+
+def memory_rows(trace: Trace, t0: float, t1: float, names: Names) -> dict:
+    """``{"memory": ...}`` of the step [t0, t1) (see the module docstring), or {} where the trace has no memory."""
+    memory = trace.memory
+    if memory is None:
+        return {}
+    i, j = bisect_left(memory.ts, t0), bisect_left(memory.ts, t1)
+    kept = envelope(memory.ts, memory.allocated, i, j, t0, t1) if j - i > MEMORY_ROWS else range(i, j)
+    rows = [
+        [us(memory.ts[k] - t0), memory.allocated[k], memory.bytes[k], names(memory.ops[k]) if memory.ops[k] else -1]
+        for k in kept
+    ]
+    return {"memory": {"device": memory.device, "start": memory.level(i), "events": j - i, "rows": rows}}
+
+
+def envelope(ts: list, values: list, i: int, j: int, t0: float, t1: float) -> list[int]:
+    """The indices in [i, j) that keep the curve's shape: in each of MEMORY_ROWS / 4 slices of [t0, t1), its first,
+    last, highest and lowest event."""
+    slices, width = MEMORY_ROWS // 4, max(t1 - t0, 1e-9)
+    kept, current, first = set(), None, None
+    low = high = None
+    for k in range(i, j):
+        s = min(slices - 1, int((ts[k] - t0) / width * slices))
+        if s != current:
+            if current is not None:
+                kept.update((first, k - 1, low, high))
+            current, first, low, high = s, k, k, k
+        if values[k] > values[high]:
+            high = k
+        if values[k] < values[low]:
+            low = k
+    if current is not None:
+        kept.update((first, j - 1, low, high))
+    return sorted(kept)
 
 
 def top_level(ops: list, start: float, end: float) -> list:
@@ -200,3 +242,22 @@ class StepModel:
     def end(self) -> float:
         """µs from the step's start to the end of its host part or of the last GPU work it launched."""
         return max([self.dur] + [start + dur for _, start, dur, _, _ in self.gpu_events()])
+
+    def memory(self) -> tuple[int, list[tuple[float, int, int, str, str]]] | None:
+        """(bytes allocated when the step began, [(µs from its start, bytes allocated after, the event's bytes, its
+        operator, the region it fell in)]) of the step's allocator events; None where the profile recorded none."""
+        memory = self.step.get("memory")
+        if memory is None:
+            return None
+        regions = sorted((start, start + dur, name) for name, start, dur in self.regions())
+        starts = [a for a, _, _ in regions]
+
+        def region_at(t: float) -> str:
+            i = bisect_right(starts, t) - 1
+            return regions[i][2] if i >= 0 and t < regions[i][1] else OTHER
+
+        rows = [
+            (t, allocated, size, self.names[op] if op >= 0 else "", region_at(t))
+            for t, allocated, size, op in memory["rows"]
+        ]
+        return memory["start"], rows

@@ -7,6 +7,11 @@ a GPU, instead of printing zeros.
 
 Times are per step and region; counts are calls or events that *start* inside the region, on any thread
 of the profiled process (the autograd engine launches the backward's kernels from threads of its own).
+
+Memory is the run's device's: the CUDA caching allocator's on a GPU, c10's CPU allocator's on the CPU, as the
+profiler's memory events (``profile.profile_memory``) report each allocation and free with the bytes allocated
+after it. A run recorded without them has no memory measures (None, like a GPU measure on the CPU); a memory
+measure marked ``gpu_only`` does not exist on the CPU, whose allocator neither caches, reserves nor retries.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from dataclasses import dataclass
 class Measure:
     name: str  # the key in summary.json, and the TensorBoard tag's first part
     header: str  # a table's column header
-    unit: str  # "ms", "count", "bytes" or "share"
+    unit: str  # "ms", "count", "bytes" (moved, decimal: kB, MB), "memory" (held, binary: KiB, MiB) or "share"
     meaning: str  # one sentence: what it counts and why it matters
     gpu_only: bool = False
 
@@ -156,6 +161,66 @@ MEASURES: dict[str, Measure] = {
             "stream: the communication the compute hid. What is not hidden, the step waits for",
             gpu_only=True,
         ),
+        Measure(
+            "peak_bytes",
+            "peak allocated",
+            "memory",
+            "the most bytes the device's allocator had allocated to tensors at once during the region, what was live "
+            "when it began included (the weights, the optimizer's state, the activations kept for the backward): what "
+            "must fit. On the CPU the allocator counts only what it allocated while the profiler recorded",
+        ),
+        Measure(
+            "peak_rise_bytes",
+            "peak rise",
+            "memory",
+            "the peak allocated less the bytes live when the region began: the working memory of the region's own "
+            "operators (a padded loss's B·M slots, a loop's per-image tensors), on top of what it found",
+        ),
+        Measure(
+            "alloc_bytes",
+            "allocated bytes",
+            "memory",
+            "the bytes of the allocations the region made, each counted when made, freed or not: what passed "
+            "through the allocator",
+        ),
+        Measure(
+            "allocs",
+            "allocations",
+            "count",
+            "tensors allocated (each operator's outputs and temporaries): a per-image loop allocates B times as "
+            "many, each a trip through the allocator",
+        ),
+        Measure(
+            "device_mallocs",
+            "device mallocs",
+            "count",
+            "the allocator's own requests for new memory: on a GPU the caching allocator's cudaMalloc calls (a "
+            "new segment, slow and synchronising; a warm step makes none), on the CPU one malloc per allocation "
+            "(c10's CPU allocator caches nothing)",
+        ),
+        Measure(
+            "device_frees",
+            "device frees",
+            "count",
+            "the memory the allocator gives back: on a GPU cudaFree calls (its cache emptied: after an allocation "
+            "failed, or empty_cache), on the CPU one free per freed tensor",
+        ),
+        Measure(
+            "alloc_retries",
+            "alloc retries",
+            "count",
+            "allocations the caching allocator could not serve, so it freed its cache and asked the device again "
+            "(torch.cuda.memory_stats' num_alloc_retries, per step): a step at the edge of the memory, each one slow",
+            gpu_only=True,
+        ),
+        Measure(
+            "reserved_free_bytes",
+            "reserved free",
+            "memory",
+            "at the step's end, the bytes the caching allocator holds reserved from the device but not allocated to "
+            "any tensor: its cache and its fragmentation, which shapes that change from step to step make grow",
+            gpu_only=True,
+        ),
     )
 }
 
@@ -165,6 +230,20 @@ WHY = ("ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copie
 COUNTS = ("ops", "launches", "syncs", "h2d_copies", "host_reads", "slices")
 # The counts that no load on the machine changes: a verdict leads with them (detector/lab/verdicts.py).
 STABLE = ("ops", "slices", "host_reads", "launches", "syncs", "h2d_copies", "d2h_copies")
+# The memory measures, in a memory table's column order; the verdicts lead with those of MEMORY_VERDICT, deterministic
+# counts too (the same shapes allocate the same bytes), before every other count.
+MEMORY = (
+    "peak_bytes",
+    "peak_rise_bytes",
+    "alloc_bytes",
+    "allocs",
+    "device_mallocs",
+    "device_frees",
+    "alloc_retries",
+    "reserved_free_bytes",
+)
+MEMORY_VERDICT = ("peak_rise_bytes", "peak_bytes", "allocs", "device_mallocs", "alloc_retries")
+STEP_ONLY = ("alloc_retries", "reserved_free_bytes")  # measured for the whole step only
 
 
 def present(records, names=tuple(MEASURES)) -> list[str]:
@@ -196,12 +275,15 @@ def gpu_note(names) -> str:
 
 
 def format_value(name: str, value: float | None) -> str:
-    """A measure's value in its unit: a share as %, bytes in kB/MB/GB, ms to 3 significant digits."""
+    """A measure's value in its unit: a share as %, bytes moved in kB/MB/GB, memory held in KiB/MiB/GiB, ms to 3
+    significant digits."""
     if value is None:
         return "–"
     unit = MEASURES[name].unit
     if unit == "share":
         return f"{value:.0%}"
+    if unit == "memory":
+        return memory_text(value)
     if unit == "bytes":
         for suffix, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
             if value >= size:
@@ -210,6 +292,29 @@ def format_value(name: str, value: float | None) -> str:
     if unit == "ms":
         return f"{value:.3g}" if value < 1000 else f"{value:.0f}"
     return f"{value:g}"
+
+
+def memory_text(value: float) -> str:
+    """Bytes held, in binary units as allocators and nvidia-smi count them: ``1.5 GiB``, ``312 MiB``, ``0 B``."""
+    for suffix, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(value) >= size:
+            return f"{value / size:.3g} {suffix}"
+    return f"{value:.0f} B"
+
+
+def memory_note(records) -> str:
+    """The one line on the runs' memory measures where some are missing: not recorded, or not existing on the CPU."""
+    unrecorded = [r for r in records if not r.stats("step", "peak_bytes")]
+    if unrecorded and len(unrecorded) == len(list(records)):
+        return "Memory: not recorded (profile.profile_memory=false, or a run of an older version)."
+    cpu = [n for n in MEMORY if MEASURES[n].gpu_only] if not any(r.analysis.gpu for r in records) else []
+    lines = []
+    if cpu:
+        headers = ", ".join(MEASURES[n].header for n in cpu)
+        lines.append(f"{headers}: none on the CPU (c10's CPU allocator neither caches, reserves nor retries).")
+    if unrecorded:
+        lines.append(f"Memory not recorded in {len(unrecorded)} run(s) (profile.profile_memory=false).")
+    return " ".join(lines)
 
 
 def legend(names) -> str:

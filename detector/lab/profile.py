@@ -46,6 +46,7 @@ from omegaconf import DictConfig, OmegaConf
 from detector.config import device_name
 from detector.data import build_loader, rank_loader
 from detector.lab import analysis, extract
+from detector.lab.allocator import StepMeter
 from detector.lab.noise import LoadMeter
 from detector.lab.record import Extract, Noise, ProfileRecord, Timed, write_extract, write_summary
 from detector.lab.source import DataSource
@@ -81,12 +82,15 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
         meter = LoadMeter()
         before = meter.sample()
         meter.start()
-        trace, timed, losses = profile_steps(step, cfg, device, run_dir / "trace", env)
+        allocator = StepMeter(device)  # the caching allocator's own figures of each step, on a GPU
+        trace, timed, losses = profile_steps(step, cfg, device, run_dir / "trace", env, allocator)
         during, own = meter.stop(), meter.own
         spread = Timed.of(timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"
         noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own, timed_by=timed_by)
-        record, steps_extract = summarise_run(cfg, device, run_dir, trace, timed, noise, nonfinite(losses))
+        record, steps_extract = summarise_run(
+            cfg, device, run_dir, trace, timed, noise, nonfinite(losses), allocator.steps
+        )
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
         if env.world_size > 1 and env.is_main:
@@ -109,9 +113,12 @@ def rank_run_dir(parent: Path, env: DistEnv) -> Path:
     return run_dir
 
 
-def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path, env: DistEnv):
+def profile_steps(
+    step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path, env: DistEnv, allocator=None
+):
     """Run wait + warmup + active steps under the profiler, then ``profile.timed`` steps without it;
-    returns the trace file, the timed steps' wall ms and the profiled steps' losses (on the device, unread)."""
+    returns the trace file, the timed steps' wall ms and the profiled steps' losses (on the device, unread).
+    ``allocator`` (a StepMeter) reads each step's figures."""
     pcfg = cfg.profile
     total = pcfg.wait + pcfg.warmup + pcfg.active
     run = step if pcfg.mode == "train" else step.forward_only
@@ -133,7 +140,11 @@ def profile_steps(step: TrainStep, cfg: DictConfig, device: torch.device, trace_
         for i in range(total):
             step.regions.active = i >= pcfg.wait
             start = time.perf_counter()
+            if allocator:
+                allocator.start()
             losses.append(run(next(batches)))  # kept, not read: reading would wait for the device
+            if allocator:
+                allocator.stop(i)  # the step is ProfilerStep#i
             prof.step()
             phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
             print(f"  step {i + 1:3d}/{total} [{phase:6s}] {(time.perf_counter() - start) * 1e3:9.1f} ms", flush=True)
@@ -191,8 +202,10 @@ def summarise_run(
     timed: list[float],
     noise: Noise,
     warnings: list[str] = (),
+    allocator: dict[int, dict] | None = None,
 ) -> tuple[ProfileRecord, Extract]:
-    """summary.json and extract.json.gz of a finished profile run; ``warnings`` join the analysis' own."""
+    """summary.json and extract.json.gz of a finished profile run; ``warnings`` join the analysis' own; ``allocator``:
+    the caching allocator's figures of each step (a GPU's), which the trace's memory is held against."""
     print("  analysing the trace ...", flush=True)
     parsed = load_trace(trace)
     steps = analysis.measure_steps(parsed)
@@ -204,7 +217,7 @@ def summarise_run(
         batch_size=cfg.data.batch_size,
         image_size=cfg.data.image_size,
         max_boxes=cfg.data.max_boxes,
-        analysis=analysis.summarise(parsed, steps),
+        analysis=analysis.summarise(parsed, steps, allocator),
         per_step=steps,
         timed=Timed.of(timed),
         noise=noise,

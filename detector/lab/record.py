@@ -409,6 +409,20 @@ def check_step(step, where: str, names: int) -> None:
             if not isinstance(row, list) or len(row) != 5 or not 0 <= row[4] < len(step["calls"]):
                 raise RecordError(f"{where}.streams has an event {short(row)} not launched by one of its calls")
     need(step.get("why"), dict, f"{where}.why")
+    if step.get("memory") is not None:  # absent in extracts of runs that recorded no memory
+        check_memory_rows(step["memory"], f"{where}.memory", names)
+
+
+def check_memory_rows(memory, where: str, names: int) -> None:
+    """RecordError unless a step's ``memory`` has the shape extract.memory_rows writes."""
+    need(memory, dict, where)
+    need(memory.get("device"), str, f"{where}.device")
+    for key in ("start", "events"):
+        need(memory.get(key), int, f"{where}.{key}")
+    for row in need(memory.get("rows"), list, f"{where}.rows"):
+        numbers = isinstance(row, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
+        if not numbers or len(row) != 4 or not -1 <= row[3] < names:
+            raise RecordError(f"{where} has a row {short(row)} that is not [start, allocated, bytes, operator]")
 
 
 def read_extract(path) -> Extract:

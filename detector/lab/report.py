@@ -50,7 +50,7 @@ from detector.train.step import speed_option_refusal
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
 GPU_BATCHES = (1024, 16384)  # bench losses on a GPU: the seed's batch, and one where the loss's own work shows
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=3", "profile.timed=2"]
-CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png")
+CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png", "memory-train.png")
 ROOT = Path(__file__).resolve().parent.parent
 
 

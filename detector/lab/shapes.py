@@ -11,7 +11,10 @@ at ``data.max_boxes`` slots (after ``data.over_max_boxes``) and batch ``data.bat
   (detector/lab/costs.py: bench losses' result file of this device, else a cheap timing here, which it says);
 - the check: the newest profile run of each strategy over this source at these slots, batch and device
   (``make profile STRATEGY=<name> BOXES=<source>``), its step as training runs it, and where it disagrees with
-  the prediction.
+  the prediction;
+- each strategy's loss memory predicted from the same counts: the peak its forward rises to in "calc loss", bytes a
+  slot times the batch's B·M slots plus bytes a box times its boxes (detector/lab/costs.py ``MemoryCost``, measured
+  here), against the calc loss peak rise of those profiles (within MEMORY_AGREES).
 
 Everything goes to a new ``<dir of profile.out_dir>/shapes/<source's name>/<time>/``: shapes.md, shapes.json
 and counts.png.
@@ -32,6 +35,7 @@ from detector.config import device_name, resolve_device
 from detector.data import FaceSampler
 from detector.lab import costs as costing
 from detector.lab.compare import new_folder
+from detector.lab.measures import memory_text
 from detector.lab.record import SUMMARY, ProfileRecord, RecordError, Spread, read_summary
 from detector.lab.tables import markdown_table, significant, speedup, times
 
@@ -61,6 +65,7 @@ def run_shapes(cfg: DictConfig) -> dict:
     report["costs"] = {"source": found.source, "file": found.file, "strategies": [asdict(c) for c in found.costs]}
     report["predicted"] = predict(found.costs, report["batch"]["slots"], report["batch"]["boxes"])
     report["measured"] = measured(cfg, report)
+    report["memory"] = predicted_memory(cfg, kept, device, report)
     out = new_folder(Path(cfg.profile.out_dir).parent / "shapes" / source_name(data.boxes))
     out.mkdir(parents=True)
     draw_histogram(report, out / "counts.png")
@@ -206,6 +211,33 @@ def measured(cfg: DictConfig, report: dict) -> dict:
     return result | {"disagreements": disagreements}
 
 
+# ----------------------------------------------------------------------------- memory
+
+
+# A prediction and a profile agree where neither is more than this many times the other: the profile's calc loss also
+# counts the step's own small tensors (the boxes' count, the global mean) and its batches' box counts vary
+MEMORY_AGREES = 1.5
+
+
+def predicted_memory(cfg: DictConfig, kept: np.ndarray, device, report: dict) -> dict:
+    """Each strategy's loss memory at the report's batch from its bytes a slot and a box (measured here on a batch of
+    the data's counts), and the calc loss peak rise of the profiles over this source, where there are any."""
+    names, left = costing.quick_strategies(list(cfg.bench.strategies), device)
+    batch = np.random.default_rng(cfg.data.seed).choice(kept, size=cfg.data.batch_size)  # a batch of the data
+    print(f"shapes: measuring {len(names)} strategies' loss memory here ...", flush=True)
+    costs = costing.memory_here(names, batch, cfg.data.max_boxes, device)
+    slots, boxes = report["batch"]["slots"], report["batch"]["boxes"]
+    runs = profiles_over(
+        Path(cfg.profile.out_dir), report["source"], report["max_boxes"], report["batch_size"], report["device"]
+    )
+    profiled = {r.strategy: r.stats("calc loss", "peak_rise_bytes") for r in runs}
+    rows = []
+    for cost in sorted(costs, key=lambda c: c.at(slots, boxes)):
+        found = profiled.get(cost.strategy)
+        rows.append(asdict(cost) | {"predicted": cost.at(slots, boxes), "profiled": found.median if found else None})
+    return {"strategies": rows, "not_measured": left}
+
+
 # ----------------------------------------------------------------------------- the report
 
 
@@ -242,7 +274,49 @@ def shapes_markdown(report: dict, out: Path) -> str:
     ]
     lines += prediction_lines(report)
     lines += ["", "## The check: profiles over this source", ""] + check_lines(report)
+    lines += ["", "## Loss memory", ""] + memory_lines(report)
     return "\n".join(lines)
+
+
+def memory_lines(report: dict) -> list[str]:
+    """The loss memory table: bytes a slot and a box, the peak rise predicted at the batch, the profiles' calc loss."""
+    memory = report.get("memory") or {"strategies": []}
+    if not memory["strategies"]:
+        return ["No strategy's loss memory could be measured here (bench.strategies names none that runs here)."]
+    slots, boxes = report["batch"]["slots"], report["batch"]["boxes"]
+    rows, off = [], []
+    for row in memory["strategies"]:
+        profiled, predicted = row["profiled"], row["predicted"]
+        ratio = profiled / predicted if profiled and predicted else None
+        if ratio is not None and not 1 / MEMORY_AGREES <= ratio <= MEMORY_AGREES:
+            off.append(f"{row['strategy']} ({ratio:.2f}×)")
+        rows.append(
+            [
+                row["strategy"],
+                significant(row["per_slot_bytes"]),
+                significant(row["per_box_bytes"]),
+                memory_text(predicted),
+            ]
+            + [memory_text(profiled) if profiled is not None else "—", f"{ratio:.2f}×" if ratio else "—"]
+        )
+    headers = ["strategy", "B a slot", "B a box", "predicted peak rise", "profiled (calc loss)", "profiled / predicted"]
+    lines = [
+        f"The peak each strategy's loss forward rises to in calc loss, as training runs it: bytes a slot × {slots:,} "
+        f"slots + bytes a box × {boxes:,.0f} boxes, measured here ({memory['strategies'][0]['measured']}), against the "
+        "calc loss of the profiles over this source (the median peak rise).",
+        "",
+        markdown_table(headers, rows, "lrrrrr"),
+    ]
+    if any(row["profiled"] is not None for row in memory["strategies"]):
+        verdict = (
+            f"off by more than {MEMORY_AGREES}× for {', '.join(off)}"
+            if off
+            else f"within {MEMORY_AGREES}× for every one profiled"
+        )
+        lines += ["", f"**The memory prediction** is {verdict}."]
+    if memory.get("not_measured"):
+        lines += ["", f"Not measured here: {', '.join(memory['not_measured'])} (compiled, emulated or unavailable)."]
+    return lines
 
 
 def over_line(report: dict) -> str:

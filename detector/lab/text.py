@@ -1,12 +1,24 @@
 """The lab's markdown: a profile run's card (what `make profile` prints and TensorBoard's Text tab shows) and
 a comparison's tables (`make compare`). Every cell is a measure of detector/lab/measures.py, formatted in
 its unit, "median [q1–q3]" over the active steps; a measure that is zero in every region of every run shown
-is not written, and a CPU run says once which measures need a GPU.
+is not written, and a CPU run says once which measures need a GPU. The memory tables show every memory measure,
+"none" where it does not exist on the run's device (the CPU's allocator neither caches, reserves nor retries).
 """
 
 from __future__ import annotations
 
-from detector.lab.measures import MEASURES, WHY, absent_gpu_measures, format_value, gpu_note, legend, present
+from detector.lab.measures import (
+    MEASURES,
+    MEMORY,
+    STEP_ONLY,
+    WHY,
+    absent_gpu_measures,
+    format_value,
+    gpu_note,
+    legend,
+    memory_note,
+    present,
+)
 from detector.lab.record import ProfileRecord, Spread
 from detector.lab.tables import cell_text, markdown_table, speedup, times
 from detector.lab.verdicts import BASELINE, host_speedup, noise_note, profiler_note
@@ -51,8 +63,54 @@ def run_card(record: ProfileRecord) -> str:
     missing = gpu_note(absent_gpu_measures([record], TIME + WHY))
     lines += ["", missing] if missing else []
     lines += ["", legend(present([record], TIME + WHY))]
+    lines += memory_card(record)
     lines += [f"\n**warning**: {cell_text(w)}" for w in analysis.warnings + left_out(record)]
     return "\n".join(lines)
+
+
+NONE = "none"  # a memory measure that does not exist on the run's device (not 0: nothing was counted)
+
+
+def memory_cell(record: ProfileRecord, region: str, name: str, spread: bool = True) -> str:
+    """A memory table's cell: "none" where the measure does not exist on the run's device, blank where it is the whole
+    step's only, else the median [q1–q3] (the median alone without ``spread``)."""
+    if MEASURES[name].gpu_only and not record.analysis.gpu:
+        return NONE
+    if name in STEP_ONLY and region != STEP:
+        return ""
+    stats = record.stats(region, name)
+    return stats_cell(name, stats) if spread else format_value(name, stats.median if stats else None)
+
+
+def memory_card(record: ProfileRecord) -> list[str]:
+    """The card's memory section: regions x every memory measure, or one line where the run recorded none."""
+    if not record.stats(STEP, "peak_bytes"):
+        return ["", memory_note([record])]
+    rows = [[region] + [memory_cell(record, region, n) for n in MEMORY] for region in record.regions()]
+    lines = [
+        "",
+        f"Memory on {cell_text(record.device)}, median [q1–q3] per step:",
+        "",
+        markdown_table(["region"] + [MEASURES[n].header for n in MEMORY], rows),
+    ]
+    note = memory_note([record])
+    return lines + (["", note] if note else []) + ["", legend(MEMORY)]
+
+
+def memory_table(runs: list[tuple[str, ProfileRecord]]) -> str:
+    """Per region and strategy: the medians of every memory measure ("none" where it does not exist on a run's
+    device); a region no run allocated in has no rows, the step always."""
+    records = [r for _, r in runs]
+    rows = []
+    for region in regions_of(records):
+        if region != STEP and not any(r.median(region, "allocs") for r in records):
+            continue
+        for label, record in runs:
+            if record.stats(region):
+                cells = [memory_cell(record, region, n, spread=False) for n in MEMORY]
+                rows.append([region, label] + cells)
+    headers = ["region", "strategy"] + [MEASURES[n].header for n in MEMORY]
+    return markdown_table(headers, rows, "ll" + "r" * len(MEMORY))
 
 
 def boxes_of(record: ProfileRecord) -> str:
@@ -160,8 +218,8 @@ def mode_markdown(
     why = present(records, WHY)
     lines = [f"## mode={mode} — {setting(records)}", "", "### Verdicts", ""]
     lines += [
-        f"Each strategy against {BASELINE}: first the counts that no load changes, then the time by the rule "
-        "below (`≈`: not distinguishable on this machine), then what the profiler added where the two disagree.",
+        f"Each strategy against {BASELINE}: first the memory and the counts that no load changes, then the time by the "
+        "rule below (`≈`: not distinguishable on this machine), then what the profiler added where the two disagree.",
         "",
         *verdicts,
     ]
@@ -191,6 +249,10 @@ def mode_markdown(
             "",
             time_table(runs, base, "gpu_ms"),
         ]
+    if any(r.stats(STEP, "peak_bytes") for r in records):
+        lines += ["", f"### Memory (mode={mode}): medians per step", "", memory_table(runs), "", legend(MEMORY)]
+    note = memory_note(records)
+    lines += ["", note] if note else []
     lines += ["", f"### Why (mode={mode}): medians per step", "", why_table(runs, why)]
     missing = gpu_note(absent_gpu_measures(records, WHY + ("gpu_ms",)))
     lines += ["", missing] if missing else []

@@ -8,7 +8,8 @@ device, so a step's kernels often run after its host part has ended. ``draw_step
 representative steps (one host row and one GPU row each) on one time axis, so a step four times longer, a
 wall of launches or a GPU that idles is seen at a glance; the axis ends at four times the median step,
 and a longer step is cut there with its length written. A run without GPU work draws no GPU rows, and the
-legend names only what is drawn.
+legend names only what is drawn. ``draw_memory`` draws each run's bytes allocated over its step, one panel a run,
+each level coloured by the region whose allocation or free set it: where a strategy's memory rises, and how far.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from detector.lab.extract import LAUNCH, SYNC, StepModel
-from detector.regions import REGIONS
+from detector.lab.measures import memory_text
+from detector.regions import OTHER, REGIONS
 
 # data wait, copy data, forward, calc loss, backward, optimizer step, step (CUDA graph), other, step
 REGION_COLORS = dict(
@@ -128,6 +130,48 @@ def _merge_close(bars: list[tuple[float, float]], gap: float) -> list[tuple[floa
         else:
             merged.append((start, end))
     return merged
+
+
+def draw_memory(runs: list[tuple[str, StepModel]], path, title: str = "") -> Path | None:
+    """PNG of the bytes allocated over each run's step (``runs``: [(label, model)]), a panel a run on a shared time
+    axis, the area under the curve coloured by region; each panel's axis spans its own lowest to highest, and its
+    label says the peak and how far it rose over the step's start. None where no run recorded memory."""
+    drawn = [(label, model, model.memory()) for label, model in runs]
+    drawn = [(label, model, memory) for label, model, memory in drawn if memory]  # a step of no event: flat
+    if not drawn:
+        return None
+    fig = Figure(figsize=(14, 1.2 + 1.3 * len(drawn)), layout="constrained")
+    axes = fig.subplots(len(drawn), 1, sharex=True, squeeze=False)[:, 0]
+    fig.suptitle(title or "bytes allocated over each run's step", fontsize=11)
+    width = max(model.dur for _, model, _ in drawn) / 1e3
+    for ax, (label, model, (start, rows)) in zip(axes, drawn, strict=True):
+        times = [0.0] + [t / 1e3 for t, *_ in rows] + [model.dur / 1e3]
+        levels = [start] + [allocated for _, allocated, *_ in rows]
+        regions = [rows[0][4] if rows else OTHER] + [region for *_, region in rows]
+        low, high = min(levels), max(levels)
+        levels.append(levels[-1])  # the last level holds to the step's end
+        regions.append(regions[-1])
+        for name in REGIONS:  # each level holds until the next event, in the colour of its region: the others at 0
+            mine = [level if region == name else low for level, region in zip(levels, regions, strict=True)]
+            if any(region == name for region in regions):
+                ax.fill_between(times, low, mine, step="post", color=REGION_COLORS[name], linewidth=0, label=name)
+        ax.step(times, levels, where="post", color="#333333", linewidth=0.5)
+        ax.set_ylim(low - 0.02 * (high - low + 1), high + 0.08 * (high - low + 1))
+        ax.set_yticks([low, high], [memory_text(low), memory_text(high)], fontsize=7)
+        ax.set_ylabel(label, rotation=0, ha="right", va="center", fontsize=9)
+        ax.set_title(
+            f"peak {memory_text(high)}, {memory_text(high - start)} over the step's start", loc="right", fontsize=8
+        )
+        ax.grid(axis="x", alpha=0.3)
+    axes[-1].set_xlim(0, width)
+    axes[-1].set_xlabel("ms from the step's start (host time: the allocator serves the host as it dispatches)")
+    handles = {}
+    for ax in axes:
+        handles |= dict(zip(*ax.get_legend_handles_labels()[::-1], strict=True))
+    shown = {name: handles[name] for name in REGIONS if name in handles}
+    fig.legend(shown.values(), shown.keys(), loc="outside lower center", ncol=len(shown), fontsize=8)
+    fig.savefig(path, dpi=110)
+    return Path(path)
 
 
 LEGEND_ORDER = REGIONS + ("kernel launch", "host-device sync", "copy")

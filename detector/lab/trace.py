@@ -16,6 +16,12 @@ work start inside a span of time, which call launched which GPU work, and which 
   both: ``.item()`` and ``.cpu()`` count one sync each. Under ``profile.sync_regions=true`` the lab's own
   synchronize at the end of each region sits in a ``lab sync`` annotation: it is measured on its own and
   left out of every other count.
+- Memory: the profiler's ``[memory]`` instant events (``profile.profile_memory``), one per allocation (``Bytes`` > 0)
+  or free (< 0), with the bytes allocated (``Total Allocated``) and, on a GPU, reserved (``Total Reserved``) after
+  it, on the device ``Device Type`` (c10's: 0 the CPU, 1 CUDA) and ``Device Id``. The run's device's are kept: a
+  GPU trace's CUDA device with the most events, else the CPU's. Each is attributed to the innermost operator
+  around it on its thread that is not an allocation primitive (``aten::empty`` and kin): the operator that
+  needed the memory.
 """
 
 from __future__ import annotations
@@ -60,6 +66,16 @@ OP_KINDS = {
 }
 OP_MEASURES = ("ops", "slices", "host_reads")
 COLLECTIVE_PREFIXES = ("ncclDevKernel", "ncclKernel")
+MEMORY_EVENT = "[memory]"
+CPU_DEVICE, CUDA_DEVICE = 0, 1  # c10::DeviceType, as a memory event's "Device Type" gives it
+# The caching allocator's own calls for device memory (runtime calls: the driver's cuMemAlloc inside cudaMalloc is not
+# counted twice; under expandable segments it maps memory with driver calls the profiler does not record)
+DEVICE_MALLOCS = frozenset({"cudaMalloc", "cudaMallocAsync"})
+DEVICE_FREES = frozenset({"cudaFree", "cudaFreeAsync"})
+# operators that only allocate: the memory is the operator's around them
+ALLOCATING = frozenset(
+    {"aten::empty", "aten::empty_strided", "aten::empty_like", "aten::new_empty", "aten::new_empty_strided"}
+)
 # the element sizes of the dtype names (c10's) that the trace gives a collective
 DTYPE_BYTES = {"Double": 8, "Long": 8, "Float": 4, "Int": 4, "BFloat16": 2, "Half": 2, "Short": 2, "Char": 1}
 DTYPE_BYTES |= {"Byte": 1, "Bool": 1}
@@ -93,6 +109,25 @@ class Op(NamedTuple):
     name: str
 
 
+class Memory(NamedTuple):
+    """The allocator's events on the run's device, by time (µs): ``bytes`` > 0 an allocation, < 0 a free;
+    ``allocated`` and ``reserved`` the allocator's totals after each (reserved: 0 on the CPU, which reserves
+    nothing); ``ops`` the operator each one is attributed to ("" outside any). ``counts``: prefix sums of the
+    allocations, their bytes and the frees, for a span's totals by bisection."""
+
+    device: str  # "cuda:0", "cpu"
+    ts: list
+    bytes: list
+    allocated: list
+    reserved: list
+    ops: list
+    counts: dict
+
+    def level(self, i: int) -> int:
+        """The bytes allocated just before event ``i`` (after the last event for ``i`` = len)."""
+        return self.allocated[i - 1] if i > 0 else self.allocated[0] - self.bytes[0] if self.ts else 0
+
+
 class Copy(NamedTuple):
     direction: str  # "h2d" | "d2h"
     bytes: int
@@ -120,6 +155,7 @@ class Trace:
     compute: tuple = ([], [], [0.0])  # merged intervals of the kernels that are not collectives
     message_bytes: dict = field(default_factory=dict)  # a collective's Gpu -> its message's bytes, where given
     lab_syncs: dict = field(default_factory=dict)  # tid -> {index into calls} inside "lab sync" annotations
+    memory: Memory | None = None  # the run's device's allocator events; None where the profile recorded none
 
     @property
     def has_gpu(self) -> bool:
@@ -164,9 +200,11 @@ def load_trace(source) -> Trace:
 
 def _index(name: str, events: list[dict]) -> Trace:
     trace = Trace(name=name, steps=[])
-    ops, copy_events = defaultdict(list), []
+    ops, copy_events, memory_events = defaultdict(list), [], []
     for e in events:
         if e.get("ph") != "X":
+            if e.get("name") == MEMORY_EVENT and e.get("ph") == "i":
+                memory_events.append(e)
             continue
         cat = e.get("cat")
         if cat == "user_annotation":
@@ -219,7 +257,75 @@ def _index(name: str, events: list[dict]) -> Trace:
     trace.busy = merge_intervals(trace.gpu)
     trace.compute = merge_intervals(g for g in trace.gpu if g.category == "kernel" and not is_collective(g))
     trace.lab_syncs = _lab_syncs(trace)
+    trace.memory = _memory(trace, memory_events)
     return trace
+
+
+def _memory(trace: Trace, events: list[dict]) -> Memory | None:
+    """The run's device's memory events (see the module docstring), indexed; None where there are none."""
+    by_device = defaultdict(list)
+    for e in events:
+        args = e.get("args", {})
+        by_device[(args.get("Device Type"), args.get("Device Id"))].append(e)
+    wanted = CUDA_DEVICE if trace.has_gpu else CPU_DEVICE  # a GPU run's memory is its GPU's
+    keys = [key for key in by_device if key[0] == wanted]
+    if not keys:
+        return None
+    key = max(keys, key=lambda k: len(by_device[k]))
+    found = by_device[key]
+    found.sort(key=lambda e: (e["ts"], e["args"].get("Ev Idx", 0)))
+    ts = [e["ts"] for e in found]
+    sizes = [int(e["args"]["Bytes"]) for e in found]
+    counts = {"allocs": [0], "alloc_bytes": [0], "frees": [0]}
+    for b in sizes:
+        counts["allocs"].append(counts["allocs"][-1] + (b > 0))
+        counts["alloc_bytes"].append(counts["alloc_bytes"][-1] + max(b, 0))
+        counts["frees"].append(counts["frees"][-1] + (b < 0))
+    return Memory(
+        device=f"cuda:{key[1]}" if key[0] == CUDA_DEVICE else "cpu",
+        ts=ts,
+        bytes=sizes,
+        allocated=[int(e["args"]["Total Allocated"]) for e in found],
+        reserved=[int(e["args"].get("Total Reserved", 0)) for e in found],
+        ops=_allocating_ops(trace, found),
+        counts=counts,
+    )
+
+
+def peak_rise(events: list[dict], device_type: int = CPU_DEVICE) -> int:
+    """The most bytes allocated at once on ``device_type`` during ``events`` (any profiler trace's, no steps needed)
+    above what was allocated before the first of them: the working memory of the code profiled."""
+    found = sorted(
+        (e for e in events if e.get("name") == MEMORY_EVENT and e.get("args", {}).get("Device Type") == device_type),
+        key=lambda e: e["ts"],
+    )
+    if not found:
+        return 0
+    before = found[0]["args"]["Total Allocated"] - found[0]["args"]["Bytes"]
+    return max(before, *(e["args"]["Total Allocated"] for e in found)) - before
+
+
+def _allocating_ops(trace: Trace, events: list[dict]) -> list[str]:
+    """Per memory event (sorted by time), the innermost operator around it on its thread that is not in
+    ALLOCATING: one sweep per thread over its operators (sorted, nested), a stack of those open."""
+    names = [""] * len(events)
+    by_thread = defaultdict(list)
+    for i, e in enumerate(events):
+        by_thread[e.get("tid")].append(i)
+    for tid, indices in by_thread.items():
+        ops = sorted(trace.op_events.get(tid, []), key=lambda o: (o.ts, -o.end))
+        stack, k = [], 0
+        for i in indices:
+            t = events[i]["ts"]
+            while k < len(ops) and ops[k].ts <= t:
+                while stack and stack[-1].end <= ops[k].ts:
+                    stack.pop()
+                stack.append(ops[k])
+                k += 1
+            while stack and stack[-1].end <= t:
+                stack.pop()
+            names[i] = next((o.name for o in reversed(stack) if o.name not in ALLOCATING and o.end > t), "")
+    return names
 
 
 def is_collective(g: Gpu) -> bool:

@@ -1,7 +1,9 @@
 """Verdicts: one strategy's profiled step against ``padded``'s, in an order that survives a noisy machine.
 
-A verdict leads with what no load changes: per region, the counts that differ (operators, slices, host
-reads, launches, syncs, copies; detector/lab/measures.py ``STABLE``) as ratios. Then the time, by the one
+A verdict leads with what no load changes: first memory where the two differ (a region's peak rise, the step's
+peak allocated, the allocations, device mallocs and retries; detector/lab/measures.py ``MEMORY_VERDICT``: the same
+shapes allocate the same bytes), then per region the counts that differ (operators, slices, host reads, launches,
+syncs, copies; ``STABLE``) as ratios. Then the time, by the one
 rule of detector/lab/tables.py: the step as training runs it (the steps timed without the profiler), "N×
 slower" where the interquartile ranges do not overlap, "not distinguishable on this machine" with both
 spreads where they do, and "not judged" where either run's noise check flags it (detector/lab/record.py
@@ -17,9 +19,9 @@ sizes or more.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from detector.lab.measures import MEASURES, STABLE, format_value
+from detector.lab.measures import MEASURES, MEMORY_VERDICT, STABLE, format_value
 from detector.lab.record import ProfileRecord, Spread
 from detector.lab.tables import cell_text, significant, speedup, times
 from detector.regions import DATA_WAIT, LOSS_REGIONS, STEP
@@ -57,6 +59,8 @@ class CountDiff:
             return f"{value} {header} against none"
         if not self.value:
             return f"no {header} against {base}"
+        if MEASURES[self.measure].unit == "memory" and self.ratio < 1:  # bytes are not "fewer"
+            return f"the {header} {times(1 / self.ratio)} smaller ({value} against {base})"
         x = times(self.ratio) if self.ratio >= 1 else f"{times(1 / self.ratio)} fewer"
         return (
             f"{x} the {header} ({value} against {base})"
@@ -78,6 +82,25 @@ def count_diffs(base: ProfileRecord, run: ProfileRecord) -> list[CountDiff]:
             if not a or not b or max(a, b) / min(a, b) >= DIFFERENT:
                 found.append(CountDiff(region, m, a, b))
     return sorted(found, key=lambda d: (-d.weight(), LOSS_REGIONS.index(d.region), STABLE.index(d.measure)))
+
+
+def memory_diffs(base: ProfileRecord, run: ProfileRecord) -> list[CountDiff]:
+    """The memory measures that differ (by DIFFERENT, as counts do), per region of the step's own work and the whole
+    step: the regions by their largest difference, in each the peak first; none where either run recorded no memory."""
+    found, regions = [], (*LOSS_REGIONS, STEP)
+    cpu = not (base.analysis.gpu and run.analysis.gpu)  # the CPU's device mallocs are its allocations: named once
+    for region in regions:
+        for m in (m for m in MEMORY_VERDICT if not (cpu and m == "device_mallocs")):
+            a, b = base.stats(region, m), run.stats(region, m)
+            if a is None or b is None or a.median == b.median:
+                continue
+            if not a.median or not b.median or max(a.median, b.median) / min(a.median, b.median) >= DIFFERENT:
+                found.append(CountDiff(region, m, a.median, b.median))
+    largest = {}  # the regions in order of their largest difference; in each, the peak first
+    for d in found:
+        largest[d.region] = max(largest.get(d.region, 0.0), d.weight())
+    key = lambda d: (-largest[d.region], regions.index(d.region), MEMORY_VERDICT.index(d.measure))  # noqa: E731
+    return sorted(found, key=key)
 
 
 def counts_text(diffs: list[CountDiff], regions: int = 3, per_region: int = 3) -> str:
@@ -236,6 +259,7 @@ class Verdict:
     moved_ms: float | None
     costs: tuple[float | None, float | None]  # what the profiler added to the baseline's step and the run's
     emulated: str | None = None
+    memory: list[CountDiff] = field(default_factory=list)  # the memory measures that differ, which lead
 
     def leading(self) -> Timing:
         """The timing the verdict goes by: training's where the run has it."""
@@ -244,7 +268,11 @@ class Verdict:
     def line(self) -> str:
         """The verdict as one markdown bullet (its label escaped: it comes from a file)."""
         label = cell_text(self.label)
-        parts = [f"- **{label}** — {counts_text(self.counts)}."]
+        memory = f"{counts_text(self.memory, per_region=2)}. " if self.memory else ""
+        counts = counts_text(self.counts)
+        if memory and not self.counts:  # a sentence of its own after the memory's
+            counts = counts.capitalize()
+        parts = [f"- **{label}** — {memory}{counts}."]
         parts.append(self.time_sentence(label))
         if self.trained and disagree(self.trained, self.profiled) and self.profiled.judged:
             parts.append(self.profiler_sentence(label))
@@ -297,7 +325,8 @@ def judge(base: ProfileRecord, run: ProfileRecord, label: str) -> Verdict:
             region, moved = found
     if region is None and counts:
         region = counts[0].region  # the times cannot tell: where the counts differ most
-    return Verdict(label, counts, train, prof, region, moved, (profiler_cost(base), profiler_cost(run)), run.emulated)
+    costs = (profiler_cost(base), profiler_cost(run))
+    return Verdict(label, counts, train, prof, region, moved, costs, run.emulated, memory_diffs(base, run))
 
 
 def verdict_lines(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None) -> list[str]:

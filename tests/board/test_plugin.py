@@ -49,6 +49,7 @@ def test_extract_of_the_hand_written_trace():
     assert late[:2] == [1200, 100] and names[step["calls"][late[4]][3]] == "cudaLaunchKernel"
     assert not any(names[e[3]] == "late" for s in found.steps["6"]["streams"] for e in s["events"])
     assert step["why"]["forward"]["launches"] == 5 and "gpu_idle_share" not in step["why"]["forward"]
+    assert "memory" not in step  # no memory events: no lane (tests/lab/test_memory_measures.py has them)
 
 
 def test_extract_is_written_once_and_converted_for_older_runs(tmp_path):
@@ -158,6 +159,7 @@ def test_runs_lists_profile_runs_and_why_others_are_not_shown(logdir):
     }
     assert listing["colors"]["regions"]["forward"] == "#1f77b4" and "gpu" not in listing["colors"]
     assert listing["measures"]["launches"]["header"] == "launches" and "gpu_ms" in listing["why"]
+    assert listing["measures"]["peak_rise_bytes"]["unit"] == "memory" and "peak_rise_bytes" in listing["why"]
     assert plugin.is_active() and plugin.frontend_metadata().tab_name == "Traces"
     assert not TracesPlugin(TBContext(logdir=str(logdir / "nothing"))).is_active()
 

@@ -1,6 +1,7 @@
 """TensorBoard's Traces tab in headless Chromium (tests/browser_helpers.py): several runs' steps on one axis, zoom,
 hover and the why panel; the newest run of each strategy ticked and GPU work in its region's colour; a step of thirty
-thousand launches still responsive; names and values from a run shown as text. Skipped where Debian's ``chromium``
+thousand launches still responsive; names and values from a run shown as text; each run's memory in a lane of its own,
+on one scale, coloured by region, the operator that allocated named. Skipped where Debian's ``chromium``
 is not installed."""
 
 import gzip
@@ -9,9 +10,11 @@ import time
 
 import pytest
 from browser_helpers import CHROMIUM, keep, serve
-from lab_helpers import make_run, rank_runs
+from lab_helpers import TINY_PROFILE, make_run, rank_runs
 
+from detector.config import load_config
 from detector.lab.analysis import measure_steps, summarise
+from detector.lab.profile import run_profile
 from detector.lab.record import EXTRACT, ProfileRecord, read_extract, write_extract, write_summary
 from detector.lab.trace import load_trace
 
@@ -263,5 +266,68 @@ def test_the_traces_tab_shows_names_and_values_from_a_run_as_text(tmp_path, brow
         assert PAYLOAD in seen["why"] and "launches" in seen["why"], seen["why"]
         assert seen["images"] == 0 and seen["pwned"] is None
         keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-as-text.png"))
+    finally:
+        stop()
+
+
+SHOWN_TIP = (
+    "(doc) => doc.getElementById('tooltip').style.display === 'block' && doc.getElementById('tooltip').textContent"
+)
+
+MEMORY_LANES = """(doc) => {  // per memory lane: its label and the colours along its foot (the bars rise from it)
+  const canvas = doc.getElementById('canvas');
+  const ratio = canvas.width / canvas.clientWidth;
+  return [...doc.querySelectorAll('.lane-label.memory')].map((label) => {
+    const y = Math.round((label.offsetTop + label.offsetHeight - 4) * ratio);
+    const row = canvas.getContext('2d').getImageData(0, y, canvas.width, 1).data;
+    const seen = new Set();
+    for (let i = 0; i < row.length; i += 4) if (row[i + 3]) seen.add([row[i], row[i + 1], row[i + 2]].join(','));
+    return [label.textContent, [...seen]];
+  });
+}"""
+
+POINT_AT_MEMORY = """(doc, win) => {  // the pointer %s at %f of the canvas's width, near the foot of memory lane %d
+  const canvas = doc.getElementById('canvas');
+  const box = canvas.getBoundingClientRect();
+  const label = doc.querySelectorAll('.lane-label.memory')[%d];
+  const type = '%s';
+  const Event = type === 'wheel' ? win.WheelEvent : win.MouseEvent;
+  const at = {clientX: box.left + %f * box.width, clientY: box.top + label.offsetTop + label.offsetHeight - 4};
+  canvas.dispatchEvent(new Event(type, {...at, bubbles: true, cancelable: true, deltaY: -900}));
+  return true;
+}"""
+
+
+def test_the_traces_tab_draws_each_runs_memory_on_one_scale_coloured_by_region(tmp_path, browser):
+    """Real CPU profiles of padded and loop: a memory lane each, both on the one scale the labels state, their bars in
+    their regions' colours; hovering one names the operator and the bytes."""
+    logdir = tmp_path / "runs"
+    for strategy in ("padded", "loop"):
+        run_profile(
+            load_config(TINY_PROFILE + [f"profile.strategy={strategy}", f"profile.out_dir={logdir / 'profile'}"])
+        )
+    url, stop = serve(logdir, [])
+    try:
+        browser.show(f"{url}/#traces", ["padded · train · step", "loop · train · step", "memory on cpu: allocated"])
+        wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+        lanes = in_traces(browser, MEMORY_LANES)
+        assert len(lanes) == 2 and lanes[0][0] == lanes[1][0], lanes  # one scale: the same label's range
+        assert lanes[0][0].startswith("memory on cpu: allocated, ") and " to " in lanes[0][0]
+        regions = {"forward": "31,119,180", "backward": "148,103,189"}
+        for label, colours in lanes:
+            assert all(rgb in colours for rgb in regions.values()), (label, colours)
+        legend = in_traces(browser, "(doc) => doc.getElementById('legend').textContent")
+        assert "calc loss" in legend
+        for _ in range(2):  # into the loop's step, where it allocates image by image
+            in_traces(browser, POINT_AT_MEMORY % ("zooms", 0.4, 1, 1, "wheel", 0.4))
+        tip = None
+        for x in (0.4, 0.35, 0.45, 0.3, 0.5, 0.25, 0.55):  # the first place the bars reach the pointer
+            in_traces(browser, POINT_AT_MEMORY % ("hovers", x, 1, 1, "mousemove", x))
+            time.sleep(0.2)
+            tip = in_traces(browser, SHOWN_TIP)
+            if tip:
+                break
+        assert tip and "allocated" in tip and ("aten::" in tip or "Backward" in tip or "no operator" in tip), tip
+        keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-memory.png"))
     finally:
         stop()

@@ -65,7 +65,8 @@ def test_report_runs_the_standard_set_and_writes_one_document(tmp_path, capsys, 
     assert "loop against padded: training's steps give" in doc
     assert "| strategy | batch | boxes |" in doc  # bench losses' table
     charts = sorted(p.name for p in (tmp_path / "docs" / "cpu").iterdir())
-    assert charts == ["counts-train.png", "ms-per-step-train.png", "timeline-train.png"]
+    assert charts == ["counts-train.png", "memory-train.png", "ms-per-step-train.png", "timeline-train.png"]
+    assert "#### Memory (mode=train): medians per step" in doc  # the profiles' memory, beside the verdicts
     assert all(f"](cpu/{chart})" in doc for chart in charts)
     (finished,) = [p for p in (tmp_path / "work" / "cpu").iterdir()]
     assert re.fullmatch(r"\d{8}-\d{6}", finished.name)  # the runs keep their timestamp; no "current" left

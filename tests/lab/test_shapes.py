@@ -11,12 +11,14 @@ import torch
 from annotation_helpers import widerface_counts, write_widerface
 from conftest import ROOT
 from lab_helpers import BUSY, QUIET, edit_summary, make_run
+from omegaconf import OmegaConf
 
 from detector import cli
 from detector.config import load_config
 from detector.lab import costs
 from detector.lab.cases import sample_counts
-from detector.lab.shapes import histogram, predict, run_shapes
+from detector.lab.profile import run_profile
+from detector.lab.shapes import MEMORY_AGREES, histogram, predict, run_shapes
 
 SLOTS, BATCH = 32, 16
 # Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
@@ -214,3 +216,33 @@ def test_the_synthetic_faces_have_a_shape_too(tmp_path):
     assert report["images"] == 20_000 and report["over"]["images"] == 0
     assert 1.7 < report["boxes"] / report["images"] < 2.1  # floor(|N(0, 3)|): ~1.9 an image
     assert report["predicted"]["strategy"] == "padded"
+
+
+def test_each_strategys_loss_memory_grows_with_what_its_layout_holds():
+    """padded allocates for every slot and nothing a box; concat and packed_torch for each box, nearly nothing a slot
+    (bytes are counts: the tolerance is a byte a slot for a few scalars, spread over the slots)."""
+    counts = sample_counts("tail", BATCH, SLOTS, torch.Generator().manual_seed(BATCH)).numpy()
+    found = {
+        c.strategy: c
+        for c in costs.memory_here(["padded", "concat", "packed_torch"], counts, SLOTS, torch.device("cpu"))
+    }
+    assert found["padded"].per_slot_bytes > 16 and found["padded"].per_box_bytes == 0  # [B, M] floats, several
+    for name in ("concat", "packed_torch"):
+        assert found[name].per_slot_bytes < 1 and found[name].per_box_bytes > 16, found[name]
+    assert found["padded"].at(2 * BATCH * SLOTS, 0) == pytest.approx(2 * found["padded"].at(BATCH * SLOTS, 0))
+
+
+def test_the_loss_memory_predicted_from_the_counts_agrees_with_a_profile_over_the_same_boxes(tmp_path, dataset):
+    _, source = dataset
+    bench_file(tmp_path)
+    cfg = shapes_config(tmp_path, source, "bench.strategies=[padded,concat]", "data.num_workers=0")
+    tiny = ["model.channels=[4,8]", "model.hidden=16", "data.image_size=32", "profile.timed=0"]
+    tiny += ["profile.wait=1", "profile.warmup=1", "profile.active=2", "profile.strategy=padded"]
+    run_profile(OmegaConf.merge(cfg, OmegaConf.from_dotlist(tiny)))
+    report = run_shapes(cfg)
+    rows = {row["strategy"]: row for row in report["memory"]["strategies"]}
+    assert rows["concat"]["profiled"] is None  # not profiled over these boxes
+    padded = rows["padded"]
+    assert 1 / MEMORY_AGREES <= padded["profiled"] / padded["predicted"] <= MEMORY_AGREES, padded
+    markdown = next((tmp_path / "runs" / "shapes").rglob("shapes.md")).read_text()
+    assert f"**The memory prediction** is within {MEMORY_AGREES}× for every one profiled." in markdown

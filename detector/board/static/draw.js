@@ -1,7 +1,9 @@
 // Drawing: the lanes of every run shown on one canvas, under one time axis, with their labels beside it.
 // Events narrower than a pixel at the current zoom are drawn merged, so a step of 10^5 launches stays responsive.
+// The memory lanes share one scale, from the lowest to the highest level of any run shown, so that heights compare.
 
 import {COPY_EDGE} from './lanes.js';
+import {memoryText} from './panels.js';
 import {LABELS, h, setStatus} from './page.js';
 import {drawLegend, showWhy} from './panels.js';
 import {ms, offset, rankReference, shown, state} from './state.js';
@@ -40,6 +42,7 @@ export function draw() {
   }
   if (!state.view) state.view = fullView(entries);
   drawLegend(entries);
+  state.memoryScale = memoryScale(entries);
   let y = AXIS;
   for (const entry of entries) {
     const {run, step, data, info} = entry;
@@ -50,9 +53,10 @@ export function draw() {
     y += HEADER;
     const o = offset(entry);
     for (const lane of data.lanes) {
-      state.lanes.push({...lane, run, data, y, h: LANE, offset: o});
-      labels.append(laneLabel(lane.label, y, LANE, lane.kind));
-      y += LANE;
+      const height = lane.height || LANE;
+      state.lanes.push({...lane, run, data, y, h: height, offset: o});
+      labels.append(laneLabel(laneText(lane), y, height, lane.kind));
+      y += height;
     }
     y += 6;
   }
@@ -82,6 +86,21 @@ export function draw() {
   document.getElementById('range').textContent = `${ms(a)}–${ms(b)} ms`;
   if (state.why) showWhy(state.why);
   document.body.dataset.drawMs = (performance.now() - began).toFixed(1); // for the tests: responsiveness
+}
+
+// The lowest and highest bytes allocated of the memory lanes shown: their one scale (null where none has memory).
+function memoryScale(entries) {
+  const lanes = entries.flatMap(({data}) => data.lanes.filter((lane) => lane.kind === 'memory'));
+  if (!lanes.length) return null;
+  const low = Math.min(...lanes.map((lane) => lane.low));
+  const high = Math.max(...lanes.map((lane) => lane.high));
+  return {low, high: Math.max(high, low + 1)};
+}
+
+function laneText(lane) {
+  if (lane.kind !== 'memory' || !state.memoryScale) return lane.label;
+  const {low, high} = state.memoryScale;
+  return `${lane.label}, ${memoryText(low)} to ${memoryText(high)}`;
 }
 
 function laneLabel(text, y, height, kind) {
@@ -135,6 +154,7 @@ function firstVisible(lane) {
 // Draws a lane's visible events, merging those less than a pixel apart; returns the drawn segments
 // [x0, x1, first, last] (indices into lane.events) for hit-testing.
 function drawLane(ctx, lane, width) {
+  if (lane.kind === 'memory') return drawMemory(ctx, lane, width);
   const events = lane.events;
   const o = lane.offset || 0;
   const drawn = [];
@@ -190,6 +210,52 @@ function drawSegment(ctx, lane, [x0, x1, first, last]) {
     ctx.strokeStyle = COPY_EDGE;
     ctx.strokeRect(x0 + 0.5, top + 0.5, Math.max(1, x1 - x0) - 1, h - 1);
   }
+}
+
+// A memory lane: each level a bar from the lane's foot up to its bytes on the shared scale, in its region's colour.
+// The levels within one pixel column merge into their highest, so a peak is never lost at any zoom and a dense
+// stretch reads as its envelope, column by column; the segments it returns hold the merged events' range and, as
+// `top`, the index of the highest.
+function drawMemory(ctx, lane, width) {
+  const {low, high} = state.memoryScale;
+  const foot = lane.y + lane.h - 2;
+  const height = (allocated) => 1 + ((allocated - low) / (high - low)) * (lane.h - 5);
+  const o = lane.offset || 0;
+  const drawn = [];
+  let current = null;
+  const flush = () => {
+    if (!current) return;
+    const [x0, x1, , , top] = current;
+    const h = height(lane.events[top][3].allocated);
+    ctx.fillStyle = lane.events[top][2];
+    const left = Math.floor(x0); // whole pixel columns: no seams between neighbouring columns
+    ctx.fillRect(left, foot - h, Math.max(1, Math.ceil(x1) - left), h);
+    drawn.push(current);
+    current = null;
+  };
+  for (let i = firstVisible(lane); i < lane.events.length; i++) {
+    const [s, d, , what] = lane.events[i];
+    const x0 = Math.max(toX(s - o, width), 0);
+    const x1 = Math.min(toX(s + d - o, width), width);
+    if (x1 < 0) continue;
+    if (x0 > width) break;
+    const column = current ? Math.floor(current[0]) + 1 : 0; // the pixel column the current segment began in
+    if (current && current[1] <= column && x1 <= column) {
+      current[1] = Math.max(current[1], x1);
+      current[3] = i;
+      if (what.allocated > lane.events[current[4]][3].allocated) current[4] = i;
+    } else {
+      flush();
+      current = [x0, x1, i, i, i];
+    }
+  }
+  flush();
+  ctx.strokeStyle = '#bbb';
+  ctx.beginPath();
+  ctx.moveTo(0, foot + 0.5);
+  ctx.lineTo(width, foot + 0.5);
+  ctx.stroke();
+  return drawn;
 }
 
 function shade(hex) {

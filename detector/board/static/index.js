@@ -1,7 +1,8 @@
 // TensorBoard's "Traces" tab (detector/board/plugin.py serves its data and these modules): the profiled steps
 // of several runs as lanes on one time axis. Per run: the lab's regions, each thread's top-level operators, the
-// CUDA calls (a tick per kernel launch, a red mark per host-device sync), and each GPU stream's kernels, copies
-// and memsets that the step launched. No network: everything comes from ./runs and ./step.
+// CUDA calls (a tick per kernel launch, a red mark per host-device sync), each GPU stream's kernels, copies
+// and memsets that the step launched, and the bytes allocated over the step (where the profile recorded memory). No
+// network: everything comes from ./runs and ./step.
 //
 // The modules, one concern each: state.js (what is shown), lanes.js (a step as lanes), draw.js (the canvas),
 // interact.js (zoom, pan, hover, click), panels.js (labels, legend, tooltip, why), controls.js (the run list),

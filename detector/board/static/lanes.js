@@ -1,9 +1,11 @@
 // A step's extract (detector/lab/extract.py) as lanes of events: the regions, each thread's operators, the CUDA
-// calls, and each GPU stream's work in the colour of the region whose call launched it.
+// calls, each GPU stream's work in the colour of the region whose call launched it, and the bytes the allocator
+// had allocated over the step, each level in the colour of the region whose allocation or free set it.
 
 export const CATEGORIES = ['kernel', 'gpu_memcpy', 'gpu_memset'];
 export const SYNC = 2; // a call's flag (1: a kernel launch)
 export const COPY_EDGE = '#d62728'; // a copy's outline, whatever region launched it
+export const MEMORY_LANE = 44; // px of a memory lane: its height is the bytes allocated
 
 // Lanes of one step, each with its events sorted by start: [start, dur, colour, payload].
 export function prepare(step, colors, collectives = []) {
@@ -48,11 +50,39 @@ export function prepare(step, colors, collectives = []) {
       ]),
     });
   }
+  if (step.memory) lanes.push(memoryLane(step, colors));
   for (const lane of lanes) {
     lane.events.sort((a, b) => a[0] - b[0]);
     lane.longest = lane.events.reduce((m, [, d]) => Math.max(m, d), 0); // how far back a visible event can start
   }
   return {...step, lanes};
+}
+
+// The allocator's events as a lane: each level holds from its event to the next (the last to the step's end), in the
+// colour of the region it fell in; low and high bound the levels, the step's start included.
+function memoryLane(step, colors) {
+  const {rows, start, device, events} = step.memory;
+  const name = (i) => (i >= 0 ? step.names[i] : '');
+  const lane = {
+    kind: 'memory',
+    label: `memory on ${device}: allocated`,
+    height: MEMORY_LANE,
+    start,
+    kept: rows.length,
+    total: events,
+    events: [],
+  };
+  // the level at the step's start holds until the first event
+  const points = [[0, start, 0, -1, true], ...rows];
+  points.forEach(([t, allocated, bytes, op, first], k) => {
+    const next = k + 1 < points.length ? points[k + 1][0] : Math.max(step.dur, t);
+    const region = regionAt(step, t);
+    const what = {allocated, bytes, op: name(op), region, first: Boolean(first)};
+    lane.events.push([t, next - t, colors.regions[region] || '#999', what]);
+  });
+  lane.low = points.reduce((m, [, a]) => Math.min(m, a), Infinity);
+  lane.high = points.reduce((m, [, a]) => Math.max(m, a), -Infinity);
+  return lane;
 }
 
 export function regionName(data, index) {

@@ -27,6 +27,8 @@ export function drawLegend(entries) {
         else if (lane.kind === 'gpu') {
           drawn.set(regionName(data, data.calls[what.call][4]), event[2]);
           if (what.category === 'gpu_memcpy') drawn.set('copy (outlined)', COPY_EDGE);
+        } else if (lane.kind === 'memory') {
+          drawn.set(what.region, event[2]);
         } else if (lane.kind === 'calls') {
           drawn.set(what.sync ? 'host-device sync' : 'kernel launch', what.sync ? colors.sync : colors.launch);
         }
@@ -43,6 +45,7 @@ export function drawLegend(entries) {
 
 // The tooltip's lines for the event (or merged events) under the pointer: a list of nodes and strings.
 export function describe({lane, first, last}) {
+  if (lane.kind === 'memory') return describeMemory(lane, first, last);
   const [start, dur, , what] = lane.events[first];
   const data = lane.data;
   const o = lane.offset || 0;
@@ -70,6 +73,45 @@ export function describe({lane, first, last}) {
     `launched by ${data.names[callName]} at ${ms(cs - o)} ms on ${threadName(data, thread)}, ` +
       `in ${regionName(data, region)}`,
   ];
+}
+
+// A memory lane's event: what was allocated or freed, by which operator, and what was allocated after it; merged
+// events: their highest level and the operator of it.
+function describeMemory(lane, first, last) {
+  const o = lane.offset || 0;
+  const [start] = lane.events[first];
+  if (last > first) {
+    const events = lane.events.slice(first, last + 1);
+    const top = events.reduce((a, b) => (b[3].allocated > a[3].allocated ? b : a));
+    const [end, d] = [events[events.length - 1][0], events[events.length - 1][1]];
+    return [
+      h('b', {}, `${events.length} allocator events`),
+      `, merged at this zoom: ${ms(start - o)}–${ms(end + d - o)} ms`,
+      h('br'),
+      `highest: ${memoryText(top[3].allocated)} allocated, after ${top[3].op || 'an event outside any operator'} ` +
+        `in ${top[3].region}. Zoom in.`,
+    ];
+  }
+  const what = lane.events[first][3];
+  if (what.first) {
+    return [h('b', {}, memoryText(what.allocated)), ' allocated when the step began (tensors live from before it)'];
+  }
+  const verb = what.bytes >= 0 ? 'allocated' : 'freed';
+  return [
+    h('b', {}, what.op || 'no operator'),
+    ` ${verb} ${memoryText(Math.abs(what.bytes))} at ${ms(start - o)} ms, in ${what.region}`,
+    h('br'),
+    `${memoryText(what.allocated)} allocated after it`,
+    ...(lane.kept < lane.total ? [h('br'), h('small', {}, `${lane.kept} of the step's ${lane.total} events kept`)] : []),
+  ];
+}
+
+// Bytes held, in binary units as the lab writes them (detector/lab/measures.py memory_text).
+export function memoryText(value) {
+  for (const [suffix, size] of [['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]]) {
+    if (Math.abs(value) >= size) return `${Number((value / size).toPrecision(3))} ${suffix}`;
+  }
+  return `${Math.round(value)} B`;
 }
 
 // The why numbers of one region for every run shown, side by side.
@@ -100,5 +142,6 @@ function format(value, unit) {
   if (unit === 'share') return `${Math.round(value * 100)} %`;
   if (unit === 'ms') return value < 1000 ? value.toPrecision(3) : value.toFixed(0);
   if (unit === 'bytes') return value >= 1e6 ? `${(value / 1e6).toPrecision(3)} MB` : `${value} B`;
+  if (unit === 'memory') return memoryText(value);
   return String(value);
 }

@@ -9,6 +9,7 @@ export const state = {
   view: null, // [start, end] µs, relative to each run's alignment point
   lanes: [], // what draw() laid out: {run, label, y, h, kind, events, drawn}
   why: null, // the region whose why numbers are shown
+  memoryScale: null, // {low, high} bytes: the one scale of the memory lanes shown (draw.js)
 };
 
 // The runs ticked whose step has loaded: {run, step, data, info}, info being the run as ./runs lists it.
