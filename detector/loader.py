@@ -14,6 +14,8 @@ stream (the next batch's copy is issued while the consumer's step runs), makes t
 wait for the copy and gives slot k back only once the copy has finished. On the CPU it yields a copy of
 the slot (a consumer may keep batches, e.g. ``list(loader)``). With 0 workers batches are drawn in this
 process. A batch is a pure function of its index (``draw``): the same whatever the number of workers.
+An iteration (``Batches``) can first wait for its ring to fill (``fill``): every slot drawn and waiting, the state
+a loader that keeps ahead of its consumer is in; `make profile` starts its steps from there.
 
 Faults end the iteration at the consumer's next batch in one line naming the worker (``DataWorkerDied``): a
 worker that dies, however (a signal, ``os._exit``, the kernel's out-of-memory killer), even when every batch
@@ -40,7 +42,7 @@ import struct
 import time
 import traceback
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -78,9 +80,9 @@ class WorkerTraceback(Exception):
 @dataclass(frozen=True)
 class BatchLoader:
     """``batches`` batches: ``draw(b, images)`` fills ``images`` [B, 1, S, S] uint8 with batch b and returns
-    its targets. Iterating yields (images, targets) in batch order, on ``device``; each iteration starts
-    its own ``workers`` processes and ring of ``slots`` (default: two per worker, and two more), and
-    stops them when it ends, fails or is dropped."""
+    its targets. Iterating yields (images, targets) in batch order, on ``device``; each iteration
+    (``Batches``) starts its own ``workers`` processes and ring of ``slots`` (default: two per worker, and two
+    more), and stops them when it ends, fails, is closed or dropped."""
 
     draw: Callable[[int, Tensor], Targets]
     batches: int
@@ -102,15 +104,57 @@ class BatchLoader:
         """The host memory of the ring of slots that each iteration allocates."""
         return self.slot_count * int(np.prod(self.batch_shape))
 
-    def __iter__(self) -> Iterator[tuple[Tensor, Targets]]:
-        if not self.batches:
-            return
-        ring = Ring(self)
-        try:  # a generator's finally also runs when the consumer drops it half-way
-            for b in range(self.batches):
-                yield ring.take(b)
-        finally:
+    def __iter__(self) -> Batches:
+        return Batches(self)
+
+
+class Batches:
+    """One iteration of a BatchLoader: its batches in order. Its ring starts with the first batch (or ``fill``) and
+    stops when the iteration ends, fails, is closed or dropped half-way; after that it yields nothing more."""
+
+    def __init__(self, loader: BatchLoader):
+        self.loader, self.ring, self.next = loader, None, 0
+
+    def __iter__(self) -> Batches:
+        return self
+
+    def __next__(self) -> tuple[Tensor, Targets]:
+        if self.next >= self.loader.batches:
+            self.close()
+            raise StopIteration
+        try:
+            batch = self.started().take(self.next)
+        except BaseException:
+            self.close()
+            raise
+        self.next += 1
+        return batch
+
+    def fill(self, seconds: float) -> tuple[int, int]:
+        """Wait, at most ``seconds``, until every batch the ring can hold from here is drawn and waiting; returns
+        (batches waiting, the most it can hold). With 0 workers nothing is drawn ahead: (0, 0)."""
+        if self.next >= self.loader.batches:
+            return 0, 0
+        try:
+            return self.started().fill(self.next, seconds)
+        except BaseException:
+            self.close()
+            raise
+
+    def started(self) -> Ring:
+        if self.ring is None:
+            self.ring = Ring(self.loader)
+        return self.ring
+
+    def close(self) -> None:
+        """Stop the workers and free the ring; a second call does nothing."""
+        self.next = self.loader.batches
+        ring, self.ring = self.ring, None
+        if ring is not None:
             ring.close()
+
+    def __del__(self) -> None:
+        self.close()
 
 
 def default_slots(workers: int) -> int:
@@ -287,6 +331,11 @@ class Workers:
     def submit(self, batch: int, slot: int) -> None:
         self.tasks.put((batch, slot))
 
+    def wait(self, seconds: float) -> None:
+        """Until a worker's result has bytes to read or a worker has ended, at most ``seconds``."""
+        watched = [inbox.fd for inbox in self.inboxes] + [p.sentinel for p in self.processes]
+        multiprocessing.connection.wait(watched, max(0.0, seconds))
+
     def receive(self, block: bool, wanted: int, since: float = 0.0) -> list[tuple[int, int, tuple]]:
         """The batches drawn since the last call, as (batch, slot, host_arrays message); with ``block``, waits
         for at least one, WATCHDOG_SECONDS at a time, while batch ``wanted`` is due since ``since``."""
@@ -412,6 +461,24 @@ class Ring:
                 for t in tensors:
                     t.record_stream(consumer)  # allocated on the copy stream, used on the consumer's
             return images, targets
+
+    def fill(self, b: int, seconds: float) -> tuple[int, int]:
+        """Wait, at most ``seconds``, until every batch the ring can hold from batch b on is drawn and waiting, as a
+        loader ahead of its consumer keeps it; returns (waiting, the most it can hold)."""
+        room = min(self.loader.slot_count, self.loader.batches - b) if self.workers else 0
+        deadline = time.monotonic() + seconds
+        while self.workers:
+            self.recycle()
+            self.collect(b, block=False)  # also raises a worker's death or error
+            left = deadline - time.monotonic()
+            if self.waiting() >= room or left <= 0:
+                break
+            self.workers.wait(min(left, WATCHDOG_SECONDS))
+        return self.waiting(), room
+
+    def waiting(self) -> int:
+        """The batches drawn and not yet taken: in their slots, or staged on the device."""
+        return len(self.drawn) + len(self.staged)
 
     def wait_for(self, b: int) -> tuple[int, tuple]:
         """(slot, host_arrays message) of batch b, drawn in this process (0 workers) or waited for."""

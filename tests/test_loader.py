@@ -176,6 +176,51 @@ def test_a_dead_worker_is_reported_not_waited_for():
     assert not worker_processes()
 
 
+# ----------------------------------------------------------------------------- filling the ring first
+
+
+class Slow:
+    """A dataset whose every sample takes ``seconds`` to draw (a slow disk, a slow decoder)."""
+
+    def __init__(self, seconds: float, length: int = 40):
+        self.seconds, self.length = seconds, length
+
+    def __len__(self):
+        return self.length
+
+    def __getitem__(self, i):
+        time.sleep(self.seconds)
+        return torch.full((1, 8, 8), i, dtype=torch.uint8), torch.zeros(0, 4, dtype=torch.uint8)
+
+
+def test_fill_waits_until_every_slot_holds_a_drawn_batch_and_changes_no_batch():
+    cfg = data_cfg(num_workers=2, length=40)
+    expected = list(build_loader(cfg, "padded", "cpu"))
+    batches = iter(build_loader(cfg, "padded", "cpu"))
+    assert batches.fill(30.0) == (6, 6)  # 2 workers: 2 slots each and 2 more, every one drawn and waiting
+    for batch, reference in zip(batches, expected, strict=True):
+        assert_same_batch(batch, reference, "padded")
+    assert not worker_processes()  # the iteration ended: its workers with it
+    few = iter(build_loader(data_cfg(num_workers=2, length=12), "padded", "cpu"))  # 3 batches for 6 slots
+    assert few.fill(30.0) == (3, 3)
+    next(few)
+    assert few.fill(30.0) == (2, 2)
+    # without workers each batch is drawn in its step: nothing to draw ahead
+    assert iter(build_loader(data_cfg(num_workers=0), "padded", "cpu")).fill(30.0) == (0, 0)
+
+
+def test_fill_gives_up_at_its_bound_and_the_iteration_goes_on():
+    loader = loader_for(Slow(0.5), data_cfg(image_size=8, num_workers=1, batch_size=2), "packed", "cpu")
+    batches = iter(loader)  # a batch takes its one worker a second
+    start = time.monotonic()
+    waiting, room = batches.fill(0.3)
+    assert time.monotonic() - start < 3 and room == 4 and waiting < room
+    images, _ = next(batches)
+    assert images[:, 0, 0, 0].tolist() == [0, 1]
+    del batches
+    assert not worker_processes()
+
+
 # ----------------------------------------------------------------------------- killed workers
 
 

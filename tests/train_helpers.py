@@ -1,9 +1,12 @@
 """The tiny training configuration the training tests share (tests/train/, tests/test_faults.py), and two processes
 of a worker for the tests of several processes."""
 
+import gc
 import time
+from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from detector.config import load_config
@@ -34,12 +37,46 @@ def losses(summaries) -> list[float]:
 
 
 def spawn_two(worker, *args, timeout: float = 240.0) -> None:
-    """Run worker(rank, *args) in 2 processes; fail, not hang, if they are not done within ``timeout`` s
-    (collectives issued in a different order on the two ranks wait for each other forever)."""
-    context = mp.spawn(worker, args=args, nprocs=2, join=False)
+    """Run worker(rank, *args) in 2 processes, then end the process group the worker left (``end_group``); fail, not
+    hang, if they are not done within ``timeout`` s (collectives issued in a different order on the two ranks wait
+    for each other forever)."""
+    context = mp.spawn(_then_end_group, args=(worker, *args), nprocs=2, join=False)
     deadline = time.monotonic() + timeout
     while not context.join(timeout=1.0):
         if time.monotonic() > deadline:
             for process in context.processes:
                 process.kill()
             pytest.fail(f"the 2 DDP processes of {worker.__name__} did not finish in {timeout:.0f} s (a hang)")
+
+
+def _then_end_group(rank: int, worker, *args) -> None:
+    worker(rank, *args)
+    end_group()
+
+
+def end_group() -> None:
+    """Destroy this process's process group, if any, and check that gloo's threads have ended with it.
+
+    Why: a gloo thread drops its reference to a finished collective after the caller's wait() has returned; where it
+    is the last one, freeing the collective's tensors takes the GIL, and a thread that asks for the GIL while the
+    interpreter finalizes is ended by CPython inside a C++ destructor: std::terminate ("terminate called without an
+    active exception"), SIGABRT, whenever that thread runs late (a loaded machine). destroy_process_group joins those
+    threads only where it drops the group's last reference: so first free what holds it (a DDP module, a sharing's
+    reference cycles) while the group lives, then destroy it with nothing else holding it."""
+    gc.collect()
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    left = gloo_threads()
+    assert not left, f"gloo's threads {left} outlive destroy_process_group: something still holds the process group"
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's gloo threads (pt_gloo_runloop, gloo_tcp_loop); none where /proc cannot tell."""
+    names = []
+    for task in Path("/proc/self/task").glob("*/comm"):
+        try:
+            names.append(task.read_text().strip())
+        except OSError:  # a thread that ended meanwhile
+            continue
+    return [name for name in names if "gloo" in name]

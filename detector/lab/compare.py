@@ -5,7 +5,8 @@ and mode), or the run folders named. Per mode:
 
 - verdicts (detector/lab/verdicts.py): each strategy against the ``padded`` run of its setting (device,
   batch, image size), the counts that differ first, then the time as training runs it and as profiled;
-- the wall-time and (on a GPU) GPU-time tables, the why table, and the runs' noise (detector/lab/text.py);
+- the wall-time and (on a GPU) GPU-time tables, the why table, the runs' noise and which runs the loader paced
+  (detector/lab/text.py);
 - charts (detector/lab/charts.py, detector/lab/timeline.py): the median step stacked by region, the counts
   per region, every strategy's median step on one time axis, and the bytes each allocated over it.
 
@@ -177,6 +178,7 @@ def describe(label: str, record: ProfileRecord) -> dict:
         "dir": str(record.folder),
         "noisy": record.noisy if noise else None,
         "noise": record.noise_reasons() if noise else None,
+        "loader_paced": record.loader_paced(),  # why the loader set its time (None: it did not)
         "max_boxes": record.max_boxes,
         "data": asdict(record.data) if record.data else None,  # where its boxes came from, what its slots cut
     }
@@ -213,6 +215,7 @@ def mode_report(runs: list[Run]) -> dict:
         "verdicts": [v.line() for v in verdicts.values()],
         "warnings": {label: r.analysis.warnings for label, r in runs},
         "noisy": {label: r.noisy for label, r in runs},
+        "loader_paced": {label: r.loader_paced() for label, r in runs},
     }
 
 

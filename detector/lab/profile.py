@@ -2,7 +2,9 @@
 
 The step is the one `make train` runs with the same config: the same optimizer, schedule, clipping,
 autocast and speed options (train.compile, train.cuda_graphs); profile.strategy picks the loss.
-MODE=forward keeps the article's protocol (copy, forward, loss; no gradient). The profiler runs
+MODE=forward keeps the article's protocol (copy, forward, loss; no gradient). First the loader's workers fill
+its ring (every slot drawn and waiting, as in a training run whose loader keeps ahead; at most FILL_SECONDS),
+so that no step waits on the loader's start-up. Then the profiler runs
 ``profile.wait`` steps, then ``profile.warmup``, then records ``profile.active`` steps; the step's
 regions are marked from the warm-up on. The regions are labels only: the host runs ahead of the device
 as it does in training (``profile.sync_regions=true`` ends each region in a device synchronize instead,
@@ -25,7 +27,9 @@ run in ``<YYYYmmdd-HHMMSS>/rank<r>/`` (`make compare RUNS="<time>/rank0 <time>/r
 
 Every run records the machine's noise (detector/lab/noise.py): the CPU cores other processes kept busy for
 a moment before the run, during it and for a moment after, and how widely its timed steps spread. `make
-compare` and `make report` flag a noisy run instead of comparing its times as if the machine were quiet.
+compare` and `make report` flag a noisy run instead of comparing its times as if the machine were quiet; the card
+and `make compare` flag a loader-paced run (detector/lab/record.py ``LOADER_PACED_SHARE``), whose time compare
+does not judge against a run the loader does not pace.
 
 A failed run removes only its own new folder (a rank, its rank's); older runs are never touched.
 """
@@ -48,7 +52,7 @@ from detector.data import build_loader, rank_loader
 from detector.lab import analysis, extract
 from detector.lab.allocator import StepMeter
 from detector.lab.noise import LoadMeter
-from detector.lab.record import Extract, Noise, ProfileRecord, Timed, write_extract, write_summary
+from detector.lab.record import Extract, LoaderFill, Noise, ProfileRecord, Timed, write_extract, write_summary
 from detector.lab.source import DataSource
 from detector.lab.text import run_card
 from detector.lab.trace import load_trace
@@ -59,6 +63,11 @@ from detector.train.folders import new_run_dir
 from detector.train.memory import check_command_memory
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep
+
+# The bound on the wait for the loader's ring to fill before the first step. A loader that keeps up with a step fills
+# its 2 slots per worker (and 2 more) in seconds (`make bench-step` prints its images/s); one that cannot in this long
+# is too slow for any step, and the run then shows as loader-paced.
+FILL_SECONDS = 30.0
 
 
 def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
@@ -83,13 +92,13 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
         before = meter.sample()
         meter.start()
         allocator = StepMeter(device)  # the caching allocator's own figures of each step, on a GPU
-        trace, timed, losses = profile_steps(step, cfg, device, run_dir / "trace", env, allocator)
+        trace, timed, losses, fill = profile_steps(step, cfg, device, run_dir / "trace", env, allocator)
         during, own = meter.stop(), meter.own
         spread = Timed.of(timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"
         noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own, timed_by=timed_by)
         record, steps_extract = summarise_run(
-            cfg, device, run_dir, trace, timed, noise, nonfinite(losses), allocator.steps
+            cfg, device, run_dir, trace, timed, noise, nonfinite(losses), allocator.steps, fill
         )
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
@@ -116,9 +125,9 @@ def rank_run_dir(parent: Path, env: DistEnv) -> Path:
 def profile_steps(
     step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path, env: DistEnv, allocator=None
 ):
-    """Run wait + warmup + active steps under the profiler, then ``profile.timed`` steps without it;
-    returns the trace file, the timed steps' wall ms and the profiled steps' losses (on the device, unread).
-    ``allocator`` (a StepMeter) reads each step's figures."""
+    """Let the loader fill, run wait + warmup + active steps under the profiler, then ``profile.timed`` steps
+    without it; returns the trace file, the timed steps' wall ms, the profiled steps' losses (on the device, unread)
+    and the loader's fill. ``allocator`` (a StepMeter) reads each step's figures."""
     pcfg = cfg.profile
     total = pcfg.wait + pcfg.warmup + pcfg.active
     run = step if pcfg.mode == "train" else step.forward_only
@@ -132,9 +141,11 @@ def profile_steps(
     )
     layout = step.strategy.layout
     if env.world_size == 1:
-        batches = iter(build_loader(cfg.data, layout, device))
+        loader = build_loader(cfg.data, layout, device)
     else:  # this rank's block of each global batch, as in training
-        batches = iter(rank_loader(cfg.data, layout, device, env.rank, env.world_size, 0, total + pcfg.timed))
+        loader = rank_loader(cfg.data, layout, device, env.rank, env.world_size, 0, total + pcfg.timed)
+    batches = iter(loader)
+    fill = fill_loader(batches, loader.workers)
     losses = []
     with make_profiler(pcfg, trace_dir, device, step.strategy.name) as prof:
         for i in range(total):
@@ -154,7 +165,7 @@ def profile_steps(
     traces = sorted(trace_dir.glob("*.pt.trace.json*"))
     if len(traces) != 1:
         raise RuntimeError(f"expected one trace in {trace_dir}, found {len(traces)}")
-    return traces[0], timed, losses
+    return traces[0], timed, losses, fill
 
 
 def nonfinite(losses: list[torch.Tensor]) -> list[str]:
@@ -168,6 +179,17 @@ def nonfinite(losses: list[torch.Tensor]) -> list[str]:
         f"the loss is not finite at {len(bad)} of the {len(values)} profiled steps (step {bad[0] + 1}: "
         f"{values[bad[0]].item()}): the times are those of a loss that trains nothing"
     ]
+
+
+def fill_loader(batches, workers: int) -> LoaderFill:
+    """Wait (at most FILL_SECONDS) for the loader's workers to fill its ring: the steps then start from the state of
+    a loader that keeps ahead of training, not from its start-up (forking the workers, their first draws). The
+    steps themselves are untouched: a loader slower than the step drains the ring and shows in the data wait."""
+    start = time.perf_counter()
+    waiting, room = batches.fill(FILL_SECONDS)
+    fill = LoaderFill(workers, waiting, room, time.perf_counter() - start, FILL_SECONDS)
+    print(f"  {fill.describe()}", flush=True)
+    return fill
 
 
 def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) -> list[float]:
@@ -203,6 +225,7 @@ def summarise_run(
     noise: Noise,
     warnings: list[str] = (),
     allocator: dict[int, dict] | None = None,
+    fill: LoaderFill | None = None,
 ) -> tuple[ProfileRecord, Extract]:
     """summary.json and extract.json.gz of a finished profile run; ``warnings`` join the analysis' own; ``allocator``:
     the caching allocator's figures of each step (a GPU's), which the trace's memory is held against."""
@@ -229,6 +252,7 @@ def summarise_run(
         trace=str(trace.relative_to(run_dir)),
         config=OmegaConf.to_container(cfg, resolve=True),
         data=DataSource.of(cfg.data),
+        loader_fill=fill,
         folder=run_dir,
     )
     record.analysis.warnings += warnings

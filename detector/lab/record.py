@@ -15,6 +15,10 @@ measure can take (not finite, negative, beyond 10^15) is left out, as if not mea
 ``left_out``; but a profiled step's wall time that is not such a value, or no usable profiled step, is refused:
 every reader times the run by its steps. ``TrainingRecord`` is the summary.json of a `make train` run, read the
 same way.
+
+A run is *loader-paced* (``ProfileRecord.loader_paced``) where its step waited for the loader at least
+LOADER_PACED_SHARE of its time and, on a GPU, the device idled as long a share of it: the loader, not the step's
+own work, set its time, and compare does not judge it against a run the loader did not pace.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from detector.lab.checked import RecordError, need, optional, read_json, short, usable
+from detector.lab.measures import format_value
 from detector.lab.noise import DEVICE_BOUND_IDLE, Noise
 from detector.lab.source import DataSource
+from detector.regions import DATA_WAIT, STEP
 
 VERSION = 2  # of summary.json; 1: no "version" key and no noise
 EXTRACT_VERSION = 1
@@ -40,6 +46,13 @@ SUMMARY_BYTES = 64 * 2**20  # a summary of 10 steps is tens of kB; a larger file
 # decompressed: a step of the loop strategy on a GPU models ~30k launches in ~2 MB, so ten such steps stay far
 # below; a small gzip that unpacks past this is refused before it is parsed
 EXTRACT_BYTES = 64 * 2**20
+# A step that waits for its batch this share of its time or more is loader-paced (and on a GPU only where the device
+# idles as long a share: a host that waits in the loader while the device still runs queued work costs the step
+# nothing). 5 %: the spread beyond which a device-paced step is not a quiet machine's (noise.py NOISY_SPREAD), and the
+# most by which a profile may differ from `make train`'s step; a loader that keeps ahead of a GPU leaves the device
+# idle under DEVICE_BOUND_IDLE (the same 5 %). On the CPU the loader's own cost of handing over a batch counts too:
+# it alone paces a step of a few milliseconds
+LOADER_PACED_SHARE = 0.05
 
 
 # ----------------------------------------------------------------------------- spreads
@@ -192,6 +205,40 @@ class Timed:
 
 
 @dataclass
+class LoaderFill:
+    """The loader when the profile's first step began (detector/lab/profile.py lets it fill first): its workers, the
+    batches drawn and waiting, the most its ring holds, how long the fill took and its bound. 0 workers: each batch
+    is drawn in its step, as in training, and there is nothing to fill."""
+
+    workers: int
+    waiting: int
+    room: int
+    seconds: float
+    timeout: float
+
+    def describe(self) -> str:
+        if not self.workers:
+            return "Loader: each batch is drawn in its step (data.num_workers=0), nothing is drawn ahead."
+        loader = f"Loader (data.num_workers={self.workers})"
+        if self.waiting >= self.room:
+            return (
+                f"{loader}: the ring was full, {self.waiting} of {self.room} batches waiting, "
+                f"{self.seconds:.2f} s after the workers started, before the first step."
+            )
+        return (
+            f"{loader}: {self.waiting} of {self.room} batches waiting when the {self.timeout:g} s bound on filling the "
+            "ring ran out, before the first step: the first steps may wait for data."
+        )
+
+    @classmethod
+    def parse(cls, data, where: str) -> LoaderFill:
+        need(data, dict, where)
+        counts = {k: need(data.get(k), int, f"{where}.{k}") for k in ("workers", "waiting", "room")}
+        times = {k: need(data.get(k), (int, float), f"{where}.{k}") for k in ("seconds", "timeout")}
+        return cls(**counts, **times)
+
+
+@dataclass
 class ProfileRecord:
     """summary.json of a `make profile` run."""
 
@@ -214,6 +261,7 @@ class ProfileRecord:
     trace: str = ""  # the trace file, relative to the run folder
     config: dict = field(default_factory=dict)
     data: DataSource | None = None  # where its boxes came from; None in summaries written before data.boxes
+    loader_fill: LoaderFill | None = None  # the loader before the first step; None in summaries written before it
     version: int = VERSION
     folder: Path | None = None  # where it was read from (not written)
     left_out: list[str] = field(default_factory=list)  # unusable values dropped when it was read (not written)
@@ -246,6 +294,21 @@ class ProfileRecord:
         DEVICE_BOUND_IDLE), else "host" (the CPU's step, or a GPU's that waits for Python's launches)."""
         idle = self.stats("step", "gpu_idle_share")
         return "device" if idle and idle.median < DEVICE_BOUND_IDLE else "host"
+
+    def loader_paced(self) -> str | None:
+        """Why the loader paced the run's step (``data wait 14.9 ms, 39 % of the step; GPU idle 28 %``), or None where
+        it did not (LOADER_PACED_SHARE): medians over the active steps."""
+        wait, step = self.stats(DATA_WAIT), self.stats(STEP)
+        if not (wait and step) or step.median <= 0 or wait.median < LOADER_PACED_SHARE * step.median:
+            return None
+        share = 100 * wait.median / step.median
+        why = f"data wait {format_value('wall_ms', wait.median)} ms, {share:.0f} % of the step"
+        if not self.analysis.gpu:
+            return why
+        idle = self.stats(STEP, "gpu_idle_share")
+        if not idle or idle.median < LOADER_PACED_SHARE:
+            return None
+        return f"{why}; GPU idle {100 * idle.median:.0f} %"
 
     def noise_reasons(self) -> list[str]:
         """Why the run's times are not those of a quiet machine (its noise check; empty where it passes or its noise
@@ -302,6 +365,7 @@ class ProfileRecord:
         timed = data.get("timed")
         noise = data.get("noise")
         source = data.get("data")  # None in a summary written before data.boxes: the synthetic faces
+        fill = data.get("loader_fill")
         return cls(
             strategy=strategy,
             mode=data["mode"],
@@ -322,6 +386,7 @@ class ProfileRecord:
             trace=optional(data, "trace", str, where, ""),
             config=optional(data, "config", dict, where, {}),
             data=DataSource.parse(source, f"{where}: data") if source is not None else None,
+            loader_fill=LoaderFill.parse(fill, f"{where}: loader_fill") if fill is not None else None,
             left_out=left_out,
         )
 

@@ -21,7 +21,7 @@ from detector.lab.measures import (
 )
 from detector.lab.record import ProfileRecord, Spread
 from detector.lab.tables import cell_text, markdown_table, speedup, times
-from detector.lab.verdicts import BASELINE, host_speedup, noise_note, profiler_note
+from detector.lab.verdicts import BASELINE, host_speedup, loader_note, noise_note, paced_unlike, profiler_note
 from detector.regions import DATA_WAIT, REGIONS, STEP
 
 TIME = ("wall_ms", "gpu_ms", "device_step_ms", "gpu_idle_share")  # a run table's first columns
@@ -43,7 +43,8 @@ def run_table(record: ProfileRecord) -> str:
 
 
 def run_card(record: ProfileRecord) -> str:
-    """The run's Text card: what ran, its table, the step as training runs it, the noise and the warnings."""
+    """The run's Text card: what ran, its table, the step as training runs it, the loader, the noise and the
+    warnings."""
     analysis = record.analysis
     size = f"{record.image_size or '?'} px, {record.max_boxes or '?'} box slots, boxes: {boxes_of(record)}"
     protocol = "regions synchronised (profile.sync_regions)" if record.sync_regions else "regions unsynchronised"
@@ -60,6 +61,9 @@ def run_card(record: ProfileRecord) -> str:
         "",
         noise_note(record),
     ]
+    lines += ["", record.loader_fill.describe()] if record.loader_fill else []
+    paced = loader_note(record)
+    lines += ["", paced] if paced else []
     missing = gpu_note(absent_gpu_measures([record], TIME + WHY))
     lines += ["", missing] if missing else []
     lines += ["", legend(present([record], TIME + WHY))]
@@ -183,6 +187,8 @@ def time_cell(record: ProfileRecord, base: ProfileRecord | None, region: str, me
     cell = stats_cell(measure, s)
     if not s or base is None or base is record or not base.stats(region, measure):
         return cell
+    if region == STEP and paced_unlike(base, record):
+        return f"{cell} · not judged"  # one of the two is loader-paced: the verdicts say which
     if region == STEP and measure == "wall_ms":
         return f"{cell} · {times(host_speedup(base, record))}"
     return f"{cell} · {times(speedup(base.stats(region, measure), s))}"
@@ -192,7 +198,7 @@ def timed_cell(record: ProfileRecord, base: ProfileRecord | None) -> str:
     s = record.timed_step()
     cell = stats_cell("wall_ms", s)
     if s and base is not None and base is not record and base.timed_step():
-        cell += f" · {times(speedup(base.timed_step(), s))}"
+        cell += " · not judged" if paced_unlike(base, record) else f" · {times(speedup(base.timed_step(), s))}"
     return cell
 
 
@@ -228,14 +234,22 @@ def mode_markdown(
     noisy = [label for label, r in runs if r.noisy]
     if noisy:
         lines += ["", f"**Noisy runs** (their times are not judged): {', '.join(map(cell_text, noisy))}."]
+    paced = [f"{cell_text(label)}: loader-paced: {r.loader_paced()}" for label, r in runs if r.loader_paced()]
+    if paced:
+        lines += [
+            "",
+            "**Loader-paced runs** (the loader, not the step's own work, set their time; not judged against a run "
+            f"the loader does not pace): {'; '.join(paced)}.",
+        ]
     lines += ["", "### How the counts grow with the batch", "", *growth] if growth else []
     lines += [
         "",
         "### Wall ms per step (host)",
         "",
         "Median [q1–q3] over the active steps; `· 2×` = padded's median / this median where the interquartile "
-        "ranges do not overlap, `· ≈` where they do. The step's verdict must also hold without the data wait "
-        "(the loader's, shown on its own line). The last row: the steps timed without the profiler.",
+        "ranges do not overlap, `· ≈` where they do, `· not judged` on a step where one of the two runs is "
+        "loader-paced. The step's verdict must also hold without the data wait (the loader's, shown on its own "
+        "line). The last row: the steps timed without the profiler.",
         "",
         time_table(runs, base, "wall_ms"),
     ]

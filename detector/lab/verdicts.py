@@ -7,7 +7,9 @@ syncs, copies; ``STABLE``) as ratios. Then the time, by the one
 rule of detector/lab/tables.py: the step as training runs it (the steps timed without the profiler), "N×
 slower" where the interquartile ranges do not overlap, "not distinguishable on this machine" with both
 spreads where they do, and "not judged" where either run's noise check flags it (detector/lab/record.py
-``Noise``), unless the two lie further apart than noise moves a step (BEYOND_NOISE). Then the profiled step,
+``Noise``), unless the two lie further apart than noise moves a step (BEYOND_NOISE), and "not judged" where one
+run is loader-paced and the other is not (record.py ``LOADER_PACED_SHARE``: the loader set the one's time, the
+step's own work the other's). Then the profiled step,
 and where it disagrees with training's, what the profiler added to each side: its cost grows with the
 operators a strategy dispatches, so the training verdict leads. Last, the region where the time went and the
 Traces tab's view of it.
@@ -128,10 +130,11 @@ class Timing:
     run: Spread
     x: float | None
     noise: tuple[str, ...] = ()
+    pacing: str | None = None  # why the two are paced unlike (one by its loader): not judged, whatever their gap
 
     @property
     def judged(self) -> bool:
-        return not self.noise or self.beyond_noise
+        return not self.pacing and (not self.noise or self.beyond_noise)
 
     @property
     def beyond_noise(self) -> bool:
@@ -167,24 +170,38 @@ def noise_reasons(base: ProfileRecord, run: ProfileRecord, label: str) -> tuple[
     return tuple(found)
 
 
+def paced_unlike(a: ProfileRecord, b: ProfileRecord) -> bool:
+    """Whether exactly one of two runs is loader-paced: their times are then not of the same thing."""
+    return (a.loader_paced() is None) != (b.loader_paced() is None)
+
+
+def pacing_reason(base: ProfileRecord, run: ProfileRecord, label: str) -> str | None:
+    """``padded's run is loader-paced (<why>), packed's is not: ...`` where exactly one of the two is; else None."""
+    if not paced_unlike(base, run):
+        return None
+    (name, record), other = ((BASELINE, base), label) if base.loader_paced() else ((label, run), BASELINE)
+    why = record.loader_paced()
+    return f"{name}'s run is loader-paced ({why}), {other}'s is not: the loader, not the loss, set its time"
+
+
 def trained(base: ProfileRecord, run: ProfileRecord, label: str) -> Timing | None:
     """The steps timed without the profiler, as training runs them."""
     a, b = base.timed_step(), run.timed_step()
     if not (a and b):
         return None
-    return Timing(a, b, speedup(a, b), noise_reasons(base, run, label))
+    return Timing(a, b, speedup(a, b), noise_reasons(base, run, label), pacing_reason(base, run, label))
 
 
 def profiled(base: ProfileRecord, run: ProfileRecord, label: str) -> Timing:
     """The profiled step: on a GPU the device's step (the host, running ahead, paces its steps by the launch
     queue); on the CPU the host's, which must also differ without the data wait (the loader is not the
     strategy)."""
-    noise = noise_reasons(base, run, label)
+    noise, pacing = noise_reasons(base, run, label), pacing_reason(base, run, label)
     a, b = base.stats(STEP, "device_step_ms"), run.stats(STEP, "device_step_ms")
     if a and b:
-        return Timing(a, b, speedup(a, b), noise)
+        return Timing(a, b, speedup(a, b), noise, pacing)
     a, b = base.stats(STEP), run.stats(STEP)
-    return Timing(a, b, host_speedup(base, run), noise)
+    return Timing(a, b, host_speedup(base, run), noise, pacing)
 
 
 def host_speedup(base: ProfileRecord, run: ProfileRecord) -> float | None:
@@ -288,6 +305,8 @@ class Verdict:
         timing = self.leading()
         how = "as training runs it" if self.trained else "profiled"
         noise = "; ".join(timing.noise)
+        if timing.pacing:
+            return f"Times {how} not judged: {timing.pacing} ({timing.spreads(label)})."
         if not timing.judged:
             return f"Times {how} not judged, the noise check flags them — {noise} ({timing.spreads(label)})."
         if timing.x is None:
@@ -377,6 +396,17 @@ def profiler_note(record: ProfileRecord) -> str:
     if record.sync_regions and wait:
         text += f" The regions' closing synchronize kept the host waiting {significant(wait.median)} ms per step."
     return text
+
+
+def loader_note(record: ProfileRecord) -> str | None:
+    """One line where the loader paced the run's step (record.py ``LOADER_PACED_SHARE``), else None."""
+    why = record.loader_paced()
+    if why is None:
+        return None
+    return (
+        f"**Loader-paced**: {why}: the loader, not the step's own work, set its time; compare does not judge it "
+        "against a run the loader does not pace."
+    )
 
 
 def noise_note(record: ProfileRecord) -> str:

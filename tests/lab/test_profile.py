@@ -1,13 +1,17 @@
 """`make profile`: the training step of a config under torch.profiler, one new folder per run."""
 
+import re
+import time
+
 import pytest
 import torch
 from lab_helpers import TINY_PROFILE
 
-from detector import cli
+from detector import cli, data
 from detector.config import load_config
 from detector.errors import UserError
 from detector.lab import profile as profiling
+from detector.lab.compare import run_compare
 from detector.lab.record import ProfileRecord, read_summary
 from detector.lab.trace import read_events
 from detector.targets import make_targets
@@ -74,6 +78,43 @@ def test_the_printed_table_names_the_timed_steps_and_what_needs_a_gpu(tmp_path, 
     assert "Noise: " in out
     none = profile(tmp_path, "profile.strategy=padded", "profile.timed=0")
     assert none.timed.step_ms.n == 0 and "profile.timed=0" in capsys.readouterr().out
+
+
+def slowed(monkeypatch, owner, name: str, seconds: float) -> None:
+    """``owner.name`` takes ``seconds`` longer each call."""
+    function = getattr(owner, name)
+
+    def slow(*args):
+        time.sleep(seconds)
+        return function(*args)
+
+    monkeypatch.setattr(owner, name, slow)
+
+
+def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_time(tmp_path, monkeypatch, capsys):
+    # fed: a worker far ahead of a step of 50 ms (the tiny step's own few ms are near the loader's per-batch cost)
+    slowed(monkeypatch, TrainStep, "__call__", 0.05)
+    fed = profile(tmp_path, "profile.strategy=packed", "data.num_workers=1", "profile.timed=3")
+    out = capsys.readouterr().out
+    assert fed.loader_paced() is None and "Loader-paced" not in out
+    assert (fed.loader_fill.workers, fed.loader_fill.waiting, fed.loader_fill.room) == (1, 4, 4)
+    assert re.search(r"Loader \(data.num_workers=1\): the ring was full, 4 of 4 batches waiting, [\d.]+ s after", out)
+
+    monkeypatch.undo()
+    slowed(monkeypatch, data, "draw_dataset_batch", 0.2)  # starved: 0 workers, each step draws its batch, 200 ms
+    starved = profile(tmp_path, "profile.strategy=padded", "profile.timed=3")
+    out = capsys.readouterr().out
+    assert starved.loader_paced().startswith("data wait ")
+    assert re.search(r"\*\*Loader-paced\*\*: data wait \d+ ms, \d+ % of the step: the loader, not the step", out)
+    assert "Loader: each batch is drawn in its step (data.num_workers=0), nothing is drawn ahead." in out
+
+    monkeypatch.undo()
+    text = run_compare(tmp_path, out_dir=tmp_path / "compared").texts["train"]
+    verdict = next(line for line in text.splitlines() if line.startswith("- **packed**"))
+    assert "Times as training runs it not judged: padded's run is loader-paced (data wait " in verdict
+    assert "packed's is not: the loader, not the loss, set its time" in verdict and "faster" not in verdict
+    assert re.search(r"\*\*Loader-paced runs\*\* .*: padded: loader-paced: data wait \d+ ms, \d+ % of the step", text)
+    assert re.search(r"\| \*\*step, as training runs it\*\* \| [^|]+ \| [^|]+ · not judged \|", text)
 
 
 def test_forward_mode_keeps_the_articles_protocol(tmp_path):

@@ -13,6 +13,7 @@ each rank writes its own blocks' rows and their optimizer state, and its share o
 from __future__ import annotations
 
 import itertools
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,21 @@ def reduce_onto_owners(parts: list[tuple[Tensor, int]]) -> list:
         for t, owner in parts:
             dist.reduce(t, dst=owner, op=dist.ReduceOp.AVG, async_op=True)
     return [group]
+
+
+def weak_hook(method):
+    """``method`` as a parameter's hook that does not keep its object alive. A parameter keeps its hooks in C++, where
+    the garbage collector cannot see them: a hook holding the object that holds the model would be a cycle never
+    freed, keeping the object's DDP, and with it the process group and gloo's threads, alive past
+    destroy_process_group, until the interpreter exits (where such a thread aborts the process)."""
+    ref = weakref.WeakMethod(method)
+
+    def hook(param: Tensor) -> None:
+        owner = ref()
+        if owner is not None:
+            owner(param)
+
+    return hook
 
 
 class ShardedBlocks(Replicated):
@@ -108,7 +124,7 @@ class ShardedBlocks(Replicated):
             for pname, param in block.named_parameters():
                 self.owner[id(param)] = i // share
                 names.append(f"{name}.blocks.{i}.{pname}")
-                param.register_post_accumulate_grad_hook(self.accumulated)
+                param.register_post_accumulate_grad_hook(weak_hook(self.accumulated))
         self.rows.append((layer.rows(0, len(layer.blocks)), layer.rows(rank * share, (rank + 1) * share)))
         mine = range(rank * share, (rank + 1) * share)
         layer.order = [*mine, *(i for i in range(len(layer.blocks)) if i not in mine)]
