@@ -42,7 +42,9 @@ VERSION = 2
 MANIFEST = "checkpoint.json"
 LEGACY = "checkpoint.pt"  # version 1: one file, header + torch.save payload
 CHUNK = 64 * 2**20  # bytes per checksum: a partial read over-reads at most one chunk at each end
-ALIGN = 64  # each span starts at a multiple of this: any dtype's view of the staging memory is aligned
+# each span starts at a multiple of this: any dtype's view of the staging memory is aligned, and each span is whole
+# pages, page-locked on its own (checkpointer.py)
+ALIGN = 4096
 META = "meta.pt"
 FIX = "delete it or set train.resume=false to start this run afresh"
 HASHERS = 4  # threads that checksum chunks while the writer writes (sha256 runs ~1-2 GB/s on one core)

@@ -4,7 +4,8 @@ A save, on every process at once:
 
 1. (the step waits) this process's share of the state (``checkpoint.state_pieces``, ``written_rows``) is copied into
    its staging memory: host memory of exactly that share, page-locked on a GPU (``cudaHostRegister``, once per run,
-   in a thread while the first steps run) so that the device-to-host copy runs at the link's speed;
+   in a thread while the first steps run, its pages touched first) so that the device-to-host copy runs at the
+   link's speed;
 2. (a thread) the share is written to ``rank<r>.bin`` of the save's folder and checksummed in chunks meanwhile
    (``HASHERS`` threads), fsync'd, and described in ``rank<r>.json``; process 0 writes the rest (``meta.pt``), waits
    for every process's record and commits the save by replacing the manifest (checkpoint_files.py).
@@ -81,7 +82,8 @@ class Checkpointer:
         self.run_dir, self.rank, self.world_size, self.device, self.token = run_dir, rank, world_size, device, token
         self.pool = concurrent.futures.ThreadPoolExecutor(files.HASHERS, thread_name_prefix="checksum")
         self.staging: torch.Tensor | None = None
-        self.registered = False  # whether the staging memory is page-locked (cudaHostRegister)
+        self.registered: list[int] = []  # the page-locked spans' addresses (cudaHostRegister), one per span
+        self.pinned = False  # whether every span was page-locked
         self.pinning: threading.Thread | None = None
         self.pin_seconds = 0.0
         self.disk_speed: float | None = None  # bytes/s, process 0's measure
@@ -92,19 +94,28 @@ class Checkpointer:
     # -------------------------------------------------------------------- staging memory
 
     def prepare(self, pieces: list[Piece]) -> None:
-        """Allocate (and on a GPU page-lock, in a thread while the first steps run) the staging memory for this
-        process's share of ``pieces``."""
-        size = share_bytes(pieces, self.rank, self.world_size)
-        self.staging = torch.empty(size, dtype=torch.uint8)
-        if self.device.type == "cuda" and size:
-            self.pinning = threading.Thread(target=self.pin, name="checkpoint-pin", daemon=True)
+        """Allocate the staging memory for this process's share of ``pieces`` and, on a GPU, page-lock it in a thread
+        while the first steps run."""
+        spans = writes(pieces, self.rank, self.world_size)
+        self.staging = torch.empty(sum(span_bytes(p, rows) for p, rows in spans), dtype=torch.uint8)
+        if self.device.type == "cuda" and self.staging.numel():
+            self.pinning = threading.Thread(target=self.pin, args=([span_bytes(p, r) for p, r in spans],), daemon=True)
             self.pinning.start()
 
-    def pin(self) -> None:
+    def pin(self, sizes: list[int]) -> None:
+        """Page-lock the staging memory, span by span (a copy never crosses two registrations). Its pages are first
+        touched here, outside the driver: cudaHostRegister of untouched memory faults every page in while it holds
+        the driver's lock, and every CUDA call of the steps, the loader's copies too, waits for it (12 GiB: most of
+        a minute and a half of data stalls at seed scale)."""
         start = time.perf_counter()
-        cudart = torch.cuda.cudart()
-        # 0 = cudaHostRegisterDefault; torch's pinned allocator would round the size up to a power of two
-        self.registered = int(cudart.cudaHostRegister(self.staging.data_ptr(), self.staging.numel(), 0)) == 0
+        self.staging.fill_(0)
+        cudart, at, done = torch.cuda.cudart(), self.staging.data_ptr(), []
+        for size in sizes:
+            if int(cudart.cudaHostRegister(at, size, 0)) != 0:  # 0 = cudaHostRegisterDefault
+                break
+            done.append(at)
+            at += size
+        self.registered, self.pinned = done, len(done) == len(sizes)
         self.pin_seconds = time.perf_counter() - start
 
     def ready_staging(self, size: int) -> torch.Tensor:
@@ -120,9 +131,9 @@ class Checkpointer:
         if self.pinning is not None:
             self.pinning.join()
             self.pinning = None
-        if self.registered:
-            torch.cuda.cudart().cudaHostUnregister(self.staging.data_ptr())
-            self.registered = False
+        for at in self.registered or ():
+            torch.cuda.cudart().cudaHostUnregister(at)
+        self.registered = []
 
     # -------------------------------------------------------------------- saving
 
@@ -252,7 +263,7 @@ class Checkpointer:
             ],
             "disk_bytes_per_s": self.disk_speed,
             "staging_bytes": 0 if self.staging is None else self.staging.numel(),
-            "staging_pinned": self.registered,
+            "staging_pinned": self.pinned,
             "pin_s": self.pin_seconds,
             "host_peak_bytes": host_peak(),  # this process's, the whole run's: the staging memory is in it
         }
