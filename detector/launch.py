@@ -39,6 +39,8 @@ def main(argv: list[str]) -> int:
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
     os.environ[LAUNCHED] = "1"
+    # torchrun gives each rank this where it is unset, with a banner of five lines saying so: the same, unsaid
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         run(args)
     except ChildFailedError as err:

@@ -1,7 +1,6 @@
 """The tiny training configuration the training tests share (tests/train/, tests/test_faults.py), and two processes
 of a worker for the tests of several processes."""
 
-import gc
 import time
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from detector.config import load_config
+from detector.train import distributed
 
 # A detector of a few thousand parameters on 32 px images: a step takes milliseconds.
 TINY = [
@@ -55,18 +55,17 @@ def _then_end_group(rank: int, worker, *args) -> None:
 
 
 def end_group() -> None:
-    """Destroy this process's process group, if any, and check that gloo's threads have ended with it.
+    """Destroy this process's process group, if any, as `make train` does (distributed.teardown), and check that
+    gloo's threads have ended with it.
 
     Why: a gloo thread drops its reference to a finished collective after the caller's wait() has returned; where it
     is the last one, freeing the collective's tensors takes the GIL, and a thread that asks for the GIL while the
     interpreter finalizes is ended by CPython inside a C++ destructor: std::terminate ("terminate called without an
     active exception"), SIGABRT, whenever that thread runs late (a loaded machine). destroy_process_group joins those
-    threads only where it drops the group's last reference: so first free what holds it (a DDP module, a sharing's
-    reference cycles) while the group lives, then destroy it with nothing else holding it."""
-    gc.collect()
+    threads only where it drops the group's last reference: whatever still holds the group (a model's DDP, a
+    sharing's reference cycles, a cache of torch's) must be freed first, and teardown does so."""
     if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+        distributed.teardown(distributed.DistEnv(owns_group=True))
     left = gloo_threads()
     assert not left, f"gloo's threads {left} outlive destroy_process_group: something still holds the process group"
 

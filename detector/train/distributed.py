@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from torch.distributed.tensor import _collective_utils, _redistribute, debug
 
 from detector.config import resolve_device
 from detector.data import ListTargets, Targets
@@ -67,9 +68,27 @@ def teardown(env: DistEnv) -> None:
     if env.owns_group:
         # a DDP reducer left in a reference cycle holds the group: freed after its destruction, with the GIL
         # held, it would destroy the gloo group while a gloo thread waits for the GIL. Free it while it lives.
+        release_dtensor_caches()
         gc.collect()
-        dist.barrier()
+        # NCCL's barrier on this process's device (the one it computes on; torch warns where it has to guess)
+        nccl = dist.get_backend() == dist.Backend.NCCL
+        dist.barrier(device_ids=[torch.cuda.current_device()] if nccl else None)
         dist.destroy_process_group()
+
+
+def release_dtensor_caches() -> None:
+    """Empty torch's DTensor caches (sharding propagation, redistribute plans, mesh topology): they keep FSDP2's device
+    mesh, and with it the process group and gloo's threads, alive past destroy_process_group. Each is torch's own,
+    private: cleared where this torch has it."""
+    topology = getattr(_collective_utils, "MeshTopoInfo", None)
+    for clear in (
+        getattr(debug, "_clear_sharding_prop_cache", None),
+        getattr(_redistribute, "clear_redistribute_planner_cache", None),
+        getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
+        getattr(getattr(topology, "build_from_mesh", None), "cache_clear", None),
+    ):
+        if clear is not None:
+            clear()
 
 
 LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they
