@@ -8,7 +8,8 @@ experiment file ``experiments/<name>.yaml`` <- dotlist overrides from the comman
 Each field's allowed values sit next to its default (``ranged``); ``load_config`` checks them all, so a
 bad value fails at load, as one ``ConfigError`` line naming the field, the value and what is allowed,
 instead of mid-run. A path-valued field (``path``) takes an override's text after the ``=`` as written: a
-``#``, spaces and quotes inside a file's name are the name's, not YAML's.
+``#``, spaces and quotes inside a file's name are the name's, not YAML's. A field that takes words takes them as
+written, in a file, an override and a list alike (``WordsLoader``): ``train.shard_optimizer=off`` is the word off.
 """
 
 from __future__ import annotations
@@ -301,13 +302,47 @@ def fit_slots(data: DictConfig) -> str:
     return describe(annotations, data.max_boxes, data.over_max_boxes)
 
 
+class WordsLoader(yaml.SafeLoader):
+    """YAML as the configuration reads it, files and overrides alike: true and false are its only booleans (YAML
+    1.2), so that off, on, yes and no stay the words written where a field takes words (``train.shard_optimizer=off``,
+    ``report.sharding_modes=[off,blocks]``; YAML 1.1 made them booleans, and a text field then held "False"); a
+    boolean field still takes them (OmegaConf reads on as true there). As OmegaConf's own loader: 1e-3 is a number, a
+    date is text, and a key given twice is refused."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key, _ in node.value:
+            if key.tag == "tag:yaml.org,2002:str" and key.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key.value}", key.start_mark
+                )
+            seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+BOOL, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+WordsLoader.yaml_implicit_resolvers = {
+    first: [(tag, rule) for tag, rule in rules if tag not in (BOOL, "tag:yaml.org,2002:timestamp")]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+WordsLoader.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+WordsLoader.add_implicit_resolver(  # YAML 1.2's numbers: an exponent needs no dot
+    FLOAT, re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=WordsLoader)
+
+
 DOTTED_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def parse_overrides(overrides: list[str], paths: Collection[str] = ()) -> DictConfig:
-    """Dotlist overrides ``key.sub=value``, each checked so a typo gets one clear line. A value is YAML, except
-    for a key of ``paths``: its text is the path as written (``#`` and spaces included), less quotes around it."""
-    layer, named = [], {}
+    """Dotlist overrides ``key.sub=value``, each checked so a typo gets one clear line. A value is YAML
+    (``WordsLoader``), except for a key of ``paths``: its text is the path as written (``#`` and spaces included),
+    less quotes around it."""
+    cli, named = OmegaConf.create(), {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -320,11 +355,10 @@ def parse_overrides(overrides: list[str], paths: Collection[str] = ()) -> DictCo
                 raise ConfigError(f"override {item!r}: {key} names a file or folder, and the name is empty")
             continue
         try:
-            yaml.safe_load(value)
+            loaded = read_yaml(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: {value!r} is not a YAML value ({yaml_problem(err)})") from None
-        layer.append(item)
-    cli = OmegaConf.from_dotlist(layer)
+        OmegaConf.update(cli, key, loaded, merge=True)
     for key, value in named.items():  # in the order given: a later override of the same key wins
         OmegaConf.update(cli, key, value.replace("${", "\\${"), merge=True)  # ${ is a name's, not OmegaConf's
     return cli
@@ -355,12 +389,12 @@ def path_keys(schema: type, prefix: str = "") -> set[str]:
 
 def load_yaml(path: Path) -> DictConfig:
     try:
-        layer = OmegaConf.load(path)
+        layer = read_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
-    if not isinstance(layer, DictConfig):
+    if layer is not None and not isinstance(layer, dict):
         raise ConfigError(f"{path} must hold a mapping of config keys (e.g. train: {{steps: 10}}), got a list")
-    return layer
+    return OmegaConf.create(layer or {})
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:

@@ -178,3 +178,11 @@ def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, mo
     times, why = sharding.measure_link(tmp_path, 2, ["device=cpu"])
     assert times is None and why == f"no result in {sharding.LINK_SECONDS} s, its output in {tmp_path}/logs/link-x2.log"
     assert not (tmp_path / "link-x2.json").exists()  # nothing kept: the next table measures it again
+
+
+def test_the_scaling_tables_modes_take_off_as_a_word(capsys):
+    """`python -m detector.bench.sharding run "report.sharding_modes=[off,blocks]"` gets past the configuration (here
+    to the table's own refusal: no GPUs to share), where off was once refused as 'False'."""
+    assert sharding.main(["run", "report.sharding_modes=[off,blocks]", "device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "needs 2 processes or more" in err and "out of range" not in err
