@@ -51,7 +51,7 @@ SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU:
 GPU_BATCHES = (1024, 16384)  # bench losses on a GPU: the seed's batch, and one where the loss's own work shows
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=3", "profile.timed=2"]
 CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png", "memory-train.png")
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]  # the project: the folder that holds detector/
 
 
 @dataclass
@@ -342,23 +342,28 @@ def machine_line(device) -> str:
     return info + f", commit {commit()}."
 
 
-def commit() -> str:
-    """The checkout's commit, with ``+ uncommitted changes`` when the tree differs from it; ``$DETECTOR_COMMIT``
-    first where it is set (a copy of the tree on another machine may carry no .git, or someone else's)."""
+def commit(root: Path = ROOT) -> str:
+    """The commit of the project's own checkout at ``root``, with ``+ uncommitted changes`` when the tree differs
+    from it; ``$DETECTOR_COMMIT`` first where it is set (a copy of the tree on another machine may carry no .git).
+    An unpacked copy of the project inside another repository is not a checkout: git would name that repository's
+    commit, so the project's root must be the repository's."""
     given = os.environ.get("DETECTOR_COMMIT")
     if given:
         return f"{given} (a copy of its tree)"
 
     def git(*args):
         try:
-            result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
+            result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
         except OSError:  # no git at all
             return ""
         return result.stdout.strip() if result.returncode == 0 else ""
 
+    top = git("rev-parse", "--show-toplevel")
+    if not top or Path(top).resolve() != Path(root).resolve():
+        return "unknown (not a git checkout)"
     head = git("rev-parse", "--short=10", "HEAD")
     if not head:
-        return "unknown (not a git checkout)"
+        return "unknown (a git checkout without a commit)"
     return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
