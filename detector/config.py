@@ -35,6 +35,7 @@ from detector.annotations import (
     slots_for,
 )
 from detector.errors import UserError
+from detector.sharing import WAYS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 STRATEGY = "a registered strategy"  # choices entry: any name in detector.losses.STRATEGIES
@@ -151,7 +152,7 @@ class ReportConfig:
     # gloo processes
     processes: int = ranged(0, 0)
     # the ways of sharing (train.shard_optimizer) the scaling table runs on each number of processes; fewer, sooner
-    sharding_modes: list[str] = ranged(["off", "blocks", "fsdp2", "zero"], choices=("off", "blocks", "fsdp2", "zero"))
+    sharding_modes: list[str] = ranged(list(WAYS), choices=tuple(WAYS))
     # replace a committed <out_dir>/<device>.md with a report whose runs the noise check flags (a busy machine):
     # false keeps the committed one and leaves the new report in the run folder
     force: bool = False
@@ -197,12 +198,10 @@ class TrainConfig:
     # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
     # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
     float8: bool = False
-    # several processes (train/sharding/): blocks = our ZeRO stage 1 for the head's blocks under DDP (ShardedBlocks):
-    # each process keeps AdamW's state of, and updates, only its own blocks; fsdp2 = the model under torch's
-    # fully_shard (FullyShardedModel): parameters, gradients and AdamW's state sharded; zero = torch's
-    # ZeroRedundancyOptimizer over DDP (ZeroOverDDP); off = every process updates the whole model after an
-    # all-reduce of every gradient. true/false: blocks/off. `python -m detector.bench.sharding` measures them
-    shard_optimizer: str = ranged("blocks", choices=("blocks", "fsdp2", "zero", "off"))
+    # how several processes share the model, one of the ways of detector/sharing.py: blocks, ours, keeps AdamW's state
+    # of the head's blocks, and updates them, on their owner only; true/false: blocks/off.
+    # `python -m detector.bench.sharding` measures them against each other
+    shard_optimizer: str = ranged("blocks", choices=tuple(WAYS))
     # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
     # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
     # then torch's fused AdamW, then autocast's cast of every weight at the next forward (`make bench-step` times both)

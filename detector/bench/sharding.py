@@ -40,9 +40,9 @@ from detector.config import TrainConfig, device_name, load_config, resolve_devic
 from detector.errors import UserError, refuse
 from detector.lab.report import device_slug, machine_line, now, quote
 from detector.lab.tables import markdown_table, significant
+from detector.sharing import WAYS, of_kind
 
-MODES = ("off", "blocks", "fsdp2", "zero")  # table order: plain DDP (the reference) first
-ENGINES = ("fsdp2", "zero")  # torch's own
+REFERENCE = of_kind("reference")[0]  # plain DDP: the others' losses are held to its
 KEEP_OURS_ABOVE = 1.03  # our ShardedBlocks stays only where it is more than 3 % faster than the best of torch's
 # images/s against one GPU's that the scaling is held to (the link's time fits under the step's compute:
 # docs/training.md, "Several GPUs")
@@ -74,10 +74,10 @@ class Run:
         return ["-m", "detector.launch", "--standalone", f"--nproc_per_node={self.processes}", *args]
 
 
-def plan(processes: int, modes=MODES) -> list[Run]:
+def plan(processes: int, modes=tuple(WAYS)) -> list[Run]:
     """One process, then each of ``modes`` on 2, 4, 8 ... processes up to ``processes``, in table order."""
     counts = [n for n in (2**k for k in range(1, 8)) if n <= processes]
-    return [Run(1, None)] + [Run(n, mode) for n in counts for mode in MODES if mode in modes]
+    return [Run(1, None)] + [Run(n, mode) for n in counts for mode in WAYS if mode in modes]
 
 
 def table_processes(cfg: DictConfig) -> int:
@@ -148,7 +148,7 @@ def read_runs(folder: Path) -> dict[Run, dict]:
         summary = summary_of(path) if match and path.is_dir() else None
         if summary:
             found[Run(int(match.group(1)), match.group(2))] = summary
-    order = {mode: i for i, mode in enumerate(MODES)}
+    order = {mode: i for i, mode in enumerate(WAYS)}
     return dict(sorted(found.items(), key=lambda item: (item[0].processes, order.get(item[0].mode, -1))))
 
 
@@ -185,9 +185,9 @@ def table(runs: dict[Run, dict]) -> str:
     one = next((s for r, s in runs.items() if r.processes == 1), None)
     rows = []
     for run, s in runs.items():
-        base = next((b for r, b in runs.items() if r.processes == run.processes and r.mode == "off"), None)
+        base = next((b for r, b in runs.items() if r.processes == run.processes and r.mode == REFERENCE), None)
         times = s["images_per_s"] / one["images_per_s"] if one else None
-        gap = loss_gap(s, base) if base is not None and run.mode not in (None, "off") else None
+        gap = loss_gap(s, base) if base is not None and run.mode not in (None, REFERENCE) else None
         rate = lived(s)
         rows.append(
             [
@@ -218,12 +218,12 @@ def verdicts(runs: dict[Run, dict]) -> list[str]:
             times, target = rate[best] / one["images_per_s"], TARGETS.get(n)
             bar = "" if target is None else f" (the target: {target}×, {'met' if times >= target else 'not met'})"
             lines.append(f"{n} processes: `{best}` is the fastest, {times:.2f}× one process's images/s{bar}.")
-        engines = {m: rate[m] for m in ENGINES if m in rate}
-        if "blocks" in rate and engines:
+        engines = {m: rate[m] for m in of_kind("torch") if m in rate}
+        for ours in (m for m in of_kind("ours") if m in rate and engines):
             engine = max(engines, key=engines.get)
-            ahead = rate["blocks"] / engines[engine]
+            ahead = rate[ours] / engines[engine]
             keep = "keep it" if ahead > KEEP_OURS_ABOVE else f"torch's `{engine}` should be the default"
-            lines.append(f"{n} processes: our `blocks` is {ahead - 1:+.1%} against torch's best, `{engine}`: {keep}.")
+            lines.append(f"{n} processes: our `{ours}` is {ahead - 1:+.1%} against torch's best, `{engine}`: {keep}.")
     return lines
 
 
@@ -242,7 +242,7 @@ def document(
         f"evaluation every {TrainConfig.eval_every}) from this run's start-up, first step, checkpoint waits and "
         "evaluation as measured, with its median step. `peak GiB`: rank 0's peak of "
         "allocated GPU memory. `loss vs DDP`: the largest relative difference of the per-step losses from "
-        "plain DDP's (`off`) on as many processes (docs/training.md says what bounds it).",
+        f"plain DDP's (`{REFERENCE}`) on as many processes (docs/training.md says what bounds it).",
         "",
     ]
     lines += [f"- {line}" for line in verdicts(runs)]

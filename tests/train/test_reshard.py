@@ -13,6 +13,7 @@ import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.model import build_model
+from detector.sharing import WAYS
 from detector.train.checkpoint import CheckpointError, fingerprint, layout, load_checkpoint, read_checkpoint
 from detector.train.loop import run_training
 from detector.train.step import TrainStep
@@ -20,7 +21,7 @@ from detector.train.step import TrainStep
 # channels_last as on a GPU: FSDP2 shards only contiguous parameters, and the NHWC conv weights are not
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3", "train.channels_last=true"]
 ONE = ["data.batch_size=8"]  # 1 process with the global batch of 2 processes of tiny_cfg's 4
-MODES = ("blocks", "fsdp2", "zero", "off")
+MODES = tuple(WAYS)
 # 1 and 2 processes sum the gradient in a different order; Adam divides by sqrt(v), so a near-zero gradient's
 # rounding moves an update by more than the rounding itself (as in test_loop's DDP test)
 RTOL = 1e-4
