@@ -30,8 +30,8 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
+from detector.checked import read_json
 from detector.lab.analysis import measure_steps, representative_step
-from detector.lab.checked import read_json
 from detector.lab.record import EXTRACT, Extract, ProfileRecord, RecordError, StepMeasures, read_extract, write_extract
 from detector.lab.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
 from detector.regions import OTHER, STEP

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from detector.lab.checked import need, optional
+from detector.checked import need, optional
 
 SAMPLE_SECONDS = 0.5  # long enough for the kernel's 10 ms ticks to average, short beside a profile
 

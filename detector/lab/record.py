@@ -13,8 +13,8 @@ what is wrong in it (a field of the wrong type, a version this code does not rea
 summary of version 1 (written before the noise was recorded) is converted: its noise is unknown. A value no
 measure can take (not finite, negative, beyond 10^15) is left out, as if not measured, and named in
 ``left_out``; but a profiled step's wall time that is not such a value, or no usable profiled step, is refused:
-every reader times the run by its steps. ``TrainingRecord`` is the summary.json of a `make train` run, read the
-same way.
+every reader times the run by its steps. (A `make train` run's summary.json is detector/train/summary.py's
+``TrainingSummary``.)
 
 A run is *loader-paced* (``ProfileRecord.loader_paced``) where its step waited for the loader at least
 LOADER_PACED_SHARE of its time and, on a GPU, the device idled as long a share of it: the loader, not the step's
@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import gzip
 import json
-import math
 import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.lab.checked import RecordError, need, optional, read_json, short, usable
+from detector.checked import RecordError, need, optional, read_json, short, usable
 from detector.lab.measures import format_value
 from detector.lab.noise import DEVICE_BOUND_IDLE, Noise
 from detector.lab.source import DataSource
@@ -507,53 +506,3 @@ def write_extract(run_dir: Path, extract: Extract) -> Path:
         json.dump(extract.to_json(), f, separators=(",", ":"))
     temp.replace(path)
     return path
-
-
-# ----------------------------------------------------------------------------- a training run
-
-
-@dataclass
-class TrainingRecord:
-    """summary.json of a `make train` run (detector/train/loop.py writes it): what the lab reads of it."""
-
-    run: str
-    strategy: str
-    steps: int
-    final_loss: float
-    step_ms: float | None
-    images_per_s: float | None
-    history: list[tuple[int, float]]
-    losses: list[float]
-    world_size: int = 1
-    device: str = "?"
-
-    @classmethod
-    def parse(cls, data, where: str) -> TrainingRecord:
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
-        if "history" not in data:
-            raise RecordError(f"{where}: no loss curve (history): not written by make train")
-        history = []
-        for i, point in enumerate(need(data["history"], list, f"{where}: history")):
-            if not isinstance(point, list) or len(point) != 2:
-                raise RecordError(f"{where}: history[{i}] is {short(point)}, expected [step, loss]")
-            at = f"{where}: history[{i}]"
-            history.append((need(point[0], int, at), need(point[1], (int, float), at)))
-        losses = [need(v, (int, float), f"{where}: losses") for v in optional(data, "losses", list, where, [])]
-        return cls(
-            run=optional(data, "run", str, where, ""),
-            strategy=optional(data, "strategy", str, where, "?"),
-            steps=optional(data, "steps", int, where, 0),
-            final_loss=optional(data, "final_loss", (int, float), where, math.nan),
-            step_ms=optional(data, "step_ms", (int, float), where),
-            images_per_s=optional(data, "images_per_s", (int, float), where),
-            history=history,
-            losses=losses,
-            world_size=optional(data, "world_size", int, where, 1),
-            device=optional(data, "device", str, where, "?"),
-        )
-
-
-def read_training(path) -> TrainingRecord:
-    file = summary_path(Path(path))
-    return TrainingRecord.parse(read_json(file, SUMMARY_BYTES), str(file))

@@ -41,10 +41,11 @@ from omegaconf import DictConfig
 
 from detector.config import device_name, resolve_device
 from detector.errors import UserError
-from detector.lab.record import RecordError, read_summary, read_training
+from detector.lab.record import RecordError, read_summary
 from detector.lab.tables import WHICH_HEADING, markdown_table, significant, spread_cell, times
 from detector.lab.verdicts import profiler_note
 from detector.losses import STRATEGIES, get_strategy
+from detector.train import summary
 from detector.train.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
@@ -125,9 +126,9 @@ def profile_records(work: Path) -> list:
     """The records of the report's profiles (its training runs' summaries, and any unreadable one, left out: compare
     has said why)."""
     records = []
-    for summary in sorted(work.glob("*/*/*/summary.json")):
+    for path in sorted(work.glob("*/*/*/summary.json")):
         try:
-            records.append(read_summary(summary))
+            records.append(read_summary(path))
         except RecordError:
             continue
     return records
@@ -392,7 +393,7 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
         summaries = sorted((work / "train" / name).glob("*/*/summary.json"))
         if not summaries or name not in mode.get("regions", {}).get("step", {}):
             continue
-        train_ms = trained[name] = read_training(summaries[-1]).step_ms
+        train_ms = trained[name] = summary.read(summaries[-1]).step_ms
         step = mode["regions"]["step"][name]
         cells = [step["wall_ms"], step.get("device_step_ms"), mode["timed"].get(name)]
         row = [name, significant(train_ms)]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from detector.annotations import SYNTHETIC, counted, read_annotations
-from detector.lab.checked import need, optional
+from detector.checked import need, optional
 
 
 @dataclass

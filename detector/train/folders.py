@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from detector.checked import RecordError
 from detector.errors import UserError
-from detector.train import checkpoint_files
+from detector.train import checkpoint_files, summary
 
 
 def new_run_dir(parent: Path) -> Path:
@@ -88,16 +88,6 @@ def start(run_dir: Path, cfg, fresh: bool, say=print) -> None:
     OmegaConf.save(cfg, run_dir / "config.yaml")
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def set_aside(run_dir: Path, say=print) -> Path | None:
     """Move the earlier run in ``run_dir`` (if it holds anything) to a visible sibling named by its start and
     say where, and for an unfinished run with a checkpoint how to continue it instead; ``run_dir`` is then an
@@ -148,18 +138,17 @@ def started(folder: Path) -> float:
 def unfinished(folder: Path) -> bool:
     """Whether the run in ``folder`` stopped before its train.steps (killed, or train.stop_after)."""
     try:
-        steps = json.loads((folder / "summary.json").read_text())["steps"]
-        return steps < OmegaConf.load(folder / "config.yaml").train.steps
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return summary.read(folder).steps < OmegaConf.load(folder / "config.yaml").train.steps
+    except (RecordError, OSError, ValueError, AttributeError):
         return True
 
 
 def describe(folder: Path) -> str:
     """A run folder in a few words: how far it got, and its size on disk."""
     try:
-        summary = json.loads((folder / "summary.json").read_text())
-        what = f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}"
-    except (OSError, ValueError, KeyError, TypeError):
+        found = summary.read(folder)
+        what = f"{found.steps} steps, final loss {found.final_loss:.4f}"
+    except RecordError:
         what = "no summary: unfinished" + (", with a checkpoint" if checkpoint_files.exists(folder) else "")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"

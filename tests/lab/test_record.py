@@ -18,7 +18,6 @@ from detector.lab.record import (
     RecordError,
     read_extract,
     read_summary,
-    read_training,
     write_summary,
 )
 
@@ -128,14 +127,6 @@ def test_an_extract_of_the_wrong_shape_is_refused(tmp_path, step, message):
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
     with pytest.raises(RecordError, match=message):
         read_extract(path)
-
-
-def test_a_training_record_needs_its_loss_curve(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"step_ms": 3.0, "history": [[50, 1.2], [100, 1.1]]}))
-    assert read_training(tmp_path).history == [(50, 1.2), (100, 1.1)]
-    (tmp_path / "summary.json").write_text(json.dumps({"history": [[50, "low"]]}))
-    with pytest.raises(RecordError, match="history"):
-        read_training(tmp_path)
 
 
 # ----------------------------------------------------------------------------- noise
