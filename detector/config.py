@@ -115,7 +115,7 @@ class ProfileConfig:
     # steps timed after the profiler's window with neither profiler nor regions: the step as training runs
     # it, beside which the profiled step shows what profiling costs; 0 = none
     timed: int = ranged(10, 0)
-    # every allocation and free as an event: the memory measures (detector/lab/measures.py) and the Traces tab's
+    # every allocation and free as an event: the memory measures (detector/lab/record/measures.py) and the Traces tab's
     # memory lanes. They double a loop's trace and its writing time (docs/measures.md measures it); false: time only
     profile_memory: bool = True
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
@@ -125,7 +125,7 @@ class ProfileConfig:
 class BenchConfig:
     strategies: list[str] = ranged([], choices=(STRATEGY,))  # empty = every registered strategy
     batch_sizes: list[int] = ranged([1024], 1)
-    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/lab/cases.py
+    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/lab/measure/cases.py
     pred_dtype: str = ranged("bfloat16", choices=("float32", "bfloat16", "float16"))  # what autocast emits
     warmup: int = ranged(10, 0)
     repeats: int = ranged(100, 1)

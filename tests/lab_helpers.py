@@ -9,10 +9,12 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from detector.lab import extract
-from detector.lab.analysis import measure_steps, summarise
-from detector.lab.record import EXTRACT, Noise, ProfileRecord, Timed, read_extract, write_extract, write_summary
-from detector.lab.trace import load_trace
+from detector.lab.measure import extract
+from detector.lab.measure.analysis import measure_steps, summarise
+from detector.lab.measure.trace import load_trace
+from detector.lab.record.noise import Noise
+from detector.lab.record.run import ProfileRecord, Timed, write_summary
+from detector.lab.record.steps import EXTRACT, read_extract, write_extract
 
 # A profile of a detector of a few thousand parameters on 32 px images: seconds on the CPU.
 TINY_PROFILE = [

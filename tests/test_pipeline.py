@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from detector import cli
 from detector.config import load_config
 from detector.lab.compare import latest_runs
-from detector.lab.record import ProfileRecord
+from detector.lab.record.run import ProfileRecord
 
 TINY = "data.batch_size=4 data.image_size=32 model.hidden=16 profile.wait=1 profile.warmup=1 profile.active=2"
 

@@ -7,6 +7,7 @@ from detector.bench import link, sharding
 from detector.config import ReportConfig, TrainConfig
 from detector.sharing import WAYS, of_kind
 from detector.train.sharding import CLASSES
+from detector.train.summary import TrainingSummary
 
 
 def test_each_way_names_one_class_and_each_class_one_way():
@@ -25,5 +26,6 @@ def test_the_table_and_the_link_take_a_new_way_from_the_registry(monkeypatch):
     monkeypatch.setitem(WAYS, "ring", replace(WAYS["blocks"], name="ring", sends=("all-reduce",)))
     assert [r.name for r in sharding.plan(2, list(WAYS))] == ["1x", *(f"2x-{m}" for m in WAYS)]
     assert link.senders("all-reduce") == "off, ring"
-    runs = {sharding.Run(2, m): {"images_per_s": rate} for m, rate in (("ring", 120.0), ("zero", 100.0))}
+    rates = {"ring": 120.0, "zero": 100.0}
+    runs = {sharding.Run(2, m): TrainingSummary([], images_per_s=rate) for m, rate in rates.items()}
     assert "our `ring` is +20.0% against torch's best, `zero`: keep it." in "\n".join(sharding.verdicts(runs))

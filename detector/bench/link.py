@@ -31,7 +31,7 @@ import torch.distributed as dist
 
 from detector.config import device_name, load_config
 from detector.errors import UserError, refuse
-from detector.lab.tables import markdown_table, significant
+from detector.lab.present.tables import markdown_table, significant
 from detector.sharing import WAYS
 from detector.train import distributed
 from detector.train.sharding.blocks import all_gather_single, reduce_onto_owners

@@ -39,8 +39,8 @@ from detector.bench.link import summary_lines
 from detector.checked import RecordError
 from detector.config import TrainConfig, device_name, load_config, resolve_device
 from detector.errors import UserError, refuse
-from detector.lab.report import device_slug, machine_line, now, quote
-from detector.lab.tables import markdown_table, significant
+from detector.lab.present.tables import markdown_table, significant
+from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.sharing import WAYS, of_kind
 from detector.train import summary
 from detector.train.summary import TrainingSummary

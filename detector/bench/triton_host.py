@@ -18,9 +18,9 @@ import torch
 
 from detector.bench.kernels import Double
 from detector.kernels import jit, triton_giou
-from detector.lab.cases import random_case
-from detector.lab.tables import markdown_table, ms, spread_cell
-from detector.lab.timing import device_ms, graph_ms, wall_ms
+from detector.lab.measure.cases import random_case
+from detector.lab.measure.timing import device_ms, graph_ms, wall_ms
+from detector.lab.present.tables import markdown_table, ms, spread_cell
 from detector.losses import get_strategy
 from detector.targets import make_targets
 

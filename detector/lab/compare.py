@@ -3,15 +3,15 @@
 By default the newest run of each ``runs/profile/<strategy>[-forward]/<time>/`` folder (one per strategy
 and mode), or the run folders named. Per mode:
 
-- verdicts (detector/lab/verdicts.py): each strategy against the ``padded`` run of its setting (device,
+- verdicts (detector/lab/present/verdicts.py): each strategy against the ``padded`` run of its setting (device,
   batch, image size), the counts that differ first, then the time as training runs it and as profiled;
 - the wall-time and (on a GPU) GPU-time tables, the why table, the runs' noise and which runs the loader paced
-  (detector/lab/text.py);
-- charts (detector/lab/charts.py, detector/lab/timeline.py): the median step stacked by region, the counts
-  per region, every strategy's median step on one time axis, and the bytes each allocated over it.
+  (detector/lab/present/text.py);
+- charts (detector/lab/present/charts.py, timeline.py): the median step stacked by region, the counts per region,
+  every strategy's median step on one time axis, and the bytes each allocated over it.
 
 Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json and the PNGs. A summary that is
-not a record this lab reads (detector/lab/record.py) is skipped with its reason, and the rest compared.
+not a record this lab reads (detector/lab/record/run.py) is skipped with its reason, and the rest compared.
 Columns: padded first, then the registry's order (detector.losses.STRATEGIES), unknown names last.
 """
 
@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from detector.checked import RecordError
 from detector.errors import UserError
-from detector.lab import charts, text
-from detector.lab.extract import StepModel, load
-from detector.lab.record import MODES, SUMMARY, ProfileRecord, RecordError, read_summary
-from detector.lab.tables import speedup
-from detector.lab.timeline import draw_memory, draw_steps
-from detector.lab.verdicts import BASELINE, growth, judge, setting, verdict_lines
+from detector.lab.measure.extract import load
+from detector.lab.present import charts, text
+from detector.lab.present.tables import speedup
+from detector.lab.present.timeline import draw_memory, draw_steps
+from detector.lab.present.verdicts import BASELINE, growth, judge, setting, verdict_lines
+from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
+from detector.lab.record.steps import StepModel
 from detector.losses import STRATEGIES
+from detector.train.folders import new_run_dir
 
 Run = tuple[str, ProfileRecord]  # (its column's label, its record)
 
@@ -53,7 +55,7 @@ def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> Comparis
     if not loaded:
         where = "the named runs" if runs else f"{profile_dir}/<strategy>/<time>/"
         raise UserError(f"no profile runs in {where}: run `make profile STRATEGY=<name>` first")
-    out = Path(out_dir) if out_dir else new_folder(Path(profile_dir).parent / "compare")
+    out = Path(out_dir) if out_dir else new_run_dir(Path(profile_dir).parent / "compare")
     out.mkdir(parents=True, exist_ok=True)
     groups = {mode: labelled(order_runs([r for r in loaded if r.mode == mode])) for mode in MODES}
     groups = {mode: group for mode, group in groups.items() if group}
@@ -122,16 +124,6 @@ def nearby(path: Path) -> str:
     names = sorted(p.name for p in parent.iterdir() if p.is_dir() and not p.name.startswith("."))
     shown = ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
     return f" {parent} holds {shown}" if names else f" {parent} holds no run folders"
-
-
-def new_folder(parent: Path) -> Path:
-    """``parent/<YYYYmmdd-HHMMSS>`` that does not exist yet (older comparisons are kept)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder, n = parent / stamp, 1
-    while folder.exists():
-        n += 1
-        folder = parent / f"{stamp}-{n}"
-    return folder
 
 
 def order_runs(records: list[ProfileRecord]) -> list[ProfileRecord]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from detector.lab.tables import markdown_table
+from detector.lab.present.tables import markdown_table
 from detector.losses import STRATEGIES
 from detector.train.loop import experiment_name, train, training_processes
 from detector.train.step import speed_option_refusal

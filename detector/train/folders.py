@@ -1,7 +1,9 @@
 """Run folders that never collide and never lose a user's results.
 
-- ``new_run_dir``: a fresh, timestamped folder per profile run (``<parent>/<YYYYmmdd-HHMMSS>``), so a
-  running TensorBoard picks up re-runs and older runs stay comparable.
+- ``new_run_dir``: a fresh, timestamped folder (``<parent>/<YYYYmmdd-HHMMSS>``) for every command's output (a profile
+  run, a comparison, a shape report, a finished report or bench memory), made atomically: two commands in the same
+  second never share one. A running TensorBoard picks up re-runs, and older runs stay comparable.
+- ``prepare_work``: the work folder of a command that resumes where it stopped.
 - ``locked``: one process at a time per run folder (a lock file beside it, removed when the run ends); a
   second one is refused with the pid of the first.
 - ``set_aside``: a fresh training run in a folder that holds an earlier one moves the earlier one to a
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
 import os
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -27,7 +31,9 @@ from detector.train import checkpoint_files, summary
 
 
 def new_run_dir(parent: Path) -> Path:
-    """Create and return ``parent/<YYYYmmdd-HHMMSS>`` (with a -2, -3 ... suffix if that second is taken)."""
+    """Create and return ``parent/<YYYYmmdd-HHMMSS>`` (with a -2, -3 ... suffix if that second is taken): the creation
+    is the check, so that of two processes in the same second each gets its own. A finished work folder takes its
+    time's name by moving into one made here (``os.replace`` onto the new, empty folder)."""
     parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for suffix in ["", *(f"-{i}" for i in range(2, 1000))]:
@@ -38,6 +44,28 @@ def new_run_dir(parent: Path) -> Path:
         except FileExistsError:
             continue
     raise UserError(f"{parent}: too many runs started in one second")
+
+
+def prepare_work(folder: Path, overrides: list[str]) -> Path:
+    """``folder/current``, the work folder of a command that resumes where it stopped (make report, bench memory):
+    resumed when it was started with the same overrides; otherwise an unfinished one is kept aside as
+    ``folder/unfinished-<time>`` and a fresh one begins."""
+    work, state = folder / "current", folder / "current" / "report.json"
+    if work.exists():
+        try:
+            same = json.loads(state.read_text())["overrides"] == overrides
+        except (OSError, ValueError, KeyError, TypeError):
+            same = False
+        if same:
+            print(f"resuming the unfinished report in {work}/")
+            return work
+        aside = folder / f"unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(work, aside)
+        print(f"an unfinished report with other overrides is kept in {aside}/; starting afresh")
+    (work / "logs").mkdir(parents=True)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    state.write_text(json.dumps({"overrides": overrides, "started": started}))
+    return work
 
 
 @contextlib.contextmanager

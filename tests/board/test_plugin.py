@@ -1,5 +1,5 @@
-"""The per-step extract (detector/lab/extract.py) and the Traces tab's routes (detector/board/plugin.py), without a
-browser (tests/board/test_browser.py drives the tab itself)."""
+"""The per-step extract (detector/lab/measure/extract.py) and the Traces tab's routes (detector/board/plugin.py),
+without a browser (tests/board/test_browser.py drives the tab itself)."""
 
 import gzip
 import json
@@ -14,11 +14,14 @@ from trace_helpers import AUTOGRAD, MAIN, synthetic_events
 from werkzeug.test import Client
 
 from detector.board.plugin import STATIC, TracesPlugin, inside
-from detector.lab import extract
-from detector.lab import record as records
-from detector.lab.analysis import measure_steps
-from detector.lab.record import EXTRACT, EXTRACT_VERSION, RecordError, read_summary
-from detector.lab.trace import load_trace
+from detector.checked import RecordError
+from detector.lab.measure import extract
+from detector.lab.measure.analysis import measure_steps
+from detector.lab.measure.trace import load_trace
+from detector.lab.record import run as records
+from detector.lab.record import steps as extracts
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import EXTRACT, EXTRACT_VERSION
 
 # ----------------------------------------------------------------------------- the extract
 
@@ -89,7 +92,7 @@ def test_each_step_keeps_its_start_on_the_hosts_clock():
     bad = found.to_json()
     bad["steps"][next(iter(starts))]["start"] = "soon"
     with pytest.raises(RecordError, match=r"start"):
-        records.Extract.parse(bad, "extract.json.gz")
+        extracts.Extract.parse(bad, "extract.json.gz")
 
 
 # ----------------------------------------------------------------------------- the routes
@@ -353,7 +356,7 @@ def bomb(path: Path, megabytes: int) -> None:
 
 
 def test_decompression_is_capped_and_refused_in_one_line(logdir, monkeypatch):
-    monkeypatch.setattr(records, "EXTRACT_BYTES", 2**20)  # read_extract's cap, as every read of the tab goes through
+    monkeypatch.setattr(extracts, "EXTRACT_BYTES", 2**20)  # read_extract's cap, as every read of the tab goes through
     monkeypatch.setattr(extract, "TRACE_BYTES", 2**20)
     bomb(logdir / FUSED / EXTRACT, 3)
     bomb(logdir / PADDED / read_summary(logdir / PADDED).trace, 3)  # the run converted from its trace

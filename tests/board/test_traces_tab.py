@@ -13,10 +13,11 @@ from browser_helpers import CHROMIUM, keep, serve
 from lab_helpers import TINY_PROFILE, make_run, rank_runs
 
 from detector.config import load_config
-from detector.lab.analysis import measure_steps, summarise
+from detector.lab.measure.analysis import measure_steps, summarise
+from detector.lab.measure.trace import load_trace
 from detector.lab.profile import run_profile
-from detector.lab.record import EXTRACT, ProfileRecord, read_extract, write_extract, write_summary
-from detector.lab.trace import load_trace
+from detector.lab.record.run import ProfileRecord, write_summary
+from detector.lab.record.steps import EXTRACT, read_extract, write_extract
 
 IN_TRACES = """((body) => {  // run body(doc, win) inside the Traces tab's iframe; JSON of its result
   const find = (root) => {

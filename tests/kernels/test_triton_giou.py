@@ -21,7 +21,7 @@ import detector.kernels.triton_giou as triton_strategy
 from detector.data import make_targets
 from detector.kernels import jit
 from detector.kernels.triton_giou import giou_loss_triton
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
 from detector.losses.geometry import EPS
 from detector.targets import PaddedTargets
@@ -141,7 +141,7 @@ def test_interpreter_works_when_triton_and_inductor_were_imported_first():
     script = textwrap.dedent(
         """
         import torch, torch._inductor, triton, triton.language
-        from detector.lab.cases import random_case
+        from detector.lab.measure.cases import random_case
         from detector.data import make_targets
         from detector.losses import STRATEGIES, giou_loss_reference
         pred, boxes_list = random_case(3, 13, "seed", seed=3)

@@ -11,7 +11,8 @@ from conftest import ROOT, child_env, fails_after
 from lab_helpers import TINY_PROFILE
 
 from detector.lab.compare import run_compare
-from detector.lab.record import read_extract, read_summary
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import read_extract
 
 TINY = TINY_PROFILE + ["profile.timed=2"]
 

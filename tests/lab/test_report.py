@@ -3,14 +3,10 @@ stopped, written only once every part has run, naming the machine, the commit, t
 under; a noisy report does not replace the document it would overwrite."""
 
 import json
-import os
 import re
-import shutil
-import subprocess
 
 import pytest
 import torch
-from conftest import ROOT
 from lab_helpers import BUSY, QUIET, make_run
 
 from detector import cli
@@ -189,28 +185,3 @@ def test_a_noisy_report_does_not_replace_the_document_unless_told_to(tmp_path, c
         assert path.parent.parent == tmp_path / "work" / "cpu" and path.name == "cpu.md"
         assert "the noise check flags 1 of its profiles (padded: other processes kept 1.9 of 2 cores busy" in out
         assert "make report ARGS=report.force=true" in out
-
-
-@pytest.mark.skipif(shutil.which("git") is None, reason="git is not installed")
-def test_the_commit_line_names_the_projects_own_repository(tmp_path, monkeypatch):
-    """Unpacked inside another repository, the project is not a checkout: that repository's commit is not its own."""
-    monkeypatch.delenv("DETECTOR_COMMIT", raising=False)
-    outer = tmp_path / "outer"
-    (outer / "unpacked").mkdir(parents=True)
-    (outer / "unpacked" / "README.md").write_text("a copy of the project\n")
-    git = ["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t", "-c", "commit.gpgsign=false"]
-    for args in (["init", "-q"], ["add", "."], ["commit", "-qm", "another project"]):
-        subprocess.run([*git, *args], check=True, capture_output=True)
-    head = subprocess.run([*git, "rev-parse", "--short=10", "HEAD"], capture_output=True, text=True).stdout.strip()
-    assert report.commit(outer) == head
-    assert report.commit(outer / "unpacked") == "unknown (not a git checkout)"
-    assert report.commit(tmp_path) == "unknown (not a git checkout)"
-    (outer / "unpacked" / "README.md").write_text("changed\n")
-    assert report.commit(outer) == f"{head} + uncommitted changes"
-    monkeypatch.setenv("DETECTOR_COMMIT", "abc1234")
-    assert report.commit(outer / "unpacked") == "abc1234 (a copy of its tree)"
-
-
-@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="not run from a git checkout")
-def test_the_commit_line_of_this_checkout():
-    assert re.fullmatch(r"[0-9a-f]{10}( \+ uncommitted changes)?", report.commit()) or "DETECTOR_COMMIT" in os.environ

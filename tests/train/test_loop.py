@@ -17,7 +17,7 @@ from detector.config import load_config
 from detector.data import PaddedTargets, RankBlocks, build_loader, rank_loader
 from detector.errors import UserError
 from detector.lab import sweep
-from detector.lab.analysis import measure_steps
+from detector.lab.measure.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
 from detector.train import distributed

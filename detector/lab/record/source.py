@@ -1,4 +1,4 @@
-"""A run's data source in its record (detector/lab/record.py): where its boxes came from, and what its slots cut."""
+"""A run's data source in its record (detector/lab/record/run.py): where its boxes came from, and what its slots cut."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The lab's one model of a profiled step: what it launched, placed where it ran. Both pictures draw it: the
-PNG timeline (detector/lab/timeline.py) and TensorBoard's Traces tab (detector/board/).
+PNG timeline (detector/lab/present/timeline.py) and TensorBoard's Traces tab (detector/board/).
 
-`make profile` writes it as ``extract.json.gz`` beside the trace (its schema: detector/lab/record.py
+`make profile` writes it as ``extract.json.gz`` beside the trace (its schema: detector/lab/record/run.py
 ``Extract``), so that the tab reads a few kilobytes per step instead of parsing the whole trace on every
 request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read
 (``load``).
@@ -17,7 +17,7 @@ the host's clock, which the ranks of one host share). Per step:
 - ``streams``: per GPU stream, the kernels, copies and memsets the step's calls launched, whenever they
   ran, ``[start, duration, category, name, call]``: the host runs ahead, so a step's device work often
   starts after its host part has ended;
-- ``why``: every measure of each region in this step (detector/lab/measures.py), for the tab's region panel;
+- ``why``: every measure of each region in this step (detector/lab/record/measures.py), for the tab's region panel;
 - ``memory`` (where the profile recorded memory): the run's device (``cuda:0``, ``cpu``), the bytes allocated
   when the step began (``start``), the allocator's events in it (``events``) and ``rows`` ``[start, allocated,
   bytes, operator]``: the bytes allocated after each allocation (bytes > 0) or free (< 0) and the operator it is
@@ -30,14 +30,13 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
-from detector.checked import read_json
-from detector.lab.analysis import measure_steps, representative_step
-from detector.lab.record import EXTRACT, Extract, ProfileRecord, RecordError, StepMeasures, read_extract, write_extract
-from detector.lab.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.checked import RecordError, read_json
+from detector.lab.measure.analysis import measure_steps
+from detector.lab.measure.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.lab.record.run import ProfileRecord, StepMeasures, representative_step
+from detector.lab.record.steps import CATEGORIES, EXTRACT, LAUNCH, SYNC, Extract, read_extract, write_extract
 from detector.regions import OTHER, STEP
 
-CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH, SYNC = 1, 2  # a call's flags
 TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 # memory events kept per step: a GPU step of the loop strategy allocates ~10^5 times, and a screen is ~2000 px wide
 MEMORY_ROWS = 8000
@@ -203,61 +202,3 @@ def about(record: ProfileRecord) -> dict:
         "torch": record.torch,
         "batch_size": record.batch_size,
     }
-
-
-class StepModel:
-    """One step of an extract, read as events: what the PNG timeline (detector/lab/timeline.py) draws, the
-    same that the Traces tab draws from the same rows."""
-
-    def __init__(self, extract: Extract, number: int | None = None):
-        number = extract.representative_step if number is None else number
-        if str(number) not in extract.steps:
-            found = ", ".join(extract.steps)
-            raise RecordError(f"the extract has no step {number} (its steps: {found})")
-        self.number, self.gpu = number, extract.gpu
-        self.step, self.names = extract.steps[str(number)], extract.names
-        self.dur = self.step["dur"]
-
-    def regions(self) -> list[tuple[str, float, float]]:
-        """(region, start, duration) µs from the step's start, on the step's thread."""
-        return [(name, start, dur) for name, start, dur in self.step["regions"]]
-
-    def region_of_call(self, call: int) -> str:
-        index = self.step["calls"][call][4]
-        return self.step["regions"][index][0] if index >= 0 else OTHER
-
-    def calls(self, flag: int) -> list[float]:
-        """The starts (µs) of the step's calls with ``flag`` (LAUNCH or SYNC)."""
-        return [start for start, _, _, _, _, flags in self.step["calls"] if flags & flag]
-
-    def gpu_events(self) -> list[tuple[str, float, float, str, str]]:
-        """(stream, start, duration, category, the region whose call launched it) of the GPU work the step
-        launched, whenever it ran."""
-        return [
-            (stream["stream"], start, dur, CATEGORIES[category], self.region_of_call(call))
-            for stream in self.step["streams"]
-            for start, dur, category, _, call in stream["events"]
-        ]
-
-    def end(self) -> float:
-        """µs from the step's start to the end of its host part or of the last GPU work it launched."""
-        return max([self.dur] + [start + dur for _, start, dur, _, _ in self.gpu_events()])
-
-    def memory(self) -> tuple[int, list[tuple[float, int, int, str, str]]] | None:
-        """(bytes allocated when the step began, [(µs from its start, bytes allocated after, the event's bytes, its
-        operator, the region it fell in)]) of the step's allocator events; None where the profile recorded none."""
-        memory = self.step.get("memory")
-        if memory is None:
-            return None
-        regions = sorted((start, start + dur, name) for name, start, dur in self.regions())
-        starts = [a for a, _, _ in regions]
-
-        def region_at(t: float) -> str:
-            i = bisect_right(starts, t) - 1
-            return regions[i][2] if i >= 0 and t < regions[i][1] else OTHER
-
-        rows = [
-            (t, allocated, size, self.names[op] if op >= 0 else "", region_at(t))
-            for t, allocated, size, op in memory["rows"]
-        ]
-        return memory["start"], rows

@@ -1,6 +1,7 @@
-"""Memory measures (detector/lab/measures.py MEMORY): exact figures per region on a hand-written trace, the operator
-each allocation is attributed to, the checks that catch a broken trace, the allocator's own figures held against the
-trace's, the extract's rows and their envelope, the verdicts that lead with memory, and a real CPU profile."""
+"""Memory measures (detector/lab/record/measures.py MEMORY): exact figures per region on a hand-written trace, the
+operator each allocation is attributed to, the checks that catch a broken trace, the allocator's own figures held
+against the trace's, the extract's rows and their envelope, the verdicts that lead with memory, and a real CPU
+profile."""
 
 import gzip
 import json
@@ -10,15 +11,17 @@ import pytest
 from lab_helpers import TINY_PROFILE
 from trace_helpers import MAIN, MEMORY_EVENTS, mark, memory, synthetic_events, synthetic_memory
 
+from detector.checked import RecordError
 from detector.config import load_config
-from detector.lab.allocator import snapshot, step_figures
-from detector.lab.analysis import allocator_checks, check_steps, measure_steps, summarise
-from detector.lab.extract import MEMORY_ROWS, StepModel, build
-from detector.lab.measures import format_value, memory_text
+from detector.lab.measure.allocator import snapshot, step_figures
+from detector.lab.measure.analysis import allocator_checks, check_steps, measure_steps, summarise
+from detector.lab.measure.extract import MEMORY_ROWS, build
+from detector.lab.measure.trace import load_trace
+from detector.lab.present.text import memory_card, run_card
 from detector.lab.profile import run_profile
-from detector.lab.record import EXTRACT, Extract, RecordError, read_extract, read_summary
-from detector.lab.text import memory_card, run_card
-from detector.lab.trace import load_trace
+from detector.lab.record.measures import format_value, memory_text
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import EXTRACT, Extract, StepModel, read_extract
 
 # region: (live at its start, peak allocated, peak rise, allocated bytes, allocations, frees) of step 5 of
 # synthetic_memory(), from MEMORY_EVENTS: 1000 B live before the first event
