@@ -24,7 +24,6 @@ then), naming the device, torch, the commit and the commands, and the run folder
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -42,6 +41,7 @@ from detector.config import device_name, resolve_device
 from detector.errors import UserError
 from detector.lab.present.tables import WHICH_HEADING, markdown_table, significant, spread_cell, times
 from detector.lab.present.verdicts import profiler_note
+from detector.lab.record.comparison import ComparisonRecord, ModeComparison, read_comparison
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.lab.record.run import read_summary
 from detector.losses import STRATEGIES, get_strategy
@@ -229,7 +229,7 @@ def write_document(
     """``<out_dir>/<device>.md`` and its charts in ``<out_dir>/<device>/``, replaced only once both are written."""
     slug = device_slug(device_name(device))
     path, charts = out_dir / f"{slug}.md", out_dir / slug
-    compare = json.loads((work / "compare" / "compare.json").read_text())
+    compare = read_comparison(work / "compare")
     lines = [
         f"# Results on {device_name(device)}",
         "",
@@ -310,23 +310,21 @@ def demote(markdown: str) -> str:
     return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
 
 
-def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
+def profile_vs_training(work: Path, compare: ComparisonRecord, names: list[str]) -> str:
     """Per strategy: training's median step against the profiled step (host and, on a GPU, device) and the
     steps the profile timed without the profiler."""
-    mode = compare["modes"].get("train", {})
+    mode = compare.modes.get("train") or ModeComparison([], None, {})
     rows, trained, ratios = [], {}, []
     for name in names:
         summaries = sorted((work / "train" / name).glob("*/*/summary.json"))
-        if not summaries or name not in mode.get("regions", {}).get("step", {}):
+        if not summaries or not mode.step(name):
             continue
         train_ms = trained[name] = summary.read(summaries[-1]).step_ms
-        step = mode["regions"]["step"][name]
-        cells = [step["wall_ms"], step.get("device_step_ms"), mode["timed"].get(name)]
         row = [name, significant(train_ms)]
-        for stats in cells:
-            ok = bool(stats and stats.get("median"))
-            row += [cell(stats), f"{stats['median'] / train_ms:.3f}" if ok else "—"]
-            ratios += [stats["median"] / train_ms] if ok else []
+        for stats in (mode.step(name), mode.step(name, "device_step_ms"), mode.timed.get(name)):
+            ok = bool(stats and stats.median)
+            row += [spread_cell(stats if ok else None), f"{stats.median / train_ms:.3f}" if ok else "—"]
+            ratios += [stats.median / train_ms] if ok else []
         rows.append(row)
     if not rows:
         return "(no strategy both trained and profiled)"
@@ -344,9 +342,9 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
     ]
     if len(trained) > 1:
         first, *others = trained
-        base = mode["labels"][0] if mode.get("baseline") else None
+        base = mode.labels[0] if mode.baseline else None
         for other in others:
-            verdict = mode["step_verdicts"].get(other) if base == first else None
+            verdict = mode.step_verdicts.get(other) if base == first else None
             text += [
                 "",
                 f"{other} against {first}: training's steps give {trained[first] / trained[other]:.3f}× "
@@ -356,22 +354,16 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
     return "\n".join(text)
 
 
-def synced_section(work: Path, compare: dict) -> str:
+def synced_section(work: Path, compare: ComparisonRecord) -> str:
     """padded profiled with synchronised regions, against its profile as training runs it."""
     found = sorted((work / "synced").glob(f"{SYNCED}/*/summary.json"))
-    free = compare["modes"].get("train", {}).get("regions", {}).get("step", {}).get(SYNCED)
+    free = compare.modes["train"].step(SYNCED) if "train" in compare.modes else None
     if not found or not free:
         return "(no synchronised profile)"
     record = read_summary(found[-1])
     rows = [
-        ["regions as training runs them", cell(free["wall_ms"]), "—"],
+        ["regions as training runs them", spread_cell(free), "—"],
         ["regions synchronised", spread_cell(record.stats("step")), spread_cell(record.stats("step", "sync_wait_ms"))],
     ]
     table = markdown_table([f"{SYNCED}, profiled", "step ms", "host waiting in the lab's syncs, ms"], rows)
     return "\n".join([table, "", profiler_note(record)])
-
-
-def cell(stats: dict) -> str:
-    if not stats or stats.get("median") is None:
-        return "—"
-    return f"{significant(stats['median'])} [{significant(stats['q1'])}–{significant(stats['q3'])}]"
