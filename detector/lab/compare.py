@@ -10,9 +10,9 @@ and mode), or the run folders named. Per mode:
 - charts (detector/lab/present/charts.py, timeline.py): the median step stacked by region, the counts per region,
   every strategy's median step on one time axis, and the bytes each allocated over it.
 
-Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json (its record: detector/lab/record/
-comparison.py) and the PNGs. A summary that is
-not a record this lab reads (detector/lab/record/run.py) is skipped with its reason, and the rest compared.
+Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json (detector/lab/record/comparison.py) and
+the PNGs. A summary that is not a record this lab reads (detector/lab/record/run.py) is skipped with its reason, and
+the rest compared.
 Columns: padded first, then the registry's order (detector.losses.STRATEGIES), unknown names last.
 """
 
