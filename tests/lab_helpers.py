@@ -114,9 +114,9 @@ def rank_runs(root: Path, stamp: str, starts: list[float]) -> Path:
         made = make_run(root / "made", "padded", f"{stamp[:-2]}{rank:02d}")
         edit_summary(made, lambda s, rank=rank: s.update(run=f"rank{rank}"))
         found = read_extract(made / EXTRACT)
-        first = min(step["start"] for step in found.steps.values())
+        first = min(step.start for step in found.steps.values())
         for step in found.steps.values():
-            step["start"] += start - first
+            step.start += start - first
         write_extract(made, found)
         group.mkdir(parents=True, exist_ok=True)
         made.rename(group / f"rank{rank}")

@@ -162,7 +162,7 @@ class TracesPlugin(base_plugin.TBPlugin):
         found = extract.load(files.folder, record, files.trace, keep=files.keep)
         head = {"run": run, "gpu": found.gpu, "names": found.names}
         steps = {
-            number: json.dumps(head | {"step": int(number)} | step, separators=(",", ":")).encode()
+            number: json.dumps(head | {"step": int(number)} | step.to_json(), separators=(",", ":")).encode()
             for number, step in found.steps.items()
         }
         with self.lock:

@@ -1,10 +1,9 @@
 """The lab's one model of a profiled step: what it launched, placed where it ran. Both pictures draw it: the
 PNG timeline (detector/lab/present/timeline.py) and TensorBoard's Traces tab (detector/board/).
 
-`make profile` writes it as ``extract.json.gz`` beside the trace (its schema: detector/lab/record/run.py
-``Extract``), so that the tab reads a few kilobytes per step instead of parsing the whole trace on every
-request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read
-(``load``).
+`make profile` writes it as ``extract.json.gz`` beside the trace (its record: detector/lab/record/steps.py ``Extract``,
+each step a typed ``Step``), so that the tab reads a few kilobytes per step instead of parsing the whole trace on every
+request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read (``load``).
 
 Every time is in µs from the step's start (the ProfilerStep's start on the host; ``start``, that start on
 the host's clock, which the ranks of one host share). Per step:
@@ -34,7 +33,19 @@ from detector.checked import RecordError, read_json
 from detector.lab.measure.analysis import measure_steps
 from detector.lab.measure.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
 from detector.lab.record.run import ProfileRecord, StepMeasures, representative_step
-from detector.lab.record.steps import CATEGORIES, EXTRACT, LAUNCH, SYNC, Extract, read_extract, write_extract
+from detector.lab.record.steps import (
+    CATEGORIES,
+    EXTRACT,
+    LAUNCH,
+    SYNC,
+    Extract,
+    Step,
+    StepMemory,
+    Stream,
+    Thread,
+    read_extract,
+    write_extract,
+)
 from detector.regions import OTHER, STEP
 
 TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
@@ -73,7 +84,7 @@ def build(source, steps: list[StepMeasures] | None = None, about: dict | None = 
     )
 
 
-def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names) -> dict:
+def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names) -> Step:
     t0, t1 = step["ts"], step["ts"] + step["dur"]
     spans = step_regions(trace, step)
     regions = sorted((a, b, name) for name, found in spans.items() if name not in (OTHER, STEP) for a, b in found)
@@ -101,32 +112,31 @@ def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names)
                 row = [us(g.ts - t0), us(g.end - g.ts), CATEGORIES.index(g.category), names(g.name), index]
                 streams.setdefault(g.stream, []).append(row)
         if ops or len(calls) > first:  # a thread that only polled (event queries) is left out
-            threads.append({"tid": tid, "ops": [[us(o.ts - t0), us(o.end - o.ts), names(o.name)] for o in ops]})
-    return {
-        "start": t0,  # µs on the host's clock: one host's ranks share it, so their steps align on one axis
-        "dur": us(t1 - t0),
-        "regions": [[name, us(a - t0), us(b - a)] for a, b, name in regions],
-        "threads": threads,
-        "calls": calls,
-        "streams": [{"stream": str(s), "events": sorted(rows)} for s, rows in sorted(streams.items(), key=str)],
-        "why": {
-            region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()
-        },
-    } | memory_rows(trace, t0, t1, names)
+            threads.append(Thread(tid, [[us(o.ts - t0), us(o.end - o.ts), names(o.name)] for o in ops]))
+    return Step(
+        start=t0,  # µs on the host's clock: one host's ranks share it, so their steps align on one axis
+        dur=us(t1 - t0),
+        regions=[[name, us(a - t0), us(b - a)] for a, b, name in regions],
+        threads=threads,
+        calls=calls,
+        streams=[Stream(str(s), sorted(rows)) for s, rows in sorted(streams.items(), key=str)],
+        why={region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()},
+        memory=memory_rows(trace, t0, t1, names),
+    )
 
 
-def memory_rows(trace: Trace, t0: float, t1: float, names: Names) -> dict:
-    """``{"memory": ...}`` of the step [t0, t1) (see the module docstring), or {} where the trace has no memory."""
+def memory_rows(trace: Trace, t0: float, t1: float, names: Names) -> StepMemory | None:
+    """The memory of the step [t0, t1) (see the module docstring), or None where the trace has no memory."""
     memory = trace.memory
     if memory is None:
-        return {}
+        return None
     i, j = bisect_left(memory.ts, t0), bisect_left(memory.ts, t1)
     kept = envelope(memory.ts, memory.allocated, i, j, t0, t1) if j - i > MEMORY_ROWS else range(i, j)
     rows = [
         [us(memory.ts[k] - t0), memory.allocated[k], memory.bytes[k], names(memory.ops[k]) if memory.ops[k] else -1]
         for k in kept
     ]
-    return {"memory": {"device": memory.device, "start": memory.level(i), "events": j - i, "rows": rows}}
+    return StepMemory(memory.device, memory.level(i), j - i, rows)
 
 
 def envelope(ts: list, values: list, i: int, j: int, t0: float, t1: float) -> list[int]:

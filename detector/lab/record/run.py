@@ -345,5 +345,3 @@ def write_summary(run_dir: Path, record: ProfileRecord) -> Path:
     path = Path(run_dir) / SUMMARY
     path.write_text(json.dumps(record.to_json(), indent=2))
     return path
-
-

@@ -27,6 +27,111 @@ CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # a stream event's category
 LAUNCH, SYNC = 1, 2  # a call's flags
 
 
+Row = list  # a row of numbers (its fields by position, as each list below says), stored as a JSON array
+
+
+def numbers(row) -> bool:
+    return isinstance(row, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
+
+
+@dataclass
+class Thread:
+    """A thread of the process that ran operators in the step: its id and its top-level operators ``[start, duration,
+    name]``."""
+
+    tid: int | str
+    ops: list[Row]
+
+
+@dataclass
+class Stream:
+    """A GPU stream: the kernels, copies and memsets the step's calls launched, whenever they ran, ``[start, duration,
+    category, name, call]`` (``call``: the index of the call that launched it)."""
+
+    stream: str
+    events: list[Row]
+
+
+@dataclass
+class StepMemory:
+    """The run's device (``cuda:0``, ``cpu``), the bytes allocated when the step began (``start``), the allocator's
+    events in it (``events``) and ``rows`` ``[start, allocated, bytes, operator]`` (operator -1: none)."""
+
+    device: str
+    start: int
+    events: int
+    rows: list[Row]
+
+    @classmethod
+    def parse(cls, data, where: str, names: int) -> StepMemory:
+        need(data, dict, where)
+        rows = need(data.get("rows"), list, f"{where}.rows")
+        for row in rows:
+            if not numbers(row) or len(row) != 4 or not -1 <= row[3] < names:
+                raise RecordError(f"{where} has a row {short(row)} that is not [start, allocated, bytes, operator]")
+        counts = {key: need(data.get(key), int, f"{where}.{key}") for key in ("start", "events")}
+        return cls(need(data.get("device"), str, f"{where}.device"), rows=rows, **counts)
+
+
+@dataclass
+class Step:
+    """One active step as the lab models it (measure/extract.py writes it; its rows' fields are documented there),
+    every time in µs from the step's start. ``names`` index the extract's name table."""
+
+    dur: float
+    regions: list[Row]  # [name, start, duration] of each of the lab's regions on the step's thread
+    threads: list[Thread]
+    calls: list[Row]  # [start, duration, thread, name, region, flags]: the CUDA calls that launched work or waited
+    streams: list[Stream]
+    why: dict[str, dict[str, float]]  # region -> every measure of it in this step (measures.py)
+    start: float | None = None  # on the host's clock; None in extracts written before ranks were aligned
+    memory: StepMemory | None = None  # None where the profile recorded no memory
+
+    def to_json(self) -> dict:
+        data = asdict(self)
+        return {key: value for key, value in data.items() if value is not None or key not in ("start", "memory")}
+
+    @classmethod
+    def parse(cls, data, where: str, names: int) -> Step:
+        """RecordError unless ``data`` has the shape that measure/extract.py writes (names index the name table)."""
+        need(data, dict, where)
+        regions, calls = (
+            need(data.get("regions"), list, f"{where}.regions"),
+            need(data.get("calls"), list, f"{where}.calls"),
+        )
+        for row in regions:
+            if not isinstance(row, list) or len(row) != 3:
+                raise RecordError(f"{where}.regions has a row {short(row)}, expected 3 values")
+            need(row[0], str, f"{where}.regions")
+        for row in calls:
+            if not numbers(row) or len(row) != 6 or not 0 <= row[3] < names:
+                raise RecordError(
+                    f"{where}.calls has a row {short(row)} that is not [start, dur, thread, name, region, flags]"
+                )
+        threads = [
+            Thread(need(t, dict, f"{where}.threads").get("tid"), need(t.get("ops"), list, f"{where}.threads.ops"))
+            for t in need(data.get("threads"), list, f"{where}.threads")
+        ]
+        streams = []
+        for stream in need(data.get("streams"), list, f"{where}.streams"):
+            events = need(need(stream, dict, f"{where}.streams").get("events"), list, f"{where}.streams.events")
+            for row in events:
+                if not isinstance(row, list) or len(row) != 5 or not 0 <= row[4] < len(calls):
+                    raise RecordError(f"{where}.streams has an event {short(row)} not launched by one of its calls")
+            streams.append(Stream(str(stream.get("stream")), events))
+        memory = data.get("memory")
+        return cls(
+            dur=need(data.get("dur"), (int, float), f"{where}.dur"),
+            regions=regions,
+            threads=threads,
+            calls=calls,
+            streams=streams,
+            why=need(data.get("why"), dict, f"{where}.why"),
+            start=optional(data, "start", (int, float), where),
+            memory=None if memory is None else StepMemory.parse(memory, f"{where}.memory", names),
+        )
+
+
 @dataclass
 class Extract:
     """extract.json.gz: every active step as the lab models it (detector/lab/measure/extract.py builds it, and documents
@@ -35,12 +140,12 @@ class Extract:
     about: dict
     gpu: bool
     representative_step: int
-    steps: dict[str, dict]
+    steps: dict[str, Step]
     names: list[str]
     version: int = EXTRACT_VERSION
 
     def to_json(self) -> dict:
-        return asdict(self)
+        return asdict(self) | {"steps": {number: step.to_json() for number, step in self.steps.items()}}
 
     @classmethod
     def parse(cls, data, where: str) -> Extract:
@@ -50,59 +155,13 @@ class Extract:
             raise RecordError(f"{where}: version {short(data.get('version'))}, this detector reads {EXTRACT_VERSION}")
         steps = need(data.get("steps"), dict, f"{where}: steps")
         names = need(data.get("names"), list, f"{where}: names")
-        for number, step in steps.items():
-            check_step(step, f"{where}: step {number}", len(names))
         return cls(
             about=optional(data, "about", dict, where, {}),
             gpu=need(data.get("gpu"), bool, f"{where}: gpu"),
             representative_step=need(data.get("representative_step"), int, f"{where}: representative_step"),
-            steps=steps,
+            steps={number: Step.parse(step, f"{where}: step {number}", len(names)) for number, step in steps.items()},
             names=[need(n, str, f"{where}: names") for n in names],
         )
-
-
-ROWS = {"regions": 3, "calls": 6}  # the length of each row of a step's lists
-
-
-def check_step(step, where: str, names: int) -> None:
-    """RecordError unless ``step`` has the shape that extract.step_extract writes (names index the name table)."""
-    need(step, dict, where)
-    need(step.get("dur"), (int, float), f"{where}.dur")
-    optional(step, "start", (int, float), where)  # absent in extracts written before ranks were aligned
-    for key, width in ROWS.items():
-        for row in need(step.get(key), list, f"{where}.{key}"):
-            if not isinstance(row, list) or len(row) != width:
-                raise RecordError(f"{where}.{key} has a row {short(row)}, expected {width} values")
-    for name, *_ in step["regions"]:
-        need(name, str, f"{where}.regions")
-    for row in step["calls"]:
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in row) or not 0 <= row[3] < names:
-            raise RecordError(
-                f"{where}.calls has a row {short(row)} that is not [start, dur, thread, name, region, flags]"
-            )
-    for thread in need(step.get("threads"), list, f"{where}.threads"):
-        need(thread, dict, f"{where}.threads")
-        need(thread.get("ops"), list, f"{where}.threads.ops")
-    for stream in need(step.get("streams"), list, f"{where}.streams"):
-        need(stream, dict, f"{where}.streams")
-        for row in need(stream.get("events"), list, f"{where}.streams.events"):
-            if not isinstance(row, list) or len(row) != 5 or not 0 <= row[4] < len(step["calls"]):
-                raise RecordError(f"{where}.streams has an event {short(row)} not launched by one of its calls")
-    need(step.get("why"), dict, f"{where}.why")
-    if step.get("memory") is not None:  # absent in extracts of runs that recorded no memory
-        check_memory_rows(step["memory"], f"{where}.memory", names)
-
-
-def check_memory_rows(memory, where: str, names: int) -> None:
-    """RecordError unless a step's ``memory`` has the shape extract.memory_rows writes."""
-    need(memory, dict, where)
-    need(memory.get("device"), str, f"{where}.device")
-    for key in ("start", "events"):
-        need(memory.get(key), int, f"{where}.{key}")
-    for row in need(memory.get("rows"), list, f"{where}.rows"):
-        numbers = isinstance(row, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
-        if not numbers or len(row) != 4 or not -1 <= row[3] < names:
-            raise RecordError(f"{where} has a row {short(row)} that is not [start, allocated, bytes, operator]")
 
 
 def read_extract(path) -> Extract:
@@ -135,27 +194,27 @@ class StepModel:
             raise RecordError(f"the extract has no step {number} (its steps: {found})")
         self.number, self.gpu = number, extract.gpu
         self.step, self.names = extract.steps[str(number)], extract.names
-        self.dur = self.step["dur"]
+        self.dur = self.step.dur
 
     def regions(self) -> list[tuple[str, float, float]]:
         """(region, start, duration) µs from the step's start, on the step's thread."""
-        return [(name, start, dur) for name, start, dur in self.step["regions"]]
+        return [(name, start, dur) for name, start, dur in self.step.regions]
 
     def region_of_call(self, call: int) -> str:
-        index = self.step["calls"][call][4]
-        return self.step["regions"][index][0] if index >= 0 else OTHER
+        index = self.step.calls[call][4]
+        return self.step.regions[index][0] if index >= 0 else OTHER
 
     def calls(self, flag: int) -> list[float]:
         """The starts (µs) of the step's calls with ``flag`` (LAUNCH or SYNC)."""
-        return [start for start, _, _, _, _, flags in self.step["calls"] if flags & flag]
+        return [start for start, _, _, _, _, flags in self.step.calls if flags & flag]
 
     def gpu_events(self) -> list[tuple[str, float, float, str, str]]:
         """(stream, start, duration, category, the region whose call launched it) of the GPU work the step
         launched, whenever it ran."""
         return [
-            (stream["stream"], start, dur, CATEGORIES[category], self.region_of_call(call))
-            for stream in self.step["streams"]
-            for start, dur, category, _, call in stream["events"]
+            (stream.stream, start, dur, CATEGORIES[category], self.region_of_call(call))
+            for stream in self.step.streams
+            for start, dur, category, _, call in stream.events
         ]
 
     def end(self) -> float:
@@ -165,7 +224,7 @@ class StepModel:
     def memory(self) -> tuple[int, list[tuple[float, int, int, str, str]]] | None:
         """(bytes allocated when the step began, [(µs from its start, bytes allocated after, the event's bytes, its
         operator, the region it fell in)]) of the step's allocator events; None where the profile recorded none."""
-        memory = self.step.get("memory")
+        memory = self.step.memory
         if memory is None:
             return None
         regions = sorted((start, start + dur, name) for name, start, dur in self.regions())
@@ -177,6 +236,6 @@ class StepModel:
 
         rows = [
             (t, allocated, size, self.names[op] if op >= 0 else "", region_at(t))
-            for t, allocated, size, op in memory["rows"]
+            for t, allocated, size, op in memory.rows
         ]
-        return memory["start"], rows
+        return memory.start, rows

@@ -156,16 +156,16 @@ def test_the_allocators_figures_of_a_step_from_two_memory_stats_snapshots():
 def test_the_extract_holds_each_steps_memory_with_its_operators():
     found = build(synthetic_memory())
     step = found.steps["5"]
-    assert step["memory"]["device"] == "cuda:0" and step["memory"]["start"] == 1000
-    assert step["memory"]["events"] == 8
-    rows = step["memory"]["rows"]
+    assert step.memory.device == "cuda:0" and step.memory.start == 1000
+    assert step.memory.events == 8
+    rows = step.memory.rows
     assert [r[1] for r in rows] == [total for _, _, total, _ in MEMORY_EVENTS]
     assert [found.names[r[3]] if r[3] >= 0 else "" for r in rows][1:3] == ["aten::addmm", "aten::relu"]
     start, modelled = StepModel(found, 5).memory()
     assert start == 1000 and [region for *_, region in modelled] == [
         "copy data", "forward", "forward", "forward", "calc loss", "calc loss", "backward", "other"
     ]  # fmt: skip
-    assert found.steps["6"]["memory"]["rows"] == [] and found.steps["6"]["memory"]["start"] == 1000
+    assert found.steps["6"].memory.rows == [] and found.steps["6"].memory.start == 1000
     Extract.parse(json.loads(json.dumps(found.to_json())), "extract")  # what it writes, it reads
 
 
@@ -179,11 +179,11 @@ def test_a_step_of_many_events_keeps_the_envelope_and_its_exact_peak():
         if size == 2**20:
             total -= size
             events.append(memory(k * 2.5 + 1, -size, total, device=(0, -1)))
-    found = build(events).steps["1"]["memory"]
-    assert found["events"] == len(events) - 1
-    assert len(found["rows"]) <= MEMORY_ROWS
-    assert max(r[1] for r in found["rows"]) == 2**20 + 64  # the spike, kept
-    assert min(r[1] for r in found["rows"]) == 0
+    found = build(events).steps["1"].memory
+    assert found.events == len(events) - 1
+    assert len(found.rows) <= MEMORY_ROWS
+    assert max(r[1] for r in found.rows) == 2**20 + 64  # the spike, kept
+    assert min(r[1] for r in found.rows) == 0
 
 
 def test_a_broken_memory_row_is_refused():
@@ -212,7 +212,7 @@ def test_a_cpu_profile_records_its_allocators_memory(cpu_run):
     assert record.stats("step", "allocs").median == record.stats("step", "device_mallocs").median > 0
     assert record.stats("step", "alloc_retries") is None and record.stats("step", "reserved_free_bytes") is None
     rows = read_extract(Path(cpu_run) / EXTRACT).steps
-    assert all(step["memory"]["device"] == "cpu" and step["memory"]["rows"] for step in rows.values())
+    assert all(step.memory.device == "cpu" and step.memory.rows for step in rows.values())
     with gzip.open(next((Path(cpu_run) / "trace").glob("*.json.gz"))) as f:
         assert '"[memory]"' in f.read().decode()
 

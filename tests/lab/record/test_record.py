@@ -101,10 +101,36 @@ def test_an_extract_that_would_decompress_past_its_cap_is_refused_without_readin
         read_extract(path)
 
 
+def test_an_extract_of_an_earlier_run_is_read_as_typed_steps(tmp_path):
+    """An extract written before ranks were aligned (no ``start``) and before memory was recorded (no ``memory``): its
+    steps read with neither, and are written back as they were."""
+    step = {
+        "dur": 10.0,
+        "regions": [["forward", 0.0, 4.0]],
+        "threads": [{"tid": 7, "ops": [[0.0, 4.0, 0]]}],
+        "calls": [[1.0, 0.5, 0, 0, 0, 1]],
+        "streams": [{"stream": "7", "events": [[2.0, 3.0, 0, 0, 0]]}],
+        "why": {"forward": {"launches": 1}},
+    }
+    data = {"version": 1, "gpu": True, "representative_step": 1, "steps": {"1": step}, "names": ["k"], "about": {}}
+    path = tmp_path / EXTRACT
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    found = read_extract(path).steps["1"]
+    assert (found.start, found.memory, found.threads[0].tid, found.streams[0].events) == (
+        None,
+        None,
+        7,
+        [[2, 3, 0, 0, 0]],
+    )
+    assert found.to_json() == step
+
+
 @pytest.mark.parametrize(
     "step, message",
     [
         ({"dur": 1, "regions": [["forward", 0]], "calls": [], "threads": [], "streams": [], "why": {}}, "a row"),
+        ({"dur": "1", "regions": [], "calls": [], "threads": [], "streams": [], "why": {}}, r"step 1.dur is str '1'"),
+        ({"dur": 1, "regions": [], "calls": [], "threads": [], "streams": []}, r"step 1.why is NoneType"),
         ({"dur": 1, "regions": [], "calls": [[0, 1, 0, 99, 0, 1]], "threads": [], "streams": [], "why": {}}, "calls"),
         (
             {"dur": 1, "regions": [], "calls": [], "threads": [], "why": {}}
