@@ -25,7 +25,7 @@ launched it; each memory event's total follows from the one before, no region's 
 allocated, and the step's peak is its regions' highest. On a GPU, ``allocator_checks`` holds the trace against
 the allocator's own statistics of each step: the bytes live at its start, its peak and its device mallocs.
 ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive method), min, max
-and n over the steps; ``trace_summary`` is all of it, JSON-ready, for summary.json.
+and n over the steps: the run record's ``Analysis`` (detector/lab/record/run.py), as summary.json holds it.
 """
 
 from __future__ import annotations
@@ -59,7 +59,8 @@ from detector.regions import PARTS, REGIONS, STEP
 
 
 def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]], whole_step: bool = False) -> dict:
-    """Every measure (detector.measures) of a region made of ``spans``; GPU-only ones None without GPU events."""
+    """Every measure (detector/lab/record/measures.py) of a region made of ``spans``; GPU-only ones None without GPU
+    events."""
     total, launched = Counter(), []
     for start, end in spans:
         total["wall_ms"] += end - start
