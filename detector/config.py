@@ -80,11 +80,12 @@ class DataConfig:
     # an image of the file with more boxes than max_boxes: truncate (it keeps its max_boxes largest; the run says
     # how many boxes and images lost some), fit (max_boxes becomes the most boxes an image holds), refuse (an error)
     over_max_boxes: str = ranged("truncate", choices=OVER_MAX_BOXES)
-    # -1 = a worker per free core, <= 16 (data.resolve_workers): each draws ~14k images/s (detector/loader.py)
+    # -1 = a worker per free core, <= 16 (data.resolve_workers): a worker draws many times what a step consumes
+    # (detector/loader.py; `make bench TARGET=step` measures the data pipeline's images/s)
     num_workers: int = ranged(-1, -1)
     # seconds a data worker may deliver nothing while a batch is due; then the run ends in one line naming it and
-    # the batch it holds (a stopped or stuck worker would hang it for good). Generous: a worker draws a seed-scale
-    # batch (1024 images of 256 px) in ~0.1 s; raise it for batches that take a worker longer
+    # the batch it holds (a stopped or stuck worker would hang it for good). Generous: hundreds of times what a
+    # worker takes for a seed-scale batch (`make bench TARGET=step`); raise it for batches that take a worker longer
     worker_timeout: float = ranged(60.0, 0.1)
 
 
@@ -129,7 +130,7 @@ class BenchConfig:
     pred_dtype: str = ranged("bfloat16", choices=("float32", "bfloat16", "float16"))  # what autocast emits
     warmup: int = ranged(10, 0)
     repeats: int = ranged(100, 1)
-    max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy takes ~0.6 s a call at batch 1024
+    max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy's call is the slowest (`make bench` times it)
     # bench losses: a strategy whose forward+backward takes longer than this at a batch size is not timed at the
     # larger ones (the loop takes seconds a call at batch 16384), and says so
     max_call_ms: float = ranged(200.0, 0.0)
@@ -146,7 +147,7 @@ class ReportConfig:
     # trained for report.train_steps steps each: the profiles must agree with their measured step
     train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
     train_steps: int = ranged(40, 11)  # past train's first 5 untimed steps and its first log window
-    short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: ~1 s a step at seed scale
+    short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: its step takes seconds
     # the scaling table (detector/bench/sharding.py: <out_dir>/<device>-x<N>.md): each train.shard_optimizer on 2, 4
     # ... processes up to this many, against one; 0 = one per visible GPU (one GPU or none: no table). On the CPU,
     # gloo processes
@@ -178,7 +179,7 @@ class TrainConfig:
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     # torch.compile of the model (the loss stays the strategy's own: `compiled` is the compiled one): it fuses
-    # pooling, ReLU and casts (`make bench-step` times the step with and without); the first steps compile (~1 min)
+    # pooling, ReLU and casts (`make bench-step` times the step with and without); the first steps compile
     compile: bool = True
     # cuDNN times its algorithms once for our fixed shapes and keeps the fastest (no loss measured at seed scale)
     cudnn_benchmark: bool = True

@@ -1,11 +1,11 @@
 """Batches drawn by worker processes straight into a ring of reusable shared-memory slots.
 
-Why not torch's DataLoader: a batch of 1024 images of 256 px is 64 MiB. The DataLoader collates it
-(~42 ms), into a fresh shared-memory file per batch that the main process maps and unmaps, and its
-pin-memory thread copies it once more into pinned memory: ~15 batches/s per worker at most, whatever
-the sampler's speed. Here the main process allocates K image slots once ([K, B, 1, S, S] uint8,
-anonymous shared memory that forked workers inherit) and, for a CUDA device, page-locks them in place,
-so a slot is copied to the device directly and asynchronously.
+Why not torch's DataLoader: a batch of 1024 images of 256 px is 64 MiB. The DataLoader collates it, into a fresh
+shared-memory file per batch that the main process maps and unmaps, and its pin-memory thread copies it once more into
+pinned memory: those per-batch costs, not the sampler, set its batches/s (docs/training.md, "The batch loader"). Here
+the main process allocates K image slots once ([K, B, 1, S, S] uint8, anonymous shared memory that forked workers
+inherit) and, for a CUDA device, page-locks them in place, so a slot is copied to the device directly and
+asynchronously.
 
 Flow: the main process hands (batch b, free slot k) to a task queue; a worker (forked; workers never
 touch CUDA) draws batch b into slot k, builds its targets and sends back (b, k, targets) through a pipe

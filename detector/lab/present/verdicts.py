@@ -30,7 +30,7 @@ from detector.regions import DATA_WAIT, LOSS_REGIONS, STEP
 BASELINE = "padded"
 # A flagged pair's times are still judged where the slower step's q1 is at least this many times the faster's q3:
 # the busiest machine the noise check was calibrated on (two busy loops beside a run on its 2 cores) spread the
-# run's steps by 60 % (detector/lab/record/noise.py), well short of a 2× gap between the two runs' quartiles
+# run's steps well short of a 2× gap between the two runs' quartiles (docs/measures.md, "Noise")
 BEYOND_NOISE = 2.0
 DIFFERENT = 1.2  # counts whose ratio is at least this (or one of them 0) differ; 129 against 132 operators do not
 

@@ -14,10 +14,9 @@ from detector.checked import need, optional
 # the run no idle core: on 2 cores a quarter of one competes with the run, on a 32-core GPU host a few cores do not
 NOISY_LOAD = 0.25
 # Timed steps whose (q3 - q1) / median exceeds this are too uneven to be a quiet machine's. What paces the step sets
-# it: a step that keeps the GPU busy, timed by CUDA events, spreads under 1 % on a quiet machine; a step that the
-# host's dispatch paces (the CPU's, or a GPU's whose device idles while Python launches thousands of kernels)
-# spreads with the host's scheduling, 2-18 % on 2 quiet cores and 2-20 % on a quiet 16-core GPU host (`python -m
-# detector report`), against 60 % and more with two busy loops beside it
+# it: a step that keeps the GPU busy, timed by CUDA events, spreads far less than a step that the host's dispatch
+# paces (the CPU's, or a GPU's whose device idles while Python launches thousands of kernels), which spreads with the
+# host's scheduling. `make report` measures both on a quiet machine; docs/measures.md ("Noise") has the spreads
 NOISY_SPREAD = {"device": 0.05, "host": 0.25}
 # A step whose device idles less than this share of it is paced by the device
 DEVICE_BOUND_IDLE = 0.05
