@@ -8,7 +8,8 @@ experiment file ``experiments/<name>.yaml`` <- dotlist overrides from the comman
 Each field's allowed values sit next to its default (``ranged``); ``load_config`` checks them all, so a
 bad value fails at load, as one ``ConfigError`` line naming the field, the value and what is allowed,
 instead of mid-run. A path-valued field (``path``) takes an override's text after the ``=`` as written: a
-``#``, spaces and quotes inside a file's name are the name's, not YAML's.
+``#``, spaces and quotes inside a file's name are the name's, not YAML's. A field that takes words takes them as
+written, in a file, an override and a list alike (``WordsLoader``): ``train.shard_optimizer=off`` is the word off.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from detector.annotations import (
     slots_for,
 )
 from detector.errors import UserError
+from detector.sharing import WAYS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 STRATEGY = "a registered strategy"  # choices entry: any name in detector.losses.STRATEGIES
@@ -78,11 +80,12 @@ class DataConfig:
     # an image of the file with more boxes than max_boxes: truncate (it keeps its max_boxes largest; the run says
     # how many boxes and images lost some), fit (max_boxes becomes the most boxes an image holds), refuse (an error)
     over_max_boxes: str = ranged("truncate", choices=OVER_MAX_BOXES)
-    # -1 = a worker per free core, <= 16 (data.resolve_workers): each draws ~14k images/s (detector/loader.py)
+    # -1 = a worker per free core, <= 16 (data.resolve_workers): a worker draws many times what a step consumes
+    # (detector/loader.py; `make bench TARGET=step` measures the data pipeline's images/s)
     num_workers: int = ranged(-1, -1)
     # seconds a data worker may deliver nothing while a batch is due; then the run ends in one line naming it and
-    # the batch it holds (a stopped or stuck worker would hang it for good). Generous: a worker draws a seed-scale
-    # batch (1024 images of 256 px) in ~0.1 s; raise it for batches that take a worker longer
+    # the batch it holds (a stopped or stuck worker would hang it for good). Generous: hundreds of times what a
+    # worker takes for a seed-scale batch (`make bench TARGET=step`); raise it for batches that take a worker longer
     worker_timeout: float = ranged(60.0, 0.1)
 
 
@@ -113,7 +116,7 @@ class ProfileConfig:
     # steps timed after the profiler's window with neither profiler nor regions: the step as training runs
     # it, beside which the profiled step shows what profiling costs; 0 = none
     timed: int = ranged(10, 0)
-    # every allocation and free as an event: the memory measures (detector/lab/measures.py) and the Traces tab's
+    # every allocation and free as an event: the memory measures (detector/lab/record/measures.py) and the Traces tab's
     # memory lanes. They double a loop's trace and its writing time (docs/measures.md measures it); false: time only
     profile_memory: bool = True
     record_shapes: bool = False  # shapes bloat GPU traces of the loop strategy to hundreds of MB
@@ -123,11 +126,11 @@ class ProfileConfig:
 class BenchConfig:
     strategies: list[str] = ranged([], choices=(STRATEGY,))  # empty = every registered strategy
     batch_sizes: list[int] = ranged([1024], 1)
-    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/lab/cases.py
+    distributions: list[str] = field(default_factory=lambda: ["seed", "tail"])  # see detector/lab/measure/cases.py
     pred_dtype: str = ranged("bfloat16", choices=("float32", "bfloat16", "float16"))  # what autocast emits
     warmup: int = ranged(10, 0)
     repeats: int = ranged(100, 1)
-    max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy takes ~0.6 s a call at batch 1024
+    max_seconds: float = ranged(5.0, 0.0)  # per case: the loop strategy's call is the slowest (`make bench` times it)
     # bench losses: a strategy whose forward+backward takes longer than this at a batch size is not timed at the
     # larger ones (the loop takes seconds a call at batch 16384), and says so
     max_call_ms: float = ranged(200.0, 0.0)
@@ -144,13 +147,13 @@ class ReportConfig:
     # trained for report.train_steps steps each: the profiles must agree with their measured step
     train_strategies: list[str] = ranged(["padded", "packed"], choices=(STRATEGY,))
     train_steps: int = ranged(40, 11)  # past train's first 5 untimed steps and its first log window
-    short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: ~1 s a step at seed scale
+    short: list[str] = ranged(["loop"], choices=(STRATEGY,))  # profiled with fewer steps: its step takes seconds
     # the scaling table (detector/bench/sharding.py: <out_dir>/<device>-x<N>.md): each train.shard_optimizer on 2, 4
     # ... processes up to this many, against one; 0 = one per visible GPU (one GPU or none: no table). On the CPU,
     # gloo processes
     processes: int = ranged(0, 0)
     # the ways of sharing (train.shard_optimizer) the scaling table runs on each number of processes; fewer, sooner
-    sharding_modes: list[str] = ranged(["off", "blocks", "fsdp2", "zero"], choices=("off", "blocks", "fsdp2", "zero"))
+    sharding_modes: list[str] = ranged(list(WAYS), choices=tuple(WAYS))
     # replace a committed <out_dir>/<device>.md with a report whose runs the noise check flags (a busy machine):
     # false keeps the committed one and leaves the new report in the run folder
     force: bool = False
@@ -176,7 +179,7 @@ class TrainConfig:
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     # torch.compile of the model (the loss stays the strategy's own: `compiled` is the compiled one): it fuses
-    # pooling, ReLU and casts (`make bench-step` times the step with and without); the first steps compile (~1 min)
+    # pooling, ReLU and casts (`make bench-step` times the step with and without); the first steps compile
     compile: bool = True
     # cuDNN times its algorithms once for our fixed shapes and keeps the fastest (no loss measured at seed scale)
     cudnn_benchmark: bool = True
@@ -196,12 +199,10 @@ class TrainConfig:
     # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
     # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
     float8: bool = False
-    # several processes (train/sharding/): blocks = our ZeRO stage 1 for the head's blocks under DDP (ShardedBlocks):
-    # each process keeps AdamW's state of, and updates, only its own blocks; fsdp2 = the model under torch's
-    # fully_shard (FullyShardedModel): parameters, gradients and AdamW's state sharded; zero = torch's
-    # ZeroRedundancyOptimizer over DDP (ZeroOverDDP); off = every process updates the whole model after an
-    # all-reduce of every gradient. true/false: blocks/off. `python -m detector.bench.sharding` measures them
-    shard_optimizer: str = ranged("blocks", choices=("blocks", "fsdp2", "zero", "off"))
+    # how several processes share the model, one of the ways of detector/sharing.py: blocks, ours, keeps AdamW's state
+    # of the head's blocks, and updates them, on their owner only; true/false: blocks/off.
+    # `python -m detector.bench.sharding` measures them against each other
+    shard_optimizer: str = ranged("blocks", choices=tuple(WAYS))
     # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
     # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
     # then torch's fused AdamW, then autocast's cast of every weight at the next forward (`make bench-step` times both)
@@ -301,13 +302,47 @@ def fit_slots(data: DictConfig) -> str:
     return describe(annotations, data.max_boxes, data.over_max_boxes)
 
 
+class WordsLoader(yaml.SafeLoader):
+    """YAML as the configuration reads it, files and overrides alike: true and false are its only booleans (YAML
+    1.2), so that off, on, yes and no stay the words written where a field takes words (``train.shard_optimizer=off``,
+    ``report.sharding_modes=[off,blocks]``; YAML 1.1 made them booleans, and a text field then held "False"); a
+    boolean field still takes them (OmegaConf reads on as true there). As OmegaConf's own loader: 1e-3 is a number, a
+    date is text, and a key given twice is refused."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key, _ in node.value:
+            if key.tag == "tag:yaml.org,2002:str" and key.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    "while constructing a mapping", node.start_mark, f"found duplicate key {key.value}", key.start_mark
+                )
+            seen.add(key.value)
+        return super().construct_mapping(node, deep=deep)
+
+
+BOOL, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
+WordsLoader.yaml_implicit_resolvers = {
+    first: [(tag, rule) for tag, rule in rules if tag not in (BOOL, "tag:yaml.org,2002:timestamp")]
+    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+WordsLoader.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+WordsLoader.add_implicit_resolver(  # YAML 1.2's numbers: an exponent needs no dot
+    FLOAT, re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
+)
+
+
+def read_yaml(text: str):
+    return yaml.load(text, Loader=WordsLoader)
+
+
 DOTTED_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 
 
 def parse_overrides(overrides: list[str], paths: Collection[str] = ()) -> DictConfig:
-    """Dotlist overrides ``key.sub=value``, each checked so a typo gets one clear line. A value is YAML, except
-    for a key of ``paths``: its text is the path as written (``#`` and spaces included), less quotes around it."""
-    layer, named = [], {}
+    """Dotlist overrides ``key.sub=value``, each checked so a typo gets one clear line. A value is YAML
+    (``WordsLoader``), except for a key of ``paths``: its text is the path as written (``#`` and spaces included),
+    less quotes around it."""
+    cli, named = OmegaConf.create(), {}
     for item in overrides:
         key, sep, value = item.partition("=")
         if not sep:
@@ -320,11 +355,10 @@ def parse_overrides(overrides: list[str], paths: Collection[str] = ()) -> DictCo
                 raise ConfigError(f"override {item!r}: {key} names a file or folder, and the name is empty")
             continue
         try:
-            yaml.safe_load(value)
+            loaded = read_yaml(value)
         except yaml.YAMLError as err:
             raise ConfigError(f"override {item!r}: {value!r} is not a YAML value ({yaml_problem(err)})") from None
-        layer.append(item)
-    cli = OmegaConf.from_dotlist(layer)
+        OmegaConf.update(cli, key, loaded, merge=True)
     for key, value in named.items():  # in the order given: a later override of the same key wins
         OmegaConf.update(cli, key, value.replace("${", "\\${"), merge=True)  # ${ is a name's, not OmegaConf's
     return cli
@@ -355,12 +389,12 @@ def path_keys(schema: type, prefix: str = "") -> set[str]:
 
 def load_yaml(path: Path) -> DictConfig:
     try:
-        layer = OmegaConf.load(path)
+        layer = read_yaml(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as err:
         raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
-    if not isinstance(layer, DictConfig):
+    if layer is not None and not isinstance(layer, dict):
         raise ConfigError(f"{path} must hold a mapping of config keys (e.g. train: {{steps: 10}}), got a list")
-    return layer
+    return OmegaConf.create(layer or {})
 
 
 def yaml_problem(err: yaml.YAMLError) -> str:

@@ -75,8 +75,9 @@ def background_lut() -> np.ndarray:
 @functools.cache
 def noise_bank(seed: int, width: int) -> Tensor:
     """[NOISE_WINDOWS, width] uint8 view: row k is pixels[k : k + width] of one i.i.d. background sequence,
-    a pure function of ``seed`` (built once per process: < 0.1 s). A tensor, so that ``index_select``
-    gathers a whole batch's rows into a slot in one call (~5x faster than numpy's fancy indexing here)."""
+    a pure function of ``seed`` (built once per process). A tensor, so that ``index_select`` gathers a whole batch's
+    rows into a slot in one call, faster than numpy's fancy indexing (docs/training.md, "The sampler's choices,
+    measured")."""
     # spawn_key (1,) makes a 5-word seed: a stream no sample's [seed, index] (<= 4 words) can reach
     rng = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(1,)))
     length = NOISE_WINDOWS + width - 1
@@ -86,7 +87,7 @@ def noise_bank(seed: int, width: int) -> Tensor:
 
 @functools.cache
 def noise_bank_array(seed: int, width: int) -> np.ndarray:
-    """``noise_bank`` as a numpy view, for one image's rows (Tensor.numpy() costs ~5 us a call)."""
+    """``noise_bank`` as a numpy view, for one image's rows (made once: Tensor.numpy() costs a call each time)."""
     return noise_bank(seed, width).numpy()
 
 
@@ -110,7 +111,8 @@ class FaceSampler:
     Sample i's generator ``default_rng([seed, i])`` draws, in this order: the count, the sizes, the
     corners, the levels, then the background: each of the S image rows is a random window of the seed's
     ``noise_bank`` (every pixel has the old distribution; windows repeat across images, but the background
-    carries no label). That is a copy of S*S bytes instead of S*S float64 normals: ~10x faster. Until
+    carries no label). That is a copy of S*S bytes instead of S*S float64 normals, many times faster
+    (docs/training.md, "The sampler's choices, measured"). Until
     that change the background was drawn second, from the same generator: counts are bit-identical to
     that sampler's, boxes come from the same calls and have the same distribution but other values.
     """
@@ -129,7 +131,7 @@ class FaceSampler:
 
     def faces(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         """n boxes [n, 4] int64 xyxy in canonical order and their levels [n] uint8."""
-        if n == 0:  # size-0 draws leave the generator as it is: skip their ~30 us of call overhead
+        if n == 0:  # size-0 draws leave the generator as it is: skip their calls' overhead
             return np.zeros((0, 4), np.int64), np.zeros(0, np.uint8)
         size = self.image_size
         largest = max(4, min(size // 3, int(1.6 * size / max(1.0, math.sqrt(n)))))
@@ -173,15 +175,15 @@ def paint(out: np.ndarray, seed: int, rows: np.ndarray, faces: list[tuple[np.nda
     then one filled ellipse per box of ``faces[k]`` (boxes [n, 4] xyxy, levels [n] uint8) inscribed in it.
     Returns the boxes, uint8 up to 256 px, int16 beyond."""
     size = out.shape[-1]
-    if len(rows) == 1:  # torch would start its thread pool to gather 64 KiB; numpy's ~15 us is cheaper
+    if len(rows) == 1:  # torch would start its thread pool (in each fresh worker) to gather 64 KiB; numpy does not
         out[0] = noise_bank_array(seed, size)[rows[0]]
-    else:  # one gather of every row of the batch, written in place: ~5 us an image, no per-image array
+    else:  # one gather of every row of the batch, written in place: no per-image array
         index = torch.from_numpy(rows.view(np.int64)).flatten()  # [B * S]
         torch.index_select(noise_bank(seed, size), 0, index, out=torch.from_numpy(out).view(-1, size))
     for image, (boxes, levels) in zip(out, faces, strict=True):
         for (x1, y1, x2, y2), level in zip(boxes.tolist(), levels.tolist(), strict=True):
             np.copyto(image[y1 : y2 + 1, x1 : x2 + 1], level, where=ellipse_mask(x2 - x1 + 1, y2 - y1 + 1))
-    box_dtype = np.uint8 if size <= 256 else np.int16  # numpy's cast: ~20x cheaper than torch's here
+    box_dtype = np.uint8 if size <= 256 else np.int16  # numpy's cast: cheaper than torch's for a few boxes
     return [boxes.astype(box_dtype) for boxes, _ in faces]
 
 
@@ -275,7 +277,7 @@ def draw_dataset_batch(dataset, batch_size: int, layout: str, max_boxes: int, b:
     items = range(b * batch_size, (b + 1) * batch_size)
     if getattr(dataset, "sampler", None) is not None:
         boxes = dataset.sampler.draw_batch([dataset.sample_index(i) for i in items], images[:, 0].numpy())
-        # make_targets converts numpy arrays one by one (~4 us each); one split gives it tensors at once
+        # make_targets converts numpy arrays one by one; one split gives it tensors at once (docs/training.md)
         boxes = torch.split(torch.from_numpy(np.concatenate(boxes)), [len(x) for x in boxes])
     else:
         boxes = []

@@ -1,11 +1,11 @@
 """Batches drawn by worker processes straight into a ring of reusable shared-memory slots.
 
-Why not torch's DataLoader: a batch of 1024 images of 256 px is 64 MiB. The DataLoader collates it
-(~42 ms), into a fresh shared-memory file per batch that the main process maps and unmaps, and its
-pin-memory thread copies it once more into pinned memory: ~15 batches/s per worker at most, whatever
-the sampler's speed. Here the main process allocates K image slots once ([K, B, 1, S, S] uint8,
-anonymous shared memory that forked workers inherit) and, for a CUDA device, page-locks them in place,
-so a slot is copied to the device directly and asynchronously.
+Why not torch's DataLoader: a batch of 1024 images of 256 px is 64 MiB. The DataLoader collates it, into a fresh
+shared-memory file per batch that the main process maps and unmaps, and its pin-memory thread copies it once more into
+pinned memory: those per-batch costs, not the sampler, set its batches/s (docs/training.md, "The batch loader"). Here
+the main process allocates K image slots once ([K, B, 1, S, S] uint8, anonymous shared memory that forked workers
+inherit) and, for a CUDA device, page-locks them in place, so a slot is copied to the device directly and
+asynchronously.
 
 Flow: the main process hands (batch b, free slot k) to a task queue; a worker (forked; workers never
 touch CUDA) draws batch b into slot k, builds its targets and sends back (b, k, targets) through a pipe
@@ -25,7 +25,8 @@ a batch is due (stopped, or stuck: named with the batch it holds). Nothing waits
 each writes its results into its own pipe (a worker killed half-way through a message, which may well exceed
 the pipe's 64 KiB, leaves the partial message in its own pipe only, and holds no lock another worker needs),
 and the main process reads the pipes without blocking, gathering bytes until a whole message is there.
-Before the ring is allocated, its size is checked against the memory available (``MemoryRefusal``).
+Before the ring is allocated, its size is checked against the memory available (``MemoryRefusal``). A worker's own
+side, its loop and its messages, is detector/data_worker.py.
 """
 
 from __future__ import annotations
@@ -35,12 +36,7 @@ import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
-import pickle
-import queue
-import signal
-import struct
 import time
-import traceback
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -49,13 +45,21 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from detector.data_worker import (
+    IDLE,
+    PHASES,
+    WATCHDOG_SECONDS,
+    Inbox,
+    exit_description,
+    host_arrays,
+    process_state,
+    unpack_targets,
+    worker_loop,
+)
 from detector.errors import UserError
 from detector.host_memory import check_memory
 from detector.regions import LOADER_LABEL
-from detector.targets import ListTargets, Targets
-
-WATCHDOG_SECONDS = 1.0  # how often a waiting worker checks its parent, and the main process its workers
-HEADER = struct.Struct("<Q")  # a result message's length, in front of its pickle
+from detector.targets import Targets
 
 
 class DataWorkerDied(UserError, RuntimeError):
@@ -180,116 +184,6 @@ def page_unlock(slots: Tensor) -> None:
     err = int(torch.cuda.cudart().cudaHostUnregister(slots.data_ptr()))
     if err:
         raise RuntimeError(f"cudaHostUnregister of the batch slots failed: cudaError {err}")
-
-
-def host_arrays(targets: Targets) -> tuple[type, list[np.ndarray]]:
-    """Targets as (their type, numpy arrays) for the result queue: arrays are pickled by value (a torch tensor
-    would go through a shared-memory file of its own); list targets travel packed (B arrays pickle slowly)."""
-    if isinstance(targets, ListTargets):
-        return ListTargets, [torch.cat(targets.boxes).numpy(), np.array([len(b) for b in targets.boxes])]
-    return type(targets), [t.numpy() for t in targets]
-
-
-def unpack_targets(message: tuple[type, list[np.ndarray]], device: torch.device) -> tuple[Targets, list[Tensor]]:
-    """The targets of ``host_arrays``'s message on ``device``, and the tensors that hold them."""
-    kind, arrays = message
-    tensors = [torch.from_numpy(a) for a in arrays]
-    if device.type == "cuda":  # from pinned memory: a copy from pageable memory first waits for the stream
-        tensors = [t.pin_memory().to(device, non_blocking=True) for t in tensors]
-    if kind is ListTargets:  # views of one copy, split by the host's counts
-        return ListTargets(list(torch.split(tensors[0], arrays[1].tolist()))), tensors
-    return kind(*tensors), tensors
-
-
-def send(fd: int, message) -> None:
-    """Write ``message`` to our own result pipe: its length, then its pickle (blocking while the pipe is full)."""
-    payload = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
-    view = memoryview(HEADER.pack(len(payload)) + payload)
-    while view:
-        view = view[os.write(fd, view) :]
-
-
-class Inbox:
-    """The main process's end of one worker's result pipe, read without ever blocking: bytes are gathered
-    until a whole message is there, so a message cut short by its writer's death never blocks a read."""
-
-    def __init__(self, fd: int):
-        self.fd, self.buffer = fd, bytearray()
-        os.set_blocking(fd, False)
-
-    def read(self) -> list:
-        """The whole messages that have arrived (possibly none)."""
-        try:
-            while chunk := os.read(self.fd, 1 << 20):
-                self.buffer += chunk
-        except BlockingIOError:
-            pass
-        messages = []
-        while len(self.buffer) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self.buffer)
-            end = HEADER.size + length
-            if len(self.buffer) < end:
-                break
-            messages.append(pickle.loads(self.buffer[HEADER.size : end]))
-            del self.buffer[:end]
-        return messages
-
-
-IDLE, DRAWING, SENDING = 0, 1, 2  # a worker's phase, which it writes into the ring's shared ``doing`` array
-PHASES = {IDLE: "waiting for a task", DRAWING: "drawing", SENDING: "sending"}
-
-
-def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int], stop, parent: int, doing, i) -> None:
-    """Worker i: draws the batches of ``tasks`` into their slots until told to stop or orphaned; writes its batch
-    and phase into doing[2i : 2i + 2] (shared memory), which names it if it stalls."""
-    for signum in (signal.SIGINT, signal.SIGTERM):  # both reach the process group: the main process stops us
-        signal.signal(signum, signal.SIG_IGN)
-    for fd in read_fds:  # the read ends forked with us: once the main process closes its own, our write fails at once
-        os.close(fd)
-    torch.set_num_threads(1)  # one core per worker, as DataLoader's workers
-    while not stop.value and os.getppid() == parent:  # else the main process died without closing us
-        try:
-            task = tasks.get(timeout=WATCHDOG_SECONDS)
-        except queue.Empty:
-            continue
-        if task is None or stop.value:  # queued tasks are dropped once we are stopped
-            return
-        batch, slot = task
-        doing[2 * i], doing[2 * i + 1] = batch, DRAWING
-        try:
-            message = (batch, slot, host_arrays(draw(batch, slots[slot])), None)
-        except Exception as err:  # reported to the main process, which raises it
-            message = (batch, slot, None, (f"{type(err).__name__}: {err}", traceback.format_exc()))
-        doing[2 * i + 1] = SENDING
-        try:
-            send(result_fd, message)
-        except BrokenPipeError:  # the main process has gone: nobody to report to
-            return
-        doing[2 * i + 1] = IDLE
-
-
-def exit_description(code: int | None) -> str:
-    """How a worker ended, from its exit code (negative: the signal that killed it)."""
-    if code is not None and code < 0:
-        try:
-            name = signal.Signals(-code).name
-        except ValueError:
-            name = f"signal {-code}"
-        hint = " (kill -9, or the kernel's out-of-memory killer)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}, exit code {code}{hint}"
-    return f"exited unexpectedly with code {code}"
-
-
-STATES = {"T": "stopped by a signal, as kill -STOP does", "t": "stopped by a debugger", "D": "waiting on a device"}
-
-
-def process_state(pid: int) -> str:
-    """What the kernel says a process is doing (Linux's /proc), in a few words; "" where unknown or running."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return STATES.get(f.read().rpartition(")")[2].split()[0], "")
-    except (OSError, IndexError):
-        return ""
 
 
 class Workers:

@@ -1,5 +1,5 @@
 """The names of a training step's profiler regions: one place for the step that marks them, the loader that
-marks its wait, and the lab that reads them back from a trace (detector/lab/analysis.py).
+marks its wait, and the lab that reads them back from a trace (detector/lab/measure/analysis.py).
 
 A step is made of the loader's data wait, then copy data, forward, calc loss, backward and optimizer step
 (a CUDA-graph step: copy data, then the whole step as one replay). "other" is the step's time outside them;

@@ -107,7 +107,8 @@ def make_targets(boxes_list: Sequence, layout: str, max_boxes: int) -> Targets:
     if layout == "packed":
         return PackedTargets(packed, counts)
     padded = torch.zeros(len(boxes_list), max_boxes, 4, dtype=dtype, device=device)
-    # the valid slots in row-major order are the packed order: one assignment instead of one per image (5 ms at B=1024)
+    # the valid slots in row-major order are the packed order: one assignment instead of one per image
+    # (docs/training.md, "The sampler's choices, measured")
     padded[torch.arange(max_boxes, device=device) < counts[:, None]] = packed
     return PaddedTargets(padded, counts)
 

@@ -9,10 +9,12 @@ from pathlib import Path
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from detector.lab import extract
-from detector.lab.analysis import measure_steps, summarise
-from detector.lab.record import EXTRACT, Noise, ProfileRecord, Timed, read_extract, write_extract, write_summary
-from detector.lab.trace import load_trace
+from detector.lab.measure import extract
+from detector.lab.measure.analysis import measure_steps, summarise
+from detector.lab.measure.trace import load_trace
+from detector.lab.record.noise import Noise
+from detector.lab.record.run import ProfileRecord, Timed, write_summary
+from detector.lab.record.steps import EXTRACT, read_extract, write_extract
 
 # A profile of a detector of a few thousand parameters on 32 px images: seconds on the CPU.
 TINY_PROFILE = [
@@ -112,9 +114,9 @@ def rank_runs(root: Path, stamp: str, starts: list[float]) -> Path:
         made = make_run(root / "made", "padded", f"{stamp[:-2]}{rank:02d}")
         edit_summary(made, lambda s, rank=rank: s.update(run=f"rank{rank}"))
         found = read_extract(made / EXTRACT)
-        first = min(step["start"] for step in found.steps.values())
+        first = min(step.start for step in found.steps.values())
         for step in found.steps.values():
-            step["start"] += start - first
+            step.start += start - first
         write_extract(made, found)
         group.mkdir(parents=True, exist_ok=True)
         made.rename(group / f"rank{rank}")

@@ -148,6 +148,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     import detector.lab.profile
     import detector.train.loop
     from detector.lab.compare import Comparison
+    from detector.lab.record.comparison import ComparisonRecord
 
     calls = {}
     for module, name, result in [
@@ -155,7 +156,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
         (detector.board.events, "write_profile_events", None),
         (detector.train.loop, "run_training", None),
         (detector.bench, "run", None),
-        (detector.lab.compare, "run_compare", Comparison({}, tmp_path / "compare" / "1")),
+        (detector.lab.compare, "run_compare", Comparison(ComparisonRecord("", ""), tmp_path / "compare" / "1")),
         (detector.board.events, "write_compare_events", None),
         (detector.board.launcher, "main", None),
     ]:

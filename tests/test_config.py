@@ -127,6 +127,31 @@ def test_malformed_overrides_unknown_keys_and_wrong_types(override, parts):
     assert_one_line(err, *parts)
 
 
+def test_words_are_read_as_written_in_overrides_lists_and_files(tmp_path):
+    """off, on, yes and no are words where a field takes words (YAML 1.1 read them as booleans, and a text field
+    then held 'False'); a boolean field still takes them, and true and false stay booleans."""
+    cfg = load("train.shard_optimizer=off", "report.sharding_modes=[off,blocks]", "bench.variants=[on, yes, no]")
+    assert (cfg.train.shard_optimizer, list(cfg.report.sharding_modes)) == ("off", ["off", "blocks"])
+    assert list(cfg.bench.variants) == ["on", "yes", "no"]
+    flags = load("profile.sync_regions=on", "train.resume=yes", "train.compile=off", "train.float8=no")
+    assert (flags.profile.sync_regions, flags.train.resume, flags.train.compile, flags.train.float8) == (
+        True,
+        True,
+        False,
+        False,
+    )
+    assert load("train.lr=1e-3").train.lr == 0.001  # a number, as OmegaConf reads it
+    assert [load(f"train.shard_optimizer={v}").train.shard_optimizer for v in ("true", "false")] == ["blocks", "off"]
+    path = tmp_path / "words.yaml"
+    path.write_text("train:\n  shard_optimizer: off\n  resume: yes\nreport:\n  sharding_modes: [off, zero]\n")
+    cfg = load(experiment=str(path))
+    assert (cfg.train.shard_optimizer, cfg.train.resume) == ("off", True)
+    assert list(cfg.report.sharding_modes) == ["off", "zero"]
+    with pytest.raises(ConfigError) as err:
+        load("report.sharding_modes=[off,nope]")
+    assert_one_line(err, "report.sharding_modes=['off', 'nope']", "one of off, blocks, fsdp2, zero")
+
+
 def test_missing_experiment_and_preset(tmp_path):
     with pytest.raises(ConfigError) as err:
         load(experiment="no_such_experiment")
@@ -171,10 +196,11 @@ def test_the_parameter_counts_in_the_experiments_comments_are_true(path):
     "text,parts",
     [
         ("train: {steps: [1,\n", ["not valid YAML", "line 2"]),
+        ("train:\n  steps: 3\n  steps: 4\n", ["not valid YAML", "duplicate key steps"]),
         ("- 1\n- 2\n", ["must hold a mapping"]),
         ("train:\n  stepz: 3\n", ["train.stepz", "Key 'stepz' not in 'TrainConfig'", "bad.yaml"]),
     ],
-    ids=["yaml", "list", "unknown key"],
+    ids=["yaml", "duplicate", "list", "unknown key"],
 )
 def test_broken_experiment_files(tmp_path, text, parts):
     path = Path(tmp_path / "bad.yaml")

@@ -23,8 +23,9 @@ from omegaconf import OmegaConf
 
 from detector.config import DataConfig
 from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
+from detector.data_worker import HEADER
 from detector.errors import UserError
-from detector.loader import HEADER, DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
+from detector.loader import DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
 from detector.regions import DATA_WAIT, LOADER_LABEL, region_of_label
 
 
@@ -232,7 +233,7 @@ def crowded_cfg(**overrides):
 
 
 def test_a_result_message_exceeds_a_pipe_buffer():
-    from detector.loader import host_arrays
+    from detector.data_worker import host_arrays
 
     cfg = crowded_cfg(num_workers=0)
     for layout in LAYOUTS:
@@ -248,7 +249,7 @@ def half_a_message_then_death(fd, message):
 
 
 def test_a_worker_killed_mid_message_is_reported_within_seconds(monkeypatch):
-    monkeypatch.setattr("detector.loader.send", half_a_message_then_death)  # the forked workers inherit it
+    monkeypatch.setattr("detector.data_worker.send", half_a_message_then_death)  # the forked workers inherit it
     batches = iter(build_loader(crowded_cfg(), "padded", "cpu"))
     start = time.monotonic()
     with pytest.raises(DataWorkerDied, match=r"was killed by SIGKILL, exit code -9 \(kill -9, or the kernel"):

@@ -1,6 +1,5 @@
 """End to end: `make profile` on a tiny config and `compare`; the presets."""
 
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +11,8 @@ from omegaconf import OmegaConf
 from detector import cli
 from detector.config import load_config
 from detector.lab.compare import latest_runs
-from detector.lab.record import ProfileRecord
+from detector.lab.record.comparison import read_comparison
+from detector.lab.record.run import ProfileRecord
 
 TINY = "data.batch_size=4 data.image_size=32 model.hidden=16 profile.wait=1 profile.warmup=1 profile.active=2"
 
@@ -40,8 +40,8 @@ def test_make_profile_then_compare_explains_the_difference(tmp_path, capsys):
     assert cli.main(["compare", "--dir", str(tmp_path), "--out", str(tmp_path / "compare")]) == 0
     table = (tmp_path / "compare" / "compare.md").read_text()
     assert "padded" in table and "concat" in table and "| calc loss |" in table
-    result = json.loads((tmp_path / "compare" / "compare.json").read_text())
-    assert [run["strategy"] for run in result["runs"]][:2] == ["padded", "concat"]  # the baseline first
+    result = read_comparison(tmp_path / "compare")
+    assert [run.strategy for run in result.runs][:2] == ["padded", "concat"]  # the baseline first
     assert list((tmp_path / "compare").glob("events.out.tfevents.*"))
 
 

@@ -1,4 +1,4 @@
-"""``python -m detector bench <target> [overrides]``: one benchmark command, four targets.
+"""``python -m detector bench <target> [overrides]``: one benchmark command, a target each (``TARGETS``).
 
 - ``losses``: every registered strategy's loss alone, forward and forward+backward (CPU or GPU)
 - ``kernels``: the custom kernels: host floors, headline times, byte floors, packed scaling, skipping (GPU)
@@ -13,7 +13,7 @@
 Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
 with the device, the torch version and the ``bench`` configuration, and ``<target>.md`` with the tables it
 printed (`make report` includes them). Targets are imported when run, so that importing this package loads
-neither triton nor the extension. Their timing and their random cases are the lab's (detector/lab/timing.py,
+neither triton nor the extension. Their timing and their random cases are the lab's (detector/lab/measure/timing.py,
 cases.py), which the shape report times with too.
 """
 
@@ -27,7 +27,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.config import resolve_device
 from detector.errors import UserError
-from detector.lab.tables import run_info, write_json
+from detector.lab.present.tables import write_json
+from detector.lab.record.provenance import run_info
 
 TARGETS = {
     "losses": "detector.bench.losses",

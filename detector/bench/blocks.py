@@ -22,8 +22,9 @@ from omegaconf import DictConfig
 
 from detector import bench
 from detector.bench.step import device_batch, step_stats
-from detector.lab.tables import markdown_table, run_header, spread_cell
-from detector.lab.timing import budget, event_ms
+from detector.lab.measure.timing import budget, event_ms
+from detector.lab.present.tables import markdown_table, spread_cell
+from detector.lab.record.provenance import run_header
 from detector.model import bias_pool_kernel, conv_pool_kernel, stem_kernel
 
 BLOCKS = (32, 64, 128, 256)

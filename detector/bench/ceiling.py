@@ -11,8 +11,8 @@ source from its sampler (detector/data.py), straight into memory: the loader's w
 
 - ``allocator``: WARMUP steps, then MEASURED steps, each on a batch of other images and other box counts (the
   shapes a packed or per-image loss sees change every step); per measured step the caching allocator's figures
-  (detector/lab/allocator.py): its device mallocs and frees, retries, peak, and what it holds reserved but unallocated
-  at the step's end.
+  (detector/lab/measure/allocator.py): its device mallocs and frees, retries, peak, and what it holds reserved but
+  unallocated at the step's end.
 - ``ceiling``: the largest batch whose PROBE_STEPS steps train before the device runs out of memory (``search``): a
   first probe at data.batch_size, the next where its memory per image says the device fills, then halves between the
   largest that fitted and the smallest that did not, to within RESOLUTION of it. A probe that runs out of memory is a
@@ -42,7 +42,7 @@ from omegaconf import DictConfig
 from detector.config import load_config, resolve_device
 from detector.data import build_sampler
 from detector.errors import UserError, refuse
-from detector.lab.allocator import StepMeter
+from detector.lab.measure.allocator import StepMeter
 from detector.losses import get_strategy
 from detector.targets import make_targets
 from detector.train.speed import speed_option_refusal

@@ -31,9 +31,10 @@ from omegaconf import DictConfig
 
 from detector import bench
 from detector.kernels import cuda_op
-from detector.lab.cases import random_case, sample_counts
-from detector.lab.tables import markdown_table, ms, run_header, significant, speedup_cell, spread_cell
-from detector.lab.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
+from detector.lab.measure.cases import random_case, sample_counts
+from detector.lab.measure.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
+from detector.lab.present.tables import markdown_table, ms, significant, speedup_cell, spread_cell
+from detector.lab.record.provenance import run_header
 from detector.losses import STRATEGIES, get_strategy
 from detector.targets import make_targets
 

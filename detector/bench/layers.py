@@ -16,10 +16,11 @@ import torch
 from omegaconf import DictConfig
 
 from detector import bench
-from detector.kernels import triton_giou
-from detector.lab.cases import random_case
-from detector.lab.tables import markdown_table, ms, run_header, spread_cell
-from detector.lab.timing import budget, event_ms, graph_ms
+from detector.kernels import jit, triton_giou
+from detector.lab.measure.cases import random_case
+from detector.lab.measure.timing import budget, event_ms, graph_ms
+from detector.lab.present.tables import markdown_table, ms, spread_cell
+from detector.lab.record.provenance import run_header
 from detector.losses import get_strategy
 from detector.targets import make_targets
 
@@ -68,7 +69,7 @@ def run_bench(cfg: DictConfig) -> dict | None:
     if device is None:
         return None
     timed = budget(cfg.bench)
-    print(f"bench layers on {run_header(device)}, triton {triton_giou.triton.__version__}")
+    print(f"bench layers on {run_header(device)}, triton {jit.triton.__version__}")
     print(f"triton strategy, batch {BATCH} x {SLOTS} slots, bf16 predictions, uint8 targets; median [quartiles] ms\n")
     cases, kernels = [], []
     for distribution in DISTRIBUTIONS:
@@ -81,7 +82,7 @@ def run_bench(cfg: DictConfig) -> dict | None:
     tuned = {"forward": triton_giou._giou_loss_forward_kernel, "backward": triton_giou._giou_loss_backward_kernel}
     autotuned = {f"{name} {key}": str(config) for name, kernel in tuned.items() for key, config in kernel.cache.items()}
     markdown = [
-        f"{run_header(device)}, triton {triton_giou.triton.__version__}",
+        f"{run_header(device)}, triton {jit.triton.__version__}",
         "",
         markdown_table(headers, rows),
         "",

@@ -5,12 +5,13 @@ the same run as its training runs:
 
     python -m torch.distributed.run --standalone --nproc_per_node=N -m detector.bench.link --out=l.json [key=value]
 
-The collectives, on the head's first Linear (65536 × 16384 at seed scale; its bias and the trunk add ~1 %):
+The collectives, on the head's first Linear (65536 × 16384 at seed scale; its bias and the trunk add ~1 %), and the
+ways of sharing that send them (``Way.sends``, detector/sharing.py):
 
-    reduce       blocks: each rank's fp32 gradient of each share of rows, reduced onto the share's owner, in one
-                 NCCL group as ShardedBlocks sends them (gloo: one reduce after another)
-    all-gather   blocks: each rank's updated rows to every rank, as the forward reads them (bf16 under autocast)
-    all-reduce   off (plain DDP): every fp32 gradient, summed on every rank
+    reduce       each rank's fp32 gradient of each share of rows, reduced onto the share's owner, in one NCCL group as
+                 ShardedBlocks sends them (gloo: one reduce after another)
+    all-gather   each rank's updated rows to every rank, as the forward reads them (bf16 under autocast)
+    all-reduce   every fp32 gradient, summed on every rank
 
 Each is timed ``bench.repeats`` times after ``bench.warmup`` untimed calls (CUDA events on a GPU; on the CPU the
 wall clock between barriers). Rank 0 writes the JSON: per collective its times and the bytes each process sends.
@@ -30,7 +31,8 @@ import torch.distributed as dist
 
 from detector.config import device_name, load_config
 from detector.errors import UserError, refuse
-from detector.lab.tables import markdown_table, significant
+from detector.lab.present.tables import markdown_table, significant
+from detector.sharing import WAYS
 from detector.train import distributed
 from detector.train.sharding.blocks import all_gather_single, reduce_onto_owners
 
@@ -55,16 +57,22 @@ def collectives(rows: int, columns: int, dtype: torch.dtype, device: torch.devic
             work.wait()
 
     precision = "bf16" if dtype == torch.bfloat16 else "fp32"
-    return [
-        ("reduce", "blocks: the fp32 gradients onto their owners", int(elements * 4 * share), reduce),
+    found = [
+        ("reduce", "the fp32 gradients onto their owners", int(elements * 4 * share), reduce),
         (
             "all-gather",
-            f"blocks: the updated rows, {precision}",
+            f"the updated rows, {precision}",
             int(elements * dtype.itemsize * share),
             lambda: all_gather_single(gathered, mine),
         ),
-        ("all-reduce", "off: every fp32 gradient", int(2 * elements * 4 * share), lambda: dist.all_reduce(grads)),
+        ("all-reduce", "every fp32 gradient", int(2 * elements * 4 * share), lambda: dist.all_reduce(grads)),
     ]
+    return [(name, f"{senders(name)}: {what}", sent, call) for name, what, sent, call in found]
+
+
+def senders(collective: str) -> str:
+    """The ways of sharing whose step sends ``collective``: ``blocks``, ``off``."""
+    return ", ".join(name for name, way in WAYS.items() if collective in way.sends) or "none"
 
 
 def timed(call: Callable, device: torch.device, warmup: int, repeats: int) -> list[float]:
@@ -118,17 +126,23 @@ def summary_lines(link: dict) -> list[str]:
         )
     table = markdown_table(["collective", "what the step sends", "ms", "GB per process", "GB/s"], rows, "llrrr")
     rows_, columns = link["shape"]
-    blocks = medians["reduce"] + medians["all-gather"]
+    sent = "; ".join(step_sends(way, medians) for way in WAYS.values() if way.sends and set(way.sends) <= set(medians))
     return [
         f"The link alone on {link['processes']} processes, the head's {rows_} × {columns} weight, nothing computing "
         f"beside it (median [min–max] of {len(link['collectives'][0]['ms'])}; `python -m detector.bench.link`):",
         "",
         table,
         "",
-        f"A step of `blocks` sends the reduce and the all-gather, {significant(blocks)} ms of the link by themselves; "
-        f"a step of `off` its all-reduce, {significant(medians['all-reduce'])} ms. The step hides what it can under "
-        'its compute (docs/training.md, "Where the time goes").',
+        f'{sent[:1].upper()}{sent[1:]}. The step hides what it can under its compute (docs/training.md, "Where the '
+        'time goes").',
     ]
+
+
+def step_sends(way, medians: dict[str, float]) -> str:
+    """``a step of `blocks` sends the reduce and the all-gather, 10.7 ms of the link by themselves``."""
+    ms = significant(sum(medians[c] for c in way.sends))
+    alone = "itself" if len(way.sends) == 1 else "themselves"
+    return f"a step of `{way.name}` sends {' and '.join(f'the {c}' for c in way.sends)}, {ms} ms of the link by {alone}"
 
 
 def main(argv: list[str]) -> int:

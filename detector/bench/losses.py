@@ -15,9 +15,10 @@ from omegaconf import DictConfig
 
 from detector import bench
 from detector.config import resolve_device
-from detector.lab.cases import random_case
-from detector.lab.tables import WHICH_HEADING, markdown_table, run_header, speedup, speedup_cell, spread_cell, times
-from detector.lab.timing import budget, event_ms, graph_ms, loss_closures
+from detector.lab.measure.cases import random_case
+from detector.lab.measure.timing import budget, event_ms, graph_ms, loss_closures
+from detector.lab.present.tables import WHICH_HEADING, markdown_table, speedup, speedup_cell, spread_cell, times
+from detector.lab.record.provenance import run_header
 from detector.losses import STRATEGIES, get_strategy
 from detector.targets import make_targets
 

@@ -40,12 +40,13 @@ from omegaconf import DictConfig, OmegaConf
 from detector.bench.ceiling import MEASURED, PROBE_STEPS, RESOLUTION, WARMUP
 from detector.bench.crowd import write_crowd
 from detector.config import device_name, load_config, resolve_device
-from detector.lab.allocator import EXPANDABLE
-from detector.lab.compare import new_folder
-from detector.lab.measures import memory_text
-from detector.lab.record import EXTRACT, SUMMARY
-from detector.lab.report import machine_line, now, prepare_work, quote
-from detector.lab.tables import markdown_table, run_info
+from detector.lab.measure.allocator import EXPANDABLE
+from detector.lab.present.tables import markdown_table
+from detector.lab.record.measures import memory_text
+from detector.lab.record.provenance import machine_line, now, quote, run_info
+from detector.lab.record.run import SUMMARY
+from detector.lab.record.steps import EXTRACT
+from detector.train.folders import new_run_dir, prepare_work
 
 STRATEGIES = ("padded", "packed", "concat", "loop")  # one of each layout, and the per-image loop beside concat
 SHORT = ("loop",)  # seconds a step at seed scale, and the largest trace: the shortest schedule
@@ -191,8 +192,7 @@ def finish(cfg: DictConfig, device, work: Path, root: Path, strategies: list[str
     """The proof folder (see the module docstring); the work folder renamed after its time once every part is done."""
     results = {**run_info(device), "target": "memory", "created": now(), "parts": ran, "strategies": strategies}
     results["children"] = {s: read_child(work / f"{s}.json") for s in ("default", "expandable")}
-    out = new_folder(root / "memory")
-    out.mkdir(parents=True)
+    out = new_run_dir(root / "memory")
     compare = work / "compare"
     for name in ("compare.md", "memory-train.png"):
         if (compare / name).exists():
@@ -204,8 +204,8 @@ def finish(cfg: DictConfig, device, work: Path, root: Path, strategies: list[str
     shutil.copy(work / "memory.log", out / "memory.log")
     print(text)
     if all(p["state"].startswith("done") for p in ran):
-        final = work.with_name(time.strftime("%Y%m%d-%H%M%S"))
-        os.replace(work, final)
+        final = new_run_dir(work.parent)
+        os.replace(work, final)  # onto the new, empty folder: its time's name, and no other run's
         work = final
     sizes = ", ".join(f"{p.name} {p.stat().st_size / 2**20:.1f} MiB" for p in sorted(out.iterdir()))
     print(f"\nbench memory: {out}/ ({sizes}); its work in {work}/")

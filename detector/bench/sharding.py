@@ -36,13 +36,16 @@ import torch
 from omegaconf import DictConfig
 
 from detector.bench.link import summary_lines
+from detector.checked import RecordError
 from detector.config import TrainConfig, device_name, load_config, resolve_device
 from detector.errors import UserError, refuse
-from detector.lab.report import device_slug, machine_line, now, quote
-from detector.lab.tables import markdown_table, significant
+from detector.lab.present.tables import markdown_table, significant
+from detector.lab.record.provenance import device_slug, machine_line, now, quote
+from detector.sharing import WAYS, of_kind
+from detector.train import summary
+from detector.train.summary import TrainingSummary
 
-MODES = ("off", "blocks", "fsdp2", "zero")  # table order: plain DDP (the reference) first
-ENGINES = ("fsdp2", "zero")  # torch's own
+REFERENCE = of_kind("reference")[0]  # plain DDP: the others' losses are held to its
 KEEP_OURS_ABOVE = 1.03  # our ShardedBlocks stays only where it is more than 3 % faster than the best of torch's
 # images/s against one GPU's that the scaling is held to (the link's time fits under the step's compute:
 # docs/training.md, "Several GPUs")
@@ -74,10 +77,10 @@ class Run:
         return ["-m", "detector.launch", "--standalone", f"--nproc_per_node={self.processes}", *args]
 
 
-def plan(processes: int, modes=MODES) -> list[Run]:
+def plan(processes: int, modes=tuple(WAYS)) -> list[Run]:
     """One process, then each of ``modes`` on 2, 4, 8 ... processes up to ``processes``, in table order."""
     counts = [n for n in (2**k for k in range(1, 8)) if n <= processes]
-    return [Run(1, None)] + [Run(n, mode) for n in counts for mode in MODES if mode in modes]
+    return [Run(1, None)] + [Run(n, mode) for n in counts for mode in WAYS if mode in modes]
 
 
 def table_processes(cfg: DictConfig) -> int:
@@ -134,13 +137,17 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
     return json.loads(path.read_text()), None
 
 
-def summary_of(folder: Path) -> dict | None:
-    """The newest summary.json under a run's folder (``<folder>/<experiment>/<run>/``), or None."""
-    paths = sorted(folder.rglob("summary.json"), key=lambda p: p.stat().st_mtime)
-    return json.loads(paths[-1].read_text()) if paths else None
+def summary_of(folder: Path) -> TrainingSummary | None:
+    """The newest summary.json under a run's folder (``<folder>/<experiment>/<run>/``), or None; a UserError naming
+    the file and the field where it is not a training run's summary."""
+    paths = sorted(folder.rglob(summary.SUMMARY), key=lambda p: p.stat().st_mtime)
+    try:
+        return summary.read(paths[-1]) if paths else None
+    except RecordError as err:
+        raise UserError(str(err)) from None
 
 
-def read_runs(folder: Path) -> dict[Run, dict]:
+def read_runs(folder: Path) -> dict[Run, TrainingSummary]:
     """The summaries of the runs in ``folder`` (subfolders named ``<n>x[-<mode>]``), in table order."""
     found = {}
     for path in folder.iterdir() if folder.is_dir() else ():
@@ -148,57 +155,57 @@ def read_runs(folder: Path) -> dict[Run, dict]:
         summary = summary_of(path) if match and path.is_dir() else None
         if summary:
             found[Run(int(match.group(1)), match.group(2))] = summary
-    order = {mode: i for i, mode in enumerate(MODES)}
+    order = {mode: i for i, mode in enumerate(WAYS)}
     return dict(sorted(found.items(), key=lambda item: (item[0].processes, order.get(item[0].mode, -1))))
 
 
 # ----------------------------------------------------------------------------- the table and its verdicts
 
 
-def loss_gap(run: dict, base: dict) -> float | None:
+def loss_gap(run: TrainingSummary, base: TrainingSummary) -> float | None:
     """The largest relative difference of ``run``'s per-step losses from ``base``'s; None if they do not pair."""
-    ours, theirs = run.get("losses", []), base.get("losses", [])
+    ours, theirs = run.losses, base.losses
     if not ours or len(ours) != len(theirs):
         return None
     return max(abs(a - b) / abs(b) for a, b in zip(ours, theirs, strict=True))
 
 
-def lived(summary: dict, defaults=None) -> float | None:
+def lived(run: TrainingSummary, defaults=None) -> float | None:
     """Images/s of a run of the defaults' length and cadence (train.steps, checkpoint_every, eval_every), from this
     run's measured parts: its start-up and first step, its median step, each checkpoint's wait, each evaluation and
     the final checkpoint's write; None for a summary without them (an earlier version's)."""
-    wall, saves = summary.get("wall_clock"), (summary.get("checkpoints") or {}).get("saves")
-    if not wall or not saves or not summary.get("evals") or not summary.get("step_ms"):
+    wall, saves = run.wall_clock, run.checkpoints.saves if run.checkpoints else []
+    if not wall or not saves or not run.evals or not run.step_ms:
         return None
     d = defaults or TrainConfig()
-    seconds = wall["seconds"]
-    blocked = [s["blocked_s"] for s in saves]
+    seconds = wall.seconds
+    blocked = [s.blocked_s for s in saves]
     final = max(0.0, seconds["checkpoints"] - sum(blocked))  # the last save's write, which the run's end waits for
     n_saves, n_evals = -(-d.steps // d.checkpoint_every), -(-d.steps // d.eval_every)
-    total = seconds["start-up"] + seconds["first step"] + (d.steps - 1) * summary["step_ms"] / 1e3
+    total = seconds["start-up"] + seconds["first step"] + (d.steps - 1) * run.step_ms / 1e3
     total += n_saves * sum(blocked) / len(blocked) + final
-    total += n_evals * seconds["evaluations"] / len(summary["evals"])
-    return d.steps * summary["global_batch"] / total
+    total += n_evals * seconds["evaluations"] / len(run.evals)
+    return d.steps * run.global_batch / total
 
 
-def table(runs: dict[Run, dict]) -> str:
+def table(runs: dict[Run, TrainingSummary]) -> str:
     one = next((s for r, s in runs.items() if r.processes == 1), None)
     rows = []
     for run, s in runs.items():
-        base = next((b for r, b in runs.items() if r.processes == run.processes and r.mode == "off"), None)
-        times = s["images_per_s"] / one["images_per_s"] if one else None
-        gap = loss_gap(s, base) if base is not None and run.mode not in (None, "off") else None
+        base = next((b for r, b in runs.items() if r.processes == run.processes and r.mode == REFERENCE), None)
+        times = s.images_per_s / one.images_per_s if one else None
+        gap = loss_gap(s, base) if base is not None and run.mode not in (None, REFERENCE) else None
         rate = lived(s)
         rows.append(
             [
                 run.processes,
                 run.mode or "–",
-                significant(s["step_ms"]),
-                f"{s['images_per_s']:,.0f}",
+                significant(s.step_ms),
+                f"{s.images_per_s:,.0f}",
                 None if times is None else f"{times:.2f}×",
                 None if times is None else f"{times / run.processes:.1%}",
                 None if rate is None else f"{rate:,.0f}",
-                None if s.get("peak_memory_gib") is None else f"{s['peak_memory_gib']:.1f}",
+                None if s.peak_memory_gib is None else f"{s.peak_memory_gib:.1f}",
                 None if gap is None else f"{gap:.1e}",
             ]
         )
@@ -206,29 +213,34 @@ def table(runs: dict[Run, dict]) -> str:
     return markdown_table(headers + ["peak GiB", "loss vs DDP"], rows, "rl" + "r" * 7)
 
 
-def verdicts(runs: dict[Run, dict]) -> list[str]:
+def verdicts(runs: dict[Run, TrainingSummary]) -> list[str]:
     """Per number of processes: the fastest mode against one process and the target, and whether our own
     sharding earns its place beside torch's engines."""
     one = next((s for r, s in runs.items() if r.processes == 1), None)
     lines = []
     for n in sorted({r.processes for r in runs} - {1}):
-        rate = {r.mode: s["images_per_s"] for r, s in runs.items() if r.processes == n}
+        rate = {r.mode: s.images_per_s for r, s in runs.items() if r.processes == n}
         best = max(rate, key=rate.get)
         if one:
-            times, target = rate[best] / one["images_per_s"], TARGETS.get(n)
+            times, target = rate[best] / one.images_per_s, TARGETS.get(n)
             bar = "" if target is None else f" (the target: {target}×, {'met' if times >= target else 'not met'})"
             lines.append(f"{n} processes: `{best}` is the fastest, {times:.2f}× one process's images/s{bar}.")
-        engines = {m: rate[m] for m in ENGINES if m in rate}
-        if "blocks" in rate and engines:
+        engines = {m: rate[m] for m in of_kind("torch") if m in rate}
+        for ours in (m for m in of_kind("ours") if m in rate and engines):
             engine = max(engines, key=engines.get)
-            ahead = rate["blocks"] / engines[engine]
+            ahead = rate[ours] / engines[engine]
             keep = "keep it" if ahead > KEEP_OURS_ABOVE else f"torch's `{engine}` should be the default"
-            lines.append(f"{n} processes: our `blocks` is {ahead - 1:+.1%} against torch's best, `{engine}`: {keep}.")
+            lines.append(f"{n} processes: our `{ours}` is {ahead - 1:+.1%} against torch's best, `{engine}`: {keep}.")
     return lines
 
 
 def document(
-    runs: dict[Run, dict], failed: dict[str, str], device, commands: list[str], written_by: str, link=(None, None)
+    runs: dict[Run, TrainingSummary],
+    failed: dict[str, str],
+    device,
+    commands: list[str],
+    written_by: str,
+    link=(None, None),
 ) -> str:
     """The markdown of the scaling document; ``link``: ``measure_link``'s (times, why not)."""
     most = max(r.processes for r in runs) if runs else 1
@@ -242,7 +254,7 @@ def document(
         f"evaluation every {TrainConfig.eval_every}) from this run's start-up, first step, checkpoint waits and "
         "evaluation as measured, with its median step. `peak GiB`: rank 0's peak of "
         "allocated GPU memory. `loss vs DDP`: the largest relative difference of the per-step losses from "
-        "plain DDP's (`off`) on as many processes (docs/training.md says what bounds it).",
+        f"plain DDP's (`{REFERENCE}`) on as many processes (docs/training.md says what bounds it).",
         "",
     ]
     lines += [f"- {line}" for line in verdicts(runs)]

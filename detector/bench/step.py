@@ -25,8 +25,9 @@ from detector import bench
 from detector.config import resolve_device
 from detector.data import build_loader, images_per_second, to_device
 from detector.errors import UserError
-from detector.lab.tables import markdown_table, run_header, significant, spread_cell
-from detector.lab.timing import event_ms
+from detector.lab.measure.timing import event_ms
+from detector.lab.present.tables import markdown_table, significant, spread_cell
+from detector.lab.record.provenance import run_header
 from detector.model import build_model
 from detector.train.memory import check_command_memory
 from detector.train.step import TrainStep

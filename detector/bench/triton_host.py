@@ -17,10 +17,10 @@ from __future__ import annotations
 import torch
 
 from detector.bench.kernels import Double
-from detector.kernels import triton_giou
-from detector.lab.cases import random_case
-from detector.lab.tables import markdown_table, ms, spread_cell
-from detector.lab.timing import device_ms, graph_ms, wall_ms
+from detector.kernels import jit, triton_giou
+from detector.lab.measure.cases import random_case
+from detector.lab.measure.timing import device_ms, graph_ms, wall_ms
+from detector.lab.present.tables import markdown_table, ms, spread_cell
 from detector.losses import get_strategy
 from detector.targets import make_targets
 
@@ -102,10 +102,10 @@ def byte_floors() -> list[list[str]]:
 
 
 def main() -> None:
-    if not torch.cuda.is_available() or triton_giou.triton is None:
+    if not torch.cuda.is_available() or jit.triton is None:
         print("triton_host: needs a CUDA device and triton (nothing to do)")
         return
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton_giou.triton.__version__}\n")
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {jit.triton.__version__}\n")
     print("## Host path: batch 1024 x 256 slots, bf16, uint8 targets, seed boxes (wall ms, median [quartiles])\n")
     print(markdown_table(["what", "ms"], host_path()) + "\n")
     print("## Bytes: batch 16384 x 256 slots, uint8 targets (device ms)\n")

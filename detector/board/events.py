@@ -6,11 +6,11 @@
   ProfilerStep#N), for each (measure, region) that is not zero in some step of the run (a CPU run has no
   GPU measures). Every run uses the same tags, so one chart overlays all strategies: tick the runs to
   compare. TensorBoard sorts its groups and cards by name, numbers first: the numbers put the comparison's
-  charts first (``1 compare``), then each measure in the order of detector/lab/measures.py, and in each the
+  charts first (``1 compare``), then each measure in the order of detector/lab/record/measures.py, and in each the
   whole step first.
-- Text ``summary/tables``: the run's card (detector/lab/text.py).
-- Images ``<n> each run/timeline of the median step`` (detector/lab/timeline.py, from the run's extract)
-  and ``<n> each run/ms per region`` (detector/lab/charts.py).
+- Text ``summary/tables``: the run's card (detector/lab/present/text.py).
+- Images ``<n> each run/timeline of the median step`` (detector/lab/present/timeline.py, from the run's extract)
+  and ``<n> each run/ms per region`` (detector/lab/present/charts.py).
 
 ``write_compare_events`` puts a comparison's tables (Text ``compare/<mode>``) and charts (Images ``1
 compare/<n> <chart>, <mode>``) into its ``runs/compare/<time>/`` folder: the first cards of the landing page.
@@ -23,12 +23,12 @@ from pathlib import Path
 
 import numpy as np
 
-from detector.lab.charts import draw_regions
-from detector.lab.extract import StepModel
-from detector.lab.measures import MEASURES
-from detector.lab.record import Extract, ProfileRecord
-from detector.lab.text import run_card
-from detector.lab.timeline import draw_step
+from detector.lab.present.charts import draw_regions
+from detector.lab.present.text import run_card
+from detector.lab.present.timeline import draw_step
+from detector.lab.record.measures import MEASURES
+from detector.lab.record.run import ProfileRecord
+from detector.lab.record.steps import Extract, StepModel
 from detector.regions import REGIONS, STEP
 
 COMPARE_GROUP = "1 compare"  # the comparison's charts: the landing page's first cards
@@ -37,7 +37,8 @@ RUN_GROUP = f"{len(MEASURES) + 2} each run"  # a run's own pictures, after its m
 
 def scalar_tag(measure: str, region: str) -> str:
     """``2 wall ms/0 step``, ``9 syncs/4 calc loss``: the same tag in every run, so strategies overlay; the
-    numbers give TensorBoard's order (it sorts by name): measures as in detector/lab/measures.py, the step first."""
+    numbers give TensorBoard's order (it sorts by name): measures as in detector/lab/record/measures.py, the step
+    first."""
     group = list(MEASURES).index(measure) + 2
     order = [STEP, *(r for r in REGIONS if r != STEP)].index(region)
     return f"{group} {MEASURES[measure].header}/{order} {region}"

@@ -3,7 +3,7 @@
 A dynamic TensorBoard plugin (registered through the ``tensorboard_plugins`` entry point in
 pyproject.toml, so plain ``tensorboard --logdir runs`` shows it once the package is installed). The
 frontend is a handful of ES modules shipped in the package, ``static/*.js``: no CDN, no network. It reads each
-profile run's record and per-step extract (detector/lab/record.py, detector/lab/extract.py), not the trace.
+profile run's record and per-step extract (detector/lab/record/run.py, detector/lab/measure/extract.py), not the trace.
 
 Routes, under ``/data/plugin/traces/``:
 
@@ -34,11 +34,13 @@ from pathlib import Path
 from tensorboard.plugins import base_plugin
 from werkzeug import Response, wrappers
 
-from detector.lab import extract
-from detector.lab.measures import MEASURES, MEMORY, WHY
-from detector.lab.record import EXTRACT, SUMMARY, ProfileRecord, RecordError, read_summary
-from detector.lab.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
-from detector.lab.trace import COLLECTIVE_PREFIXES
+from detector.checked import RecordError
+from detector.lab.measure import extract
+from detector.lab.measure.trace import COLLECTIVE_PREFIXES
+from detector.lab.present.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
+from detector.lab.record.measures import MEASURES, MEMORY, WHY
+from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
+from detector.lab.record.steps import EXTRACT
 
 PLUGIN_NAME = "traces"
 STATIC = Path(__file__).with_name("static")
@@ -160,7 +162,7 @@ class TracesPlugin(base_plugin.TBPlugin):
         found = extract.load(files.folder, record, files.trace, keep=files.keep)
         head = {"run": run, "gpu": found.gpu, "names": found.names}
         steps = {
-            number: json.dumps(head | {"step": int(number)} | step, separators=(",", ":")).encode()
+            number: json.dumps(head | {"step": int(number)} | step.to_json(), separators=(",", ":")).encode()
             for number, step in found.steps.items()
         }
         with self.lock:

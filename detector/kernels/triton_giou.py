@@ -17,9 +17,8 @@ Two entries, one pair of kernels:
 - torch.compile: the ops ``detector::giou_loss_triton`` and ``detector::giou_loss_triton_backward``
   are ``torch.library.triton_op``s, so ``torch.compile(fullgraph=True)`` traces into the kernels.
 
-On a machine without CUDA the kernels run through the Triton interpreter (numpy on the CPU) when
-TRITON_INTERPRET=1 is set before this module is imported: the CLI and the tests' conftest.py set it
-(and say so) where there is no GPU; importing this module sets nothing.
+On a machine without CUDA the kernels run through the Triton interpreter (numpy on the CPU) where TRITON_INTERPRET=1
+was set before Triton was imported (detector/kernels/jit.py, the one place that imports it).
 
 Order, as in Liger-Kernel: the @triton.jit kernels, the host launchers, the autograd Function and the
 ops, with the public ``giou_loss_triton`` at the bottom. What it calls trusts its caller
@@ -29,20 +28,13 @@ ops, with the public ``giou_loss_triton`` at the bottom. What it calls trusts it
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 from torch import Tensor
 from torch.library import wrap_triton
 
-try:
-    import triton
-    import triton.language as tl
-    import triton.testing
-except ImportError:  # e.g. macOS or Windows: the strategy stays listed, with the reason it cannot run
-    triton = None
+from detector.kernels.jit import INTERPRETED, tl, triton
 
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # kernels run as numpy on the host
 PROGRAMS_PER_SM = 4  # the persistent grid: enough resident programs per SM to hide memory latency
 INTERPRETER_PROGRAMS = 2  # the interpreter runs programs one after another; a few keep it honest
 MAX_ELEMENTS = 2**31  # kernel offsets are int32

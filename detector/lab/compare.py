@@ -3,44 +3,47 @@
 By default the newest run of each ``runs/profile/<strategy>[-forward]/<time>/`` folder (one per strategy
 and mode), or the run folders named. Per mode:
 
-- verdicts (detector/lab/verdicts.py): each strategy against the ``padded`` run of its setting (device,
+- verdicts (detector/lab/present/verdicts.py): each strategy against the ``padded`` run of its setting (device,
   batch, image size), the counts that differ first, then the time as training runs it and as profiled;
 - the wall-time and (on a GPU) GPU-time tables, the why table, the runs' noise and which runs the loader paced
-  (detector/lab/text.py);
-- charts (detector/lab/charts.py, detector/lab/timeline.py): the median step stacked by region, the counts
-  per region, every strategy's median step on one time axis, and the bytes each allocated over it.
+  (detector/lab/present/text.py);
+- charts (detector/lab/present/charts.py, timeline.py): the median step stacked by region, the counts per region,
+  every strategy's median step on one time axis, and the bytes each allocated over it.
 
-Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json and the PNGs. A summary that is
-not a record this lab reads (detector/lab/record.py) is skipped with its reason, and the rest compared.
+Everything goes to a new ``runs/compare/<time>/``: compare.md, compare.json (detector/lab/record/comparison.py) and
+the PNGs. A summary that is not a record this lab reads (detector/lab/record/run.py) is skipped with its reason, and
+the rest compared.
 Columns: padded first, then the registry's order (detector.losses.STRATEGIES), unknown names last.
 """
 
 from __future__ import annotations
 
-import json
 import sys
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from detector.checked import RecordError
 from detector.errors import UserError
-from detector.lab import charts, text
-from detector.lab.extract import StepModel, load
-from detector.lab.record import MODES, SUMMARY, ProfileRecord, RecordError, read_summary
-from detector.lab.tables import speedup
-from detector.lab.timeline import draw_memory, draw_steps
-from detector.lab.verdicts import BASELINE, growth, judge, setting, verdict_lines
+from detector.lab.measure.extract import load
+from detector.lab.present import charts, text
+from detector.lab.present.tables import speedup
+from detector.lab.present.timeline import draw_memory, draw_steps
+from detector.lab.present.verdicts import BASELINE, growth, judge, setting, verdict_lines
+from detector.lab.record.comparison import COMPARISON, ComparedRun, ComparisonRecord, ModeComparison, write_comparison
+from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
+from detector.lab.record.steps import StepModel
 from detector.losses import STRATEGIES
+from detector.train.folders import new_run_dir
 
 Run = tuple[str, ProfileRecord]  # (its column's label, its record)
 
 
 @dataclass
 class Comparison:
-    """What `make compare` made: compare.json's content, the folder, each mode's markdown and the charts."""
+    """What `make compare` made: compare.json's record, the folder, each mode's markdown and the charts."""
 
-    report: dict
+    record: ComparisonRecord
     out: Path
     texts: dict[str, str] = field(default_factory=dict)  # mode -> markdown
     images: dict[str, Path] = field(default_factory=dict)  # "<chart>, <mode>" -> PNG
@@ -53,24 +56,25 @@ def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> Comparis
     if not loaded:
         where = "the named runs" if runs else f"{profile_dir}/<strategy>/<time>/"
         raise UserError(f"no profile runs in {where}: run `make profile STRATEGY=<name>` first")
-    out = Path(out_dir) if out_dir else new_folder(Path(profile_dir).parent / "compare")
+    out = Path(out_dir) if out_dir else new_run_dir(Path(profile_dir).parent / "compare")
     out.mkdir(parents=True, exist_ok=True)
     groups = {mode: labelled(order_runs([r for r in loaded if r.mode == mode])) for mode in MODES}
     groups = {mode: group for mode, group in groups.items() if group}
     created = datetime.now().isoformat(timespec="seconds")
     markdown = [f"# Profile runs compared ({created})", "", text.runs_table([r for g in groups.values() for r in g])]
-    result = Comparison({"created": created, "out_dir": str(out), "modes": {}}, out)
+    result = Comparison(ComparisonRecord(created, str(out)), out)
     for mode, group in groups.items():
-        result.report["modes"][mode] = mode_report(group)
+        result.record.modes[mode] = mode_report(group)
         base = baseline(group)
         lines = verdict_lines(group, base)
         result.texts[mode] = text.mode_markdown(mode, group, base, lines, growth(group))
         markdown += ["", result.texts[mode]]
         result.images |= draw_charts(group, mode, out)
-    result.report["runs"] = [describe(label, r) for g in groups.values() for label, r in g]
+    result.record.runs = [describe(label, r) for g in groups.values() for label, r in g]
     (out / "compare.md").write_text("\n".join(markdown) + "\n")
-    result.report["files"] = sorted(str(p) for p in [out / "compare.md", out / "compare.json", *result.images.values()])
-    (out / "compare.json").write_text(json.dumps(result.report, indent=2, default=str))
+    files = [out / "compare.md", out / COMPARISON, *result.images.values()]
+    result.record.files = sorted(str(p) for p in files)
+    write_comparison(out, result.record)
     print("\n".join(markdown))
     print(f"\ncompare.md, compare.json and {len(result.images)} PNGs in {out}/")
     return result
@@ -124,16 +128,6 @@ def nearby(path: Path) -> str:
     return f" {parent} holds {shown}" if names else f" {parent} holds no run folders"
 
 
-def new_folder(parent: Path) -> Path:
-    """``parent/<YYYYmmdd-HHMMSS>`` that does not exist yet (older comparisons are kept)."""
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    folder, n = parent / stamp, 1
-    while folder.exists():
-        n += 1
-        folder = parent / f"{stamp}-{n}"
-    return folder
-
-
 def order_runs(records: list[ProfileRecord]) -> list[ProfileRecord]:
     """padded first, then the registry's order, unknown names last; by batch within a strategy."""
     rank = {name: i for i, name in enumerate(STRATEGIES)}
@@ -168,23 +162,23 @@ def baseline(runs: list[Run]) -> ProfileRecord | None:
 # ----------------------------------------------------------------------------- compare.json and charts
 
 
-def describe(label: str, record: ProfileRecord) -> dict:
+def describe(label: str, record: ProfileRecord) -> ComparedRun:
     noise = record.noise
-    return {
-        "label": label,
-        "strategy": record.strategy,
-        "mode": record.mode,
-        "run": record.run,
-        "dir": str(record.folder),
-        "noisy": record.noisy if noise else None,
-        "noise": record.noise_reasons() if noise else None,
-        "loader_paced": record.loader_paced(),  # why the loader set its time (None: it did not)
-        "max_boxes": record.max_boxes,
-        "data": asdict(record.data) if record.data else None,  # where its boxes came from, what its slots cut
-    }
+    return ComparedRun(
+        label=label,
+        strategy=record.strategy,
+        mode=record.mode,
+        run=record.run,
+        dir=str(record.folder),
+        noisy=record.noisy if noise else None,
+        noise=record.noise_reasons() if noise else None,
+        loader_paced=record.loader_paced(),
+        max_boxes=record.max_boxes,
+        data=record.data,
+    )
 
 
-def mode_report(runs: list[Run]) -> dict:
+def mode_report(runs: list[Run]) -> ModeComparison:
     """compare.json's part for one mode: the runs' labels, every measure's spread, the verdicts."""
     base = baseline(runs)
     records = dict(runs)
@@ -192,15 +186,12 @@ def mode_report(runs: list[Run]) -> dict:
     verdicts = {
         label: judge(base, r, label) for label, r in runs if base and r is not base and setting(r) == setting(base)
     }
-    return {
-        "labels": list(records),
-        "baseline": next((label for label, r in runs if r is base), None),
-        "regions": {
-            region: {label: {m: asdict(s) for m, s in r.analysis.regions.get(region, {}).items()} for label, r in runs}
-            for region in regions
-        },
-        "timed": {label: asdict(r.timed_step()) if r.timed_step() else None for label, r in runs},
-        "speedups_vs_padded": {
+    return ModeComparison(
+        labels=list(records),
+        baseline=next((label for label, r in runs if r is base), None),
+        regions={region: {label: dict(r.analysis.regions.get(region, {})) for label, r in runs} for region in regions},
+        timed={label: r.timed_step() for label, r in runs},
+        speedups_vs_padded={
             measure: {
                 region: {
                     label: speedup(base.stats(region, measure), r.stats(region, measure)) if base else None
@@ -210,13 +201,13 @@ def mode_report(runs: list[Run]) -> dict:
             }
             for measure in ("wall_ms", "gpu_ms")
         },
-        "step_verdicts": {label: v.profiled.x for label, v in verdicts.items()},
-        "timed_verdicts": {label: v.trained.x if v.trained else None for label, v in verdicts.items()},
-        "verdicts": [v.line() for v in verdicts.values()],
-        "warnings": {label: r.analysis.warnings for label, r in runs},
-        "noisy": {label: r.noisy for label, r in runs},
-        "loader_paced": {label: r.loader_paced() for label, r in runs},
-    }
+        step_verdicts={label: v.profiled.x for label, v in verdicts.items()},
+        timed_verdicts={label: v.trained.x if v.trained else None for label, v in verdicts.items()},
+        verdicts=[v.line() for v in verdicts.values()],
+        warnings={label: r.analysis.warnings for label, r in runs},
+        noisy={label: r.noisy for label, r in runs},
+        loader_paced={label: r.loader_paced() for label, r in runs},
+    )
 
 
 def draw_charts(runs: list[Run], mode: str, out: Path) -> dict[str, Path]:

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from detector.checked import RecordError
 from detector.errors import UserError
-from detector.lab.record import RecordError, read_training
-from detector.lab.tables import markdown_table
+from detector.lab.present.tables import markdown_table
+from detector.train import summary
 
 EVERY = 50  # steps between the table's rows, and the running mean's window
 
@@ -21,7 +22,7 @@ EVERY = 50  # steps between the table's rows, and the running mean's window
 def curve(run_dir: str | Path) -> dict[int, float]:
     """Step -> the mean loss of the log window ending there (``make train``'s summary.json ``history``)."""
     try:
-        record = read_training(run_dir)
+        record = summary.read(run_dir)
     except RecordError as err:
         raise UserError(f"{err}: `make train` writes a run's loss curve at its end") from None
     return {step: float(loss) for step, loss in record.history}

@@ -17,19 +17,19 @@ train.shard_optimizer says, each rank reads its block of every global batch), an
 run in ``<YYYYmmdd-HHMMSS>/rank<r>/`` (`make compare RUNS="<time>/rank0 <time>/rank1"` sets them side by side):
 
     trace/           the gzipped Kineto trace, alone (HolisticTraceAnalysis and Perfetto open the folder)
-    summary.json     the run record (detector/lab/record.py): its facts; per region, the spread over the
-                     active steps of every measure (detector/lab/measures.py); the timed steps; the
+    summary.json     the run record (detector/lab/record/run.py): its facts; per region, the spread over the
+                     active steps of every measure (detector/lab/record/measures.py); the timed steps; the
                      machine's noise around the run; the analysis' warnings
-    extract.json.gz  each active step as the lab models it (detector/lab/extract.py): the timelines and
+    extract.json.gz  each active step as the lab models it (detector/lab/measure/extract.py): the timelines and
                      TensorBoard's Traces tab draw it
     events.out.*     TensorBoard (written by the command, detector/board/events.py): per-step scalars, the
                      tables as text, a timeline of one step
 
-Every run records the machine's noise (detector/lab/noise.py): the CPU cores other processes kept busy for
-a moment before the run, during it and for a moment after, and how widely its timed steps spread. `make
-compare` and `make report` flag a noisy run instead of comparing its times as if the machine were quiet; the card
-and `make compare` flag a loader-paced run (detector/lab/record.py ``LOADER_PACED_SHARE``), whose time compare
-does not judge against a run the loader does not pace.
+Every run records the machine's noise (measure/cpu_load.py, record/noise.py): the CPU cores other processes kept busy
+for a moment before the run, during it and for a moment after, and how widely its timed steps spread. `make compare` and
+`make report` flag a noisy run instead of comparing its times as if the machine were quiet; the card and `make compare`
+flag a loader-paced run (detector/lab/record/run.py ``LOADER_PACED_SHARE``), whose time compare does not judge against a
+run the loader does not pace.
 
 A failed run removes only its own new folder (a rank, its rank's); older runs are never touched.
 """
@@ -49,13 +49,15 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.config import device_name
 from detector.data import build_loader, rank_loader
-from detector.lab import analysis, extract
-from detector.lab.allocator import StepMeter
-from detector.lab.noise import LoadMeter
-from detector.lab.record import Extract, LoaderFill, Noise, ProfileRecord, Timed, write_extract, write_summary
-from detector.lab.source import DataSource
-from detector.lab.text import run_card
-from detector.lab.trace import load_trace
+from detector.lab.measure import analysis, extract
+from detector.lab.measure.allocator import StepMeter
+from detector.lab.measure.cpu_load import LoadMeter
+from detector.lab.measure.trace import load_trace
+from detector.lab.present.text import run_card
+from detector.lab.record.noise import Noise
+from detector.lab.record.run import LoaderFill, ProfileRecord, Timed, write_summary
+from detector.lab.record.source import DataSource
+from detector.lab.record.steps import Extract, write_extract
 from detector.losses import get_strategy
 from detector.train import distributed
 from detector.train.distributed import DistEnv

@@ -24,34 +24,35 @@ then), naming the device, torch, the commit and the commands, and the run folder
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
+from detector.checked import RecordError
 from detector.config import device_name, resolve_device
 from detector.errors import UserError
-from detector.lab.record import RecordError, read_summary, read_training
-from detector.lab.tables import WHICH_HEADING, markdown_table, significant, spread_cell, times
-from detector.lab.verdicts import profiler_note
+from detector.lab.present.tables import WHICH_HEADING, markdown_table, significant, spread_cell, times
+from detector.lab.present.verdicts import profiler_note
+from detector.lab.record.comparison import ComparisonRecord, ModeComparison, read_comparison
+from detector.lab.record.provenance import device_slug, machine_line, now, quote
+from detector.lab.record.run import read_summary
 from detector.losses import STRATEGIES, get_strategy
+from detector.train import summary
+from detector.train.folders import new_run_dir, prepare_work
 from detector.train.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
 GPU_BATCHES = (1024, 16384)  # bench losses on a GPU: the seed's batch, and one where the loss's own work shows
 SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=3", "profile.timed=2"]
 CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png", "memory-train.png")
-ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -66,15 +67,6 @@ class Part:
 
     def command(self) -> str:
         return f"python -m {self.module} " + " ".join(quote(a) for a in self.args)
-
-
-def quote(arg: str) -> str:
-    return arg if re.fullmatch(r"[\w./=:,+-]+", arg) else f'"{arg}"'
-
-
-def device_slug(name: str) -> str:
-    """``NVIDIA H200`` -> ``nvidia-h200``: the report's file name."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def run_report(cfg: DictConfig, overrides: list[str], sections: dict[str, set[str]]) -> Path:
@@ -107,8 +99,8 @@ def finish(cfg: DictConfig, device, work: Path, parts: list[Part], skipped: dict
     noisy = noisy_runs(work)
     kept = bool(noisy) and (out_dir / f"{slug}.md").exists() and not cfg.report.force
     path = write_document(cfg, device, work, parts, skipped, overrides, work if kept else out_dir)
-    final = work.with_name(time.strftime("%Y%m%d-%H%M%S"))
-    os.replace(work, final)
+    final = new_run_dir(work.parent)
+    os.replace(work, final)  # onto the new, empty folder: its time's name, and no other run's
     if not kept:
         print(f"report: {path} (charts in {path.with_suffix('')}/); its runs: {final}/")
         return path
@@ -125,9 +117,9 @@ def profile_records(work: Path) -> list:
     """The records of the report's profiles (its training runs' summaries, and any unreadable one, left out: compare
     has said why)."""
     records = []
-    for summary in sorted(work.glob("*/*/*/summary.json")):
+    for path in sorted(work.glob("*/*/*/summary.json")):
         try:
-            records.append(read_summary(summary))
+            records.append(read_summary(path))
         except RecordError:
             continue
     return records
@@ -149,26 +141,6 @@ def load_line(work: Path) -> str:
     load = f"at most {max(during):.2f} of {noises[0].cores} cores" if during else "unknown"
     verdict = f"the noise check flags {', '.join(noisy)}" if noisy else "no run was flagged as noisy"
     return f"Other processes' load during the profiles: {load}; {verdict} (each run's noise: compare below)."
-
-
-def prepare_work(folder: Path, overrides: list[str]) -> Path:
-    """``folder/current``, resumed when it was started with the same overrides; otherwise an unfinished one
-    is kept aside as ``folder/unfinished-<time>`` and a fresh one begins."""
-    work, state = folder / "current", folder / "current" / "report.json"
-    if work.exists():
-        try:
-            same = json.loads(state.read_text())["overrides"] == overrides
-        except (OSError, ValueError, KeyError, TypeError):
-            same = False
-        if same:
-            print(f"resuming the unfinished report in {work}/")
-            return work
-        aside = folder / f"unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.replace(work, aside)
-        print(f"an unfinished report with other overrides is kept in {aside}/; starting afresh")
-    (work / "logs").mkdir(parents=True)
-    state.write_text(json.dumps({"overrides": overrides, "started": now()}))
-    return work
 
 
 def runnable(cfg: DictConfig, device: torch.device) -> tuple[list[str], dict[str, str]]:
@@ -257,7 +229,7 @@ def write_document(
     """``<out_dir>/<device>.md`` and its charts in ``<out_dir>/<device>/``, replaced only once both are written."""
     slug = device_slug(device_name(device))
     path, charts = out_dir / f"{slug}.md", out_dir / slug
-    compare = json.loads((work / "compare" / "compare.json").read_text())
+    compare = read_comparison(work / "compare")
     lines = [
         f"# Results on {device_name(device)}",
         "",
@@ -322,46 +294,6 @@ def write_document(
     return path
 
 
-def host_cpu() -> str:
-    """The host processor's model name (Linux), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_line(device) -> str:
-    """Device, host, torch, CUDA and the commit the figures came from."""
-    info = f"**{device_name(device)}**, host {host_cpu()} ({os.cpu_count()} cores), "
-    info += f"Python {platform.python_version()}, torch {torch.__version__}"
-    if device.type == "cuda":
-        info += f", CUDA {torch.version.cuda}"
-    return info + f", commit {commit()}."
-
-
-def commit() -> str:
-    """The checkout's commit, with ``+ uncommitted changes`` when the tree differs from it; ``$DETECTOR_COMMIT``
-    first where it is set (a copy of the tree on another machine may carry no .git, or someone else's)."""
-    given = os.environ.get("DETECTOR_COMMIT")
-    if given:
-        return f"{given} (a copy of its tree)"
-
-    def git(*args):
-        try:
-            result = subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True, text=True)
-        except OSError:  # no git at all
-            return ""
-        return result.stdout.strip() if result.returncode == 0 else ""
-
-    head = git("rev-parse", "--short=10", "HEAD")
-    if not head:
-        return "unknown (not a git checkout)"
-    return head + (" + uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
-
-
 def section(path: Path, heading: str) -> str:
     """The part of a markdown file from ``heading`` to the next heading of the same level."""
     text = path.read_text()
@@ -378,23 +310,21 @@ def demote(markdown: str) -> str:
     return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
 
 
-def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
+def profile_vs_training(work: Path, compare: ComparisonRecord, names: list[str]) -> str:
     """Per strategy: training's median step against the profiled step (host and, on a GPU, device) and the
     steps the profile timed without the profiler."""
-    mode = compare["modes"].get("train", {})
+    mode = compare.modes.get("train") or ModeComparison([], None, {})
     rows, trained, ratios = [], {}, []
     for name in names:
         summaries = sorted((work / "train" / name).glob("*/*/summary.json"))
-        if not summaries or name not in mode.get("regions", {}).get("step", {}):
+        if not summaries or not mode.step(name):
             continue
-        train_ms = trained[name] = read_training(summaries[-1]).step_ms
-        step = mode["regions"]["step"][name]
-        cells = [step["wall_ms"], step.get("device_step_ms"), mode["timed"].get(name)]
+        train_ms = trained[name] = summary.read(summaries[-1]).step_ms
         row = [name, significant(train_ms)]
-        for stats in cells:
-            ok = bool(stats and stats.get("median"))
-            row += [cell(stats), f"{stats['median'] / train_ms:.3f}" if ok else "—"]
-            ratios += [stats["median"] / train_ms] if ok else []
+        for stats in (mode.step(name), mode.step(name, "device_step_ms"), mode.timed.get(name)):
+            ok = bool(stats and stats.median)
+            row += [spread_cell(stats if ok else None), f"{stats.median / train_ms:.3f}" if ok else "—"]
+            ratios += [stats.median / train_ms] if ok else []
         rows.append(row)
     if not rows:
         return "(no strategy both trained and profiled)"
@@ -412,9 +342,9 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
     ]
     if len(trained) > 1:
         first, *others = trained
-        base = mode["labels"][0] if mode.get("baseline") else None
+        base = mode.labels[0] if mode.baseline else None
         for other in others:
-            verdict = mode["step_verdicts"].get(other) if base == first else None
+            verdict = mode.step_verdicts.get(other) if base == first else None
             text += [
                 "",
                 f"{other} against {first}: training's steps give {trained[first] / trained[other]:.3f}× "
@@ -424,26 +354,16 @@ def profile_vs_training(work: Path, compare: dict, names: list[str]) -> str:
     return "\n".join(text)
 
 
-def synced_section(work: Path, compare: dict) -> str:
+def synced_section(work: Path, compare: ComparisonRecord) -> str:
     """padded profiled with synchronised regions, against its profile as training runs it."""
     found = sorted((work / "synced").glob(f"{SYNCED}/*/summary.json"))
-    free = compare["modes"].get("train", {}).get("regions", {}).get("step", {}).get(SYNCED)
+    free = compare.modes["train"].step(SYNCED) if "train" in compare.modes else None
     if not found or not free:
         return "(no synchronised profile)"
     record = read_summary(found[-1])
     rows = [
-        ["regions as training runs them", cell(free["wall_ms"]), "—"],
+        ["regions as training runs them", spread_cell(free), "—"],
         ["regions synchronised", spread_cell(record.stats("step")), spread_cell(record.stats("step", "sync_wait_ms"))],
     ]
     table = markdown_table([f"{SYNCED}, profiled", "step ms", "host waiting in the lab's syncs, ms"], rows)
     return "\n".join([table, "", profiler_note(record)])
-
-
-def cell(stats: dict) -> str:
-    if not stats or stats.get("median") is None:
-        return "—"
-    return f"{significant(stats['median'])} [{significant(stats['q1'])}–{significant(stats['q3'])}]"
-
-
-def now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -8,13 +8,13 @@ at ``data.max_boxes`` slots (after ``data.over_max_boxes``) and batch ``data.bat
 - the padding at those slots: the share of a padded batch's slots that hold no box;
 - the images over the slots, and the boxes ``data.over_max_boxes=truncate`` drops from them;
 - the strategy predicted fastest, with its reason: each strategy's cost per slot against its cost per box
-  (detector/lab/costs.py: bench losses' result file of this device, else a cheap timing here, which it says);
+  (detector/lab/measure/costs.py: bench losses' result file of this device, else a cheap timing here, which it says);
 - the check: the newest profile run of each strategy over this source at these slots, batch and device
   (``make profile STRATEGY=<name> BOXES=<source>``), its step as training runs it, and where it disagrees with
   the prediction;
 - each strategy's loss memory predicted from the same counts: the peak its forward rises to in "calc loss", bytes a
-  slot times the batch's B·M slots plus bytes a box times its boxes (detector/lab/costs.py ``MemoryCost``, measured
-  here), against the calc loss peak rise of those profiles (within MEMORY_AGREES).
+  slot times the batch's B·M slots plus bytes a box times its boxes (detector/lab/measure/costs.py ``MemoryCost``,
+  measured here), against the calc loss peak rise of those profiles (within MEMORY_AGREES).
 
 Everything goes to a new ``<dir of profile.out_dir>/shapes/<source's name>/<time>/``: shapes.md, shapes.json
 and counts.png.
@@ -31,13 +31,15 @@ from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
 from detector.annotations import SYNTHETIC, read_annotations
+from detector.checked import RecordError
 from detector.config import device_name, resolve_device
 from detector.data import FaceSampler
-from detector.lab import costs as costing
-from detector.lab.compare import new_folder
-from detector.lab.measures import memory_text
-from detector.lab.record import SUMMARY, ProfileRecord, RecordError, Spread, read_summary
-from detector.lab.tables import markdown_table, significant, speedup, times
+from detector.lab.measure import costs as costing
+from detector.lab.present.tables import markdown_table, significant, speedup, times
+from detector.lab.record.measures import memory_text
+from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
+from detector.lab.record.spread import Spread
+from detector.train.folders import new_run_dir
 
 SYNTHETIC_SAMPLES = 20_000  # the synthetic faces' counts are drawn: enough for a 1 % share to show
 
@@ -66,8 +68,7 @@ def run_shapes(cfg: DictConfig) -> dict:
     report["predicted"] = predict(found.costs, report["batch"]["slots"], report["batch"]["boxes"])
     report["measured"] = measured(cfg, report)
     report["memory"] = predicted_memory(cfg, kept, device, report)
-    out = new_folder(Path(cfg.profile.out_dir).parent / "shapes" / source_name(data.boxes))
-    out.mkdir(parents=True)
+    out = new_run_dir(Path(cfg.profile.out_dir).parent / "shapes" / source_name(data.boxes))
     draw_histogram(report, out / "counts.png")
     markdown = shapes_markdown(report, out)
     (out / "shapes.md").write_text(markdown + "\n")

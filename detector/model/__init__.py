@@ -182,7 +182,7 @@ def fused_blocks_unavailable(blocks: int, channels: list[int], device: torch.dev
 
 def build_model(cfg, data_cfg, world_size: int = 1) -> FaceDetector:
     # model.head_blocks=0 (auto): one block per process, the share that train.shard_optimizer gives each
-    # (under train.shard_optimizer=false too, fewer and larger blocks beat more of them: `make train
+    # (under train.shard_optimizer=off too, fewer and larger blocks beat more of them: `make train
     # EXPERIMENT=seed_scale NPROC=2 ARGS="model.head_blocks=N"` measures it)
     blocks = cfg.head_blocks or min(world_size, cfg.hidden)
     return FaceDetector(data_cfg.image_size, data_cfg.max_boxes, list(cfg.channels), cfg.hidden, blocks)

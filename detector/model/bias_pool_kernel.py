@@ -36,12 +36,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.kernels.triton_giou import triton
+from detector.kernels.jit import tl, triton
 from detector.model.stem_kernel import is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
-    import triton.language as tl
-
     # the same helpers: round as autocast, sum; the no-winner byte
     from detector.model.stem_kernel import _NO_WINNER, _add, _round_bf16
 

@@ -40,12 +40,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from detector.kernels.triton_giou import INTERPRETED, triton
+from detector.kernels.jit import INTERPRETED, tl, triton
 from detector.model.stem_kernel import fold_window, is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
-    import triton.language as tl
-
     # the same helpers: round as autocast, sum, dot; the no-winner byte
     from detector.model.stem_kernel import _NO_WINNER, _add, _dot, _round_bf16
 

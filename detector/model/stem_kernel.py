@@ -33,10 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.kernels.triton_giou import INTERPRETED, triton
-
-if triton is not None:
-    import triton.language as tl
+from detector.kernels.jit import INTERPRETED, tl, triton
 
 # (pooled pixels per program, or per step of the backward's loop, warps) of each kernel: the fastest of a sweep at
 # seed scale (docs/kernels.md, "Launch configurations"; `make bench TARGET=blocks` sweeps them on yours). In the

@@ -1,7 +1,9 @@
 """Run folders that never collide and never lose a user's results.
 
-- ``new_run_dir``: a fresh, timestamped folder per profile run (``<parent>/<YYYYmmdd-HHMMSS>``), so a
-  running TensorBoard picks up re-runs and older runs stay comparable.
+- ``new_run_dir``: a fresh, timestamped folder (``<parent>/<YYYYmmdd-HHMMSS>``) for every command's output (a profile
+  run, a comparison, a shape report, a finished report or bench memory), made atomically: two commands in the same
+  second never share one. A running TensorBoard picks up re-runs, and older runs stay comparable.
+- ``prepare_work``: the work folder of a command that resumes where it stopped.
 - ``locked``: one process at a time per run folder (a lock file beside it, removed when the run ends); a
   second one is refused with the pid of the first.
 - ``set_aside``: a fresh training run in a folder that holds an earlier one moves the earlier one to a
@@ -18,16 +20,20 @@ import fcntl
 import json
 import os
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from detector.checked import RecordError
 from detector.errors import UserError
-from detector.train import checkpoint_files
+from detector.train import checkpoint_files, summary
 
 
 def new_run_dir(parent: Path) -> Path:
-    """Create and return ``parent/<YYYYmmdd-HHMMSS>`` (with a -2, -3 ... suffix if that second is taken)."""
+    """Create and return ``parent/<YYYYmmdd-HHMMSS>`` (with a -2, -3 ... suffix if that second is taken): the creation
+    is the check, so that of two processes in the same second each gets its own. A finished work folder takes its
+    time's name by moving into one made here (``os.replace`` onto the new, empty folder)."""
     parent.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for suffix in ["", *(f"-{i}" for i in range(2, 1000))]:
@@ -38,6 +44,28 @@ def new_run_dir(parent: Path) -> Path:
         except FileExistsError:
             continue
     raise UserError(f"{parent}: too many runs started in one second")
+
+
+def prepare_work(folder: Path, overrides: list[str]) -> Path:
+    """``folder/current``, the work folder of a command that resumes where it stopped (make report, bench memory):
+    resumed when it was started with the same overrides; otherwise an unfinished one is kept aside as
+    ``folder/unfinished-<time>`` and a fresh one begins."""
+    work, state = folder / "current", folder / "current" / "report.json"
+    if work.exists():
+        try:
+            same = json.loads(state.read_text())["overrides"] == overrides
+        except (OSError, ValueError, KeyError, TypeError):
+            same = False
+        if same:
+            print(f"resuming the unfinished report in {work}/")
+            return work
+        aside = folder / f"unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
+        os.replace(work, aside)
+        print(f"an unfinished report with other overrides is kept in {aside}/; starting afresh")
+    (work / "logs").mkdir(parents=True)
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    state.write_text(json.dumps({"overrides": overrides, "started": started}))
+    return work
 
 
 @contextlib.contextmanager
@@ -86,16 +114,6 @@ def start(run_dir: Path, cfg, fresh: bool, say=print) -> None:
     if fresh:
         set_aside(run_dir, say)
     OmegaConf.save(cfg, run_dir / "config.yaml")
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def set_aside(run_dir: Path, say=print) -> Path | None:
@@ -148,18 +166,17 @@ def started(folder: Path) -> float:
 def unfinished(folder: Path) -> bool:
     """Whether the run in ``folder`` stopped before its train.steps (killed, or train.stop_after)."""
     try:
-        steps = json.loads((folder / "summary.json").read_text())["steps"]
-        return steps < OmegaConf.load(folder / "config.yaml").train.steps
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return summary.read(folder).steps < OmegaConf.load(folder / "config.yaml").train.steps
+    except (RecordError, OSError, ValueError, AttributeError):
         return True
 
 
 def describe(folder: Path) -> str:
     """A run folder in a few words: how far it got, and its size on disk."""
     try:
-        summary = json.loads((folder / "summary.json").read_text())
-        what = f"{summary['steps']} steps, final loss {summary['final_loss']:.4f}"
-    except (OSError, ValueError, KeyError, TypeError):
+        found = summary.read(folder)
+        what = f"{found.steps} steps, final loss {found.final_loss:.4f}"
+    except RecordError:
         what = "no summary: unfinished" + (", with a checkpoint" if checkpoint_files.exists(folder) else "")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"

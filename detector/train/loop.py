@@ -45,6 +45,7 @@ setting or number of processes that resumes it (detector/train/checkpoint.py).
 from __future__ import annotations
 
 import contextlib
+import math
 import signal
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
+from detector.checked import RecordError
 from detector.config import device_name
 from detector.errors import UserError
 from detector.loader import DataWorkerDied
@@ -74,7 +76,7 @@ from detector.train.evaluation import Evaluation
 from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.memory import check_run_memory
 from detector.train.profile_window import make_profiler
-from detector.train.progress import Log, format_eta, log_scalars, step_times, throughput
+from detector.train.progress import TIMING_SKIP, Log, format_eta, log_scalars, step_times, throughput
 from detector.train.speed import compile_caches
 from detector.train.step import TrainStep
 from detector.train.wallclock import WallClock
@@ -91,7 +93,7 @@ def run_name(tcfg) -> str:
     return "+".join([tcfg.strategy, *options])
 
 
-def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) -> dict:
+def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) -> summary.TrainingSummary:
     """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json)."""
     tcfg = cfg.train
     global_batch = cfg.data.batch_size * env.world_size
@@ -120,7 +122,7 @@ class Run:
         self.expected = fingerprint(cfg, env.world_size)
         self.wall = WallClock()
 
-    def go(self) -> dict:
+    def go(self) -> summary.TrainingSummary:
         self.control = Control(self.env)
         self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
         # rank 0 evaluates; under FSDP2 every rank runs the forward with it, since each forward gathers the shards
@@ -193,26 +195,27 @@ class Run:
             self.say(f"train.resume=true but {self.run_dir} holds no checkpoint: starting from step 0")
         return {"step": 0, "losses": [], "evals": []}
 
-    def finish(self) -> dict:
+    def finish(self) -> summary.TrainingSummary:
         with self.wall.part("checkpoints"):
             self.steps.close_checkpoints(wait=True)  # the final checkpoint, committed before the summary says so
-        result = summary.summary(self)
+        result = summarise(self)
         if self.env.is_main:
-            summary.write(self.run_dir / "summary.json", result)
+            result.write(self.run_dir / summary.SUMMARY)
             if self.tcfg.profile:
                 self.say(f"profiler window: trace in {self.run_dir / 'profile'}/ (make compare / make tensorboard)")
             self.say(summary.done_line(self.run_dir, result, self.device))
         return result
 
-    def finish_complete(self) -> dict:
+    def finish_complete(self) -> summary.TrainingSummary:
         """A complete run: its summary, rebuilt from the checkpoint if a kill came before it was written."""
-        path = self.run_dir / "summary.json"
-        result = summary.read(path)
-        if result is None:
-            result = summary.summary(self)
-            if self.env.is_main:
-                summary.write(path, result)
-                self.say(f"wrote the missing {path} from the checkpoint")
+        path = self.run_dir / summary.SUMMARY
+        try:
+            return summary.read(path)
+        except RecordError:  # missing (killed before it), or not one this version reads
+            result = summarise(self)
+        if self.env.is_main:
+            result.write(path)
+            self.say(f"wrote the missing {path} from the checkpoint")
         return result
 
 
@@ -418,6 +421,37 @@ def shared_folder(run: Run, mark: str) -> str:
     return mark
 
 
+def summarise(run: Run) -> summary.TrainingSummary:
+    """The run's summary (summary.py): what it trained, its losses and times, evaluations, wall clock, checkpoints."""
+    steps, saver, device = run.steps, run.steps.checkpointer, run.device
+    step, log, evals = steps.step, steps.log, steps.evaluation.evals
+    background = sum(s.written or 0.0 for s in saver.saves) if saver else 0.0  # the saves' writes beside the steps
+    wall = run.wall.account(background, images=(step - steps.resumed_at) * run.global_batch)
+    if steps.writer:
+        wall.add_scalars(steps.writer, step)
+    return summary.TrainingSummary(
+        experiment=run.experiment,
+        run=run.run_dir.name,
+        strategy=run.step_fn.strategy.name,
+        device=device_name(device),
+        world_size=run.env.world_size,
+        global_batch=run.global_batch,
+        steps=step,
+        resumed_at=steps.resumed_at,
+        final_loss=log.window_mean(step, run.tcfg.log_every) if log.losses else math.nan,
+        eval=evals[-1][1] if evals else {},
+        **throughput(log.timings, run.global_batch, skip_until=steps.resumed_at + TIMING_SKIP),
+        peak_memory_gib=torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
+        history=log.history(run.tcfg.log_every, step),
+        losses=log.losses,  # every step's, read at log lines: per-step comparisons need no train.log_every=1
+        evals=evals,
+        checkpoint_step=steps.checkpoint_step,
+        eval_step=steps.evaluation.step,
+        wall_clock=wall,
+        checkpoints=summary.Checkpoints.parse(saver.record(), "checkpoints") if saver else None,
+    )
+
+
 def meta(steps: Steps) -> dict:
     """What a checkpoint holds besides the model's and the optimizer's tensors: the schedule, the step, the RNG states,
     the data position and the run's record so far."""
@@ -457,7 +491,7 @@ def experiment_name(experiment: str | None) -> str:
     return Path(experiment).stem if experiment else "default"
 
 
-def run_training(cfg: DictConfig, experiment: str | None = None) -> list[dict]:
+def run_training(cfg: DictConfig, experiment: str | None = None) -> list[summary.TrainingSummary]:
     """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
     the strategy sweep (detector/lab/sweep.py)."""
     if cfg.train.strategy == "all":

@@ -12,7 +12,7 @@ MODE=forward`): copy, forward and loss with no gradient.
 Profiler regions ("copy data", "forward", "calc loss", "backward", "optimizer step"; a CUDA-graph step
 has "copy data" and "step (CUDA graph)") are marked inside the step. They cost nothing unless
 ``regions.active`` is set: then each is a ``record_function`` label, and nothing else, so the host runs
-ahead of the device exactly as in training (detector/lab/analysis.py finds each region's GPU time through the
+ahead of the device exactly as in training (detector/lab/measure/analysis.py finds each region's GPU time through the
 kernels it launched). With ``profile.sync_regions=true`` (the original article's protocol) each region
 also ends in a device synchronize, inside a ``lab sync`` label, so that its wall time holds its own GPU
 work; the analysis measures that wait on its own and leaves it out of every other count.

@@ -1,92 +1,202 @@
-"""A training run's summary: summary.json (final loss and metrics, step times, images/s, the loss of every
-step, where the wall clock went and the checkpoints' times) and the run's last line. detector/lab/record.py's
-TrainingRecord is what the lab reads of it."""
+"""A training run's summary.json: one typed, versioned record, ``TrainingSummary``, that `make train` writes
+(loop.py ``summarise``) and every reader reads through ``read``: the lab (curves, the strategy sweep, the report), the
+scaling table (detector/bench/sharding.py) and the run folders (folders.py). It holds what the run trained, its final
+loss and metrics, its step times and images/s, the loss of every step, where the wall clock went (wallclock.py) and
+the checkpoints' times (checkpointer.py); ``done_line`` is the run's last line.
+
+``read`` raises RecordError, one line naming the file and the field, for a file that is not such a record. Version 1
+(no ``version`` key: written before the record was typed) is read as it is: what it lacks (the wall clock, the
+checkpoints, the memory peak, ...) is None.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import os
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 
-from detector.config import device_name
-from detector.train.folders import write_atomically
-from detector.train.progress import TIMING_SKIP, throughput
-from detector.train.wallclock import PARTS
-from detector.train.wallclock import line as wall_line
+from detector.checked import RecordError, need, optional, read_json, short
+from detector.train.wallclock import Account
 
-if TYPE_CHECKING:
-    from detector.train.loop import Run
-
-
-def summary(run: Run) -> dict:
-    steps, device = run.steps, run.device
-    step, log, evals = steps.step, steps.log, steps.evaluation.evals
-    return {
-        "experiment": run.experiment,
-        "run": run.run_dir.name,
-        "strategy": run.step_fn.strategy.name,
-        "device": device_name(device),
-        "world_size": run.env.world_size,
-        "global_batch": run.global_batch,
-        "steps": step,
-        "resumed_at": steps.resumed_at,
-        "final_loss": log.window_mean(step, run.tcfg.log_every) if log.losses else math.nan,
-        "eval": evals[-1][1] if evals else {},
-        **throughput(log.timings, run.global_batch, skip_until=steps.resumed_at + TIMING_SKIP),
-        "peak_memory_gib": torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None,
-        "history": log.history(run.tcfg.log_every, step),
-        "losses": log.losses,  # every step's, read at log lines: per-step comparisons need no train.log_every=1
-        "evals": evals,
-        "checkpoint_step": steps.checkpoint_step,
-        "eval_step": steps.evaluation.step,
-        "wall_clock": wall_clock(run),
-        "checkpoints": steps.checkpointer.record() if steps.checkpointer else None,
-    }
+VERSION = 2  # 1: no "version" key
+SUMMARY = "summary.json"
+SUMMARY_BYTES = 64 * 2**20  # the loss of every step of a long run is a few MB; a larger file is not one
+Metrics = dict[str, float]  # an evaluation's (detector/train/metrics.py): mean_iou, recall50, loss, boxes, ...
 
 
-def wall_clock(run: Run) -> dict:
-    """Where this process's wall clock went (wallclock.py), its images/s over the whole run ("as lived"), and the
-    same as TensorBoard scalars under goodput/."""
-    steps = run.steps
-    background = sum(s.written or 0.0 for s in steps.checkpointer.saves) if steps.checkpointer else 0.0
-    record = run.wall.record(background)
-    trained = (steps.step - steps.resumed_at) * run.global_batch
-    record["images_per_s_lived"] = trained / record["total_s"] if record["total_s"] else None
-    if steps.writer:
-        steps.writer.add_scalar("goodput/share", record["goodput"] or 0.0, steps.step)
-        for part in PARTS:
-            steps.writer.add_scalar(f"goodput/{part.replace(' ', '_')}_s", record["seconds"][part], steps.step)
-        steps.writer.flush()
-    return record
+@dataclass
+class Save:
+    """One committed checkpoint: its step, bytes (every process's), the step's wait and the seconds to commit."""
+
+    step: int
+    bytes: int
+    blocked_s: float
+    written_s: float | None
 
 
-def write(path: Path, summary: dict) -> None:
-    write_atomically(path, json.dumps(summary, indent=2))
+@dataclass
+class Checkpoints:
+    """What the run's summary keeps of its checkpoints (``Checkpointer.record``, process 0's)."""
+
+    saves: list[Save]
+    disk_bytes_per_s: float | None = None
+    staging_bytes: int = 0
+    staging_pinned: bool = False
+    pin_s: float | None = None
+    host_peak_bytes: int | None = None  # this process's peak resident memory over the whole run
+
+    @classmethod
+    def parse(cls, data, where: str) -> Checkpoints:
+        need(data, dict, where)
+        saves = []
+        for i, save in enumerate(need(data.get("saves", []), list, f"{where}.saves")):
+            at = f"{where}.saves[{i}]"
+            need(save, dict, at)
+            saves.append(
+                Save(
+                    step=need(save.get("step"), int, f"{at}.step"),
+                    bytes=need(save.get("bytes"), int, f"{at}.bytes"),
+                    blocked_s=need(save.get("blocked_s"), (int, float), f"{at}.blocked_s"),
+                    written_s=optional(save, "written_s", (int, float), at),
+                )
+            )
+        return cls(
+            saves=saves,
+            disk_bytes_per_s=optional(data, "disk_bytes_per_s", (int, float), where),
+            staging_bytes=optional(data, "staging_bytes", int, where, 0),
+            staging_pinned=optional(data, "staging_pinned", bool, where, False),
+            pin_s=optional(data, "pin_s", (int, float), where),
+            host_peak_bytes=optional(data, "host_peak_bytes", int, where),
+        )
 
 
-def read(path: Path) -> dict | None:
-    """The summary.json at ``path``, or None: missing (killed before it), or written by a version without
-    atomic writes."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+@dataclass
+class TrainingSummary:
+    """summary.json of a `make train` run. Times in ms, by the wall clock (data waits included) and, on a GPU, by the
+    device, medians over the steps past the first ones (progress.py ``throughput``); None where none was timed."""
+
+    history: list[tuple[int, float]]  # (step, the mean loss of the log window ending there)
+    losses: list[float] = field(default_factory=list)  # every step's, from the first
+    experiment: str = ""
+    run: str = ""
+    strategy: str = "?"
+    device: str = "?"
+    world_size: int = 1
+    global_batch: int = 0
+    steps: int = 0
+    resumed_at: int = 0
+    final_loss: float = math.nan
+    eval: Metrics = field(default_factory=dict)  # the last evaluation's
+    evals: list[tuple[int, Metrics]] = field(default_factory=list)
+    step_ms: float | None = None
+    device_step_ms: float | None = None
+    device_idle_ms: float | None = None
+    data_wait_ms: float | None = None
+    images_per_s: float | None = None
+    device_images_per_s: float | None = None
+    timed_steps: int = 0
+    peak_memory_gib: float | None = None  # the GPU's peak of allocated memory (rank 0's); None on the CPU
+    checkpoint_step: int = -1
+    eval_step: int = 0
+    wall_clock: Account | None = None
+    checkpoints: Checkpoints | None = None
+    version: int = VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def write(self, path: Path) -> None:
+        """``path`` holds this summary or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
+        try:
+            tmp.write_text(json.dumps(self.to_json(), indent=2))
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def parse(cls, data, where: str) -> TrainingSummary:
+        """The record of parsed JSON; RecordError naming ``where`` and the first field that is wrong."""
+        if not isinstance(data, dict):
+            raise RecordError(f"{where}: not a JSON object")
+        version = data.get("version", 1)
+        if version not in (1, VERSION):
+            raise RecordError(f"{where}: version {short(version)}, this detector reads versions 1 and {VERSION}")
+        if "history" not in data:
+            raise RecordError(f"{where}: no loss curve (history): not written by make train")
+        wall, saves = data.get("wall_clock"), data.get("checkpoints")
+
+        def number(key: str) -> float | None:
+            return optional(data, key, (int, float), where)
+
+        def count(key: str, default: int) -> int:
+            return optional(data, key, int, where, default)
+
+        return cls(
+            history=[(step, loss) for step, loss in pairs(data["history"], f"{where}.history", (int, float))],
+            losses=[need(v, (int, float), f"{where}.losses") for v in optional(data, "losses", list, where, [])],
+            experiment=optional(data, "experiment", str, where, ""),
+            run=optional(data, "run", str, where, ""),
+            strategy=optional(data, "strategy", str, where, "?"),
+            device=optional(data, "device", str, where, "?"),
+            world_size=count("world_size", 1),
+            global_batch=count("global_batch", 0),
+            steps=count("steps", 0),
+            resumed_at=count("resumed_at", 0),
+            final_loss=optional(data, "final_loss", (int, float), where, math.nan),
+            eval=metrics(optional(data, "eval", dict, where, {}), f"{where}.eval"),
+            evals=[(step, metrics(m, f"{where}.evals")) for step, m in pairs(data.get("evals", []), f"{where}.evals")],
+            step_ms=number("step_ms"),
+            device_step_ms=number("device_step_ms"),
+            device_idle_ms=number("device_idle_ms"),
+            data_wait_ms=number("data_wait_ms"),
+            images_per_s=number("images_per_s"),
+            device_images_per_s=number("device_images_per_s"),
+            timed_steps=count("timed_steps", 0),
+            peak_memory_gib=number("peak_memory_gib"),
+            checkpoint_step=count("checkpoint_step", -1),
+            eval_step=count("eval_step", 0),
+            wall_clock=Account.parse(wall, f"{where}.wall_clock") if wall is not None else None,
+            checkpoints=Checkpoints.parse(saves, f"{where}.checkpoints") if saves is not None else None,
+        )
 
 
-def done_line(run_dir: Path, summary: dict, device: torch.device) -> str:
+def pairs(data, where: str, kind=dict) -> list[tuple[int, object]]:
+    """``[[step, value], ...]`` as (step, value) pairs, each value of ``kind``."""
+    found = []
+    for i, pair in enumerate(need(data, list, where)):
+        if not isinstance(pair, list) or len(pair) != 2:
+            raise RecordError(f"{where}[{i}] is {short(pair)}, expected [step, value]")
+        found.append((need(pair[0], int, f"{where}[{i}]"), need(pair[1], kind, f"{where}[{i}]")))
+    return found
+
+
+def metrics(data, where: str) -> Metrics:
+    return {name: need(value, (int, float), f"{where}.{name}") for name, value in need(data, dict, where).items()}
+
+
+def read(path) -> TrainingSummary:
+    """The summary of a run folder (or its summary.json); RecordError with the reason otherwise."""
+    path = Path(path)
+    file = path if path.name == SUMMARY else path / SUMMARY
+    return TrainingSummary.parse(read_json(file, SUMMARY_BYTES), str(file))
+
+
+def done_line(run_dir: Path, summary: TrainingSummary, device: torch.device) -> str:
     """The run's last line: the final loss and the throughput (on a GPU, the device's beside the wall clock's)."""
     line = (
-        f"done: {run_dir}  final loss {summary['final_loss']:.4f}  median step {summary['step_ms']:.1f} ms  "
-        f"{summary['images_per_s']:.0f} img/s by the wall clock"
+        f"done: {run_dir}  final loss {summary.final_loss:.4f}  median step {summary.step_ms:.1f} ms  "
+        f"{summary.images_per_s:.0f} img/s by the wall clock"
     )
     if device.type == "cuda":
         line += (
-            f" ({summary['device_images_per_s']:.0f} by device time; device idle between steps "
-            f"{summary['device_idle_ms']:.1f} ms)"
+            f" ({summary.device_images_per_s:.0f} by device time; device idle between steps "
+            f"{summary.device_idle_ms:.1f} ms)"
         )
-    if summary.get("wall_clock"):
-        line += f"\n      {wall_line(summary['wall_clock'])}"
+    if summary.wall_clock:
+        line += f"\n      {summary.wall_clock.line()}"
     return line

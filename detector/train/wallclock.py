@@ -9,7 +9,7 @@
     end           from the last step to the summary (the final checkpoint's write included)
 
 Goodput is ``steps / total``. The checkpoints' writes in the background are reported beside, not in the total: they
-overlap the steps.
+overlap the steps. ``Account`` is what the run's summary keeps of it (summary.json's ``wall_clock``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,9 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from dataclasses import dataclass
+
+from detector.checked import need, optional
 
 PARTS = ("start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end")
 
@@ -66,8 +69,9 @@ class WallClock:
             self.in_loop = sum(self.seconds[p] for p in ("first step", "data", "evaluations", "checkpoints"))
             self.loop_start = None
 
-    def record(self, background: float = 0.0) -> dict:
-        """``seconds`` by part, their total, the goodput and the checkpoints' background seconds (summary.json)."""
+    def account(self, background: float = 0.0, images: int = 0) -> Account:
+        """Where the run's wall clock went so far; ``background``: the checkpoints' seconds of writing beside the steps,
+        ``images``: the images this process's run trained (its images/s over the whole run)."""
         now = time.perf_counter()
         seconds = dict(self.seconds)
         seconds["steps"] = max(0.0, self.loop_seconds - self.in_loop)
@@ -75,19 +79,44 @@ class WallClock:
             after = sum(seconds[p] for p in ("first step", "data", "evaluations", "checkpoints")) - self.in_loop
             seconds["end"] = max(0.0, now - self.loop_end - after)
         total = sum(seconds.values())
-        return {
-            "seconds": seconds,
-            "total_s": total,
-            "goodput": seconds["steps"] / total if total else None,
-            "checkpoint_background_s": background,
-        }
+        goodput, rate = (seconds["steps"] / total, images / total) if total else (None, None)
+        return Account(seconds, total, goodput, background, rate)
 
 
-def line(record: dict) -> str:
-    """The closing log line's account: goodput, then each part that took time."""
-    s = record["seconds"]
-    parts = ", ".join(f"{name} {s[name]:.1f} s" for name in PARTS if s[name] >= 0.05)
-    text = f"goodput {100 * (record['goodput'] or 0):.0f} % of {record['total_s']:.1f} s ({parts})"
-    if record["checkpoint_background_s"]:
-        text += f"; checkpoints wrote {record['checkpoint_background_s']:.1f} s in the background"
-    return text
+@dataclass
+class Account:
+    """Where a run's wall clock went: ``seconds`` by part (PARTS), their total, the goodput, the checkpoints' seconds
+    of writing in the background, and the images/s over the whole run, as the run lived it."""
+
+    seconds: dict[str, float]
+    total_s: float
+    goodput: float | None
+    checkpoint_background_s: float
+    images_per_s_lived: float | None = None
+
+    def line(self) -> str:
+        """The closing log line's account: goodput, then each part that took time."""
+        parts = ", ".join(f"{name} {self.seconds[name]:.1f} s" for name in PARTS if self.seconds[name] >= 0.05)
+        text = f"goodput {100 * (self.goodput or 0):.0f} % of {self.total_s:.1f} s ({parts})"
+        if self.checkpoint_background_s:
+            text += f"; checkpoints wrote {self.checkpoint_background_s:.1f} s in the background"
+        return text
+
+    def add_scalars(self, writer, step: int) -> None:
+        """The account as TensorBoard scalars under goodput/."""
+        writer.add_scalar("goodput/share", self.goodput or 0.0, step)
+        for part in PARTS:
+            writer.add_scalar(f"goodput/{part.replace(' ', '_')}_s", self.seconds[part], step)
+        writer.flush()
+
+    @classmethod
+    def parse(cls, data, where: str) -> Account:
+        need(data, dict, where)
+        seconds = need(data.get("seconds"), dict, f"{where}.seconds")
+        return cls(
+            seconds={part: need(seconds.get(part), (int, float), f"{where}.seconds.{part}") for part in PARTS},
+            total_s=need(data.get("total_s"), (int, float), f"{where}.total_s"),
+            goodput=optional(data, "goodput", (int, float), where),
+            checkpoint_background_s=optional(data, "checkpoint_background_s", (int, float), where, 0.0),
+            images_per_s_lived=optional(data, "images_per_s_lived", (int, float), where),
+        )

@@ -42,8 +42,8 @@ def test_the_document_table_names_each_collective_and_what_each_way_sends():
     assert "the head's 16384 × 65536 weight" in text and "(median [min–max] of 3;" in text
     assert "| reduce | role of reduce | 6.70 [6.60–6.80] | 2.15 | 321 |" in text  # 2.15 GB in 6.7 ms
     assert "| all-reduce | role of all-reduce | 12.7 [12.6–12.8] | 4.29 | 338 |" in text
-    assert "A step of `blocks` sends the reduce and the all-gather, 10.7 ms" in text
-    assert "a step of `off` its all-reduce, 12.7 ms" in text
+    assert "A step of `off` sends the all-reduce, 12.7 ms of the link by itself" in text  # the ways' own (sharing.py)
+    assert "; a step of `blocks` sends the reduce and the all-gather, 10.7 ms of the link by themselves." in text
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ from detector.bench.ceiling import GRANULE, RESOLUTION, Probe, next_batch, searc
 from detector.bench.crowd import CROWD_FEWEST, CROWD_MOST, crowd_counts, write_crowd
 from detector.bench.memory import allocator_lines, ceiling_lines, config_args, run_bench
 from detector.config import load_config
-from detector.lab.allocator import EXPANDABLE
+from detector.lab.measure.allocator import EXPANDABLE
 
 GIB = 2**30
 

@@ -15,28 +15,25 @@ from detector.bench import sharding
 from detector.bench.sharding import Run
 from detector.config import load_config
 from detector.lab import report
+from detector.train.summary import Checkpoints, Save, TrainingSummary
+from detector.train.wallclock import Account
 
 
-def summary(world_size: int, step_ms: float, losses: list[float], peak=30.0) -> dict:
-    return {
-        "world_size": world_size,
-        "step_ms": step_ms,
-        "images_per_s": 1024 * world_size / step_ms * 1e3,
-        "peak_memory_gib": peak,
-        "losses": losses,  # every step's
-    }
+def summary(world_size: int, step_ms: float, losses: list[float], peak=30.0) -> TrainingSummary:
+    rate = 1024 * world_size / step_ms * 1e3
+    return TrainingSummary([], losses, world_size=world_size, step_ms=step_ms, images_per_s=rate, peak_memory_gib=peak)
 
 
-def write_runs(folder, runs: dict[str, dict]) -> None:
+def write_runs(folder, runs: dict[str, TrainingSummary]) -> None:
     for name, s in runs.items():
         (folder / name / "seed_scale" / "padded").mkdir(parents=True)
-        (folder / name / "seed_scale" / "padded" / "summary.json").write_text(json.dumps(s))
+        s.write(folder / name / "seed_scale" / "padded" / "summary.json")
 
 
 def test_the_table_its_rows_and_the_three_percent_rule(tmp_path):
     runs = {"1x": summary(1, 100, [1.0, 0.5]), "2x-off": summary(2, 110, [1.0, 0.5])}
     runs |= {"2x-blocks": summary(2, 100, [1.0, 0.5]), "2x-fsdp2": summary(2, 102, [1.0, 0.5001])}
-    runs |= {"2x-zero": summary(2, 96, [1.0, 0.5]), "notes": {}}  # a folder of another name is not a run
+    runs |= {"2x-zero": summary(2, 96, [1.0, 0.5]), "notes": summary(1, 1, [])}  # a folder of another name: no run
     write_runs(tmp_path, runs)
     found = sharding.read_runs(tmp_path)
     assert list(found) == [Run(1, None), *(Run(2, mode) for mode in ("off", "blocks", "fsdp2", "zero"))]
@@ -52,7 +49,7 @@ def test_the_table_its_rows_and_the_three_percent_rule(tmp_path):
         lines[1]
         == "2 processes: our `blocks` is -4.0% against torch's best, `zero`: torch's `zero` should be the default."
     )
-    found[Run(2, "blocks")]["images_per_s"] = found[Run(2, "zero")]["images_per_s"] * 1.031
+    found[Run(2, "blocks")].images_per_s = found[Run(2, "zero")].images_per_s * 1.031
     assert sharding.verdicts(found)[1].endswith(": keep it.")
 
 
@@ -65,16 +62,21 @@ def test_images_per_s_as_lived_project_the_measured_parts_onto_the_defaults_cade
     """1000 steps of 30 ms, a checkpoint every 500 (2 saves of 0.5 s each, and the last one's write, 10 s, waited for
     at the end), an evaluation every 200 (5 of 2 s), 20 s of start-up and a first step of 6 s: 1024 x 1000 images in
     20 + 6 + 999 x 0.03 + 2 x 0.5 + 10 + 5 x 2 = 76.97 s."""
-    run = {
-        "step_ms": 30.0,
-        "global_batch": 1024,
-        "evals": [[40, {}]],
-        "checkpoints": {"saves": [{"blocked_s": 0.5}] * 2},
-    }
     seconds = {"start-up": 20.0, "first step": 6.0, "checkpoints": 0.5 + 0.5 + 10.0, "evaluations": 2.0}
-    run["wall_clock"] = {"seconds": seconds}
+    wall = Account(seconds, 0.0, None, 0.0)
+    saves = Checkpoints([Save(step, 0, 0.5, 1.0) for step in (20, 40)])
+    run = TrainingSummary([], step_ms=30.0, global_batch=1024, evals=[(40, {})], wall_clock=wall, checkpoints=saves)
     assert sharding.lived(run) == pytest.approx(1024 * 1000 / 76.97)
-    assert sharding.lived({"step_ms": 30.0}) is None  # a summary of an earlier version: not guessed
+    assert sharding.lived(TrainingSummary([], step_ms=30.0)) is None  # a summary of an earlier version: not guessed
+
+
+def test_a_summary_that_is_not_a_training_runs_is_one_line(tmp_path, capsys):
+    (tmp_path / "2x-off" / "x").mkdir(parents=True)
+    (tmp_path / "2x-off" / "x" / "summary.json").write_text(json.dumps({"history": [], "step_ms": "fast"}))
+    assert sharding.main([str(tmp_path)]) == 2
+    assert (
+        capsys.readouterr().err == f"error: {tmp_path}/2x-off/x/summary.json.step_ms is str 'fast', expected a number\n"
+    )
 
 
 def test_the_plan_and_its_commands():
@@ -135,9 +137,9 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
         assert re.fullmatch(r"[\d,]+", cells[6]), cells  # images/s as lived: its checkpoints and evaluation timed
     assert rows[(" 1", "–")][4] == "1.00×"
     # plain DDP is the reference; blocks and zero equal it to the last bit, FSDP2 to its optimizer's rounding
-    assert rows[(" 2", "off")][7] == "—"
-    assert rows[(" 2", "blocks")][7] == rows[(" 2", "zero")][7] == "0.0e+00"
-    assert float(rows[(" 2", "fsdp2")][7]) < 1e-5
+    assert rows[(" 2", "off")][8] == "—"  # the loss against plain DDP's, after the peak memory column
+    assert rows[(" 2", "blocks")][8] == rows[(" 2", "zero")][8] == "0.0e+00"
+    assert float(rows[(" 2", "fsdp2")][8]) < 1e-5
     assert re.search(r"- 2 processes: `\w+` is the fastest, [\d.]+× one process's images/s \(the target: 2.0×", doc)
     assert "- 2 processes: our `blocks` is " in doc
     # the link alone, measured first on as many processes
@@ -178,3 +180,11 @@ def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, mo
     times, why = sharding.measure_link(tmp_path, 2, ["device=cpu"])
     assert times is None and why == f"no result in {sharding.LINK_SECONDS} s, its output in {tmp_path}/logs/link-x2.log"
     assert not (tmp_path / "link-x2.json").exists()  # nothing kept: the next table measures it again
+
+
+def test_the_scaling_tables_modes_take_off_as_a_word(capsys):
+    """`python -m detector.bench.sharding run "report.sharding_modes=[off,blocks]"` gets past the configuration (here
+    to the table's own refusal: no GPUs to share), where off was once refused as 'False'."""
+    assert sharding.main(["run", "report.sharding_modes=[off,blocks]", "device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert "needs 2 processes or more" in err and "out of range" not in err

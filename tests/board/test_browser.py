@@ -20,7 +20,8 @@ from detector import cli
 from detector.board.events import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_compare_events, write_profile_events
 from detector.config import load_config
 from detector.lab.compare import run_compare
-from detector.lab.record import read_extract, read_summary
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import read_extract
 
 PADDED, FAST = "profile/padded/20261122-031500", "profile/synthetic_2x/20261122-031600"
 

@@ -7,9 +7,10 @@ from lab_helpers import make_run, read_events
 from detector.board import events as board
 from detector.board.launcher import main as launch
 from detector.board.plugin import TracesPlugin
-from detector.lab.measures import MEASURES
-from detector.lab.record import read_extract, read_summary
-from detector.lab.text import run_card
+from detector.lab.present.text import run_card
+from detector.lab.record.measures import MEASURES
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import read_extract
 
 
 def write_events(run):

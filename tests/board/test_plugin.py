@@ -1,5 +1,5 @@
-"""The per-step extract (detector/lab/extract.py) and the Traces tab's routes (detector/board/plugin.py), without a
-browser (tests/board/test_browser.py drives the tab itself)."""
+"""The per-step extract (detector/lab/measure/extract.py) and the Traces tab's routes (detector/board/plugin.py),
+without a browser (tests/board/test_browser.py drives the tab itself)."""
 
 import gzip
 import json
@@ -14,11 +14,14 @@ from trace_helpers import AUTOGRAD, MAIN, synthetic_events
 from werkzeug.test import Client
 
 from detector.board.plugin import STATIC, TracesPlugin, inside
-from detector.lab import extract
-from detector.lab import record as records
-from detector.lab.analysis import measure_steps
-from detector.lab.record import EXTRACT, EXTRACT_VERSION, RecordError, read_summary
-from detector.lab.trace import load_trace
+from detector.checked import RecordError
+from detector.lab.measure import extract
+from detector.lab.measure.analysis import measure_steps
+from detector.lab.measure.trace import load_trace
+from detector.lab.record import run as records
+from detector.lab.record import steps as extracts
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import EXTRACT, EXTRACT_VERSION
 
 # ----------------------------------------------------------------------------- the extract
 
@@ -29,27 +32,27 @@ def test_extract_of_the_hand_written_trace():
     assert list(found.steps) == ["5", "6"] and found.representative_step in (5, 6)
     names = found.names
     step = found.steps["5"]
-    assert step["dur"] == 1000
-    assert [r[0] for r in step["regions"]] == ["data wait", "copy data", "forward", "calc loss", "backward"]
-    assert step["regions"][2] == ["forward", 200, 200]
+    assert step.dur == 1000
+    assert [r[0] for r in step.regions] == ["data wait", "copy data", "forward", "calc loss", "backward"]
+    assert step.regions[2] == ["forward", 200, 200]
     # threads: the main one first, then the autograd thread (found by its process, not its name)
-    assert [t["tid"] for t in step["threads"]] == [MAIN, AUTOGRAD]
-    main_ops = [names[op[2]] for op in step["threads"][0]["ops"]]
+    assert [t.tid for t in step.threads] == [MAIN, AUTOGRAD]
+    main_ops = [names[op[2]] for op in step.threads[0].ops]
     assert main_ops[:2] == ["aten::linear", "aten::relu"]  # aten::addmm runs inside aten::linear: not top level
     # calls: launches (flag 1) and syncs (flag 2) and those that launched copies; the lab's syncs are not syncs
-    calls = {names[c[3]]: c for c in step["calls"]}
+    calls = {names[c[3]]: c for c in step.calls}
     assert calls["cudaGraphLaunch"][5] == extract.LAUNCH and calls["cudaEventSynchronize"][5] == extract.SYNC
     assert calls["cudaMemsetAsync"][5] == 0  # it launched a memset: kept, neither launch nor sync
-    assert sum(1 for c in step["calls"] if names[c[3]] == "cudaDeviceSynchronize" and c[5]) == 1  # the bare one
-    region = {c[0]: c[4] for c in step["calls"]}
+    assert sum(1 for c in step.calls if names[c[3]] == "cudaDeviceSynchronize" and c[5]) == 1  # the bare one
+    region = {c[0]: c[4] for c in step.calls}
     assert region[210] == 2 and region[900] == -1  # forward's launch; the .item() after the regions: "other"
     # GPU work by launch, whenever it ran: forward's late kernel runs at 1200 µs, in step 6's time
-    stream7 = next(s for s in step["streams"] if s["stream"] == "7")
-    late = next(e for e in stream7["events"] if names[e[3]] == "late")
-    assert late[:2] == [1200, 100] and names[step["calls"][late[4]][3]] == "cudaLaunchKernel"
-    assert not any(names[e[3]] == "late" for s in found.steps["6"]["streams"] for e in s["events"])
-    assert step["why"]["forward"]["launches"] == 5 and "gpu_idle_share" not in step["why"]["forward"]
-    assert "memory" not in step  # no memory events: no lane (tests/lab/test_memory_measures.py has them)
+    stream7 = next(s for s in step.streams if s.stream == "7")
+    late = next(e for e in stream7.events if names[e[3]] == "late")
+    assert late[:2] == [1200, 100] and names[step.calls[late[4]][3]] == "cudaLaunchKernel"
+    assert not any(names[e[3]] == "late" for s in found.steps["6"].streams for e in s.events)
+    assert step.why["forward"]["launches"] == 5 and "gpu_idle_share" not in step.why["forward"]
+    assert step.memory is None and "memory" not in step.to_json()  # no memory events: no lane (measure/ tests' have)
 
 
 def test_extract_is_written_once_and_converted_for_older_runs(tmp_path):
@@ -85,11 +88,11 @@ def test_each_step_keeps_its_start_on_the_hosts_clock():
     trace = load_trace(GPU_TRACE)
     found = extract.build(trace, measure_steps(trace))
     starts = {str(s.step): e["ts"] for s, e in zip(measure_steps(trace), trace.steps, strict=True)}
-    assert {n: step["start"] for n, step in found.steps.items()} == starts
+    assert {n: step.start for n, step in found.steps.items()} == starts
     bad = found.to_json()
     bad["steps"][next(iter(starts))]["start"] = "soon"
     with pytest.raises(RecordError, match=r"start"):
-        records.Extract.parse(bad, "extract.json.gz")
+        extracts.Extract.parse(bad, "extract.json.gz")
 
 
 # ----------------------------------------------------------------------------- the routes
@@ -353,7 +356,7 @@ def bomb(path: Path, megabytes: int) -> None:
 
 
 def test_decompression_is_capped_and_refused_in_one_line(logdir, monkeypatch):
-    monkeypatch.setattr(records, "EXTRACT_BYTES", 2**20)  # read_extract's cap, as every read of the tab goes through
+    monkeypatch.setattr(extracts, "EXTRACT_BYTES", 2**20)  # read_extract's cap, as every read of the tab goes through
     monkeypatch.setattr(extract, "TRACE_BYTES", 2**20)
     bomb(logdir / FUSED / EXTRACT, 3)
     bomb(logdir / PADDED / read_summary(logdir / PADDED).trace, 3)  # the run converted from its trace

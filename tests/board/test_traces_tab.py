@@ -13,10 +13,11 @@ from browser_helpers import CHROMIUM, keep, serve
 from lab_helpers import TINY_PROFILE, make_run, rank_runs
 
 from detector.config import load_config
-from detector.lab.analysis import measure_steps, summarise
+from detector.lab.measure.analysis import measure_steps, summarise
+from detector.lab.measure.trace import load_trace
 from detector.lab.profile import run_profile
-from detector.lab.record import EXTRACT, ProfileRecord, read_extract, write_extract, write_summary
-from detector.lab.trace import load_trace
+from detector.lab.record.run import ProfileRecord, write_summary
+from detector.lab.record.steps import EXTRACT, Stream, Thread, read_extract, write_extract
 
 IN_TRACES = """((body) => {  // run body(doc, win) inside the Traces tab's iframe; JSON of its result
   const find = (root) => {
@@ -206,7 +207,7 @@ def test_the_ranks_of_one_run_are_drawn_on_one_axis_where_each_ran(tmp_path, bro
     found = read_extract(group / "rank1" / EXTRACT)  # NCCL's all-reduce on a stream of its own, as on 2 GPUs
     found.names.append("ncclDevKernel_AllReduce_Sum_f32_RING_LL")
     for step in found.steps.values():
-        step["streams"].append({"stream": "99", "events": [[50_000, 2_000, 0, len(found.names) - 1, 0]]})
+        step.streams.append(Stream("99", [[50_000, 2_000, 0, len(found.names) - 1, 0]]))
     write_extract(group / "rank1", found)
     url, stop = serve(logdir, [])
     try:
@@ -248,8 +249,8 @@ def test_the_traces_tab_shows_names_and_values_from_a_run_as_text(tmp_path, brow
     found = read_extract(run / EXTRACT)
     found.names.append(PAYLOAD)
     for step in found.steps.values():
-        step["threads"][1] = {"tid": PAYLOAD, "ops": [[0, step["dur"], len(found.names) - 1]]}  # one op: the step
-        for measures in step["why"].values():
+        step.threads[1] = Thread(PAYLOAD, [[0, step.dur, len(found.names) - 1]])  # one op: the whole step
+        for measures in step.why.values():
             measures["launches"] = PAYLOAD
     write_extract(run, found)
     url, stop = serve(logdir, [])

@@ -2,7 +2,7 @@
 
 It keeps the first three ProfilerSteps of /work/shared/traces/padded_seed_scale_h200.pt.trace.json.gz
 (see that folder's README: MODE=train, seed scale, torch 2.11 on an NVIDIA H200) and, inside their time
-window, only what detector.analysis and detector.timeline read: user annotations, operators, CUDA
+window, only what the lab's analysis and timelines read (detector/lab/measure/): user annotations, operators, CUDA
 runtime and driver calls, kernels, GPU memcpy and memset, and the thread names. Arguments are cut to
 correlation, bytes and stream. The third step (#12) has a 150 ms "data wait" (the DataLoader workers fell
 behind), so the steps are not all alike.

@@ -20,7 +20,7 @@ from test_dtype_table import COUNTS_DTYPES, PRED_DTYPES, TARGET_DTYPES  # the on
 
 from detector.data import make_targets
 from detector.kernels import cuda_op as ops
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
 from detector.targets import PackedTargets, PaddedTargets
 

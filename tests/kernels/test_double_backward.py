@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from detector.data import make_targets
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES
 
 # Strategies whose gradient has no graph: a backward with create_graph=True must raise.

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from detector.data import make_targets
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
 
 PRED_DTYPES = [torch.float64, torch.float32, torch.bfloat16, torch.float16]

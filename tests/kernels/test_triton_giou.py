@@ -19,13 +19,14 @@ import torch
 
 import detector.kernels.triton_giou as triton_strategy
 from detector.data import make_targets
+from detector.kernels import jit
 from detector.kernels.triton_giou import giou_loss_triton
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
 from detector.losses.geometry import EPS
 from detector.targets import PaddedTargets
 
-pytestmark = pytest.mark.skipif(triton_strategy.triton is None, reason="triton is not installed")
+pytestmark = pytest.mark.skipif(jit.triton is None, reason="triton is not installed")
 
 HAS_CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device here")
@@ -114,7 +115,7 @@ def assert_padded_slots_zero(grad, counts):
 @pytest.mark.skipif(HAS_CUDA, reason="with CUDA the kernels are compiled, not interpreted")
 def test_interpreter_is_set_up_without_cuda():
     assert os.environ.get("TRITON_INTERPRET") == "1"
-    assert triton_strategy.INTERPRETED
+    assert jit.INTERPRETED
     assert STRATEGIES["triton"].unavailable(torch.device("cpu")) is None
 
 
@@ -140,7 +141,7 @@ def test_interpreter_works_when_triton_and_inductor_were_imported_first():
     script = textwrap.dedent(
         """
         import torch, torch._inductor, triton, triton.language
-        from detector.lab.cases import random_case
+        from detector.lab.measure.cases import random_case
         from detector.data import make_targets
         from detector.losses import STRATEGIES, giou_loss_reference
         pred, boxes_list = random_case(3, 13, "seed", seed=3)
@@ -156,7 +157,7 @@ def test_interpreter_works_when_triton_and_inductor_were_imported_first():
 
 def test_unavailable_says_why():
     cpu_reason = STRATEGIES["triton"].unavailable(torch.device("cpu"))
-    if HAS_CUDA and not triton_strategy.INTERPRETED:
+    if HAS_CUDA and not jit.INTERPRETED:
         assert "TRITON_INTERPRET" in cpu_reason
     else:
         assert cpu_reason is None

@@ -10,6 +10,7 @@ from lab_helpers import edit_summary, make_run, read_events
 from detector.board.events import write_compare_events
 from detector.errors import UserError
 from detector.lab.compare import read_run, run_compare
+from detector.lab.record.comparison import read_comparison
 
 
 @pytest.fixture(scope="module")
@@ -32,13 +33,14 @@ def profiles(tmp_path_factory):
 
 def test_compare_latest_runs(profiles, tmp_path, capsys):
     comparison = run_compare(profiles["root"], out_dir=tmp_path / "out")
-    report = comparison.report
+    report = read_comparison(tmp_path / "out")  # compare.json, read back through its record
+    assert report == comparison.record
     out, err = capsys.readouterr()
 
     # the newest run of each strategy and mode; broken and foreign summaries skipped with one line each
-    assert report["modes"]["train"]["labels"] == ["padded", "triton", "cuda_fused"]  # padded, then registry order
-    assert report["modes"]["forward"]["labels"] == ["padded"]
-    assert {r["run"] for r in report["runs"] if r["strategy"] == "padded"} == {"20261122-031500", "20261122-040000"}
+    assert report.modes["train"].labels == ["padded", "triton", "cuda_fused"]  # padded, then registry order
+    assert report.modes["forward"].labels == ["padded"]
+    assert {r.run for r in report.runs if r.strategy == "padded"} == {"20261122-031500", "20261122-040000"}
     warnings = err.strip().splitlines()
     assert len(warnings) == 2 and "Traceback" not in err
     assert any("loop/20261122-050000/summary.json: not JSON" in w for w in warnings)
@@ -46,19 +48,19 @@ def test_compare_latest_runs(profiles, tmp_path, capsys):
 
     # speed-ups only where the interquartile ranges do not overlap: cuda_fused is 2x in every region whose
     # steps agree; triton (the same trace) is ≈ everywhere
-    mode = report["modes"]["train"]
-    wall, gpu = mode["speedups_vs_padded"]["wall_ms"], mode["speedups_vs_padded"]["gpu_ms"]
+    mode = report.modes["train"]
+    wall, gpu = mode.speedups_vs_padded["wall_ms"], mode.speedups_vs_padded["gpu_ms"]
     assert wall["forward"]["cuda_fused"] == pytest.approx(2.0) and gpu["backward"]["cuda_fused"] == pytest.approx(2.0)
     assert wall["calc loss"]["cuda_fused"] == pytest.approx(2.0)
     assert all(wall[region]["triton"] is None for region in wall)
-    assert mode["step_verdicts"] == {"triton": None, "cuda_fused": pytest.approx(2.0)}
-    assert mode["timed_verdicts"] == {"triton": None, "cuda_fused": pytest.approx(2.0)}
+    assert mode.step_verdicts == {"triton": None, "cuda_fused": pytest.approx(2.0)}
+    assert mode.timed_verdicts == {"triton": None, "cuda_fused": pytest.approx(2.0)}
     # the same trace: the same counts, and times the rule cannot tell apart, with both spreads
-    assert mode["verdicts"][0] == (
+    assert mode.verdicts[0] == (
         "- **triton** — the same counts in every region. As training runs it: not distinguishable on this machine "
         "(triton 101 [100–101] ms against padded's 101 [100–101])."
     )
-    assert mode["verdicts"][1] == (
+    assert mode.verdicts[1] == (
         "- **cuda_fused** — the same counts in every region. As training runs it: 2× faster (cuda_fused 50.5 "
         "[50.2–50.7] ms against padded's 101 [100–101]), most of it in backward (-24.4 ms). Traces tab: align on "
         "*backward*."
@@ -78,6 +80,7 @@ def test_compare_latest_runs(profiles, tmp_path, capsys):
         assert name in files
     assert "timeline-forward.png" in files
     assert json.loads((tmp_path / "out" / "compare.json").read_text())["modes"]["train"]["baseline"] == "padded"
+    assert mode.baseline == "padded" and mode.timed["cuda_fused"].median == pytest.approx(50.5, abs=0.1)
     write_compare_events(comparison.out, comparison.texts, comparison.images)
     tags = read_events(tmp_path / "out").Tags()
     assert sorted(tags["tensors"]) == ["compare/forward/text_summary", "compare/train/text_summary"]
@@ -90,25 +93,25 @@ def test_compare_of_cpu_runs_says_once_what_needs_a_gpu(tmp_path):
     root = tmp_path / "profile"
     make_run(root, "padded", "20261122-031500", gpu=False)
     make_run(root, "loop", "20261122-031600", gpu=False, scale=3.0)
-    report = run_compare(root, out_dir=tmp_path / "out").report
+    report = run_compare(root, out_dir=tmp_path / "out").record
     md = (tmp_path / "out" / "compare.md").read_text()
     assert md.count("need a GPU") == 1 and "### GPU ms per step" not in md
     why_header = next(line for line in md.splitlines() if line.startswith("| region | strategy |"))
     assert why_header == "| region | strategy | operators | slices | host reads |"
-    assert report["modes"]["train"]["step_verdicts"]["loop"] == pytest.approx(1 / 3)
-    assert "As training runs it: 3× slower (loop 303 [301–304] ms" in report["modes"]["train"]["verdicts"][0]
+    assert report.modes["train"].step_verdicts["loop"] == pytest.approx(1 / 3)
+    assert "As training runs it: 3× slower (loop 303 [301–304] ms" in report.modes["train"].verdicts[0]
 
 
 def test_compare_named_runs(profiles, tmp_path):
     """Named run folders, not only the latest: two padded runs get their folder in the column label."""
     older = profiles["root"] / "padded" / "20261121-090000"
     runs = [profiles["cuda_fused"], older / "summary.json", profiles["padded"]]
-    report = run_compare(profiles["root"], runs=runs, out_dir=tmp_path / "named").report
+    report = run_compare(profiles["root"], runs=runs, out_dir=tmp_path / "named").record
 
-    labels = report["modes"]["train"]["labels"]
+    labels = report.modes["train"].labels
     assert labels == ["padded 20261121-090000", "padded 20261122-031500", "cuda_fused"]
-    assert report["modes"]["train"]["speedups_vs_padded"]["wall_ms"]["forward"]["cuda_fused"] == pytest.approx(6.0)
-    assert list(report["modes"]) == ["train"]
+    assert report.modes["train"].speedups_vs_padded["wall_ms"]["forward"]["cuda_fused"] == pytest.approx(6.0)
+    assert list(report.modes) == ["train"]
 
 
 def test_compare_without_runs(tmp_path, capsys):
@@ -145,14 +148,14 @@ def test_values_no_measure_can_take_are_left_out_with_one_warning_naming_them(pr
         summary["per_step"][0]["regions"]["calc loss"]["ops"] = float("inf")
 
     edit_summary(bad, spoil)
-    report = run_compare(root, out_dir=tmp_path / "out").report
+    report = run_compare(root, out_dir=tmp_path / "out").record
     (warning,) = capsys.readouterr().err.strip().splitlines()
     assert warning.startswith(f"warning: {bad / 'summary.json'}: left out ")
     assert "analysis.regions.forward.wall_ms.median (NaN)" in warning
     assert "analysis.regions.backward.gpu_ms.q3 (-1.0)" in warning
     assert "and 1 more: not finite, negative or beyond 10^15" in warning
-    mode = report["modes"]["train"]
-    assert mode["labels"] == ["padded", "concat"] and mode["timed_verdicts"]["concat"] is None  # absent, not NaN
+    mode = report.modes["train"]
+    assert mode.labels == ["padded", "concat"] and mode.timed_verdicts["concat"] is None  # absent, not NaN
     assert (tmp_path / "out" / "ms-per-step-train.png").exists()
 
 
@@ -205,7 +208,7 @@ def test_a_summary_of_wrong_types_is_skipped_with_its_reason_and_the_rest_compar
     make_run(root, "padded", "20261122-031500")
     bad = make_run(root, "concat", "20261122-031600")
     edit_summary(bad, lambda summary: summary.update({key: value}))
-    report = run_compare(root, out_dir=tmp_path / "out").report
+    report = run_compare(root, out_dir=tmp_path / "out").record
     (warning,) = capsys.readouterr().err.strip().splitlines()
     assert reason in warning and str(bad) in warning
-    assert report["modes"]["train"]["labels"] == ["padded"]
+    assert report.modes["train"].labels == ["padded"]

@@ -12,8 +12,8 @@ from detector.config import load_config
 from detector.errors import UserError
 from detector.lab import profile as profiling
 from detector.lab.compare import run_compare
-from detector.lab.record import ProfileRecord, read_summary
-from detector.lab.trace import read_events
+from detector.lab.measure.trace import read_events
+from detector.lab.record.run import ProfileRecord, read_summary
 from detector.targets import make_targets
 from detector.train.step import TrainStep
 

@@ -11,7 +11,8 @@ from conftest import ROOT, child_env, fails_after
 from lab_helpers import TINY_PROFILE
 
 from detector.lab.compare import run_compare
-from detector.lab.record import read_extract, read_summary
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import read_extract
 
 TINY = TINY_PROFILE + ["profile.timed=2"]
 
@@ -54,7 +55,7 @@ def test_two_ranks_record_one_run_each_that_compare_reads(tmp_path):
     extracts = [read_extract(run / f"rank{r}" / "extract.json.gz") for r in (0, 1)]
     for number, step in extracts[0].steps.items():
         other = extracts[1].steps[number]
-        assert step["start"] < other["start"] + other["dur"] and other["start"] < step["start"] + step["dur"]
+        assert step.start < other.start + other.dur and other.start < step.start + step.dur
     # the same model's forward on each rank; each rank's optimizer updates its own parameters, ZeRO's partition
     assert records[0].median("forward", "ops") == records[1].median("forward", "ops") > 0
     assert records[0].median("optimizer step", "ops") != records[1].median("optimizer step", "ops")

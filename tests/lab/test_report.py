@@ -13,6 +13,7 @@ from detector import cli
 from detector.config import load_config
 from detector.errors import UserError
 from detector.lab import report
+from detector.lab.record.comparison import ComparisonRecord
 
 # The CPU pinned: the report's parts and their number are the CPU's (a GPU adds the synchronised profile and the
 # kernel and step benches), whatever machine runs the tests.
@@ -143,7 +144,8 @@ def test_the_profile_against_training_table_reads_the_runs(tmp_path):
         run = tmp_path / "train" / name / "default" / f"{name}+compile"
         run.mkdir(parents=True)
         (run / "summary.json").write_text(json.dumps({"step_ms": ms, "history": [[10, 1.0]]}))
-    text = report.profile_vs_training(tmp_path, compare, ["padded", "packed"])
+    written = ComparisonRecord.parse(compare, "compare.json")  # as written before compare.json had a version
+    text = report.profile_vs_training(tmp_path, written, ["padded", "packed"])
     assert "| padded | 43.2 | 43.0 [42.6–43.4] | 0.995 | 43.4 [43.0–43.9] | 1.005 | 43.5 [43.1–43.9] | 1.007 |" in text
     assert "within 1.0 % of training's" in text  # packed's timed step: 42.5 / 42.1
     assert "packed against padded: training's steps give 1.026× (padded's step / packed's); the profile's " in text

@@ -1,6 +1,6 @@
-"""`make shapes` (detector/lab/shapes.py, detector/lab/costs.py): the box-count histogram, the padding and the images
-over the slots of a dataset the test writes; the prediction from a bench losses result with known costs, or from a
-timing here; the check against profile runs over the same boxes, and where the two disagree."""
+"""`make shapes` (detector/lab/shapes.py, detector/lab/measure/costs.py): the box-count histogram, the padding and the
+images over the slots of a dataset the test writes; the prediction from a bench losses result with known costs, or from
+a timing here; the check against profile runs over the same boxes, and where the two disagree."""
 
 import json
 import subprocess
@@ -15,8 +15,8 @@ from omegaconf import OmegaConf
 
 from detector import cli
 from detector.config import load_config
-from detector.lab import costs
-from detector.lab.cases import sample_counts
+from detector.lab.measure import costs
+from detector.lab.measure.cases import sample_counts
 from detector.lab.profile import run_profile
 from detector.lab.shapes import MEMORY_AGREES, histogram, predict, run_shapes
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from test_strategies import ROWS, check_against_reference
 
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, Strategy
 from detector.targets import PaddedTargets
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from detector.data import make_targets
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, nested
 from detector.losses.contract import giou_loss_reference
 from detector.targets import PackedTargets

@@ -14,8 +14,8 @@ from lab_helpers import TINY_PROFILE
 
 from detector import cli
 from detector.config import load_config
-from detector.lab.cases import random_case
 from detector.lab.compare import run_compare
+from detector.lab.measure.cases import random_case
 from detector.losses import (
     STRATEGIES,
     KnownStrategies,

@@ -9,7 +9,7 @@ import torch
 
 from detector.data import make_targets
 from detector.kernels import cuda_op
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES
 from detector.losses.packed_torch import giou_loss_packed_torch
 from detector.targets import PackedTargets

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from detector.data import make_targets
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, get_strategy, giou_loss_reference
 
 # pred dtype, loss rtol, gradient rtol, gradient atol as a fraction of the largest reference gradient.

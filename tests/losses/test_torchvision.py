@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from detector.data import make_targets
-from detector.lab.cases import random_case
+from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference, torchvision_concat
 
 TORCHVISION = ["torchvision", "torchvision_padded"]

@@ -91,7 +91,7 @@ def test_a_float8_run_has_its_own_folder_and_its_own_fingerprint(tmp_path):
 
 def test_bench_step_times_float8_beside_the_config_or_says_why_it_cannot():
     from detector.bench.step import VARIANTS, tables
-    from detector.lab.timing import Stats
+    from detector.lab.measure.timing import Stats
 
     assert VARIANTS["+float8"] == ["train.float8=true"]  # the configured step, its head in float8
     assert all("train.float8=false" in overrides for name, overrides in VARIANTS.items() if name != "+float8")

@@ -17,7 +17,7 @@ from detector.config import load_config
 from detector.data import PaddedTargets, RankBlocks, build_loader, rank_loader
 from detector.errors import UserError
 from detector.lab import sweep
-from detector.lab.analysis import measure_steps
+from detector.lab.measure.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
 from detector.train import distributed
@@ -36,13 +36,14 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
     straight = run_training(tiny_cfg(tmp_path / "straight", *run))
     first = run_training(tiny_cfg(tmp_path / "split", *run, "train.stop_after=3"))
     run_dir = tmp_path / "split" / "default" / "padded"
-    assert first[0]["steps"] == 3 and (run_dir / "checkpoint.json").exists()
+    assert first[0].steps == 3 and (run_dir / "checkpoint.json").exists()
     assert not list(run_dir.glob("*.tmp*")), "the manifest is written to a temporary file, then renamed"
     assert len(list(run_dir.glob("checkpoint-*"))) == 1, "the saves before the one committed are removed"
     second = run_training(tiny_cfg(tmp_path / "split", *run, "train.resume=true"))
     # the resumed run's history is the whole run's, not only the steps after the resume
-    assert second[0]["resumed_at"] == 3 and [s for s, _ in second[0]["history"]] == [1, 2, 3, 4, 5, 6]
+    assert second[0].resumed_at == 3 and [s for s, _ in second[0].history] == [1, 2, 3, 4, 5, 6]
     # CPU fp32 is deterministic: the same model, optimizer, schedule and data position give the same losses
+    second, first, straight = ([s.to_json() for s in runs] for runs in (second, first, straight))  # as written
     torch.testing.assert_close(losses(second), losses(straight), rtol=1e-6, atol=0)
     torch.testing.assert_close(losses(first), losses(straight)[:3], rtol=1e-6, atol=0)
 
@@ -50,9 +51,9 @@ def test_resume_continues_exactly_like_an_uninterrupted_run(tmp_path):
 def test_the_summary_keeps_every_steps_loss_whatever_the_log_lines(tmp_path):
     every = run_training(tiny_cfg(tmp_path / "every", "train.steps=6"))[0]  # TINY logs every step
     windows = run_training(tiny_cfg(tmp_path / "windows", "train.steps=6", "train.log_every=3"))[0]
-    assert len(every["losses"]) == 6 and windows["losses"] == every["losses"] == losses([every])
-    assert [s for s, _ in windows["history"]] == [3, 6]
-    assert windows["history"][1][1] == pytest.approx(sum(every["losses"][3:]) / 3)
+    assert len(every.losses) == 6 and windows.losses == every.losses == losses([every.to_json()])
+    assert [s for s, _ in windows.history] == [3, 6]
+    assert windows.history[1][1] == pytest.approx(sum(every.losses[3:]) / 3)
 
 
 def test_checkpoint_of_another_config_is_refused(tmp_path):
@@ -144,8 +145,8 @@ def _ddp_worker(rank: int, out: str) -> None:
     # the training loop itself, 3 steps
     summaries = run_training(cfg)
     if rank == 0:
-        (Path(out) / "ddp_history.json").write_text(json.dumps(summaries[0]["history"]))
-        (Path(out) / "ddp_eval.json").write_text(json.dumps(summaries[0]["eval"]))
+        (Path(out) / "ddp_history.json").write_text(json.dumps(summaries[0].history))
+        (Path(out) / "ddp_eval.json").write_text(json.dumps(summaries[0].eval))
 
 
 def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
@@ -166,9 +167,9 @@ def test_ddp_matches_one_process_on_the_union_batch(tmp_path):
     single = run_training(cfg)
     ddp_history = json.loads((tmp_path / "ddp_history.json").read_text())
     # Adam divides by sqrt(v): a near-zero gradient's rounding can flip an update's sign, hence not 1e-6
-    torch.testing.assert_close(losses([{"history": ddp_history}]), losses(single), rtol=1e-4, atol=0)
+    torch.testing.assert_close(losses([{"history": ddp_history}]), losses([single[0].to_json()]), rtol=1e-4, atol=0)
     # the held-out set is eval_batches global batches: the same images whatever the number of processes
-    assert json.loads((tmp_path / "ddp_eval.json").read_text())["boxes"] == single[0]["eval"]["boxes"]
+    assert json.loads((tmp_path / "ddp_eval.json").read_text())["boxes"] == single[0].eval["boxes"]
 
 
 def _sharded_worker(rank: int, out: str, backend: str) -> None:
@@ -182,16 +183,16 @@ def _sharded_worker(rank: int, out: str, backend: str) -> None:
         "sharded": ["train.shard_optimizer=true"],
         "zero": ["train.shard_optimizer=zero"],  # torch's ZeroRedundancyOptimizer
     }.items():
-        results[name] = run_training(tiny_cfg(Path(out) / name, *run, *options))[0]["history"]
+        results[name] = run_training(tiny_cfg(Path(out) / name, *run, *options))[0].history
     # a sharded run stopped at step 2 and resumed: its checkpoint gathered each rank's optimizer share
     run_training(tiny_cfg(Path(out) / "resumed", *run, "train.stop_after=2"))
-    results["resumed"] = run_training(tiny_cfg(Path(out) / "resumed", *run, "train.resume=true"))[0]["history"]
+    results["resumed"] = run_training(tiny_cfg(Path(out) / "resumed", *run, "train.resume=true"))[0].history
     # a checkpoint of either kind resumed by the other (the checkpoint has one process's layout either way)
     for first, then in (("false", "true"), ("true", "false")):
         folder = Path(out) / f"from_{first}"
         run_training(tiny_cfg(folder, *run, "train.stop_after=2", f"train.shard_optimizer={first}"))
         resumed = run_training(tiny_cfg(folder, *run, "train.resume=true", f"train.shard_optimizer={then}"))
-        results[f"from_{first}"] = resumed[0]["history"]
+        results[f"from_{first}"] = resumed[0].history
     try:
         run_training(tiny_cfg(Path(out) / "refused", *run, "model.head_blocks=3"))
     except UserError as err:
@@ -306,9 +307,9 @@ def test_sweep_runs_each_strategy_on_the_same_seed_and_data(tmp_path, monkeypatc
     monkeypatch.setattr(sweep, "STRATEGIES", registry)
     cfg = tiny_cfg(tmp_path, "train.strategy=all", "train.steps=3", "train.checkpoint_every=0")
     summaries = sweep.run_sweep(cfg, "sweep")
-    assert [s["strategy"] for s in summaries] == ["loop", "concat", "padded"]
+    assert [s.strategy for s in summaries] == ["loop", "concat", "padded"]
     for s in summaries[1:]:  # the same model, data and contract: the curves overlap to rounding
-        torch.testing.assert_close(losses([s]), losses(summaries[:1]), rtol=1e-5, atol=0)
+        torch.testing.assert_close(losses([s.to_json()]), losses([summaries[0].to_json()]), rtol=1e-5, atol=0)
     table = (tmp_path / "sweep" / "sweep.md").read_text()
     assert "| needs_gpu | skipped: no GPU here" in table
     assert (tmp_path / "sweep" / "loss_curves.png").exists()

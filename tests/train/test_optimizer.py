@@ -94,8 +94,8 @@ def test_copies_are_the_updated_weights_until_something_else_writes_them():
 
 def test_two_hundred_steps_train_like_torchs_optimizer(tmp_path):
     run = ["train.steps=200", "train.checkpoint_every=0", "train.log_every=10", "train.grad_clip=0.5", "train.lr=0.002"]
-    one = losses(run_training(tiny_cfg(tmp_path / "one", *run, "train.optimizer=one_pass")))
-    ref = losses(run_training(tiny_cfg(tmp_path / "torch", *run, "train.optimizer=torch")))
+    one = losses(s.to_json() for s in run_training(tiny_cfg(tmp_path / "one", *run, "train.optimizer=one_pass")))
+    ref = losses(s.to_json() for s in run_training(tiny_cfg(tmp_path / "torch", *run, "train.optimizer=torch")))
     assert len(one) == len(ref) == 20
     # Only the bias corrections' rounding differs (float64 on the host in torch's CPU AdamW, fp32 here), and 200
     # steps grow it to at most 6e-5 of the loss; a 1e-4 relative change of the learning rate moves these losses

@@ -18,6 +18,7 @@ from detector.train import checkpoint_files, folders
 from detector.train.checkpoint import CheckpointError, read_checkpoint
 from detector.train.loop import NonFiniteLoss, run_training
 from detector.train.progress import StepClock
+from detector.train.summary import read
 
 RUN = ["train.steps=6", "train.checkpoint_every=3"]
 
@@ -105,7 +106,7 @@ def test_a_non_finite_loss_stops_the_run_naming_the_step_and_keeps_the_good_chec
 def test_nonfinite_skip_skips_those_updates_and_finishes(tmp_path, nan_from_step_4, capsys):
     cfg = tiny_cfg(tmp_path, *RUN, f"train.strategy={nan_from_step_4}", "train.nonfinite=skip")
     summary = run_training(cfg)[0]
-    assert summary["steps"] == 6 and "skipped the update of step(s) [4]" in capsys.readouterr().out
+    assert summary.steps == 6 and "skipped the update of step(s) [4]" in capsys.readouterr().out
     state = read_checkpoint(run_dir(tmp_path, nan_from_step_4))
     assert all(torch.isfinite(p).all() for p in state["model"].values())
 
@@ -118,15 +119,15 @@ def test_a_resumed_run_logs_the_curve_of_an_uninterrupted_one(tmp_path):
     straight = run_training(tiny_cfg(tmp_path / "straight", *run))[0]
     run_training(tiny_cfg(tmp_path / "split", *run, "train.stop_after=3"))  # stops inside a log window
     resumed = run_training(tiny_cfg(tmp_path / "split", *run, "train.resume=true"))[0]
-    assert [s for s, _ in resumed["history"]] == [2, 4, 6]
-    torch.testing.assert_close(losses([resumed]), losses([straight]), rtol=1e-6, atol=0)
+    assert [s for s, _ in resumed.history] == [2, 4, 6]
+    torch.testing.assert_close(losses([resumed.to_json()]), losses([straight.to_json()]), rtol=1e-6, atol=0)
 
 
 def test_a_run_killed_before_its_summary_is_finished_by_resume(tmp_path):
     complete = run_training(tiny_cfg(tmp_path, *RUN))[0]
     (run_dir(tmp_path) / "summary.json").unlink()  # killed after the final checkpoint, before the summary
     again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
-    assert again["final_loss"] == complete["final_loss"] and again["history"] == complete["history"]
+    assert again.final_loss == complete.final_loss and again.history == complete.history
     assert json.loads((run_dir(tmp_path) / "summary.json").read_text())["steps"] == 6
 
 
@@ -234,11 +235,11 @@ def test_throughput_is_wall_clock_with_the_device_time_beside_it(tmp_path, monke
 
     monkeypatch.setattr(data.FaceSampler, "draw_batch", slow)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=0", "data.num_workers=0"))[0]
-    assert summary["data_wait_ms"] > 30  # 4 images x 10 ms
-    assert summary["step_ms"] >= summary["device_step_ms"] + summary["data_wait_ms"] * 0.9
-    assert summary["images_per_s"] < summary["device_images_per_s"]
+    assert summary.data_wait_ms > 30  # 4 images x 10 ms
+    assert summary.step_ms >= summary.device_step_ms + summary.data_wait_ms * 0.9
+    assert summary.images_per_s < summary.device_images_per_s
     # on the CPU nothing runs ahead: the whole wait is idle time between steps
-    assert summary["device_idle_ms"] >= summary["data_wait_ms"] * 0.9
+    assert summary.device_idle_ms >= summary.data_wait_ms * 0.9
 
 
 def test_a_cpu_run_logs_no_device_or_idle_figures(tmp_path, capsys):
@@ -283,21 +284,22 @@ def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_backgroun
 
     monkeypatch.setattr(checkpoint_files, "write_file", slow)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]
-    first, last = summary["checkpoints"]["saves"]
-    assert first["step"] == 4 and last["step"] == 8
-    assert first["blocked_s"] < 0.5 and first["written_s"] >= 2.0  # two files (its part, the meta): 2 s or more
+    first, last = summary.checkpoints.saves
+    assert first.step == 4 and last.step == 8
+    assert first.blocked_s < 0.5 and first.written_s >= 2.0  # two files (its part, the meta): 2 s or more
     assert read_checkpoint(run_dir(tmp_path))["step"] == 8  # committed before the run said done
 
 
 def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     summary = run_training(tiny_cfg(tmp_path, "train.steps=6", "train.checkpoint_every=3", "data.num_workers=0"))[0]
-    wall = summary["wall_clock"]
-    assert set(wall["seconds"]) == {"start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end"}
-    assert wall["total_s"] == pytest.approx(sum(wall["seconds"].values()))
-    assert wall["seconds"]["start-up"] > 0 and wall["seconds"]["first step"] > 0 and wall["seconds"]["steps"] > 0
-    assert 0 < wall["goodput"] < 1 and wall["goodput"] == pytest.approx(wall["seconds"]["steps"] / wall["total_s"])
-    assert wall["images_per_s_lived"] == pytest.approx(6 * 4 / wall["total_s"])
-    assert [s["step"] for s in summary["checkpoints"]["saves"]] == [3, 6]
+    wall = summary.wall_clock
+    assert set(wall.seconds) == {"start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end"}
+    assert wall.total_s == pytest.approx(sum(wall.seconds.values()))
+    assert wall.seconds["start-up"] > 0 and wall.seconds["first step"] > 0 and wall.seconds["steps"] > 0
+    assert 0 < wall.goodput < 1 and wall.goodput == pytest.approx(wall.seconds["steps"] / wall.total_s)
+    assert wall.images_per_s_lived == pytest.approx(6 * 4 / wall.total_s)
+    assert [s.step for s in summary.checkpoints.saves] == [3, 6]
+    assert read(run_dir(tmp_path)) == summary  # summary.json is the record, read back the same
     scalars = EventAccumulator(str(run_dir(tmp_path))).Reload().Tags()["scalars"]
     assert {"goodput/share", "goodput/start-up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
 

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.model import build_model
+from detector.sharing import WAYS
 from detector.train.checkpoint import CheckpointError, fingerprint, layout, load_checkpoint, read_checkpoint
 from detector.train.loop import run_training
 from detector.train.step import TrainStep
@@ -20,7 +21,7 @@ from detector.train.step import TrainStep
 # channels_last as on a GPU: FSDP2 shards only contiguous parameters, and the NHWC conv weights are not
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3", "train.channels_last=true"]
 ONE = ["data.batch_size=8"]  # 1 process with the global batch of 2 processes of tiny_cfg's 4
-MODES = ("blocks", "fsdp2", "zero", "off")
+MODES = tuple(WAYS)
 # 1 and 2 processes sum the gradient in a different order; Adam divides by sqrt(v), so a near-zero gradient's
 # rounding moves an update by more than the rounding itself (as in test_loop's DDP test)
 RTOL = 1e-4
@@ -32,14 +33,14 @@ def _two_processes(rank: int, out: str) -> None:
     results = {}
     for mode in MODES:
         run = [*RUN, f"train.shard_optimizer={mode}"]
-        results[f"straight_{mode}"] = run_training(tiny_cfg(Path(out) / f"straight_{mode}", *run))[0]["history"]
+        results[f"straight_{mode}"] = run_training(tiny_cfg(Path(out) / f"straight_{mode}", *run))[0].history
         run_training(tiny_cfg(Path(out) / f"to_one_{mode}", *run, "train.stop_after=3"))  # the test resumes it on 1
         resumed = run_training(tiny_cfg(Path(out) / f"from_one_{mode}", *run, "train.resume=true"))[0]
-        results[f"from_one_{mode}"] = resumed["history"] if resumed["resumed_at"] == 3 else "not resumed"
+        results[f"from_one_{mode}"] = resumed.history if resumed.resumed_at == 3 else "not resumed"
         # bf16 autocast, torch's AdamW (the one FSDP2 steps), NCHW conv weights (FSDP2's): the ways' arithmetic alone
         bf16 = [*RUN, "autocast=true", "train.optimizer=torch", "train.channels_last=false"]
         bf16 += [f"train.shard_optimizer={mode}"]
-        results[f"bf16_{mode}"] = run_training(tiny_cfg(Path(out) / f"bf16_{mode}", *bf16))[0]["losses"]
+        results[f"bf16_{mode}"] = run_training(tiny_cfg(Path(out) / f"bf16_{mode}", *bf16))[0].losses
     results["gathered"] = gathered_head_dtypes(out)
     if rank == 0:
         (Path(out) / "results.json").write_text(json.dumps(results))
@@ -61,7 +62,7 @@ def gathered_head_dtypes(out: str) -> dict[str, str]:
 
 
 def test_a_checkpoint_resumes_on_another_number_of_processes_with_the_same_losses(tmp_path):
-    straight = losses(run_training(tiny_cfg(tmp_path / "straight", *RUN, *ONE)))
+    straight = losses(s.to_json() for s in run_training(tiny_cfg(tmp_path / "straight", *RUN, *ONE)))
     for mode in MODES:  # 1 process stopped at step 3: resumed on 2 in _two_processes
         run_training(tiny_cfg(tmp_path / f"from_one_{mode}", *RUN, *ONE, "train.stop_after=3"))
     spawn_two(_two_processes, str(tmp_path), timeout=120)
@@ -92,11 +93,11 @@ def test_a_checkpoint_resumes_on_another_number_of_processes_with_the_same_losse
     assert results["gathered"] == {"true": "torch.bfloat16 torch.float32", "false": "torch.float32 torch.float32"}
     for mode in MODES:
         to_one = run_training(tiny_cfg(tmp_path / f"to_one_{mode}", *RUN, *ONE, "train.resume=true"))
-        assert to_one[0]["resumed_at"] == 3 and to_one[0]["world_size"] == 1
+        assert to_one[0].resumed_at == 3 and to_one[0].world_size == 1
         for name, curve in [
             ("2 processes", results[f"straight_{mode}"]),
             ("1 -> 2", results[f"from_one_{mode}"]),
-            ("2 -> 1", to_one[0]["history"]),
+            ("2 -> 1", to_one[0].history),
         ]:
             assert len(losses([{"history": curve}])) == 6, (mode, name)
             torch.testing.assert_close(losses([{"history": curve}]), straight, rtol=RTOL, atol=0, msg=f"{mode} {name}")
@@ -134,7 +135,7 @@ def test_a_checkpoint_of_the_single_file_format_resumes_exactly(tmp_path):
     write_version_1(folder, read_checkpoint(folder), names)
     (folder / "checkpoint.json").unlink()
     resumed = run_training(tiny_cfg(tmp_path / "old", *run, "train.resume=true"))[0]
-    assert resumed["resumed_at"] == 2 and resumed["losses"] == straight["losses"]
+    assert resumed.resumed_at == 2 and resumed.losses == straight.losses
     assert not (folder / "checkpoint.pt").exists() and (folder / "checkpoint.json").exists()
     # a version-1 file of the layout before (each process's own) is refused in one line
     write_version_1(folder, read_checkpoint(folder), names, payload_layout=1)

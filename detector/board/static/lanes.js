@@ -1,4 +1,4 @@
-// A step's extract (detector/lab/extract.py) as lanes of events: the regions, each thread's operators, the CUDA
+// A step's extract (detector/lab/measure/extract.py) as lanes of events: the regions, each thread's operators, the CUDA
 // calls, each GPU stream's work in the colour of the region whose call launched it, and the bytes the allocator
 // had allocated over the step, each level in the colour of the region whose allocation or free set it.
 

@@ -106,7 +106,7 @@ function describeMemory(lane, first, last) {
   ];
 }
 
-// Bytes held, in binary units as the lab writes them (detector/lab/measures.py memory_text).
+// Bytes held, in binary units as the lab writes them (detector/lab/record/measures.py memory_text).
 export function memoryText(value) {
   for (const [suffix, size] of [['GiB', 2 ** 30], ['MiB', 2 ** 20], ['KiB', 2 ** 10]]) {
     if (Math.abs(value) >= size) return `${Number((value / size).toPrecision(3))} ${suffix}`;

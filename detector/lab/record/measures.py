@@ -1,6 +1,6 @@
 """The lab's vocabulary: every measure of a profiled region, once, with its unit and meaning.
 
-detector/lab/analysis.py computes these from a trace; `make profile`, `make compare`, TensorBoard
+detector/lab/measure/analysis.py computes these from a trace; `make profile`, `make compare`, TensorBoard
 (detector/board/) and `make report` name, format and explain them from this table alone. A measure marked
 ``gpu_only`` is ``None`` on a trace without GPU events (a CPU run): the tables then say once that it needs
 a GPU, instead of printing zeros.
@@ -228,7 +228,7 @@ MEASURES: dict[str, Measure] = {
 WHY = ("ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies", "runtime_ms")
 # Counts drawn on a log axis by `make compare`, in this order where a run has them.
 COUNTS = ("ops", "launches", "syncs", "h2d_copies", "host_reads", "slices")
-# The counts that no load on the machine changes: a verdict leads with them (detector/lab/verdicts.py).
+# The counts that no load on the machine changes: a verdict leads with them (detector/lab/present/verdicts.py).
 STABLE = ("ops", "slices", "host_reads", "launches", "syncs", "h2d_copies", "d2h_copies")
 # The memory measures, in a memory table's column order; the verdicts lead with those of MEMORY_VERDICT, deterministic
 # counts too (the same shapes allocate the same bytes), before every other count.

@@ -1,5 +1,5 @@
 """Timing helpers shared by the benchmark targets (``python -m detector bench losses|kernels|layers``) and the shape
-report's own timing (detector/lab/costs.py).
+report's own timing (detector/lab/measure/costs.py).
 
 Every timer returns a :class:`Stats`: the median of repeated calls and their interquartile range. The
 quartiles, not min–max, are the spread: one preempted call on a shared host would otherwise widen

@@ -1,6 +1,6 @@
-"""Per-step, per-region measures of a profile's trace (detector/lab/trace.py), checked against each other.
+"""Per-step, per-region measures of a profile's trace (detector/lab/measure/trace.py), checked against each other.
 
-Every measure is defined once, in detector/lab/measures.py. How a region's measures are found
+Every measure is defined once, in detector/lab/record/measures.py. How a region's measures are found
 (``measure_steps``):
 
 - Host side: the calls and operators that *start* inside the region's time span, on any thread of the
@@ -25,19 +25,16 @@ launched it; each memory event's total follows from the one before, no region's 
 allocated, and the step's peak is its regions' highest. On a GPU, ``allocator_checks`` holds the trace against
 the allocator's own statistics of each step: the bytes live at its start, its peak and its device mallocs.
 ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive method), min, max
-and n over the steps; ``trace_summary`` is all of it, JSON-ready, for summary.json.
+and n over the steps: the run record's ``Analysis`` (detector/lab/record/run.py), as summary.json holds it.
 """
 
 from __future__ import annotations
 
-import statistics
 from bisect import bisect_left
 from collections import Counter
 from pathlib import Path
 
-from detector.lab.measures import MEASURES
-from detector.lab.record import Analysis, Spread, StepMeasures
-from detector.lab.trace import (
+from detector.lab.measure.trace import (
     DEVICE_FREES,
     DEVICE_MALLOCS,
     LAUNCHES,
@@ -55,11 +52,15 @@ from detector.lab.trace import (
     step_regions,
     step_threads,
 )
+from detector.lab.record.measures import MEASURES
+from detector.lab.record.run import Analysis, StepMeasures, representative_step
+from detector.lab.record.spread import Spread
 from detector.regions import PARTS, REGIONS, STEP
 
 
 def measure_region(trace: Trace, threads: list, spans: list[tuple[float, float]], whole_step: bool = False) -> dict:
-    """Every measure (detector.measures) of a region made of ``spans``; GPU-only ones None without GPU events."""
+    """Every measure (detector/lab/record/measures.py) of a region made of ``spans``; GPU-only ones None without GPU
+    events."""
     total, launched = Counter(), []
     for start, end in spans:
         total["wall_ms"] += end - start
@@ -347,14 +348,8 @@ def _unmatched_launches(trace: Trace) -> list[str]:
     return out
 
 
-def representative_step(steps: list[StepMeasures]) -> StepMeasures:
-    """The step whose wall time is the median (the lower of the two middle ones for an even count)."""
-    walls = [s.regions[STEP]["wall_ms"] for s in steps]
-    return steps[walls.index(statistics.median_low(walls))]
-
-
 def summarise(trace: Trace, steps: list[StepMeasures], allocator: dict[int, dict] | None = None) -> Analysis:
-    """The record's analysis (detector/lab/record.py) of ``steps``, the trace's ``measure_steps``: each measure's
+    """The record's analysis (detector/lab/record/run.py) of ``steps``, the trace's ``measure_steps``: each measure's
     spread per region over the steps, the representative step, and the warnings of ``check_steps`` (and, given the
     caching allocator's figures of each step, of ``allocator_checks``, which sets the steps' alloc retries)."""
     held = allocator_checks(steps, allocator) if allocator else []

@@ -1,11 +1,11 @@
-"""A run's data source in its record (detector/lab/record.py): where its boxes came from, and what its slots cut."""
+"""A run's data source in its record (detector/lab/record/run.py): where its boxes came from, and what its slots cut."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from detector.annotations import SYNTHETIC, counted, read_annotations
-from detector.lab.checked import need, optional
+from detector.checked import need, optional
 
 
 @dataclass

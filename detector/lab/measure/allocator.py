@@ -1,10 +1,10 @@
 """The CUDA caching allocator's own figures of a step (``torch.cuda.memory_stats``), read on the host around it.
 
-The allocator keeps its counters on the host, as it serves each allocation: reading them needs no synchronize, so a
-step read this way runs as training runs it. `make profile` reads them around each profiled step, to hold the trace's
-memory events against them and to count the retries no trace shows (detector/lab/analysis.py ``allocator_checks``);
-`bench memory` reads them around the steps it measures (detector/bench/memory.py). The CPU has no such counters:
-there ``StepMeter`` records nothing.
+The allocator keeps its counters on the host, as it serves each allocation: reading them needs no synchronize, so a step
+read this way runs as training runs it. `make profile` reads them around each profiled step, to hold the trace's memory
+events against them and to count the retries no trace shows (detector/lab/measure/analysis.py ``allocator_checks``);
+`bench memory` reads them around the steps it measures (detector/bench/memory.py). The CPU has no such counters: there
+``StepMeter`` records nothing.
 
 The keys, from torch.cuda.memory_stats' documentation:
 

@@ -1,4 +1,4 @@
-"""Timeline pictures (PNG) of profiled steps, drawn from the lab's model of a step (detector/lab/extract.py):
+"""Timeline pictures (PNG) of profiled steps, drawn from the lab's model of a step (detector/lab/measure/extract.py):
 the same events TensorBoard's Traces tab draws.
 
 ``draw_step`` shows one step of one run: the host's regions as coloured spans, a thin tick at each kernel
@@ -18,8 +18,8 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from detector.lab.extract import LAUNCH, SYNC, StepModel
-from detector.lab.measures import memory_text
+from detector.lab.record.measures import memory_text
+from detector.lab.record.steps import LAUNCH, SYNC, StepModel
 from detector.regions import OTHER, REGIONS
 
 # data wait, copy data, forward, calc loss, backward, optimizer step, step (CUDA graph), other, step

@@ -1,4 +1,4 @@
-"""detector/lab/tables.py: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
+"""detector/lab/present/tables.py: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
 
 import dataclasses
 import json
@@ -6,17 +6,17 @@ import json
 import pytest
 import torch
 
-from detector.lab.record import Spread
-from detector.lab.tables import (
+from detector.lab.present.tables import (
     cell_text,
     markdown_table,
     ms,
-    run_header,
     significant,
     speedup_cell,
     spread_cell,
     write_json,
 )
+from detector.lab.record.provenance import run_header
+from detector.lab.record.spread import Spread
 
 
 @pytest.mark.parametrize(

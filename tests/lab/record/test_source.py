@@ -1,5 +1,6 @@
-"""A run's data source in its record (detector/lab/source.py): written by `make profile`, read back (older summaries
-without it too), shown on the run's card and in `make compare`, which says when runs came from different boxes."""
+"""A run's data source in its record (detector/lab/record/source.py): written by `make profile`, read back (older
+summaries without it too), shown on the run's card and in `make compare`, which says when runs came from different
+boxes."""
 
 import json
 
@@ -7,11 +8,12 @@ import pytest
 from annotation_helpers import coco_json, widerface_text, write_coco
 from lab_helpers import edit_summary, make_run
 
+from detector.checked import RecordError
 from detector.config import load_config
 from detector.lab.compare import run_compare
-from detector.lab.record import RecordError, read_summary
-from detector.lab.source import DataSource
-from detector.lab.text import run_card
+from detector.lab.present.text import run_card
+from detector.lab.record.run import read_summary
+from detector.lab.record.source import DataSource
 
 WIDER = {"boxes": "widerface:gt.txt", "over_max_boxes": "truncate", "images": 12880, "total_boxes": 159424}
 WIDER |= {"largest": 1968, "truncated": 21, "dropped": 3512}

@@ -1,18 +1,16 @@
 """Verdicts: one strategy's profiled step against ``padded``'s, in an order that survives a noisy machine.
 
-A verdict leads with what no load changes: first memory where the two differ (a region's peak rise, the step's
-peak allocated, the allocations, device mallocs and retries; detector/lab/measures.py ``MEMORY_VERDICT``: the same
-shapes allocate the same bytes), then per region the counts that differ (operators, slices, host reads, launches,
-syncs, copies; ``STABLE``) as ratios. Then the time, by the one
-rule of detector/lab/tables.py: the step as training runs it (the steps timed without the profiler), "N×
-slower" where the interquartile ranges do not overlap, "not distinguishable on this machine" with both
-spreads where they do, and "not judged" where either run's noise check flags it (detector/lab/record.py
-``Noise``), unless the two lie further apart than noise moves a step (BEYOND_NOISE), and "not judged" where one
-run is loader-paced and the other is not (record.py ``LOADER_PACED_SHARE``: the loader set the one's time, the
-step's own work the other's). Then the profiled step,
-and where it disagrees with training's, what the profiler added to each side: its cost grows with the
-operators a strategy dispatches, so the training verdict leads. Last, the region where the time went and the
-Traces tab's view of it.
+A verdict leads with what no load changes: first memory where the two differ (a region's peak rise, the step's peak
+allocated, the allocations, device mallocs and retries; detector/lab/record/measures.py ``MEMORY_VERDICT``: the same
+shapes allocate the same bytes), then per region the counts that differ (operators, slices, host reads, launches, syncs,
+copies; ``STABLE``) as ratios. Then the time, by the one rule of detector/lab/present/tables.py: the step as training
+runs it (the steps timed without the profiler), "N× slower" where the interquartile ranges do not overlap, "not
+distinguishable on this machine" with both spreads where they do, and "not judged" where either run's noise check flags
+it (detector/lab/record/noise.py ``Noise``), unless the two lie further apart than noise moves a step (BEYOND_NOISE),
+and "not judged" where one run is loader-paced and the other is not (detector/lab/record/run.py ``LOADER_PACED_SHARE``:
+the loader set the one's time, the step's own work the other's). Then the profiled step, and where it disagrees with
+training's, what the profiler added to each side: its cost grows with the operators a strategy dispatches, so the
+training verdict leads. Last, the region where the time went and the Traces tab's view of it.
 
 ``growth`` says how a strategy's counts grow with the batch, where the runs compared hold it at two batch
 sizes or more.
@@ -23,15 +21,16 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from detector.lab.measures import MEASURES, MEMORY_VERDICT, STABLE, format_value
-from detector.lab.record import ProfileRecord, Spread
-from detector.lab.tables import cell_text, significant, speedup, times
+from detector.lab.present.tables import cell_text, significant, speedup, times
+from detector.lab.record.measures import MEASURES, MEMORY_VERDICT, STABLE, format_value
+from detector.lab.record.run import ProfileRecord
+from detector.lab.record.spread import Spread
 from detector.regions import DATA_WAIT, LOSS_REGIONS, STEP
 
 BASELINE = "padded"
 # A flagged pair's times are still judged where the slower step's q1 is at least this many times the faster's q3:
 # the busiest machine the noise check was calibrated on (two busy loops beside a run on its 2 cores) spread the
-# run's steps by 60 % (detector/lab/noise.py), well short of a 2× gap between the two runs' quartiles
+# run's steps well short of a 2× gap between the two runs' quartiles (docs/measures.md, "Noise")
 BEYOND_NOISE = 2.0
 DIFFERENT = 1.2  # counts whose ratio is at least this (or one of them 0) differ; 129 against 132 operators do not
 
@@ -237,7 +236,7 @@ def disagree(a: Timing, b: Timing) -> bool:
 
 
 def device_bound(record: ProfileRecord) -> bool:
-    """Whether the device was busy nearly all of the run's step (detector/lab/noise.py DEVICE_BOUND_IDLE)."""
+    """Whether the device was busy nearly all of the run's step (detector/lab/record/noise.py DEVICE_BOUND_IDLE)."""
     return record.paced_by() == "device"
 
 
@@ -399,7 +398,7 @@ def profiler_note(record: ProfileRecord) -> str:
 
 
 def loader_note(record: ProfileRecord) -> str | None:
-    """One line where the loader paced the run's step (record.py ``LOADER_PACED_SHARE``), else None."""
+    """One line where the loader paced the run's step (detector/lab/record/run.py ``LOADER_PACED_SHARE``), else None."""
     why = record.loader_paced()
     if why is None:
         return None

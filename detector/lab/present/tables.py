@@ -2,8 +2,8 @@
 writer, one way to print milliseconds, spreads and speed-ups, and one line naming the machine a run came
 from.
 
-A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.lab.timing.Stats``,
-or ``detector.lab.record.Spread``): a median and its interquartile range [q1–q3]. The one rule for calling a
+A *spread* is anything with ``median``, ``low`` and ``high`` attributes (``detector.lab.measure.timing.Stats``,
+or ``detector.lab.record.run.Spread``): a median and its interquartile range [q1–q3]. The one rule for calling a
 difference a speed-up, everywhere: two spreads whose interquartile ranges overlap are the same within the
 noise (``≈``); otherwise the speed-up is the ratio of their medians.
 """
@@ -16,10 +16,6 @@ import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
-
-import torch
-
-from detector.config import device_name
 
 MISSING = "—"  # a cell without a value (not measured, not applicable)
 WHICH_HEADING = "### Which strategy should I use?"  # bench losses writes it; make report opens its document with it
@@ -98,20 +94,6 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], ali
     lines += ["|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
     lines += ["| " + " | ".join(MISSING if c is None else cell_text(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def run_info(device: torch.device | str) -> dict:
-    """What a result file records about the machine: device name, torch version (and CUDA's, on a GPU)."""
-    info = {"device": device_name(device), "torch": torch.__version__}
-    if torch.device(device).type == "cuda":
-        info["cuda"] = torch.version.cuda
-    return info
-
-
-def run_header(device: torch.device | str) -> str:
-    """One line naming the machine a run came from: ``NVIDIA H200, torch 2.11.0+cu130, CUDA 13.0``."""
-    info = run_info(device)
-    return f"{info['device']}, torch {info['torch']}" + (f", CUDA {info['cuda']}" if "cuda" in info else "")
 
 
 def _jsonable(value):

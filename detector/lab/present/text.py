@@ -1,5 +1,5 @@
 """The lab's markdown: a profile run's card (what `make profile` prints and TensorBoard's Text tab shows) and
-a comparison's tables (`make compare`). Every cell is a measure of detector/lab/measures.py, formatted in
+a comparison's tables (`make compare`). Every cell is a measure of detector/lab/record/measures.py, formatted in
 its unit, "median [q1–q3]" over the active steps; a measure that is zero in every region of every run shown
 is not written, and a CPU run says once which measures need a GPU. The memory tables show every memory measure,
 "none" where it does not exist on the run's device (the CPU's allocator neither caches, reserves nor retries).
@@ -7,7 +7,9 @@ is not written, and a CPU run says once which measures need a GPU. The memory ta
 
 from __future__ import annotations
 
-from detector.lab.measures import (
+from detector.lab.present.tables import cell_text, markdown_table, speedup, times
+from detector.lab.present.verdicts import BASELINE, host_speedup, loader_note, noise_note, paced_unlike, profiler_note
+from detector.lab.record.measures import (
     MEASURES,
     MEMORY,
     STEP_ONLY,
@@ -19,9 +21,8 @@ from detector.lab.measures import (
     memory_note,
     present,
 )
-from detector.lab.record import ProfileRecord, Spread
-from detector.lab.tables import cell_text, markdown_table, speedup, times
-from detector.lab.verdicts import BASELINE, host_speedup, loader_note, noise_note, paced_unlike, profiler_note
+from detector.lab.record.run import ProfileRecord
+from detector.lab.record.spread import Spread
 from detector.regions import DATA_WAIT, REGIONS, STEP
 
 TIME = ("wall_ms", "gpu_ms", "device_step_ms", "gpu_idle_share")  # a run table's first columns

@@ -1,10 +1,9 @@
 """The lab's one model of a profiled step: what it launched, placed where it ran. Both pictures draw it: the
-PNG timeline (detector/lab/timeline.py) and TensorBoard's Traces tab (detector/board/).
+PNG timeline (detector/lab/present/timeline.py) and TensorBoard's Traces tab (detector/board/).
 
-`make profile` writes it as ``extract.json.gz`` beside the trace (its schema: detector/lab/record.py
-``Extract``), so that the tab reads a few kilobytes per step instead of parsing the whole trace on every
-request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read
-(``load``).
+`make profile` writes it as ``extract.json.gz`` beside the trace (its record: detector/lab/record/steps.py ``Extract``,
+each step a typed ``Step``), so that the tab reads a few kilobytes per step instead of parsing the whole trace on every
+request (a loop trace is hundreds of MB of JSON). An older run without one is converted on first read (``load``).
 
 Every time is in µs from the step's start (the ProfilerStep's start on the host; ``start``, that start on
 the host's clock, which the ranks of one host share). Per step:
@@ -17,7 +16,7 @@ the host's clock, which the ranks of one host share). Per step:
 - ``streams``: per GPU stream, the kernels, copies and memsets the step's calls launched, whenever they
   ran, ``[start, duration, category, name, call]``: the host runs ahead, so a step's device work often
   starts after its host part has ended;
-- ``why``: every measure of each region in this step (detector/lab/measures.py), for the tab's region panel;
+- ``why``: every measure of each region in this step (detector/lab/record/measures.py), for the tab's region panel;
 - ``memory`` (where the profile recorded memory): the run's device (``cuda:0``, ``cpu``), the bytes allocated
   when the step began (``start``), the allocator's events in it (``events``) and ``rows`` ``[start, allocated,
   bytes, operator]``: the bytes allocated after each allocation (bytes > 0) or free (< 0) and the operator it is
@@ -30,14 +29,25 @@ from __future__ import annotations
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
-from detector.lab.analysis import measure_steps, representative_step
-from detector.lab.checked import read_json
-from detector.lab.record import EXTRACT, Extract, ProfileRecord, RecordError, StepMeasures, read_extract, write_extract
-from detector.lab.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.checked import RecordError, read_json
+from detector.lab.measure.analysis import measure_steps
+from detector.lab.measure.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.lab.record.run import ProfileRecord, StepMeasures, representative_step
+from detector.lab.record.steps import (
+    CATEGORIES,
+    EXTRACT,
+    LAUNCH,
+    SYNC,
+    Extract,
+    Step,
+    StepMemory,
+    Stream,
+    Thread,
+    read_extract,
+    write_extract,
+)
 from detector.regions import OTHER, STEP
 
-CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-LAUNCH, SYNC = 1, 2  # a call's flags
 TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 # memory events kept per step: a GPU step of the loop strategy allocates ~10^5 times, and a screen is ~2000 px wide
 MEMORY_ROWS = 8000
@@ -74,7 +84,7 @@ def build(source, steps: list[StepMeasures] | None = None, about: dict | None = 
     )
 
 
-def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names) -> dict:
+def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names) -> Step:
     t0, t1 = step["ts"], step["ts"] + step["dur"]
     spans = step_regions(trace, step)
     regions = sorted((a, b, name) for name, found in spans.items() if name not in (OTHER, STEP) for a, b in found)
@@ -102,32 +112,31 @@ def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names)
                 row = [us(g.ts - t0), us(g.end - g.ts), CATEGORIES.index(g.category), names(g.name), index]
                 streams.setdefault(g.stream, []).append(row)
         if ops or len(calls) > first:  # a thread that only polled (event queries) is left out
-            threads.append({"tid": tid, "ops": [[us(o.ts - t0), us(o.end - o.ts), names(o.name)] for o in ops]})
-    return {
-        "start": t0,  # µs on the host's clock: one host's ranks share it, so their steps align on one axis
-        "dur": us(t1 - t0),
-        "regions": [[name, us(a - t0), us(b - a)] for a, b, name in regions],
-        "threads": threads,
-        "calls": calls,
-        "streams": [{"stream": str(s), "events": sorted(rows)} for s, rows in sorted(streams.items(), key=str)],
-        "why": {
-            region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()
-        },
-    } | memory_rows(trace, t0, t1, names)
+            threads.append(Thread(tid, [[us(o.ts - t0), us(o.end - o.ts), names(o.name)] for o in ops]))
+    return Step(
+        start=t0,  # µs on the host's clock: one host's ranks share it, so their steps align on one axis
+        dur=us(t1 - t0),
+        regions=[[name, us(a - t0), us(b - a)] for a, b, name in regions],
+        threads=threads,
+        calls=calls,
+        streams=[Stream(str(s), sorted(rows)) for s, rows in sorted(streams.items(), key=str)],
+        why={region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()},
+        memory=memory_rows(trace, t0, t1, names),
+    )
 
 
-def memory_rows(trace: Trace, t0: float, t1: float, names: Names) -> dict:
-    """``{"memory": ...}`` of the step [t0, t1) (see the module docstring), or {} where the trace has no memory."""
+def memory_rows(trace: Trace, t0: float, t1: float, names: Names) -> StepMemory | None:
+    """The memory of the step [t0, t1) (see the module docstring), or None where the trace has no memory."""
     memory = trace.memory
     if memory is None:
-        return {}
+        return None
     i, j = bisect_left(memory.ts, t0), bisect_left(memory.ts, t1)
     kept = envelope(memory.ts, memory.allocated, i, j, t0, t1) if j - i > MEMORY_ROWS else range(i, j)
     rows = [
         [us(memory.ts[k] - t0), memory.allocated[k], memory.bytes[k], names(memory.ops[k]) if memory.ops[k] else -1]
         for k in kept
     ]
-    return {"memory": {"device": memory.device, "start": memory.level(i), "events": j - i, "rows": rows}}
+    return StepMemory(memory.device, memory.level(i), j - i, rows)
 
 
 def envelope(ts: list, values: list, i: int, j: int, t0: float, t1: float) -> list[int]:
@@ -203,61 +212,3 @@ def about(record: ProfileRecord) -> dict:
         "torch": record.torch,
         "batch_size": record.batch_size,
     }
-
-
-class StepModel:
-    """One step of an extract, read as events: what the PNG timeline (detector/lab/timeline.py) draws, the
-    same that the Traces tab draws from the same rows."""
-
-    def __init__(self, extract: Extract, number: int | None = None):
-        number = extract.representative_step if number is None else number
-        if str(number) not in extract.steps:
-            found = ", ".join(extract.steps)
-            raise RecordError(f"the extract has no step {number} (its steps: {found})")
-        self.number, self.gpu = number, extract.gpu
-        self.step, self.names = extract.steps[str(number)], extract.names
-        self.dur = self.step["dur"]
-
-    def regions(self) -> list[tuple[str, float, float]]:
-        """(region, start, duration) µs from the step's start, on the step's thread."""
-        return [(name, start, dur) for name, start, dur in self.step["regions"]]
-
-    def region_of_call(self, call: int) -> str:
-        index = self.step["calls"][call][4]
-        return self.step["regions"][index][0] if index >= 0 else OTHER
-
-    def calls(self, flag: int) -> list[float]:
-        """The starts (µs) of the step's calls with ``flag`` (LAUNCH or SYNC)."""
-        return [start for start, _, _, _, _, flags in self.step["calls"] if flags & flag]
-
-    def gpu_events(self) -> list[tuple[str, float, float, str, str]]:
-        """(stream, start, duration, category, the region whose call launched it) of the GPU work the step
-        launched, whenever it ran."""
-        return [
-            (stream["stream"], start, dur, CATEGORIES[category], self.region_of_call(call))
-            for stream in self.step["streams"]
-            for start, dur, category, _, call in stream["events"]
-        ]
-
-    def end(self) -> float:
-        """µs from the step's start to the end of its host part or of the last GPU work it launched."""
-        return max([self.dur] + [start + dur for _, start, dur, _, _ in self.gpu_events()])
-
-    def memory(self) -> tuple[int, list[tuple[float, int, int, str, str]]] | None:
-        """(bytes allocated when the step began, [(µs from its start, bytes allocated after, the event's bytes, its
-        operator, the region it fell in)]) of the step's allocator events; None where the profile recorded none."""
-        memory = self.step.get("memory")
-        if memory is None:
-            return None
-        regions = sorted((start, start + dur, name) for name, start, dur in self.regions())
-        starts = [a for a, _, _ in regions]
-
-        def region_at(t: float) -> str:
-            i = bisect_right(starts, t) - 1
-            return regions[i][2] if i >= 0 and t < regions[i][1] else OTHER
-
-        rows = [
-            (t, allocated, size, self.names[op] if op >= 0 else "", region_at(t))
-            for t, allocated, size, op in memory["rows"]
-        ]
-        return memory["start"], rows

@@ -1,6 +1,7 @@
-"""Memory measures (detector/lab/measures.py MEMORY): exact figures per region on a hand-written trace, the operator
-each allocation is attributed to, the checks that catch a broken trace, the allocator's own figures held against the
-trace's, the extract's rows and their envelope, the verdicts that lead with memory, and a real CPU profile."""
+"""Memory measures (detector/lab/record/measures.py MEMORY): exact figures per region on a hand-written trace, the
+operator each allocation is attributed to, the checks that catch a broken trace, the allocator's own figures held
+against the trace's, the extract's rows and their envelope, the verdicts that lead with memory, and a real CPU
+profile."""
 
 import gzip
 import json
@@ -10,15 +11,17 @@ import pytest
 from lab_helpers import TINY_PROFILE
 from trace_helpers import MAIN, MEMORY_EVENTS, mark, memory, synthetic_events, synthetic_memory
 
+from detector.checked import RecordError
 from detector.config import load_config
-from detector.lab.allocator import snapshot, step_figures
-from detector.lab.analysis import allocator_checks, check_steps, measure_steps, summarise
-from detector.lab.extract import MEMORY_ROWS, StepModel, build
-from detector.lab.measures import format_value, memory_text
+from detector.lab.measure.allocator import snapshot, step_figures
+from detector.lab.measure.analysis import allocator_checks, check_steps, measure_steps, summarise
+from detector.lab.measure.extract import MEMORY_ROWS, build
+from detector.lab.measure.trace import load_trace
+from detector.lab.present.text import memory_card, run_card
 from detector.lab.profile import run_profile
-from detector.lab.record import EXTRACT, Extract, RecordError, read_extract, read_summary
-from detector.lab.text import memory_card, run_card
-from detector.lab.trace import load_trace
+from detector.lab.record.measures import format_value, memory_text
+from detector.lab.record.run import read_summary
+from detector.lab.record.steps import EXTRACT, Extract, StepModel, read_extract
 
 # region: (live at its start, peak allocated, peak rise, allocated bytes, allocations, frees) of step 5 of
 # synthetic_memory(), from MEMORY_EVENTS: 1000 B live before the first event
@@ -153,16 +156,16 @@ def test_the_allocators_figures_of_a_step_from_two_memory_stats_snapshots():
 def test_the_extract_holds_each_steps_memory_with_its_operators():
     found = build(synthetic_memory())
     step = found.steps["5"]
-    assert step["memory"]["device"] == "cuda:0" and step["memory"]["start"] == 1000
-    assert step["memory"]["events"] == 8
-    rows = step["memory"]["rows"]
+    assert step.memory.device == "cuda:0" and step.memory.start == 1000
+    assert step.memory.events == 8
+    rows = step.memory.rows
     assert [r[1] for r in rows] == [total for _, _, total, _ in MEMORY_EVENTS]
     assert [found.names[r[3]] if r[3] >= 0 else "" for r in rows][1:3] == ["aten::addmm", "aten::relu"]
     start, modelled = StepModel(found, 5).memory()
     assert start == 1000 and [region for *_, region in modelled] == [
         "copy data", "forward", "forward", "forward", "calc loss", "calc loss", "backward", "other"
     ]  # fmt: skip
-    assert found.steps["6"]["memory"]["rows"] == [] and found.steps["6"]["memory"]["start"] == 1000
+    assert found.steps["6"].memory.rows == [] and found.steps["6"].memory.start == 1000
     Extract.parse(json.loads(json.dumps(found.to_json())), "extract")  # what it writes, it reads
 
 
@@ -176,11 +179,11 @@ def test_a_step_of_many_events_keeps_the_envelope_and_its_exact_peak():
         if size == 2**20:
             total -= size
             events.append(memory(k * 2.5 + 1, -size, total, device=(0, -1)))
-    found = build(events).steps["1"]["memory"]
-    assert found["events"] == len(events) - 1
-    assert len(found["rows"]) <= MEMORY_ROWS
-    assert max(r[1] for r in found["rows"]) == 2**20 + 64  # the spike, kept
-    assert min(r[1] for r in found["rows"]) == 0
+    found = build(events).steps["1"].memory
+    assert found.events == len(events) - 1
+    assert len(found.rows) <= MEMORY_ROWS
+    assert max(r[1] for r in found.rows) == 2**20 + 64  # the spike, kept
+    assert min(r[1] for r in found.rows) == 0
 
 
 def test_a_broken_memory_row_is_refused():
@@ -209,7 +212,7 @@ def test_a_cpu_profile_records_its_allocators_memory(cpu_run):
     assert record.stats("step", "allocs").median == record.stats("step", "device_mallocs").median > 0
     assert record.stats("step", "alloc_retries") is None and record.stats("step", "reserved_free_bytes") is None
     rows = read_extract(Path(cpu_run) / EXTRACT).steps
-    assert all(step["memory"]["device"] == "cpu" and step["memory"]["rows"] for step in rows.values())
+    assert all(step.memory.device == "cpu" and step.memory.rows for step in rows.values())
     with gzip.open(next((Path(cpu_run) / "trace").glob("*.json.gz"))) as f:
         assert '"[memory]"' in f.read().decode()
 

@@ -1,20 +1,17 @@
-"""The run record: what `make profile` writes and every reader reads (compare, report, TensorBoard, the Traces
-tab), as typed, versioned dataclasses. One schema, checked once, where a file is read.
-
-A profile run folder holds
+"""A profile run's record: summary.json, what `make profile` writes and every reader reads (compare, report,
+TensorBoard, the Traces tab), as typed, versioned dataclasses. One schema, checked once, where a file is read.
 
     summary.json     ``ProfileRecord``: the run's facts, per region the spread of every measure over the
-                     active steps (detector/lab/measures.py), each step's measures, the steps timed without
+                     active steps (detector/lab/record/measures.py), each step's measures, the steps timed without
                      the profiler, the machine's noise, the analysis' warnings
-    extract.json.gz  ``Extract``: each active step as the lab models it (detector/lab/extract.py)
+    extract.json.gz  beside it: each active step as the lab models it (steps.py)
 
-``read_summary`` and ``read_extract`` return the record or raise ``RecordError``, one line naming the file and
-what is wrong in it (a field of the wrong type, a version this code does not read, a file too large). A
-summary of version 1 (written before the noise was recorded) is converted: its noise is unknown. A value no
-measure can take (not finite, negative, beyond 10^15) is left out, as if not measured, and named in
-``left_out``; but a profiled step's wall time that is not such a value, or no usable profiled step, is refused:
-every reader times the run by its steps. ``TrainingRecord`` is the summary.json of a `make train` run, read the
-same way.
+``read_summary`` returns the record or raises ``RecordError``, one line naming the file and what is wrong in it (a
+field of the wrong type, a version this code does not read, a file too large). A summary of version 1 (written
+before the noise was recorded) is converted: its noise is unknown. A value no measure can take (not finite,
+negative, beyond 10^15) is left out, as if not measured, and named in ``left_out``; but a profiled step's wall time
+that is not such a value, or no usable profiled step, is refused: every reader times the run by its steps. (A `make
+train` run's summary.json is detector/train/summary.py's ``TrainingSummary``.)
 
 A run is *loader-paced* (``ProfileRecord.loader_paced``) where its step waited for the loader at least
 LOADER_PACED_SHARE of its time and, on a GPU, the device idled as long a share of it: the loader, not the step's
@@ -23,29 +20,22 @@ own work, set its time, and compare does not judge it against a run the loader d
 
 from __future__ import annotations
 
-import gzip
 import json
-import math
-import os
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.lab.checked import RecordError, need, optional, read_json, short, usable
-from detector.lab.measures import format_value
-from detector.lab.noise import DEVICE_BOUND_IDLE, Noise
-from detector.lab.source import DataSource
+from detector.checked import RecordError, need, optional, read_json, short, usable
+from detector.lab.record.measures import format_value
+from detector.lab.record.noise import DEVICE_BOUND_IDLE, Noise
+from detector.lab.record.source import DataSource
+from detector.lab.record.spread import Spread
 from detector.regions import DATA_WAIT, STEP
 
 VERSION = 2  # of summary.json; 1: no "version" key and no noise
-EXTRACT_VERSION = 1
 SUMMARY = "summary.json"
-EXTRACT = "extract.json.gz"
 MODES = ("train", "forward")
 SUMMARY_BYTES = 64 * 2**20  # a summary of 10 steps is tens of kB; a larger file is not one
-# decompressed: a step of the loop strategy on a GPU models ~30k launches in ~2 MB, so ten such steps stay far
-# below; a small gzip that unpacks past this is refused before it is parsed
-EXTRACT_BYTES = 64 * 2**20
 # A step that waits for its batch this share of its time or more is loader-paced (and on a GPU only where the device
 # idles as long a share: a host that waits in the loader while the device still runs queued work costs the step
 # nothing). 5 %: the spread beyond which a device-paced step is not a quiet machine's (noise.py NOISY_SPREAD), and the
@@ -53,64 +43,6 @@ EXTRACT_BYTES = 64 * 2**20
 # idle under DEVICE_BOUND_IDLE (the same 5 %). On the CPU the loader's own cost of handing over a batch counts too:
 # it alone paces a step of a few milliseconds
 LOADER_PACED_SHARE = 0.05
-
-
-# ----------------------------------------------------------------------------- spreads
-
-
-@dataclass(frozen=True)
-class Spread:
-    """The median, quartiles (inclusive method), min, max and count of a measure's values over steps; all None
-    with n = 0 where it has none. ``low`` and ``high`` are the quartiles: the interval of the speed-up rule
-    (detector/lab/tables.py)."""
-
-    median: float | None = None
-    q1: float | None = None
-    q3: float | None = None
-    min: float | None = None
-    max: float | None = None
-    n: int = 0
-
-    @classmethod
-    def of(cls, values) -> Spread:
-        values = [v for v in values if v is not None]
-        if not values:
-            return cls()
-        q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
-        return cls(statistics.median(values), q1, q3, min(values), max(values), len(values))
-
-    @property
-    def low(self) -> float | None:
-        return self.q1
-
-    @property
-    def high(self) -> float | None:
-        return self.q3
-
-    def __bool__(self) -> bool:
-        return self.n > 0 and self.median is not None
-
-    def relative_iqr(self) -> float | None:
-        """(q3 - q1) / median: how widely the steps spread, as a share of the median."""
-        return (self.q3 - self.q1) / self.median if self and self.median > 0 else None
-
-    @classmethod
-    def parse(cls, data, where: str, left_out: list[str]) -> Spread:
-        need(data, dict, where)
-        values = {}
-        for key in ("median", "q1", "q3", "min", "max"):
-            value = data.get(key)
-            if not usable(value):
-                left_out.append(f"{where}.{key} ({short(value)})")
-                return cls()
-            values[key] = value
-        n = need(data.get("n", 0), int, f"{where}.n")
-        if n and values["median"] is None:
-            raise RecordError(f"{where} has n={n} but no median")
-        return cls(**values, n=n) if n else cls()
-
-
-# ----------------------------------------------------------------------------- the profile run
 
 
 Measures = dict[str, dict[str, float | None]]  # region -> measure -> value of one step
@@ -144,9 +76,15 @@ class StepMeasures:
         return cls(need(data.get("step"), int, f"{where}.step"), start, regions)
 
 
+def representative_step(steps: list[StepMeasures]) -> StepMeasures:
+    """The step whose wall time is the median (the lower of the two middle ones for an even count)."""
+    walls = [s.regions[STEP]["wall_ms"] for s in steps]
+    return steps[walls.index(statistics.median_low(walls))]
+
+
 @dataclass
 class Analysis:
-    """What the trace says (detector/lab/analysis.py): per region, the spread of each measure over the active
+    """What the trace says (detector/lab/measure/analysis.py): per region, the spread of each measure over the active
     steps; the step whose wall time is the median; the checks' warnings."""
 
     trace: str
@@ -407,153 +345,3 @@ def write_summary(run_dir: Path, record: ProfileRecord) -> Path:
     path = Path(run_dir) / SUMMARY
     path.write_text(json.dumps(record.to_json(), indent=2))
     return path
-
-
-# ----------------------------------------------------------------------------- the step extract
-
-
-@dataclass
-class Extract:
-    """extract.json.gz: every active step as the lab models it (detector/lab/extract.py builds it, and documents
-    its rows), its names stored once. ``steps`` maps the step's number, as text, to its model."""
-
-    about: dict
-    gpu: bool
-    representative_step: int
-    steps: dict[str, dict]
-    names: list[str]
-    version: int = EXTRACT_VERSION
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def parse(cls, data, where: str) -> Extract:
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
-        if data.get("version") != EXTRACT_VERSION:
-            raise RecordError(f"{where}: version {short(data.get('version'))}, this detector reads {EXTRACT_VERSION}")
-        steps = need(data.get("steps"), dict, f"{where}: steps")
-        names = need(data.get("names"), list, f"{where}: names")
-        for number, step in steps.items():
-            check_step(step, f"{where}: step {number}", len(names))
-        return cls(
-            about=optional(data, "about", dict, where, {}),
-            gpu=need(data.get("gpu"), bool, f"{where}: gpu"),
-            representative_step=need(data.get("representative_step"), int, f"{where}: representative_step"),
-            steps=steps,
-            names=[need(n, str, f"{where}: names") for n in names],
-        )
-
-
-ROWS = {"regions": 3, "calls": 6}  # the length of each row of a step's lists
-
-
-def check_step(step, where: str, names: int) -> None:
-    """RecordError unless ``step`` has the shape that extract.step_extract writes (names index the name table)."""
-    need(step, dict, where)
-    need(step.get("dur"), (int, float), f"{where}.dur")
-    optional(step, "start", (int, float), where)  # absent in extracts written before ranks were aligned
-    for key, width in ROWS.items():
-        for row in need(step.get(key), list, f"{where}.{key}"):
-            if not isinstance(row, list) or len(row) != width:
-                raise RecordError(f"{where}.{key} has a row {short(row)}, expected {width} values")
-    for name, *_ in step["regions"]:
-        need(name, str, f"{where}.regions")
-    for row in step["calls"]:
-        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in row) or not 0 <= row[3] < names:
-            raise RecordError(
-                f"{where}.calls has a row {short(row)} that is not [start, dur, thread, name, region, flags]"
-            )
-    for thread in need(step.get("threads"), list, f"{where}.threads"):
-        need(thread, dict, f"{where}.threads")
-        need(thread.get("ops"), list, f"{where}.threads.ops")
-    for stream in need(step.get("streams"), list, f"{where}.streams"):
-        need(stream, dict, f"{where}.streams")
-        for row in need(stream.get("events"), list, f"{where}.streams.events"):
-            if not isinstance(row, list) or len(row) != 5 or not 0 <= row[4] < len(step["calls"]):
-                raise RecordError(f"{where}.streams has an event {short(row)} not launched by one of its calls")
-    need(step.get("why"), dict, f"{where}.why")
-    if step.get("memory") is not None:  # absent in extracts of runs that recorded no memory
-        check_memory_rows(step["memory"], f"{where}.memory", names)
-
-
-def check_memory_rows(memory, where: str, names: int) -> None:
-    """RecordError unless a step's ``memory`` has the shape extract.memory_rows writes."""
-    need(memory, dict, where)
-    need(memory.get("device"), str, f"{where}.device")
-    for key in ("start", "events"):
-        need(memory.get(key), int, f"{where}.{key}")
-    for row in need(memory.get("rows"), list, f"{where}.rows"):
-        numbers = isinstance(row, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
-        if not numbers or len(row) != 4 or not -1 <= row[3] < names:
-            raise RecordError(f"{where} has a row {short(row)} that is not [start, allocated, bytes, operator]")
-
-
-def read_extract(path) -> Extract:
-    """The Extract in ``path`` (extract.json.gz); RecordError with the reason otherwise (also one that would
-    decompress to more than EXTRACT_BYTES)."""
-    return Extract.parse(read_json(Path(path), EXTRACT_BYTES), str(path))
-
-
-def write_extract(run_dir: Path, extract: Extract) -> Path:
-    """extract.json.gz in ``run_dir``, written whole or not at all: into a new file (never through a link that
-    stands at its name), then renamed over the old one."""
-    path = Path(run_dir) / EXTRACT
-    temp = path.with_name(f".{path.name}.new")
-    temp.unlink(missing_ok=True)  # a leftover of a stopped write, or a link: removed, not followed
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "wb") as raw, gzip.open(raw, "wt", compresslevel=6) as f:
-        json.dump(extract.to_json(), f, separators=(",", ":"))
-    temp.replace(path)
-    return path
-
-
-# ----------------------------------------------------------------------------- a training run
-
-
-@dataclass
-class TrainingRecord:
-    """summary.json of a `make train` run (detector/train/loop.py writes it): what the lab reads of it."""
-
-    run: str
-    strategy: str
-    steps: int
-    final_loss: float
-    step_ms: float | None
-    images_per_s: float | None
-    history: list[tuple[int, float]]
-    losses: list[float]
-    world_size: int = 1
-    device: str = "?"
-
-    @classmethod
-    def parse(cls, data, where: str) -> TrainingRecord:
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
-        if "history" not in data:
-            raise RecordError(f"{where}: no loss curve (history): not written by make train")
-        history = []
-        for i, point in enumerate(need(data["history"], list, f"{where}: history")):
-            if not isinstance(point, list) or len(point) != 2:
-                raise RecordError(f"{where}: history[{i}] is {short(point)}, expected [step, loss]")
-            at = f"{where}: history[{i}]"
-            history.append((need(point[0], int, at), need(point[1], (int, float), at)))
-        losses = [need(v, (int, float), f"{where}: losses") for v in optional(data, "losses", list, where, [])]
-        return cls(
-            run=optional(data, "run", str, where, ""),
-            strategy=optional(data, "strategy", str, where, "?"),
-            steps=optional(data, "steps", int, where, 0),
-            final_loss=optional(data, "final_loss", (int, float), where, math.nan),
-            step_ms=optional(data, "step_ms", (int, float), where),
-            images_per_s=optional(data, "images_per_s", (int, float), where),
-            history=history,
-            losses=losses,
-            world_size=optional(data, "world_size", int, where, 1),
-            device=optional(data, "device", str, where, "?"),
-        )
-
-
-def read_training(path) -> TrainingRecord:
-    file = summary_path(Path(path))
-    return TrainingRecord.parse(read_json(file, SUMMARY_BYTES), str(file))

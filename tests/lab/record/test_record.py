@@ -1,26 +1,17 @@
-"""The run record (detector/lab/record.py): written and read back the same, an older version converted, a file of
-the wrong shape or size refused in one line naming the file and the field; the machine's noise
-(detector/lab/noise.py) read from /proc and judged."""
+"""The profile run's record (detector/lab/record/run.py, steps.py): written and read back the same, an older version
+converted, a file of the wrong shape or size refused in one line naming the file and the field; the machine's noise
+(detector/lab/record/noise.py) judged."""
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 from lab_helpers import BUSY, QUIET, make_run
 
-from detector.lab import noise
-from detector.lab.record import (
-    EXTRACT,
-    Noise,
-    RecordError,
-    read_extract,
-    read_summary,
-    read_training,
-    write_summary,
-)
+from detector.checked import RecordError
+from detector.lab.record.noise import Noise
+from detector.lab.record.run import read_summary, write_summary
+from detector.lab.record.steps import EXTRACT, read_extract
 
 
 @pytest.fixture(scope="module")
@@ -102,7 +93,7 @@ def test_a_summary_whose_steps_cannot_time_the_run_is_refused_naming_the_file_an
 
 def test_an_extract_that_would_decompress_past_its_cap_is_refused_without_reading_it_all(tmp_path, monkeypatch):
     """A small gzip of a huge JSON (a zip bomb): refused once its cap is read, in one line."""
-    monkeypatch.setattr("detector.lab.record.EXTRACT_BYTES", 2**20)
+    monkeypatch.setattr("detector.lab.record.steps.EXTRACT_BYTES", 2**20)
     path = tmp_path / EXTRACT
     path.write_bytes(gzip.compress(b"[" + b"0," * (4 * 2**20) + b"0]", compresslevel=9))
     assert path.stat().st_size < 50_000
@@ -110,10 +101,36 @@ def test_an_extract_that_would_decompress_past_its_cap_is_refused_without_readin
         read_extract(path)
 
 
+def test_an_extract_of_an_earlier_run_is_read_as_typed_steps(tmp_path):
+    """An extract written before ranks were aligned (no ``start``) and before memory was recorded (no ``memory``): its
+    steps read with neither, and are written back as they were."""
+    step = {
+        "dur": 10.0,
+        "regions": [["forward", 0.0, 4.0]],
+        "threads": [{"tid": 7, "ops": [[0.0, 4.0, 0]]}],
+        "calls": [[1.0, 0.5, 0, 0, 0, 1]],
+        "streams": [{"stream": "7", "events": [[2.0, 3.0, 0, 0, 0]]}],
+        "why": {"forward": {"launches": 1}},
+    }
+    data = {"version": 1, "gpu": True, "representative_step": 1, "steps": {"1": step}, "names": ["k"], "about": {}}
+    path = tmp_path / EXTRACT
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    found = read_extract(path).steps["1"]
+    assert (found.start, found.memory, found.threads[0].tid, found.streams[0].events) == (
+        None,
+        None,
+        7,
+        [[2, 3, 0, 0, 0]],
+    )
+    assert found.to_json() == step
+
+
 @pytest.mark.parametrize(
     "step, message",
     [
         ({"dur": 1, "regions": [["forward", 0]], "calls": [], "threads": [], "streams": [], "why": {}}, "a row"),
+        ({"dur": "1", "regions": [], "calls": [], "threads": [], "streams": [], "why": {}}, r"step 1.dur is str '1'"),
+        ({"dur": 1, "regions": [], "calls": [], "threads": [], "streams": []}, r"step 1.why is NoneType"),
         ({"dur": 1, "regions": [], "calls": [[0, 1, 0, 99, 0, 1]], "threads": [], "streams": [], "why": {}}, "calls"),
         (
             {"dur": 1, "regions": [], "calls": [], "threads": [], "why": {}}
@@ -128,14 +145,6 @@ def test_an_extract_of_the_wrong_shape_is_refused(tmp_path, step, message):
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
     with pytest.raises(RecordError, match=message):
         read_extract(path)
-
-
-def test_a_training_record_needs_its_loss_curve(tmp_path):
-    (tmp_path / "summary.json").write_text(json.dumps({"step_ms": 3.0, "history": [[50, 1.2], [100, 1.1]]}))
-    assert read_training(tmp_path).history == [(50, 1.2), (100, 1.1)]
-    (tmp_path / "summary.json").write_text(json.dumps({"history": [[50, "low"]]}))
-    with pytest.raises(RecordError, match="history"):
-        read_training(tmp_path)
 
 
 # ----------------------------------------------------------------------------- noise
@@ -172,34 +181,3 @@ def test_a_spread_is_noise_beyond_what_a_quiet_machine_of_its_clock_shows():
     assert Noise(cores=2, timed_spread=0.12).reasons() == [] and Noise(cores=2, timed_spread=0.6).reasons()
     # a GPU step that the host paces is held to the host's spread, whatever clock timed it
     assert Noise(cores=16, timed_spread=0.2, timed_by="device").reasons(paced_by="host") == []
-
-
-def test_the_meter_counts_the_cores_others_kept_busy(monkeypatch):
-    """Between start and stop the machine used 3 s of CPU in 2 s, this process 1 s of it: others kept 1 core busy."""
-    readings = iter([(10.0, 100.0, 5.0), (12.0, 103.0, 6.0)])
-    monkeypatch.setattr(noise.LoadMeter, "_now", staticmethod(lambda: next(readings)))
-    meter = noise.LoadMeter()
-    meter.start()
-    assert meter.stop() == pytest.approx(1.0) and meter.own == pytest.approx(0.5)
-    readings = iter([(10.0, 100.0, None), (12.0, 103.0, 6.0)])  # /proc unreadable: unknown, not 0
-    meter.start()
-    assert meter.stop() is None
-
-
-@pytest.mark.skipif(not os.path.exists("/proc/stat"), reason="reads Linux's /proc")
-def test_the_readings_count_a_child_as_ours_and_the_machine_counts_it_too():
-    """A child that spins for a second counts in this process's CPU time (the loader's workers are ours) and in
-    the machine's."""
-    own, machine = noise.own_busy(), noise.machine_busy()
-    spin = "import time\nend = time.time() + 1\nwhile time.time() < end: pass"
-    subprocess.run([sys.executable, "-c", spin], check=True)
-    spent = noise.own_busy() - own
-    assert 0.2 < spent < 5 and noise.machine_busy() - machine >= spent * 0.9
-    assert noise.own_busy(root=2**22 + 12345) is None  # no such process
-
-
-def test_under_torchrun_the_other_ranks_are_the_runs_own(monkeypatch):
-    monkeypatch.delenv("TORCHELASTIC_RUN_ID", raising=False)
-    assert noise.run_root() == os.getpid()
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's agent started this process and its siblings
-    assert noise.run_root() == os.getppid()

@@ -1,11 +1,13 @@
-"""Verdicts (detector/lab/verdicts.py) on synthetic records: the counts no load changes lead, the time follows by
-the speed-up rule, a noisy run's times are not judged, and where the profile disagrees with training the line
-says what the profiler added to each side."""
+"""Verdicts (detector/lab/present/verdicts.py) on synthetic records: the counts no load changes lead, the time follows
+by the speed-up rule, a noisy run's times are not judged, and where the profile disagrees with training the line says
+what the profiler added to each side."""
 
 import pytest
 
-from detector.lab.record import Analysis, Noise, ProfileRecord, Spread, StepMeasures, Timed
-from detector.lab.verdicts import count_diffs, growth, judge, moved_most, profiler_note, verdict_lines
+from detector.lab.present.verdicts import count_diffs, growth, judge, moved_most, profiler_note, verdict_lines
+from detector.lab.record.noise import Noise
+from detector.lab.record.run import Analysis, ProfileRecord, StepMeasures, Timed
+from detector.lab.record.spread import Spread
 
 QUIET = Noise(cores=2, load_before=0.0, load_during=0.03, load_after=0.0, timed_spread=0.02)
 BUSY = Noise(cores=2, load_before=1.9, load_during=1.95, load_after=1.9, timed_spread=0.3)

@@ -1,9 +1,9 @@
-"""detector.lab.timing: the statistics every timer returns, and the one timing loop on the CPU."""
+"""detector.lab.measure.timing: the statistics every timer returns, and the one timing loop on the CPU."""
 
 import time
 
-from detector.lab.tables import spread_cell
-from detector.lab.timing import Stats, event_ms, wall_ms
+from detector.lab.measure.timing import Stats, event_ms, wall_ms
+from detector.lab.present.tables import spread_cell
 
 
 def test_stats_are_median_and_quartiles_and_scale_per_call():

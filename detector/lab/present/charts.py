@@ -1,5 +1,5 @@
 """The lab's charts (PNG, matplotlib without pyplot): where a step's time goes, run beside run, and the counts
-that explain it. Timelines of steps are detector/lab/timeline.py.
+that explain it. Timelines of steps are detector/lab/present/timeline.py.
 
 - ``draw_stacked``: per strategy the median step (by wall time) as a bar stacked by region, and on a GPU
   the GPU time each region launched beside it; the label on a bar is the bar's own length (the sum of its
@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 from matplotlib.figure import Figure
 
-from detector.lab.analysis import representative_step
-from detector.lab.measures import COUNTS, MEASURES, format_value, present, present_regions
-from detector.lab.record import ProfileRecord
-from detector.lab.tables import significant
-from detector.lab.timeline import CLIP, REGION_COLORS
+from detector.lab.present.tables import significant
+from detector.lab.present.timeline import CLIP, REGION_COLORS
+from detector.lab.record.measures import COUNTS, MEASURES, format_value, present, present_regions
+from detector.lab.record.run import ProfileRecord, representative_step
 from detector.regions import REGIONS, STEP
 
 
@@ -95,7 +94,7 @@ def _label_bar(ax, x: float, height: float, top: float) -> None:
 
 
 def draw_counts(runs: list[tuple[str, ProfileRecord]], title: str, path: Path) -> Path | None:
-    """The counts of detector/lab/measures.py COUNTS that some run has, per region (groups) and strategy (bars),
+    """The counts of detector/lab/record/measures.py COUNTS that some run has, per region (groups) and strategy (bars),
     log scale (1 against 10⁵); each count only in the regions where some run has it; None when every count is
     0."""
     records = [r for _, r in runs]

@@ -1,6 +1,6 @@
-"""Trace analysis (detector/lab/trace.py, analysis.py) and timelines (detector/lab/timeline.py): exact counts on a
-hand-written trace, cross-checks on a trimmed recorded H200 trace, a real CPU-only torch.profiler trace, broken
-files."""
+"""Trace analysis (detector/lab/measure/trace.py, analysis.py) and timelines (detector/lab/present/timeline.py): exact
+counts on a hand-written trace, cross-checks on a trimmed recorded H200 trace, a real CPU-only torch.profiler trace,
+broken files."""
 
 import gzip
 import json
@@ -12,14 +12,17 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 from trace_helpers import AUTOGRAD, call, gpu, mark, synthetic_events
 
-from detector.lab.analysis import check_steps, measure_steps, representative_step, summarise
-from detector.lab.extract import StepModel, build
-from detector.lab.measures import MEASURES
-from detector.lab.record import RecordError, Spread
-from detector.lab.timeline import draw_step, draw_steps
-from detector.lab.trace import load_trace
+from detector.checked import RecordError
+from detector.lab.measure.analysis import check_steps, measure_steps, summarise
+from detector.lab.measure.extract import build
+from detector.lab.measure.trace import load_trace
+from detector.lab.present.timeline import draw_step, draw_steps
+from detector.lab.record.measures import MEASURES
+from detector.lab.record.run import representative_step
+from detector.lab.record.spread import Spread
+from detector.lab.record.steps import StepModel
 
-DATA = Path(__file__).parents[1] / "data"
+DATA = Path(__file__).parents[2] / "data"
 GPU_TRACE = DATA / "padded_gpu_trace.json.gz"
 
 

@@ -10,7 +10,7 @@ Two sources, the first that applies:
 - ``bench losses``' result file (``<dir of bench.out>/losses.json``) of this device: at the batch nearest the
   run's, its ``seed`` and ``tail`` cases hold the same slots and different boxes; the difference of their times
   is the boxes' cost, the rest the slots'. Its slots per image are those it records (``max_boxes``), else those
-  at which its cases draw the boxes they timed (detector/lab/cases.py draws the counts from a generator seeded
+  at which its cases draw the boxes they timed (detector/lab/measure/cases.py draws the counts from a generator seeded
   with the batch): one slot count at a batch of hundreds; where a few fit, the run's own if it is one of them.
 - otherwise a cheap timing here: each strategy's forward+backward on a batch of the run's shape with no box,
   then with the data's counts of boxes.
@@ -34,9 +34,9 @@ import numpy as np
 import torch
 
 from detector.config import device_name
-from detector.lab.cases import random_boxes, sample_counts
-from detector.lab.timing import event_ms, loss_closures
-from detector.lab.trace import peak_rise, read_events
+from detector.lab.measure.cases import random_boxes, sample_counts
+from detector.lab.measure.timing import event_ms, loss_closures
+from detector.lab.measure.trace import peak_rise, read_events
 from detector.losses import STRATEGIES, get_strategy
 from detector.targets import make_targets
 

@@ -1,6 +1,6 @@
-"""JSON read with its types checked: every reader of the lab's files (detector/lab/record.py) goes through these,
-so that a file of the wrong shape is one line naming the file, the field and what was expected, never a
-traceback from deep in a reader."""
+"""JSON read with its types checked: every reader of a record the project writes and reads again (a training run's
+summary, detector/train/summary.py; the lab's records, detector/lab/record/) goes through these, so that a file of the
+wrong shape is one line naming the file, the field and what was expected, never a traceback from deep in a reader."""
 
 from __future__ import annotations
 

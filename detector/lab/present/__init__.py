@@ -1,0 +1,1 @@
+"""What a person reads of the lab's records: tables and numbers, verdicts, cards, charts and timelines (PNG)."""
