@@ -141,6 +141,19 @@ class Control:
         dist.all_gather_object(values, value, group=self.group)
         return values
 
+    def close(self) -> None:
+        """The last vote waited for and the group ended (a group left to the interpreter's exit keeps gloo's threads,
+        which may then abort the process); where a process is gone, left as it is."""
+        if self.group is None:
+            return
+        try:
+            if self.vote is not None:
+                self.vote[0].wait()
+            dist.destroy_process_group(self.group)
+        except RuntimeError:
+            pass  # a peer gone: this process ends now anyway (PeerLost)
+        self.group = self.vote = None
+
     def stop_vote(self, requested: bool) -> bool:
         if self.group is None:
             return requested

@@ -180,3 +180,23 @@ def describe(folder: Path) -> str:
         what = "no summary: unfinished" + (", with a checkpoint" if checkpoint_files.exists(folder) else "")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"
+
+
+def shared(run_dir: Path, mark: str, control, is_main: bool) -> str:
+    """Process 0's ``mark``, once every process of the run (``control``: distributed.Control) has found it in
+    ``run_dir``: each writes its part of a checkpoint there, so on several nodes train.out_dir must be a folder they
+    share; refused in one line on every process."""
+    path = run_dir / f".shared-{mark}"
+    if is_main:
+        path.touch()
+    mark = control.broadcast(mark)  # after process 0 made the file
+    found = control.gather((run_dir / f".shared-{mark}").exists())
+    if is_main:
+        path.unlink(missing_ok=True)
+    if not all(found):
+        missing = [rank for rank, ok in enumerate(found) if not ok]
+        raise UserError(
+            f"rank(s) {missing} do not see the run folder {run_dir} that rank 0 writes: every process writes its part "
+            "of a checkpoint there, so on several nodes train.out_dir must be a folder that every node shares"
+        )
+    return mark

@@ -158,6 +158,7 @@ class Run:
                 self.wall.stop_loop()
             return self.finish()
         finally:
+            self.control.close()
             if self.steps.writer:
                 self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
 
@@ -244,7 +245,7 @@ class Steps:
             self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
         if tcfg.checkpoint_every or tcfg.stop_after:
             self.checkpointer = Checkpointer(run.run_dir, run.env.rank, run.env.world_size, run.device, "")
-            self.checkpointer.token = shared_folder(run, token())
+            self.checkpointer.token = folders.shared(run.run_dir, token(), run.control, run.env.is_main)
             self.checkpointer.committed_step = self.checkpoint_step
             self.checkpointer.prepare(state_pieces(run.step_fn))
         profiling = tcfg.profile and run.env.is_main
@@ -400,25 +401,6 @@ def announcement(run: Run, step: int) -> str:
         + (f", {step_fn.shard.description}" if step_fn.shard else "")
         + (f"; compile caches in {compile_caches()}" if cfg.train.compile or run.device.type == "cuda" else "")
     )
-
-
-def shared_folder(run: Run, mark: str) -> str:
-    """Process 0's ``mark``, once every process has found it in the run folder: each writes its part of a checkpoint
-    there, so on several nodes train.out_dir must be a folder they share; refused in one line on every process."""
-    path = run.run_dir / f".shared-{mark}"
-    if run.env.is_main:
-        path.touch()
-    mark = run.control.broadcast(mark)  # after process 0 made the file
-    found = run.control.gather((run.run_dir / f".shared-{mark}").exists())
-    if run.env.is_main:
-        path.unlink(missing_ok=True)
-    if not all(found):
-        missing = [rank for rank, ok in enumerate(found) if not ok]
-        raise UserError(
-            f"rank(s) {missing} do not see the run folder {run.run_dir} that rank 0 writes: every process writes its "
-            "part of a checkpoint there, so on several nodes train.out_dir must be a folder that every node shares"
-        )
-    return mark
 
 
 def summarise(run: Run) -> summary.TrainingSummary:

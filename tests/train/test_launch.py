@@ -16,6 +16,8 @@ import torch.distributed as dist
 from conftest import ROOT, child_env
 from train_helpers import TINY, spawn_two
 
+from detector.errors import UserError
+from detector.train import folders
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import Control, DistEnv, PeerLost
 
@@ -154,3 +156,19 @@ def test_sigterm_under_torchrun_checkpoints_every_rank_and_ends_in_one_line_with
     stopped, kept, path = re.fullmatch(pattern + "train.resume=true", one_line(err, "terminated: ")).groups()
     assert stopped == kept and read_checkpoint(Path(path).parent)["step"] == int(kept)
     assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()]  # none left for torchrun's SIGKILL
+
+
+def test_a_run_folder_that_not_every_process_sees_is_refused_before_the_first_step(tmp_path):
+    """Every process writes its part of a checkpoint into the run folder: a second node that sees another disk there
+    (its own) is refused in one line, and process 0's mark is removed."""
+
+    class OtherDisk:  # rank 1 finds nothing where rank 0 left its mark
+        def broadcast(self, value):
+            return value
+
+        def gather(self, value):
+            return [value, False]
+
+    with pytest.raises(UserError, match=r"rank\(s\) \[1\] do not see the run folder .* every node shares"):
+        folders.shared(tmp_path, "mark", OtherDisk(), is_main=True)
+    assert not list(tmp_path.iterdir())
