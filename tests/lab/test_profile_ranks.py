@@ -61,6 +61,6 @@ def test_two_ranks_record_one_run_each_that_compare_reads(tmp_path):
     assert records[0].median("optimizer step", "ops") != records[1].median("optimizer step", "ops")
 
     comparison = run_compare(runs=[run / "rank0", run / "rank1"], out_dir=tmp_path / "compare")
-    labels = [entry["label"] for entry in comparison.report["runs"]]
+    labels = [entry.label for entry in comparison.record.runs]
     assert labels == ["padded rank0", "padded rank1"]
     assert "padded rank1" in (tmp_path / "compare" / "compare.md").read_text()
