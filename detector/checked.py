@@ -27,6 +27,17 @@ def need(value, kind, where: str):
     return value
 
 
+def versioned(data, where: str, version: int) -> int:
+    """The version of a record's parsed JSON (1 where it names none: written before records were versioned); a
+    RecordError naming ``where`` for what is not a JSON object, or of a version this code does not read."""
+    if not isinstance(data, dict):
+        raise RecordError(f"{where}: not a JSON object")
+    found = data.get("version", 1)
+    if found not in (1, version):
+        raise RecordError(f"{where}: version {short(found)}, this detector reads versions 1 and {version}")
+    return found
+
+
 def short(value) -> str:
     text = json.dumps(value) if not isinstance(value, str) else repr(value)
     return text if len(text) <= 40 else text[:37] + "..."

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from detector.checked import RecordError, need, optional, read_json, short
+from detector.checked import RecordError, need, optional, read_json, short, versioned
 from detector.train.wallclock import Account
 
 VERSION = 2  # 1: no "version" key
@@ -121,11 +121,7 @@ class TrainingSummary:
     @classmethod
     def parse(cls, data, where: str) -> TrainingSummary:
         """The record of parsed JSON; RecordError naming ``where`` and the first field that is wrong."""
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
-        version = data.get("version", 1)
-        if version not in (1, VERSION):
-            raise RecordError(f"{where}: version {short(version)}, this detector reads versions 1 and {VERSION}")
+        versioned(data, where, VERSION)
         if "history" not in data:
             raise RecordError(f"{where}: no loss curve (history): not written by make train")
         wall, saves = data.get("wall_clock"), data.get("checkpoints")

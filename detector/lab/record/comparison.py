@@ -14,7 +14,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.checked import RecordError, need, optional, read_json, short
+from detector.checked import RecordError, need, optional, read_json, versioned
 from detector.lab.record.source import DataSource
 from detector.lab.record.spread import Spread
 
@@ -145,11 +145,7 @@ class ComparisonRecord:
 
     @classmethod
     def parse(cls, data, where: str) -> ComparisonRecord:
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
-        version = data.get("version", 1)
-        if version not in (1, VERSION):
-            raise RecordError(f"{where}: version {short(version)}, this detector reads versions 1 and {VERSION}")
+        versioned(data, where, VERSION)
         if "modes" not in data:
             raise RecordError(f"{where}: no modes: not written by make compare")
         modes, runs = need(data["modes"], dict, f"{where}.modes"), optional(data, "runs", list, where, [])

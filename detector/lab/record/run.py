@@ -25,7 +25,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.checked import RecordError, need, optional, read_json, short, usable
+from detector.checked import RecordError, need, optional, read_json, short, usable, versioned
 from detector.lab.record.measures import format_value
 from detector.lab.record.noise import DEVICE_BOUND_IDLE, Noise
 from detector.lab.record.source import DataSource
@@ -275,11 +275,7 @@ class ProfileRecord:
     @classmethod
     def parse(cls, data, where: str) -> ProfileRecord:
         """A record from parsed JSON; RecordError naming ``where`` and the first thing wrong."""
-        if not isinstance(data, dict):
-            raise RecordError(f"{where}: not a JSON object")
-        version = data.get("version", 1)
-        if version not in (1, VERSION):
-            raise RecordError(f"{where}: version {short(version)}, this detector reads versions 1 and {VERSION}")
+        versioned(data, where, VERSION)
         missing = [key for key in ("strategy", "mode", "analysis", "per_step") if key not in data]
         if missing:
             raise RecordError(f"{where}: no {', '.join(missing)}: not written by (this version of) make profile")
