@@ -90,6 +90,7 @@ class Checkpointer:
         self.current: Save | None = None
         self.saves: list[Save] = []
         self.committed_step = -1  # process 0: the step of the checkpoint the manifest names
+        self.part_name = f"rank{rank}.bin"  # this process's file of each save
 
     # -------------------------------------------------------------------- staging memory
 
@@ -154,7 +155,7 @@ class Checkpointer:
             entry = tensors.setdefault(
                 piece.key, TensorEntry(list(piece.shape), str(source.dtype).removeprefix("torch."))
             )
-            entry.spans.append(files.Span("", offset, piece.row + a, b - a))
+            entry.spans.append(files.Span(self.part_name, offset, piece.row + a, b - a))
             offset += span_bytes(piece, (a, b))
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies, after the step's last update
@@ -176,10 +177,7 @@ class Checkpointer:
         return save
 
     def write(self, save: Save, data: np.ndarray, tensors: dict, payload: bytes | None) -> None:
-        name = f"rank{self.rank}.bin"
-        for entry in tensors.values():
-            for span in entry.spans:
-                span.file = name
+        name = self.part_name
         try:
             if self.rank == 0 and self.disk_speed is None and len(data):
                 self.disk_speed = files.disk_speed(save.folder, data[:PROBE])

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
 
 from detector.checked import RecordError, need, optional, read_json, short, versioned
+from detector.train.checkpoint_files import sync_write
 from detector.train.wallclock import Account
 
 VERSION = 2  # 1: no "version" key
@@ -111,12 +111,7 @@ class TrainingSummary:
 
     def write(self, path: Path) -> None:
         """``path`` holds this summary or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-        try:
-            tmp.write_text(json.dumps(self.to_json(), indent=2))
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        sync_write(path, json.dumps(self.to_json(), indent=2).encode())
 
     @classmethod
     def parse(cls, data, where: str) -> TrainingSummary:
