@@ -286,12 +286,49 @@ def load_config(
         cfg.train.shard_optimizer = SHARD_ALIASES.get(cfg.train.shard_optimizer, cfg.train.shard_optimizer)
     check_values(cfg, schema, strategies)
     data = fit_slots(cfg.data) if schema is Config and cfg.data.boxes != SYNTHETIC else None
+    aside = step_aside(cfg, dotted_keys(exp) | dotted_keys(cli)) if schema is Config else []
     if announce:
         why = "" if preset != "cpu" or torch.cuda.is_available() else " (no GPU found)"
         announce(f"preset: {preset}{why}" + (f", experiment: {experiment}" if experiment else ""))
-        if data:
-            announce(data)
+        for line in ([data] if data else []) + aside:
+            announce(line)
     return cfg
+
+
+def dotted_keys(layer: DictConfig, prefix: str = "") -> set[str]:
+    """The dotted keys a YAML layer or the overrides set (``train.fused_blocks``)."""
+    keys = set()
+    for key, value in layer.items():
+        keys |= dotted_keys(value, f"{prefix}{key}.") if isinstance(value, DictConfig) else {f"{prefix}{key}"}
+    return keys
+
+
+def step_aside(cfg: DictConfig, given: set[str]) -> list[str]:
+    """The speed options that a preset or the defaults left on and that cannot run for this model on this device,
+    turned down to what can (a line each, saying why). A value the user gave (``given``: the experiment file's keys
+    and the overrides') is left as it is: the model's build refuses it in one line (train/speed.py)."""
+    # imported here, not with this module: the kernels read TRITON_INTERPRET once, when first imported, and the CLI
+    # sets it (no GPU) after importing the configuration and before loading the strategies
+    from detector.model import fused_blocks_unavailable
+    from detector.model.bias_pool_kernel import bias_pool_unavailable
+
+    try:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else None
+        device = device or torch.device(cfg.device)
+    except RuntimeError:
+        return []
+    lines, tcfg = [], cfg.train
+    if "train.fused_blocks" not in given and tcfg.fused_blocks:
+        first = tcfg.fused_blocks
+        reason = fused_blocks_unavailable(first, list(cfg.model.channels), device)
+        while tcfg.fused_blocks and fused_blocks_unavailable(tcfg.fused_blocks, list(cfg.model.channels), device):
+            tcfg.fused_blocks -= 1
+        if reason:
+            lines.append(f"train.fused_blocks={tcfg.fused_blocks} here, not the default {first}: {reason}")
+    if "train.fused_pool" not in given and tcfg.fused_pool and (reason := bias_pool_unavailable(device)):
+        tcfg.fused_pool = False
+        lines.append(f"train.fused_pool=false here, not the default true: {reason}")
+    return lines
 
 
 def fit_slots(data: DictConfig) -> str:

@@ -10,6 +10,7 @@ from detector.config import EXPERIMENTS_DIR, ConfigError, load_config
 from detector.errors import UserError
 from detector.losses import STRATEGIES
 from detector.model import build_model
+from detector.train.speed import build_trained_model
 
 
 def load(*overrides, experiment=None):
@@ -212,3 +213,34 @@ def test_broken_experiment_files(tmp_path, text, parts):
 
 def test_config_error_is_a_user_error_and_a_value_error():
     assert issubclass(ConfigError, UserError) and issubclass(ConfigError, ValueError)
+
+
+def test_a_speed_default_that_cannot_run_for_the_model_steps_aside_in_one_line(monkeypatch):
+    # the seed-scale defaults with a model whose second block (4 -> 8) the fused kernel does not take: on a GPU, and
+    # in the Triton interpreter on the CPU, the first block still fuses
+    said = []
+    cfg = load_config(["preset=seed_scale", "model.channels=[4,8]", "model.hidden=16"], announce=said.append)
+    assert cfg.train.fused_blocks == 1
+    (line,) = [s for s in said if s.startswith("train.fused_blocks")]
+    assert line.startswith("train.fused_blocks=1 here, not the default 2: a 4 -> 8 block")
+    # where the kernels cannot run at all, both kernel options step aside to the layers
+    monkeypatch.setattr("detector.model.stem_kernel.triton", None)
+    said.clear()
+    cfg = load_config(["preset=seed_scale", "model.channels=[4,8]", "model.hidden=16"], announce=said.append)
+    assert (cfg.train.fused_blocks, cfg.train.fused_pool) == (0, False)
+    assert said[1:] == [
+        "train.fused_blocks=0 here, not the default 2: triton is not installed",
+        "train.fused_pool=false here, not the default true: triton is not installed",
+    ]
+
+
+def test_a_speed_option_the_user_gave_is_kept_and_refused_where_the_model_is_built(tmp_path):
+    said = []
+    small = ["preset=seed_scale", "model.channels=[4,8]", "model.hidden=16", "data.image_size=32"]
+    cfg = load_config([*small, "train.fused_blocks=2"], announce=said.append)
+    assert cfg.train.fused_blocks == 2 and not any("fused_blocks" in s for s in said)
+    experiment = tmp_path / "mine.yaml"
+    experiment.write_text("preset: seed_scale\nmodel: {channels: [4, 8]}\ntrain: {fused_blocks: 2}\n")
+    assert load_config(experiment=str(experiment), announce=None).train.fused_blocks == 2
+    with pytest.raises(UserError, match=r"^train.fused_blocks=2 cannot run here: a 4 -> 8 block"):
+        build_trained_model(cfg, torch.device("cuda" if torch.cuda.is_available() else "cpu"), 1)

@@ -1,6 +1,7 @@
 """The tiny training configuration the training tests share (tests/train/, tests/test_faults.py), and two processes
 of a worker for the tests of several processes."""
 
+import gc
 import time
 from pathlib import Path
 
@@ -67,7 +68,17 @@ def end_group() -> None:
     if dist.is_initialized():
         distributed.teardown(distributed.DistEnv(owns_group=True))
     left = gloo_threads()
-    assert not left, f"gloo's threads {left} outlive destroy_process_group: something still holds the process group"
+    assert not left, f"gloo's threads {left} outlive destroy_process_group; held by: {group_holders() or 'C++ alone'}"
+
+
+def group_holders() -> list[str]:
+    """The Python objects that still reference a process group, each with the types of what holds it in turn."""
+    holders = []
+    for obj in gc.get_objects():
+        if any(type(ref).__name__.startswith("ProcessGroup") for ref in gc.get_referents(obj)):
+            owners = {type(owner).__qualname__ for owner in gc.get_referrers(obj) if owner is not holders}
+            holders.append(f"{type(obj).__qualname__} (in {', '.join(sorted(owners)) or 'nothing tracked'})")
+    return holders
 
 
 def gloo_threads() -> list[str]:

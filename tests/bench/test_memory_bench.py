@@ -100,9 +100,14 @@ def test_the_crowd_file_holds_hundreds_of_faces_an_image_and_fits_1024_slots(tmp
 
 
 def test_the_children_get_the_configuration_that_differs_from_this_machines():
-    cfg = load_config(["data.batch_size=16", "model.channels=[4,16]", "train.compile=true"], announce=None)
+    default = load_config([], announce=None)
+    # each the opposite of this machine's default (a GPU compiles by default, the CPU does not)
+    compile = "false" if default.train.compile else "true"
+    batch = default.data.batch_size + 1
+    cfg = load_config([f"data.batch_size={batch}", "model.channels=[4,16]", f"train.compile={compile}"], announce=None)
     args = config_args(cfg)
-    assert {"data.batch_size=16", "model.channels=[4,16]", "train.compile=true"} <= set(args)
+    assert {f"data.batch_size={batch}", "model.channels=[4,16]", f"train.compile={compile}"} <= set(args)
+    assert f"train.lr={default.train.lr}" not in args  # what this machine's default already is is not passed
     assert load_config(args, announce=None) == cfg
 
 

@@ -91,11 +91,18 @@ def slowed(monkeypatch, owner, name: str, seconds: float) -> None:
     monkeypatch.setattr(owner, name, slow)
 
 
-def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_time(tmp_path, monkeypatch, capsys):
+GPU = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=GPU)])
+def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_time(
+    tmp_path, monkeypatch, capsys, device
+):
     # fed: a worker far ahead of a step of 200 ms (the tiny step's own few ms are near the loader's cost per batch,
     # which a machine busy with the rest of the suite stretches)
     slowed(monkeypatch, TrainStep, "__call__", 0.2)
-    fed = profile(tmp_path, "profile.strategy=packed", "data.num_workers=1", "profile.active=5", "profile.timed=3")
+    run = [f"device={device}", "profile.active=5", "profile.timed=3"]
+    fed = profile(tmp_path, *run, "profile.strategy=packed", "data.num_workers=1")
     out = capsys.readouterr().out
     assert fed.loader_paced() is None, fed.loader_paced()
     assert "Loader-paced" not in out
@@ -104,10 +111,12 @@ def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_
 
     monkeypatch.undo()
     slowed(monkeypatch, data, "draw_dataset_batch", 0.2)  # starved: 0 workers, each step draws its batch, 200 ms
-    starved = profile(tmp_path, "profile.strategy=padded", "profile.active=5", "profile.timed=3")
+    starved = profile(tmp_path, *run, "profile.strategy=padded")
     out = capsys.readouterr().out
     assert starved.loader_paced().startswith("data wait ")
-    assert re.search(r"\*\*Loader-paced\*\*: data wait \d+ ms, \d+ % of the step: the loader, not the step", out)
+    # on a GPU the flag also needs the device idle as long, and says how long it was
+    idle = r"; GPU idle \d+ %" if device == "cuda" else ""
+    assert re.search(rf"\*\*Loader-paced\*\*: data wait \d+ ms, \d+ % of the step{idle}: the loader, not the step", out)
     assert "Loader: each batch is drawn in its step (data.num_workers=0), nothing is drawn ahead." in out
 
     monkeypatch.undo()
@@ -115,7 +124,9 @@ def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_
     verdict = next(line for line in text.splitlines() if line.startswith("- **packed**"))
     assert "Times as training runs it not judged: padded's run is loader-paced (data wait " in verdict
     assert "packed's is not: the loader, not the loss, set its time" in verdict and "faster" not in verdict
-    assert re.search(r"\*\*Loader-paced runs\*\* .*: padded: loader-paced: data wait \d+ ms, \d+ % of the step", text)
+    assert re.search(
+        rf"\*\*Loader-paced runs\*\* .*: padded: loader-paced: data wait \d+ ms, \d+ % of the step{idle}", text
+    )
     assert re.search(r"\| \*\*step, as training runs it\*\* \| [^|]+ \| [^|]+ · not judged \|", text)
 
 

@@ -4,7 +4,8 @@ its documentation recommends for a model that fits on one GPU."""
 from __future__ import annotations
 
 import torch
-from torch.distributed.device_mesh import init_device_mesh
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from detector.train.sharding.replicated import Replicated
@@ -66,9 +67,10 @@ class FullyShardedModel(Replicated):
         for p in model.parameters():
             if not p.is_contiguous():
                 p.data = p.data.contiguous()
-        # the mesh of the model's device: fully_shard's default is the accelerator's, which on a machine with
-        # GPUs would move a CPU (gloo) run's shards to cuda:<rank>
-        mesh = init_device_mesh(next(model.parameters()).device.type, (world_size,))
+        # the mesh of the model's device (fully_shard's default is the accelerator's, which on a machine with GPUs
+        # would move a CPU run's shards to cuda:<rank>) over the run's own group: init_device_mesh would make a new
+        # group for it where CUDA is present and the group is gloo, one per model, held past the run's teardown
+        mesh = DeviceMesh.from_group(dist.group.WORLD, next(model.parameters()).device.type)
         for layer in layers.values():
             fully_shard(layer, mesh=mesh, reshard_after_forward=False, mp_policy=head_policy(cfg))
             layer._whole = None  # its rows now live in the shards: do not keep a whole copy of the head alive

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 from lab_helpers import TINY_PROFILE
 from trace_helpers import MAIN, MEMORY_EVENTS, mark, memory, synthetic_events, synthetic_memory
 
@@ -193,15 +194,28 @@ def test_a_broken_memory_row_is_refused():
         Extract.parse(found, "extract")
 
 
-# ----------------------------------------------------------------------------- a real CPU profile
+# ----------------------------------------------------------------------------- real profiles, each on its device
+
+
+def profile_on(tmp_path_factory, device: str):
+    out = tmp_path_factory.mktemp(f"profile-{device}")
+    cfg = load_config(
+        TINY_PROFILE + [f"device={device}", "profile.strategy=padded", f"profile.out_dir={out}", "profile.timed=2"]
+    )
+    run_dir, _, _ = run_profile(cfg)
+    return run_dir
 
 
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("profile")
-    cfg = load_config(TINY_PROFILE + ["profile.strategy=padded", f"profile.out_dir={out}", "profile.timed=2"])
-    run_dir, _, _ = run_profile(cfg)
-    return run_dir
+    return profile_on(tmp_path_factory, "cpu")  # on the CPU whatever the machine holds: the CPU's allocator
+
+
+@pytest.fixture(scope="module")
+def gpu_run(tmp_path_factory):
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device: the caching allocator's own figures")
+    return profile_on(tmp_path_factory, "cuda")
 
 
 def test_a_cpu_profile_records_its_allocators_memory(cpu_run):
@@ -209,12 +223,26 @@ def test_a_cpu_profile_records_its_allocators_memory(cpu_run):
     assert record.analysis.warnings == []  # the chain, the rises and the step's peak hold on a real trace
     step, loss = record.stats("step", "peak_bytes"), record.stats("calc loss", "peak_rise_bytes")
     assert step.median > 0 and loss.median > 0
+    # the CPU's allocator asks the system for every allocation: no cache between
     assert record.stats("step", "allocs").median == record.stats("step", "device_mallocs").median > 0
     assert record.stats("step", "alloc_retries") is None and record.stats("step", "reserved_free_bytes") is None
     rows = read_extract(Path(cpu_run) / EXTRACT).steps
     assert all(step.memory.device == "cpu" and step.memory.rows for step in rows.values())
     with gzip.open(next((Path(cpu_run) / "trace").glob("*.json.gz"))) as f:
         assert '"[memory]"' in f.read().decode()
+
+
+def test_a_gpu_profile_records_the_caching_allocators_memory(gpu_run):
+    record = read_summary(gpu_run)
+    assert record.analysis.warnings == []  # the trace's peak is the allocator's own (allocator_checks), too
+    assert record.stats("step", "peak_bytes").median > 0 and record.stats("calc loss", "peak_rise_bytes").median > 0
+    allocs, mallocs = record.stats("step", "allocs").median, record.stats("step", "device_mallocs").median
+    # warm steps: the caching allocator serves allocations from the segments it holds, cudaMalloc is rare
+    assert allocs > 0 and 0 <= mallocs < allocs
+    assert record.stats("step", "alloc_retries").median == 0  # a number on a GPU (no retry in a tiny step)
+    assert record.stats("step", "reserved_free_bytes").median >= 0
+    rows = read_extract(Path(gpu_run) / EXTRACT).steps
+    assert all(step.memory.device.startswith("cuda") and step.memory.rows for step in rows.values())
 
 
 def test_the_card_shows_every_memory_measure_and_none_where_the_cpu_has_none(cpu_run):
@@ -226,6 +254,14 @@ def test_the_card_shows_every_memory_measure_and_none_where_the_cpu_has_none(cpu
     assert "alloc retries, reserved free: none on the CPU" in card
     record.analysis.regions["step"].pop("peak_bytes")
     assert memory_card(record)[1].startswith("Memory: not recorded")
+
+
+def test_the_card_names_the_gpu_and_every_memory_measure_has_a_value_there(gpu_run):
+    record = read_summary(gpu_run)
+    card = run_card(record)
+    assert f"Memory on {torch.cuda.get_device_name()}, median [q1–q3] per step:" in card
+    step_row = next(line for line in card.splitlines() if line.startswith("| step |"))
+    assert "none" not in step_row and "none on the CPU" not in card
 
 
 def test_memory_is_written_in_binary_units():
