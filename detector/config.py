@@ -174,7 +174,9 @@ class TrainConfig:
     eval_every: int = ranged(200, 1)  # steps between evaluations on the held-out range (and one at the end)
     eval_batches: int = ranged(4, 1)  # held-out batches per evaluation (drawn once, kept in memory)
     eval_start: int = ranged(1_000_000_000, 0)  # first held-out sample index: far beyond any run's training indices
-    checkpoint_every: int = ranged(500, 0)  # steps between checkpoints, plus one at the end; 0 = none (timing runs)
+    # steps between checkpoints, plus one at the end; 0 = none (timing runs); -1 = auto: as often as the disk keeps up
+    # with, at most every minute of steps (detector/train/cadence.py), so that the step never waits for a save
+    checkpoint_every: int = ranged(-1, -1)
     out_dir: str = path("runs/train")  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
     resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from detector.annotations import SYNTHETIC, FittedBoxes, fit_boxes, read_annotations, slots_for
+from detector.data_worker import ALIGN
 from detector.loader import BatchLoader
 from detector.targets import LAYOUTS, ListTargets, PackedTargets, PaddedTargets, Targets, make_targets
 
@@ -346,7 +347,16 @@ def loader_for(dataset, cfg, layout: str, device: torch.device) -> BatchLoader:
         workers=resolve_workers(cfg.num_workers),
         device=torch.device(device),
         worker_timeout=cfg.worker_timeout,
+        target_bytes=target_capacity(cfg.batch_size, cfg.max_boxes, cfg.image_size),
     )
+
+
+def target_capacity(batch_size: int, max_boxes: int, image_size: int) -> int:
+    """Bytes of a ring slot's target area: the most any layout of a batch holds (B x M boxes) in the samplers' box
+    dtype (``paint``'s: uint8 up to 256 px, int16 beyond), and the int64 counts, each aligned. Targets of another
+    dtype (a dataset of its own) travel through the worker's pipe instead."""
+    box_bytes = 1 if image_size <= 256 else 2
+    return sum(-(-n // ALIGN) * ALIGN for n in (batch_size * max_boxes * 4 * box_bytes, batch_size * 8))
 
 
 class RankBlocks(torch.utils.data.Dataset):

@@ -22,23 +22,60 @@ WATCHDOG_SECONDS = 1.0  # how often a waiting worker checks its parent, and the 
 HEADER = struct.Struct("<Q")  # a result message's length, in front of its pickle
 
 
-def host_arrays(targets: Targets) -> tuple[type, list[np.ndarray]]:
-    """Targets as (their type, numpy arrays) for the result queue: arrays are pickled by value (a torch tensor
-    would go through a shared-memory file of its own); list targets travel packed (B arrays pickle slowly)."""
+def host_arrays(targets: Targets, area: Tensor | None = None) -> tuple[type, list]:
+    """Targets as (their type, arrays) for the result pipe. Each array is written into ``area`` (uint8, the batch's
+    slot of the ring: shared, page-locked on a GPU) where they all fit, and travels as (dtype, shape, offset) alone;
+    else it is pickled by value (a torch tensor would go through a shared-memory file of its own). List targets
+    travel packed (B arrays pickle slowly)."""
     if isinstance(targets, ListTargets):
-        return ListTargets, [torch.cat(targets.boxes).numpy(), np.array([len(b) for b in targets.boxes])]
-    return type(targets), [t.numpy() for t in targets]
+        arrays = [torch.cat(targets.boxes).numpy(), np.array([len(b) for b in targets.boxes])]
+    else:
+        arrays = [t.numpy() for t in targets]
+    return type(targets), in_area(arrays, area) if area is not None else arrays
 
 
-def unpack_targets(message: tuple[type, list[np.ndarray]], device: torch.device) -> tuple[Targets, list[Tensor]]:
-    """The targets of ``host_arrays``'s message on ``device``, and the tensors that hold them."""
+ALIGN = 64  # each array's offset in a slot's target area: any dtype's view of it is aligned
+
+
+def in_area(arrays: list[np.ndarray], area: Tensor) -> list:
+    """``arrays`` copied into ``area``, as their (dtype, shape, offset); as they are where they do not all fit."""
+    offsets, end = [], 0
+    for a in arrays:
+        offsets.append(end)
+        end += -(-a.nbytes // ALIGN) * ALIGN
+    if end > area.numel():
+        return arrays
+    host = area.numpy()
+    for a, offset in zip(arrays, offsets, strict=True):
+        host[offset : offset + a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+    return [(a.dtype.str, a.shape, offset) for a, offset in zip(arrays, offsets, strict=True)]
+
+
+def unpack_targets(
+    message: tuple[type, list], device: torch.device, area: Tensor | None = None
+) -> tuple[Targets, list[Tensor]]:
+    """The targets of ``host_arrays``'s message on ``device``, and the tensors that hold them. Arrays in ``area``
+    are copied from there: to the device asynchronously (the caller keeps the slot until the copy is done), or on
+    the CPU into tensors of their own (the slot is reused)."""
     kind, arrays = message
-    tensors = [torch.from_numpy(a) for a in arrays]
-    if device.type == "cuda":  # from pinned memory: a copy from pageable memory first waits for the stream
-        tensors = [t.pin_memory().to(device, non_blocking=True) for t in tensors]
+    host = [torch.from_numpy(a) if isinstance(a, np.ndarray) else slot_view(area, *a) for a in arrays]
+    if device.type == "cuda":
+        # a pickled array is page-locked first: a copy from pageable memory waits for the stream
+        tensors = [
+            (h if isinstance(a, tuple) else h.pin_memory()).to(device, non_blocking=True)
+            for h, a in zip(host, arrays, strict=True)
+        ]
+    else:
+        tensors = [h.clone() if isinstance(a, tuple) else h for h, a in zip(host, arrays, strict=True)]
     if kind is ListTargets:  # views of one copy, split by the host's counts
-        return ListTargets(list(torch.split(tensors[0], arrays[1].tolist()))), tensors
+        return ListTargets(list(torch.split(tensors[0], host[1].tolist()))), tensors
     return kind(*tensors), tensors
+
+
+def slot_view(area: Tensor, dtype: str, shape: tuple, offset: int) -> Tensor:
+    """The array ``in_area`` wrote at ``offset`` of ``area``, as a tensor over the slot's memory."""
+    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    return area[offset : offset + nbytes].view(torch.from_numpy(np.empty(0, dtype)).dtype).view(shape)
 
 
 def send(fd: int, message) -> None:
@@ -79,9 +116,10 @@ IDLE, DRAWING, SENDING = 0, 1, 2  # a worker's phase, which it writes into the r
 PHASES = {IDLE: "waiting for a task", DRAWING: "drawing", SENDING: "sending"}
 
 
-def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int], stop, parent: int, doing, i) -> None:
-    """Worker i: draws the batches of ``tasks`` into their slots until told to stop or orphaned; writes its batch
-    and phase into doing[2i : 2i + 2] (shared memory), which names it if it stalls."""
+def worker_loop(draw, slots, tasks, result_fd: int, read_fds: list[int], stop, parent: int, doing, i) -> None:
+    """Worker i: draws the batches of ``tasks`` into their slots (``slots``: the ring's ``Slots``, images and
+    targets) until told to stop or orphaned; writes its batch and phase into doing[2i : 2i + 2] (shared memory),
+    which names it if it stalls."""
     for signum in (signal.SIGINT, signal.SIGTERM):  # both reach the process group: the main process stops us
         signal.signal(signum, signal.SIG_IGN)
     for fd in read_fds:  # the read ends forked with us: once the main process closes its own, our write fails at once
@@ -97,7 +135,7 @@ def worker_loop(draw, slots: Tensor, tasks, result_fd: int, read_fds: list[int],
         batch, slot = task
         doing[2 * i], doing[2 * i + 1] = batch, DRAWING
         try:
-            message = (batch, slot, host_arrays(draw(batch, slots[slot])), None)
+            message = (batch, slot, host_arrays(draw(batch, slots.images[slot]), slots.targets[slot]), None)
         except Exception as err:  # reported to the main process, which raises it
             message = (batch, slot, None, (f"{type(err).__name__}: {err}", traceback.format_exc()))
         doing[2 * i + 1] = SENDING

@@ -3,15 +3,18 @@
 Why not torch's DataLoader: a batch of 1024 images of 256 px is 64 MiB. The DataLoader collates it, into a fresh
 shared-memory file per batch that the main process maps and unmaps, and its pin-memory thread copies it once more into
 pinned memory: those per-batch costs, not the sampler, set its batches/s (docs/training.md, "The batch loader"). Here
-the main process allocates K image slots once ([K, B, 1, S, S] uint8, anonymous shared memory that forked workers
-inherit) and, for a CUDA device, page-locks them in place, so a slot is copied to the device directly and
-asynchronously.
+the main process allocates K slots once (images [K, B, 1, S, S] uint8 and an area for each batch's targets, in
+anonymous shared memory that forked workers inherit) and, for a CUDA device, page-locks them in place, so a slot's
+images and targets are copied to the device directly and asynchronously, whatever the layout (padded targets are a
+megabyte a batch at seed scale: pickled through a pipe and page-locked again for every batch, they kept the step
+waiting for its data).
 
 Flow: the main process hands (batch b, free slot k) to a task queue; a worker (forked; workers never
-touch CUDA) draws batch b into slot k, builds its targets and sends back (b, k, targets) through a pipe
-of its own. The main process yields batches in order. For a CUDA device it copies a batch on a side
-stream (the next batch's copy is issued while the consumer's step runs), makes the consumer's stream
-wait for the copy and gives slot k back only once the copy has finished. On the CPU it yields a copy of
+touch CUDA) draws batch b into slot k, writes its targets into the slot's area and sends back (b, k, where they
+lie) through a pipe of its own (targets that do not fit, a dataset's of a wider dtype, travel in the message). The
+main process yields batches in order. For a CUDA device it copies a batch on a side stream (the next batch's copy is
+issued while the consumer's step runs), makes the consumer's stream wait for the copy and gives slot k back only once
+the copy has finished. On the CPU it yields a copy of
 the slot (a consumer may keep batches, e.g. ``list(loader)``). With 0 workers batches are drawn in this
 process. A batch is a pure function of its index (``draw``): the same whatever the number of workers.
 An iteration (``Batches``) can first wait for its ring to fill (``fill``): every slot drawn and waiting, the state
@@ -46,6 +49,7 @@ import torch
 from torch import Tensor
 
 from detector.data_worker import (
+    ALIGN,
     IDLE,
     PHASES,
     WATCHDOG_SECONDS,
@@ -95,6 +99,9 @@ class BatchLoader:
     device: torch.device
     slots: int | None = None
     worker_timeout: float = 60.0  # seconds a worker may deliver nothing while a batch is due (data.worker_timeout)
+    # bytes of each slot's target area: a batch's targets that fit travel in it as its images do, the others through
+    # the worker's pipe (0: all of them)
+    target_bytes: int = 0
 
     def __len__(self) -> int:
         return self.batches
@@ -106,7 +113,7 @@ class BatchLoader:
     @property
     def ring_bytes(self) -> int:
         """The host memory of the ring of slots that each iteration allocates."""
-        return self.slot_count * int(np.prod(self.batch_shape))
+        return Slots.bytes(self.slot_count, self.batch_shape, self.target_bytes)
 
     def __iter__(self) -> Batches:
         return Batches(self)
@@ -165,10 +172,26 @@ def default_slots(workers: int) -> int:
     return 2 * workers + 2  # each worker finds a free slot while earlier batches wait
 
 
-def shared_slots(count: int, shape: tuple[int, ...]) -> Tensor:
-    """[count, *shape] uint8 in anonymous shared memory: forked workers write where the main process reads,
-    and it is freed with the last reference (no file in /dev/shm to leak or to outgrow)."""
-    return torch.frombuffer(mmap.mmap(-1, count * int(np.prod(shape))), dtype=torch.uint8).view(count, *shape)
+class Slots:
+    """The ring's ``count`` slots in one block of anonymous shared memory, which forked workers inherit and which is
+    freed with its last reference (no file in /dev/shm to leak or to outgrow): ``images`` [count, *shape] uint8, then
+    ``targets`` [count, target_bytes] uint8, each batch's targets where they fit (data_worker.host_arrays). One block,
+    so that one page-lock serves both."""
+
+    def __init__(self, count: int, shape: tuple[int, ...], target_bytes: int):
+        self.memory = torch.frombuffer(mmap.mmap(-1, Slots.bytes(count, shape, target_bytes)), dtype=torch.uint8)
+        images = count * int(np.prod(shape))
+        self.images = self.memory[:images].view(count, *shape)
+        start = Slots.targets_start(images)
+        self.targets = self.memory[start : start + count * target_bytes].view(count, target_bytes)
+
+    @staticmethod
+    def targets_start(image_bytes: int) -> int:
+        return -(-image_bytes // ALIGN) * ALIGN  # aligned for every dtype's view
+
+    @staticmethod
+    def bytes(count: int, shape: tuple[int, ...], target_bytes: int) -> int:
+        return Slots.targets_start(count * int(np.prod(shape))) + count * target_bytes
 
 
 def page_lock(slots: Tensor) -> None:
@@ -191,7 +214,7 @@ class Workers:
     batch and phase, in shared memory). ``receive`` raises a worker's error, its death, or its stall: nothing
     delivered for ``worker_timeout`` seconds while a batch is due."""
 
-    def __init__(self, loader: BatchLoader, slots: Tensor):
+    def __init__(self, loader: BatchLoader, slots: Slots):
         context = multiprocessing.get_context("fork")  # workers inherit the slots and `draw`, nothing is pickled
         self.batches, self.timeout = loader.batches, loader.worker_timeout
         # tasks: one queue, written by this process only (a task is far below a pipe's atomic write size), read
@@ -210,7 +233,7 @@ class Workers:
             self.close()  # the workers started so far
             raise
 
-    def start(self, context, draw, slots: Tensor, i: int) -> None:
+    def start(self, context, draw, slots: Slots, i: int) -> None:
         read_fd, write_fd = os.pipe()
         self.inboxes.append(Inbox(read_fd))
         read_fds = [inbox.fd for inbox in self.inboxes]
@@ -307,11 +330,12 @@ class Ring:
         self.loader, self.device = loader, loader.device
         count = loader.slot_count
         check_memory(
-            f"the loader's ring of {count} slots for batches of {list(loader.batch_shape)} uint8 needs",
+            f"the loader's ring of {count} slots for batches of {list(loader.batch_shape)} uint8 and their targets "
+            "needs",
             loader.ring_bytes,
             "lower data.batch_size or data.image_size (or data.num_workers: two slots each)",
         )
-        self.slots = shared_slots(count, loader.batch_shape)  # [K, B, 1, S, S] uint8
+        self.slots = Slots(count, loader.batch_shape, loader.target_bytes)  # [K, B, 1, S, S] and [K, T] uint8
         self.free = deque(range(count))  # slots no batch holds
         self.drawn = {}  # batch -> (slot, host_arrays message): drawn, not yet handed to the device
         self.staged = {}  # batch -> (images, targets, copy event, device tensors) ready for the consumer
@@ -324,7 +348,7 @@ class Ring:
                 self.submit()
             if self.device.type == "cuda":
                 self.stream = torch.cuda.Stream(self.device)
-                page_lock(self.slots)
+                page_lock(self.slots.memory)
                 self.locked = True
         except BaseException:
             self.close()
@@ -382,7 +406,7 @@ class Ring:
                 self.release(*self.copying.popleft())  # every slot waits for a copy: wait for the oldest
             if not self.workers:
                 slot = self.free.popleft()
-                return slot, host_arrays(self.loader.draw(b, self.slots[slot]))
+                return slot, host_arrays(self.loader.draw(b, self.slots.images[slot]), self.slots.targets[slot])
             self.submit()
             self.collect(b, block=True, since=since)
         return self.drawn.pop(b)
@@ -394,14 +418,15 @@ class Ring:
 
     def stage(self, b: int, slot: int, message: tuple) -> None:
         """Batch b's images and targets as the consumer gets them: copied to the device, or out of the slot."""
+        area = self.slots.targets[slot]
         if self.stream is None:
-            self.staged[b] = (self.slots[slot].clone(), unpack_targets(message, self.device)[0], None, [])
+            self.staged[b] = (self.slots.images[slot].clone(), unpack_targets(message, self.device, area)[0], None, [])
             self.free.append(slot)
             self.submit()
             return
         with torch.cuda.stream(self.stream):
-            images = self.slots[slot].to(self.device, non_blocking=True)
-            targets, tensors = unpack_targets(message, self.device)
+            images = self.slots.images[slot].to(self.device, non_blocking=True)
+            targets, tensors = unpack_targets(message, self.device, area)
             event = torch.cuda.Event()
             event.record(self.stream)
         self.copying.append((event, slot))
@@ -424,5 +449,5 @@ class Ring:
             self.workers = None
         if self.locked:
             self.stream.synchronize()
-            page_unlock(self.slots)
+            page_unlock(self.slots.memory)
             self.locked = False

@@ -343,7 +343,10 @@ def test_the_estimate_names_each_part_and_the_memory_available(monkeypatch):
 def test_the_loader_refuses_a_ring_that_cannot_fit(monkeypatch):
     monkeypatch.setattr("detector.host_memory.available_memory", lambda: GIB)
     cfg = load_config(["preset=cpu", "data.batch_size=1000000", "data.image_size=64", "data.num_workers=0"])
-    with pytest.raises(MemoryRefusal, match=r"ring of 2 slots for batches of \[1000000, 1, 64, 64\] uint8 needs 7.6"):
+    # 7.6 GiB of images and 0.5 of target areas (64 slots of 4 uint8 coordinates an image)
+    with pytest.raises(
+        MemoryRefusal, match=r"of 2 slots for batches of \[1000000, 1, 64, 64\] uint8 and their targets needs 8.1"
+    ):
         next(iter(data.build_loader(cfg.data, "padded", "cpu")))
 
 

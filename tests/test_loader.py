@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, child_env, fails_after
@@ -23,7 +24,7 @@ from omegaconf import OmegaConf
 
 from detector.config import DataConfig
 from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
-from detector.data_worker import HEADER
+from detector.data_worker import HEADER, host_arrays, unpack_targets
 from detector.errors import UserError
 from detector.loader import DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
 from detector.regions import DATA_WAIT, LOADER_LABEL, region_of_label
@@ -226,19 +227,50 @@ def test_fill_gives_up_at_its_bound_and_the_iteration_goes_on():
 
 
 def crowded_cfg(**overrides):
-    """Batches whose result messages exceed a pipe's 64 KiB: 128 images of 200-256 boxes each (~128 KiB of
-    padded boxes, ~116 KiB packed)."""
+    """Batches whose result messages exceed a pipe's 64 KiB where the targets travel through it: 128 images of
+    200-256 boxes each (~128 KiB of padded boxes, ~116 KiB packed)."""
     base = {"image_size": 32, "batch_size": 128, "max_boxes": 256, "tail_fraction": 1.0, "tail_min": 200}
     return data_cfg(**base | {"length": 128 * 1000, "num_workers": 2} | overrides)
 
 
-def test_a_result_message_exceeds_a_pipe_buffer():
-    from detector.data_worker import host_arrays
+def piped_loader(cfg, layout):
+    """``build_loader``'s loader with no target area in its slots: the targets travel through the workers' pipes,
+    as a dataset's of another box dtype do."""
+    return dataclasses.replace(build_loader(cfg, layout, "cpu"), target_bytes=0)
 
+
+def test_a_result_message_exceeds_a_pipe_buffer():
     cfg = crowded_cfg(num_workers=0)
     for layout in LAYOUTS:
         _, targets = next(iter(build_loader(cfg, layout, "cpu")))
         assert len(pickle.dumps(host_arrays(targets))) > 65536, layout
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_targets_travel_in_the_slot_as_the_images_do_and_the_pipe_carries_a_few_bytes(layout):
+    cfg = crowded_cfg(num_workers=0)
+    loader = build_loader(cfg, layout, "cpu")
+    images, targets = next(iter(loader))
+    area = torch.zeros(loader.target_bytes, dtype=torch.uint8)
+    message = host_arrays(targets, area)
+    assert len(pickle.dumps(message)) < 512  # its arrays' dtype, shape and offset alone
+    again, _ = unpack_targets(message, torch.device("cpu"), area)
+    area.fill_(255)  # the slot reused: the unpacked targets are the loader's own copies
+    assert_same_batch((images, again), (images, targets), layout)
+    # a dataset's boxes of a wider dtype than the area was sized for: through the pipe, by value
+    wide = (
+        type(targets)(*[t.double() for t in targets])
+        if layout != "list"
+        else targets._replace(boxes=[b.double() for b in targets.boxes])
+    )
+    assert all(isinstance(a, np.ndarray) for a in host_arrays(wide, area)[1])
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_batches_are_the_same_through_the_slot_and_through_the_pipe(layout):
+    cfg = crowded_cfg(num_workers=2, length=128 * 4)
+    for slot, pipe in zip(build_loader(cfg, layout, "cpu"), piped_loader(cfg, layout), strict=True):
+        assert_same_batch(slot, pipe, layout)
 
 
 def half_a_message_then_death(fd, message):
@@ -250,7 +282,7 @@ def half_a_message_then_death(fd, message):
 
 def test_a_worker_killed_mid_message_is_reported_within_seconds(monkeypatch):
     monkeypatch.setattr("detector.data_worker.send", half_a_message_then_death)  # the forked workers inherit it
-    batches = iter(build_loader(crowded_cfg(), "padded", "cpu"))
+    batches = iter(piped_loader(crowded_cfg(), "padded"))
     start = time.monotonic()
     with pytest.raises(DataWorkerDied, match=r"was killed by SIGKILL, exit code -9 \(kill -9, or the kernel"):
         next(batches)
@@ -278,7 +310,7 @@ def test_workers_killed_at_random_points_never_hang_the_main_process():
     cfg = crowded_cfg(num_workers=3)
     for trial in range(16):
         layout = LAYOUTS[trial % len(LAYOUTS)]
-        batches = iter(build_loader(cfg, layout, "cpu"))
+        batches = iter(piped_loader(cfg, layout))
         for _ in range(1 + rng.randrange(3)):  # the workers start with the first batch
             next(batches)
         victim = rng.choice(worker_processes())

@@ -43,6 +43,7 @@ from detector.lab.present.tables import markdown_table, significant
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.sharing import WAYS, of_kind
 from detector.train import summary
+from detector.train.cadence import AUTO, interval_steps
 from detector.train.summary import TrainingSummary
 
 REFERENCE = of_kind("reference")[0]  # plain DDP: the others' losses are held to its
@@ -181,11 +182,20 @@ def lived(run: TrainingSummary, defaults=None) -> float | None:
     seconds = wall.seconds
     blocked = [s.blocked_s for s in saves]
     final = max(0.0, seconds["checkpoints"] - sum(blocked))  # the last save's write, which the run's end waits for
-    n_saves, n_evals = -(-d.steps // d.checkpoint_every), -(-d.steps // d.eval_every)
+    every = d.checkpoint_every
+    if every == AUTO:  # the cadence the defaults would choose from this run's step and save
+        written = [s.written_s for s in saves if s.written_s]
+        every = interval_steps(run.step_ms / 1e3, max(written) if written else 0.0)
+    n_saves, n_evals = -(-d.steps // every), -(-d.steps // d.eval_every)
     total = seconds["start-up"] + seconds["first step"] + (d.steps - 1) * run.step_ms / 1e3
     total += n_saves * sum(blocked) / len(blocked) + final
     total += n_evals * seconds["evaluations"] / len(run.evals)
     return d.steps * run.global_batch / total
+
+
+def cadence_words() -> str:
+    every = TrainConfig.checkpoint_every
+    return "as this run's step and save set it" if every == AUTO else f"every {every} steps"
 
 
 def table(runs: dict[Run, TrainingSummary]) -> str:
@@ -250,7 +260,7 @@ def document(
     lines += [
         "`× one process`: images/s (by the wall clock, data waits included) against one process's, each process "
         "with the same batch; `per process`: that divided by the processes. `lived`: the images/s of a run of the "
-        f"defaults' length ({TrainConfig.steps} steps, a checkpoint every {TrainConfig.checkpoint_every}, an "
+        f"defaults' length ({TrainConfig.steps} steps, checkpoints at the defaults' cadence ({cadence_words()}), an "
         f"evaluation every {TrainConfig.eval_every}) from this run's start-up, first step, checkpoint waits and "
         "evaluation as measured, with its median step. `peak GiB`: rank 0's peak of "
         "allocated GPU memory. `loss vs DDP`: the largest relative difference of the per-step losses from "

@@ -3,6 +3,8 @@ the held-out batches it is evaluated on (``train.eval_start`` on, far past any t
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from omegaconf import DictConfig
 
@@ -17,7 +19,20 @@ def training_batches(cfg: DictConfig, layout: str, device: torch.device, env: Di
     return rank_loader(cfg.data, layout, device, env.rank, env.world_size, step * global_batch, cfg.train.steps - step)
 
 
-def held_out_set(cfg: DictConfig, device: torch.device, global_batch: int) -> list:
-    """train.eval_batches global batches from train.eval_start: the same images whatever the number of processes."""
-    length = cfg.train.eval_batches * global_batch
-    return list(build_loader(cfg.data, "padded", device, start=cfg.train.eval_start, length=length))
+class HeldOut:
+    """train.eval_batches global batches from train.eval_start: the same images whatever the number of processes.
+    Drawn at the first evaluation, by a worker a batch into a ring of that many slots (nothing of it at start-up,
+    where nothing needs it), and kept on the device for the next ones."""
+
+    def __init__(self, cfg: DictConfig, device: torch.device, global_batch: int):
+        loader = build_loader(
+            cfg.data, "padded", device, start=cfg.train.eval_start, length=cfg.train.eval_batches * global_batch
+        )
+        self.loader = dataclasses.replace(loader, workers=min(loader.workers, loader.batches), slots=loader.batches)
+        self.taken: list | None = None
+
+    @property
+    def batches(self) -> list:
+        if self.taken is None:
+            self.taken = list(self.loader)
+        return self.taken

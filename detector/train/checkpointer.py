@@ -80,11 +80,14 @@ class Checkpointer:
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, device: torch.device, token: str):
         self.run_dir, self.rank, self.world_size, self.device, self.token = run_dir, rank, world_size, device, token
-        self.pool = concurrent.futures.ThreadPoolExecutor(files.HASHERS, thread_name_prefix="checksum")
+        self.pool = concurrent.futures.ThreadPoolExecutor(
+            files.HASHERS, thread_name_prefix="checksum", initializer=background_priority
+        )
         self.staging: torch.Tensor | None = None
         self.registered: list[int] = []  # the page-locked spans' addresses (cudaHostRegister), one per span
         self.pinned = False  # whether every span was page-locked
         self.pinning: threading.Thread | None = None
+        self.probing: threading.Thread | None = None
         self.pin_seconds = 0.0
         self.disk_speed: float | None = None  # bytes/s, process 0's measure
         self.current: Save | None = None
@@ -94,14 +97,41 @@ class Checkpointer:
 
     # -------------------------------------------------------------------- staging memory
 
-    def prepare(self, pieces: list[Piece]) -> None:
+    def prepare(self, pieces: list[Piece], probe: bool = False) -> None:
         """Allocate the staging memory for this process's share of ``pieces`` and, on a GPU, page-lock it in a thread
-        while the first steps run."""
+        while the first steps run; with ``probe``, measure the disk in a thread meanwhile (``write_estimate``)."""
         spans = writes(pieces, self.rank, self.world_size)
         self.staging = torch.empty(sum(span_bytes(p, rows) for p, rows in spans), dtype=torch.uint8)
         if self.device.type == "cuda" and self.staging.numel():
             self.pinning = threading.Thread(target=self.pin, args=([span_bytes(p, r) for p, r in spans],), daemon=True)
             self.pinning.start()
+        if probe:
+            self.probing = threading.Thread(target=self.probe, name="disk-probe", daemon=True)
+            self.probing.start()
+
+    def probe(self) -> None:
+        """The disk's speed, by a write of up to PROBE bytes (incompressible: a random MiB repeated) with fsync."""
+        background_priority()
+        n = min(PROBE, max(self.state_bytes(), 2**20))
+        block = np.frombuffer(os.urandom(2**20), np.uint8)
+        data = np.tile(block, -(-n // block.size))[:n]
+        try:
+            self.disk_speed = files.disk_speed(self.run_dir, data)
+        except OSError:
+            pass  # the first save says so, naming the file
+
+    def state_bytes(self) -> int:
+        """The bytes of a save of every process (this process's share times their number)."""
+        return (0 if self.staging is None else self.staging.numel()) * self.world_size
+
+    def write_estimate(self) -> float:
+        """Seconds a save takes to write: the last save's, else the state's bytes at the disk's speed (``probe``)."""
+        written = [s.written for s in self.saves if s.written and s.error is None]
+        if written:
+            return written[-1]
+        if self.probing is not None:
+            self.probing.join()
+        return self.state_bytes() / self.disk_speed if self.disk_speed else 0.0
 
     def pin(self, sizes: list[int]) -> None:
         """Page-lock the staging memory, span by span (a copy never crosses two registrations). Its pages are first
@@ -178,6 +208,7 @@ class Checkpointer:
 
     def write(self, save: Save, data: np.ndarray, tensors: dict, payload: bytes | None) -> None:
         name = self.part_name
+        background_priority()
         try:
             if self.rank == 0 and self.disk_speed is None and len(data):
                 self.disk_speed = files.disk_speed(save.folder, data[:PROBE])
@@ -265,6 +296,18 @@ class Checkpointer:
             "pin_s": self.pin_seconds,
             "host_peak_bytes": host_peak(),  # this process's, the whole run's: the staging memory is in it
         }
+
+
+BACKGROUND_NICE = 10  # a thread's niceness while it writes or checksums a save (0 is the loader's and the step's)
+
+
+def background_priority() -> None:
+    """Lower the calling thread's CPU priority (Linux: a thread's own niceness): a save's writing and checksums then
+    take the cores the loader's workers and the step leave, and never a core from them."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: the save runs at the process's priority
 
 
 def host_peak() -> int | None:

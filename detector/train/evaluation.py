@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from omegaconf import DictConfig
 
-from detector.train.batches import held_out_set
+from detector.train.batches import HeldOut
 from detector.train.metrics import evaluate
 
 
@@ -16,11 +16,11 @@ class Evaluation:
 
     def __init__(self, cfg: DictConfig, device: torch.device, global_batch: int, evals: list, active: bool, step: int):
         self.device, self.evals, self.active, self.step = device, evals, active, step
-        self.batches = held_out_set(cfg, device, global_batch) if active else []
+        self.held_out = HeldOut(cfg, device, global_batch) if active else None
 
     def __call__(self, step: int, model, autocast, say=print, writer=None) -> dict:
         """Evaluate ``model`` at ``step``: one line, and the eval/ scalars."""
-        metrics = evaluate(model, self.batches, self.device, autocast)
+        metrics = evaluate(model, self.held_out.batches, self.device, autocast)
         self.evals.append((step, metrics))
         self.step = step
         say(

@@ -61,6 +61,7 @@ from detector.errors import UserError
 from detector.loader import DataWorkerDied
 from detector.train import checkpoint_files, distributed, folders, summary
 from detector.train.batches import training_batches
+from detector.train.cadence import Cadence
 from detector.train.checkpoint import (
     CheckpointError,
     fingerprint,
@@ -77,10 +78,12 @@ from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.memory import check_run_memory
 from detector.train.profile_window import make_profiler
 from detector.train.progress import TIMING_SKIP, Log, format_eta, log_scalars, step_times, throughput
-from detector.train.speed import compile_caches
+from detector.train.speed import compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep
 from detector.train.wallclock import WallClock
 
+# what the first step waits for where it compiles: about a minute with cold caches, seconds with warm ones
+COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kernels"
 STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
 
 
@@ -123,16 +126,21 @@ class Run:
         self.wall = WallClock()
 
     def go(self) -> summary.TrainingSummary:
-        self.control = Control(self.env)
-        self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
+        wall = self.wall
+        with wall.startup("control group"):
+            self.control = Control(self.env)
+        with wall.startup("model and optimizer"):
+            self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
         # rank 0 evaluates; under FSDP2 every rank runs the forward with it, since each forward gathers the shards
         evaluates = self.env.is_main or bool(self.step_fn.shard and self.step_fn.shard.collective_forward)
-        saved = self.resume()
+        with wall.startup("resume"):
+            saved = self.resume()
         complete = saved["step"] >= self.tcfg.steps
         if complete:
             self.say(f"{self.run_dir} is complete ({saved['step']} steps): nothing to resume")
         elif self.env.is_main:
-            folders.start(self.run_dir, self.cfg, fresh=not saved["step"], say=self.say)
+            with wall.startup("run folder"):
+                folders.start(self.run_dir, self.cfg, fresh=not saved["step"], say=self.say)
         self.steps = Steps(self, saved, evaluates and not complete)
         if complete:
             return self.finish_complete()
@@ -231,60 +239,98 @@ class Steps:
         self.log = Log(run.device, saved["losses"])
         self.checkpoint_step = saved["step"] if saved["step"] else -1  # the last committed (process 0)
         self.saved_step = self.checkpoint_step  # the last one started, the same on every process
-        self.evaluation = Evaluation(
-            run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.checkpoint_step
-        )
+        with run.wall.startup("held-out set"):
+            self.evaluation = Evaluation(
+                run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.checkpoint_step
+            )
         self.writer = None  # TensorBoard's, on the main process, once the loop starts
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
+        self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.stopping = False  # a stop that every process agreed on is under way
+        self.first_done = time.perf_counter()  # when the first step of this process ended (the ETA's origin)
 
     def loop(self, interrupt: DeferredInterrupt) -> None:
-        tcfg, cfg, run = self.tcfg, self.cfg, self.run
-        loader = training_batches(cfg, run.step_fn.strategy.layout, run.device, run.env, self.step)
-        if run.env.is_main:
-            self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
-        if tcfg.checkpoint_every or tcfg.stop_after:
-            self.checkpointer = Checkpointer(run.run_dir, run.env.rank, run.env.world_size, run.device, "")
-            self.checkpointer.token = folders.shared(run.run_dir, token(), run.control, run.env.is_main)
-            self.checkpointer.committed_step = self.checkpoint_step
-            self.checkpointer.prepare(state_pieces(run.step_fn))
-        profiling = tcfg.profile and run.env.is_main
-        profiler = make_profiler(cfg.profile, run.run_dir / "profile", run.device, tcfg.strategy) if profiling else None
-        if run.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(run.device)
-        self.say(announcement(run, self.step))
-        self.start = time.perf_counter()
-        run.wall.start_loop()
+        tcfg, cfg, run, wall = self.tcfg, self.cfg, self.run, self.run.wall
         # closed as the loop ends, however it ends: the workers stop before the run's last line
-        with contextlib.closing(iter(loader)) as batches, profiler or contextlib.nullcontext():
-            while self.step < tcfg.steps:
-                if run.control.stop_vote(interrupt.requested is not None):
-                    self.stopping = True
-                    interrupt.requested = interrupt.requested or signal.SIGTERM  # asked of another process
-                    self.save_before_stop()
-                    raise interrupt.stop()
-                index = self.step - self.resumed_at  # this process's step count: the profiler window
-                run.step_fn.regions.active = profiling and index >= cfg.profile.wait
-                with run.wall.part("data"):
-                    started = time.perf_counter()
-                    batch = next(batches)
-                    data_seconds = time.perf_counter() - started
-                first = index == 0
-                step_started = time.perf_counter()
-                self.log.clock.start()
-                loss = run.step_fn(batch)
-                self.log.clock.stop()
-                if first:  # compilation and the first launches: waited for, so that the first step is all of it
-                    loss.item()
-                    run.wall.add("first step", time.perf_counter() - step_started)
-                self.log.add(loss, data_seconds)
-                self.step += 1
-                if profiler:
-                    profiler.step()
-                self.poll_checkpoints()
-                if self.after_step():
-                    break
+        with contextlib.closing(self.start_loader()) as batches:
+            if run.env.is_main:
+                with wall.startup("TensorBoard"):
+                    self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
+            if tcfg.checkpoint_every or tcfg.stop_after:
+                with wall.startup("checkpoint staging"):
+                    self.checkpointer = Checkpointer(run.run_dir, run.env.rank, run.env.world_size, run.device, "")
+                    self.checkpointer.token = folders.shared(run.run_dir, token(), run.control, run.env.is_main)
+                    self.checkpointer.committed_step = self.checkpoint_step
+                    self.checkpointer.prepare(state_pieces(run.step_fn), probe=self.cadence.auto and run.env.is_main)
+            profiling = tcfg.profile and run.env.is_main
+            profile_dir = run.run_dir / "profile"
+            profiler = make_profiler(cfg.profile, profile_dir, run.device, tcfg.strategy) if profiling else None
+            if run.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(run.device)
+            with wall.startup("compile cache"):
+                self.compile_cache = compile_cache_file(cfg, run.device, run.env.world_size)
+                loaded = load_compile_cache(self.compile_cache)
+            self.say(announcement(run, self.step))
+            if loaded:
+                self.say(f"compile cache {self.compile_cache}: {loaded}")
+            wall.start_loop()
+            self.say(wall.startup_line() + self.cadence_note())
+            with profiler or contextlib.nullcontext():
+                self.steps_loop(batches, interrupt, profiler, profiling)
         run.step_fn.wait_weights()  # the last update's all-gather, before anything reads the weights
+
+    def start_loader(self):
+        """The training batches from where the run stands, their workers started now: they draw the first batches
+        while the rest of the start-up runs."""
+        run = self.run
+        with run.wall.startup("loader"):
+            loader = training_batches(self.cfg, run.step_fn.strategy.layout, run.device, run.env, self.step)
+            batches = iter(loader)
+            batches.started()
+        return batches
+
+    def cadence_note(self) -> str:
+        if self.checkpointer is None or not self.cadence.undecided:
+            return ""
+        return "; checkpoints: every minute of steps or more, as the disk allows (set after the first steps)"
+
+    def steps_loop(self, batches, interrupt: DeferredInterrupt, profiler, profiling: bool) -> None:
+        tcfg, cfg, run = self.tcfg, self.cfg, self.run
+        while self.step < tcfg.steps:
+            if run.control.stop_vote(interrupt.requested is not None):
+                self.stopping = True
+                interrupt.requested = interrupt.requested or signal.SIGTERM  # asked of another process
+                self.save_before_stop()
+                raise interrupt.stop()
+            index = self.step - self.resumed_at  # this process's step count: the profiler window
+            run.step_fn.regions.active = profiling and index >= cfg.profile.wait
+            with run.wall.part("data"):
+                started = time.perf_counter()
+                batch = next(batches)
+                data_seconds = time.perf_counter() - started
+            first = index == 0
+            compiling = first and (tcfg.compile or run.device.type == "cuda")
+            if compiling:
+                self.say(f"compiling: step {self.step + 1} waits for {COMPILING} ({compile_caches()})", flush=True)
+            step_started = time.perf_counter()
+            self.log.clock.start()
+            loss = run.step_fn(batch)
+            self.log.clock.stop()
+            if first:  # compilation and the first launches: waited for, so that the first step is all of it
+                loss.item()
+                self.first_done = time.perf_counter()
+                run.wall.add("first step", self.first_done - step_started)
+                if compiling:
+                    self.say(f"compiled: step {self.step + 1} took {self.first_done - step_started:.1f} s", flush=True)
+                    if run.env.is_main:
+                        save_compile_cache(self.compile_cache)
+            self.log.add(loss, data_seconds)
+            self.step += 1
+            if profiler:
+                profiler.step()
+            self.poll_checkpoints()
+            if self.after_step():
+                break
 
     def save_before_stop(self) -> None:
         """Before a stop that Ctrl-C or SIGTERM asked for (of any process), where the settings allow
@@ -307,13 +353,15 @@ class Steps:
         last = step == tcfg.steps or step == tcfg.stop_after
         log_due = step % tcfg.log_every == 0 or last
         eval_due = self.evaluation.active and (step % tcfg.eval_every == 0 or last)
-        checkpoint_due = (
-            tcfg.checkpoint_every and (step % tcfg.checkpoint_every == 0 or step == tcfg.steps)
-        ) or step == tcfg.stop_after
+        checkpoint_due = self.checkpointer is not None and (
+            self.cadence.due(step) or step == tcfg.steps or step == tcfg.stop_after
+        )
         if log_due or eval_due or checkpoint_due:
             self.check_finite(self.log.flush(step))
         if log_due:
             self.log_line()
+            if self.checkpointer is not None and self.cadence.undecided and step - self.resumed_at > TIMING_SKIP:
+                self.decide_cadence()
         if eval_due:
             with wall.part("evaluations"):
                 self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
@@ -344,16 +392,31 @@ class Steps:
         loss = log.window_mean(step, tcfg.log_every)
         recent = [t for t in log.timings if t["step"] > step - tcfg.log_every]  # this window's steps
         rate = throughput(recent, self.run.global_batch, skip_until=0)
-        eta = (time.perf_counter() - self.start) / (step - self.resumed_at) * (tcfg.steps - step)
         lr = float(self.run.step_fn.scheduler.get_last_lr()[0])
+        # from the steady steps: the first one (compilation) says nothing of the rest
+        steady = step - self.resumed_at - 1
+        eta = (time.perf_counter() - self.first_done) / steady * (tcfg.steps - step) if steady else None
         self.say(
             f"step {step:6d}/{tcfg.steps}  loss {loss:.4f}  lr {lr:.2e}  {step_times(rate, device.type == 'cuda')}  "
-            f"{rate['images_per_s']:9.0f} img/s  eta {format_eta(eta)}",
+            f"{rate['images_per_s']:9.0f} img/s  eta {format_eta(eta) if eta is not None else '(after step 2)'}",
             flush=True,
         )
         if self.writer:
             for tag, value in log_scalars(rate, loss, lr, device).items():
                 self.writer.add_scalar(tag, value, step)
+
+    def decide_cadence(self) -> None:
+        """train.checkpoint_every=auto: the steps between saves, from process 0's step time and a save's write time
+        (cadence.py), the same on every process; one line says it."""
+        saver, log = self.checkpointer, self.log
+        figures = None
+        if self.run.env.is_main:
+            step_s = throughput(log.timings, self.run.global_batch, skip_until=self.resumed_at + TIMING_SKIP)["step_ms"]
+            write_s = saver.write_estimate()
+            figures = (step_s / 1e3, write_s)
+        step_s, write_s = self.run.control.broadcast(figures)
+        self.cadence.decide(step_s, write_s)
+        self.say(self.cadence.describe(step_s, write_s, saver.state_bytes(), saver.disk_speed))
 
     def save(self) -> None:
         """Start a checkpoint of this step: every process copies its part to host memory (the step's only wait) and
@@ -397,9 +460,7 @@ def announcement(run: Run, step: int) -> str:
         f"training {run.run_dir.name} ({step_fn.strategy.description}) on {device_name(run.device)} "
         f"x {run.env.world_size}: steps {step + 1}-{cfg.train.steps}, batch {cfg.data.batch_size} x "
         f"{run.env.world_size} of {cfg.data.image_size}px, {parameters:,} parameters, "
-        f"autocast {'bf16' if cfg.autocast else 'off'}"
-        + (f", {step_fn.shard.description}" if step_fn.shard else "")
-        + (f"; compile caches in {compile_caches()}" if cfg.train.compile or run.device.type == "cuda" else "")
+        f"autocast {'bf16' if cfg.autocast else 'off'}" + (f", {step_fn.shard.description}" if step_fn.shard else "")
     )
 
 

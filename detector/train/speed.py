@@ -7,8 +7,14 @@ They change how fast a step goes, never its losses, so a checkpoint resumes unde
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from detector.errors import UserError
 from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
@@ -85,3 +91,74 @@ def compile_caches() -> str:
     from torch._inductor.runtime.cache_dir_utils import cache_dir
 
     return cache_dir()
+
+
+# ----------------------------------------------------------------------------- the compiled step's cache
+
+CACHE_FOLDER = "compile-cache"  # under train.out_dir: one file per configuration, machine kind and torch
+CACHE_KEYS = (
+    "strategy",
+    "compile",
+    "cuda_graphs",
+    "channels_last",
+    "fused_blocks",
+    "fused_pool",
+    "float8",
+    "optimizer",
+)
+
+
+def compile_cache_file(cfg: DictConfig, device: torch.device, world_size: int) -> Path | None:
+    """The file of the compiled step's artifacts (torch's portable cache: inductor's graphs, autotuning, Triton's
+    kernels) for this configuration, this GPU and this torch, under train.out_dir: a fresh machine that has it (the
+    runs folder copied) and a second run or rank skip most of the first step's compilation. None where nothing
+    compiles."""
+    if not (cfg.train.compile or device.type == "cuda"):
+        return None
+    key = {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "world_size": world_size,
+        "autocast": cfg.autocast,
+        "model": OmegaConf.to_container(cfg.model),
+        "data": [cfg.data.batch_size, cfg.data.image_size, cfg.data.max_boxes],
+        "train": [cfg.train[k] for k in CACHE_KEYS] + [cfg.train.grad_clip > 0, cfg.train.shard_optimizer],
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cfg.train.out_dir) / CACHE_FOLDER / f"{cfg.train.strategy}-{digest}.bin"
+
+
+def load_compile_cache(path: Path | None) -> str | None:
+    """Load ``path``'s artifacts into torch's caches before the first step; what it loaded, in a few words."""
+    if path is None or not path.is_file():
+        return None
+    try:
+        info = torch.compiler.load_cache_artifacts(path.read_bytes())
+    except Exception as err:  # a file of another torch, or damaged: the step compiles as without it
+        return f"not used ({type(err).__name__}: {str(err)[:120]})"
+    return f"{path.stat().st_size / 2**20:.0f} MiB loaded" + (f" ({cache_counts(info)})" if info else "")
+
+
+def save_compile_cache(path: Path | None) -> None:
+    """After the first step: what it compiled, written beside the earlier ones' (atomically, in a thread)."""
+    if path is None:
+        return
+    found = torch.compiler.save_cache_artifacts()
+    if found is None:
+        return
+
+    def write() -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        partial = path.with_name(f".{path.name}.{os.getpid()}")
+        try:
+            partial.write_bytes(found[0])
+            partial.replace(path)
+        except OSError:
+            partial.unlink(missing_ok=True)  # no cache for the next run: it compiles, as this one did
+
+    threading.Thread(target=write, name="compile-cache", daemon=True).start()
+
+
+def cache_counts(info) -> str:
+    counts = {name: len(getattr(info, name, ()) or ()) for name in ("inductor_artifacts", "autotune_artifacts")}
+    return ", ".join(f"{n} {name.split('_')[0]}" for name, n in counts.items() if n)

@@ -10,6 +10,10 @@
 
 Goodput is ``steps / total``. The checkpoints' writes in the background are reported beside, not in the total: they
 overlap the steps. ``Account`` is what the run's summary keeps of it (summary.json's ``wall_clock``).
+
+Start-up is split in its own parts (``Account.startup``), in the order the run meets them: ``BEFORE`` (from the
+process's start to the run: the interpreter, the imports, the configuration and the process group), then each part
+the run times (``WallClock.startup``: the model, the resume, the loader, ...), and ``other``, the rest.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from detector.checked import need, optional
 
 PARTS = ("start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end")
+BEFORE = "interpreter, imports, configuration"
 
 
 def process_age() -> float:
@@ -40,8 +45,10 @@ class WallClock:
     """The run's seconds by part (``PARTS``); ``part`` times a block, the steps are what the loop leaves over."""
 
     def __init__(self):
-        self.origin = time.perf_counter() - process_age()
+        age = process_age()
+        self.origin = time.perf_counter() - age
         self.seconds = dict.fromkeys(PARTS, 0.0)
+        self.startup_parts = {BEFORE: age}
         self.loop_start: float | None = None
         self.loop_end: float | None = None
         self.loop_seconds = 0.0
@@ -57,6 +64,26 @@ class WallClock:
 
     def add(self, name: str, seconds: float) -> None:
         self.seconds[name] += seconds
+
+    @contextlib.contextmanager
+    def startup(self, name: str):
+        """Time a part of the start-up."""
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.startup_parts[name] = self.startup_parts.get(name, 0.0) + time.perf_counter() - start
+
+    def startup_line(self) -> str:
+        """The start-up's parts, the largest first: what the run's first lines say."""
+        parts = self.startup_account()
+        shown = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in sorted(parts.items(), key=lambda p: -p[1]))
+        return f"start-up {self.seconds['start-up']:.1f} s: {shown}"
+
+    def startup_account(self) -> dict[str, float]:
+        parts = dict(self.startup_parts)
+        parts["other"] = max(0.0, self.seconds["start-up"] - sum(parts.values()))
+        return parts
 
     def start_loop(self) -> None:
         self.loop_start = time.perf_counter()
@@ -80,7 +107,7 @@ class WallClock:
             seconds["end"] = max(0.0, now - self.loop_end - after)
         total = sum(seconds.values())
         goodput, rate = (seconds["steps"] / total, images / total) if total else (None, None)
-        return Account(seconds, total, goodput, background, rate)
+        return Account(seconds, total, goodput, background, rate, self.startup_account())
 
 
 @dataclass
@@ -93,6 +120,7 @@ class Account:
     goodput: float | None
     checkpoint_background_s: float
     images_per_s_lived: float | None = None
+    startup: dict[str, float] | None = None  # the start-up's parts (module docstring); None in older summaries
 
     def line(self) -> str:
         """The closing log line's account: goodput, then each part that took time."""
@@ -119,4 +147,12 @@ class Account:
             goodput=optional(data, "goodput", (int, float), where),
             checkpoint_background_s=optional(data, "checkpoint_background_s", (int, float), where, 0.0),
             images_per_s_lived=optional(data, "images_per_s_lived", (int, float), where),
+            startup=startup_parts(data.get("startup"), f"{where}.startup"),
         )
+
+
+def startup_parts(data, where: str) -> dict[str, float] | None:
+    if data is None:
+        return None
+    need(data, dict, where)
+    return {name: need(seconds, (int, float), f"{where}.{name}") for name, seconds in data.items()}

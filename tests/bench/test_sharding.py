@@ -13,7 +13,7 @@ from train_helpers import TINY
 from detector import cli
 from detector.bench import sharding
 from detector.bench.sharding import Run
-from detector.config import load_config
+from detector.config import TrainConfig, load_config
 from detector.lab import report
 from detector.train.summary import Checkpoints, Save, TrainingSummary
 from detector.train.wallclock import Account
@@ -59,14 +59,17 @@ def test_losses_that_do_not_pair_step_by_step_have_no_gap():
 
 
 def test_images_per_s_as_lived_project_the_measured_parts_onto_the_defaults_cadence():
-    """1000 steps of 30 ms, a checkpoint every 500 (2 saves of 0.5 s each, and the last one's write, 10 s, waited for
-    at the end), an evaluation every 200 (5 of 2 s), 20 s of start-up and a first step of 6 s: 1024 x 1000 images in
-    20 + 6 + 999 x 0.03 + 2 x 0.5 + 10 + 5 x 2 = 76.97 s."""
+    """1000 steps of 30 ms, with train.checkpoint_every=500 a checkpoint every 500 (2 saves of 0.5 s each, and the
+    last one's write, 10 s, waited for at the end), an evaluation every 200 (5 of 2 s), 20 s of start-up and a first
+    step of 6 s: 1024 x 1000 images in 20 + 6 + 999 x 0.03 + 2 x 0.5 + 10 + 5 x 2 = 76.97 s."""
     seconds = {"start-up": 20.0, "first step": 6.0, "checkpoints": 0.5 + 0.5 + 10.0, "evaluations": 2.0}
     wall = Account(seconds, 0.0, None, 0.0)
     saves = Checkpoints([Save(step, 0, 0.5, 1.0) for step in (20, 40)])
     run = TrainingSummary([], step_ms=30.0, global_batch=1024, evals=[(40, {})], wall_clock=wall, checkpoints=saves)
-    assert sharding.lived(run) == pytest.approx(1024 * 1000 / 76.97)
+    assert sharding.lived(run, TrainConfig(checkpoint_every=500)) == pytest.approx(1024 * 1000 / 76.97)
+    # the default cadence (auto): a minute of 30-ms steps between saves, 2000 steps, longer than the run: the final
+    # save alone, 20 + 6 + 999 x 0.03 + 0.5 + 10 + 5 x 2 = 76.47 s
+    assert sharding.lived(run) == pytest.approx(1024 * 1000 / 76.47)
     assert sharding.lived(TrainingSummary([], step_ms=30.0)) is None  # a summary of an earlier version: not guessed
 
 

@@ -300,6 +300,11 @@ def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     assert wall.images_per_s_lived == pytest.approx(6 * 4 / wall.total_s)
     assert [s.step for s in summary.checkpoints.saves] == [3, 6]
     assert read(run_dir(tmp_path)) == summary  # summary.json is the record, read back the same
+    # the start-up's parts: from the process's start to the run, then each part the run timed, and the rest
+    parts = wall.startup
+    assert list(parts)[0] == "interpreter, imports, configuration" and parts["interpreter, imports, configuration"] > 0
+    assert {"model and optimizer", "loader", "held-out set", "checkpoint staging", "other"} <= set(parts)
+    assert sum(parts.values()) == pytest.approx(wall.seconds["start-up"])
     scalars = EventAccumulator(str(run_dir(tmp_path))).Reload().Tags()["scalars"]
     assert {"goodput/share", "goodput/start-up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
 
@@ -310,3 +315,23 @@ def test_a_fresh_run_that_moves_an_unfinished_one_aside_says_how_to_continue_it(
     run_training(tiny_cfg(tmp_path, *RUN))
     line = next(line for line in capsys.readouterr().out.splitlines() if "held an earlier run" in line)
     assert "It was unfinished: to continue it instead" in line and "train.resume=true" in line
+
+
+def test_the_eta_comes_from_the_steps_after_the_first(tmp_path, monkeypatch, capsys):
+    """A first step of 3 s (a cold compile) must not make the ETA of 30 steps of milliseconds read a minute."""
+    from detector.train.step import TrainStep
+
+    real, calls = TrainStep.__call__, []
+
+    def first_slow(self, batch):
+        if not calls:
+            time.sleep(3.0)
+        calls.append(1)
+        return real(self, batch)
+
+    monkeypatch.setattr(TrainStep, "__call__", first_slow)
+    run = ["device=cpu", "train.steps=30", "train.log_every=5", "train.checkpoint_every=0", "data.num_workers=0"]
+    run_training(tiny_cfg(tmp_path, *run))
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step      5/30"))
+    minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
+    assert int(minutes) * 60 + int(seconds) < 3, line  # 25 steps of a few ms, not 25 x (3 s / 5)
