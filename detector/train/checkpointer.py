@@ -124,12 +124,15 @@ class Checkpointer:
         """The bytes of a save of every process (this process's share times their number)."""
         return (0 if self.staging is None else self.staging.numel()) * self.world_size
 
-    def write_estimate(self) -> float:
-        """Seconds a save takes to write: the last save's, else the state's bytes at the disk's speed (``probe``)."""
+    def write_estimate(self, wait: bool = True) -> float | None:
+        """Seconds a save takes to write: the last save's, else the state's bytes at the disk's speed (``probe``);
+        None while the probe runs and ``wait`` is false."""
         written = [s.written for s in self.saves if s.written and s.error is None]
         if written:
             return written[-1]
         if self.probing is not None:
+            if not wait and self.probing.is_alive():
+                return None
             self.probing.join()
         return self.state_bytes() / self.disk_speed if self.disk_speed else 0.0
 

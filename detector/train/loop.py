@@ -248,6 +248,7 @@ class Steps:
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.stopping = False  # a stop that every process agreed on is under way
         self.first_done = time.perf_counter()  # when the first step of this process ended (the ETA's origin)
+        self.first_log: int | None = None  # the first log line's step: its window holds the first step
 
     def loop(self, interrupt: DeferredInterrupt) -> None:
         tcfg, cfg, run, wall = self.tcfg, self.cfg, self.run, self.run.wall
@@ -360,8 +361,8 @@ class Steps:
             self.check_finite(self.log.flush(step))
         if log_due:
             self.log_line()
-            if self.checkpointer is not None and self.cadence.undecided and step - self.resumed_at > TIMING_SKIP:
-                self.decide_cadence()
+            if self.checkpointer is not None and self.cadence.undecided:
+                self.decide_cadence(step)
         if eval_due:
             with wall.part("evaluations"):
                 self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
@@ -405,18 +406,20 @@ class Steps:
             for tag, value in log_scalars(rate, loss, lr, device).items():
                 self.writer.add_scalar(tag, value, step)
 
-    def decide_cadence(self) -> None:
-        """train.checkpoint_every=auto: the steps between saves, from process 0's step time and a save's write time
-        (cadence.py), the same on every process; one line says it."""
-        saver, log = self.checkpointer, self.log
-        figures = None
-        if self.run.env.is_main:
-            step_s = throughput(log.timings, self.run.global_batch, skip_until=self.resumed_at + TIMING_SKIP)["step_ms"]
-            write_s = saver.write_estimate()
-            figures = (step_s / 1e3, write_s)
-        step_s, write_s = self.run.control.broadcast(figures)
-        self.cadence.decide(step_s, write_s)
-        self.say(self.cadence.describe(step_s, write_s, saver.state_bytes(), saver.disk_speed))
+    def decide_cadence(self, step: int) -> None:
+        """train.checkpoint_every=auto: the steps between saves, from process 0's step time (the log windows after
+        the first, which holds the compilation) and a save's write time (its disk probe done), the same on every
+        process (cadence.py); one line says it. Until then, no save is due."""
+        if self.first_log is None:
+            self.first_log = step
+        saver, figures = self.checkpointer, None
+        steady = [t for t in self.log.timings if t["step"] > max(self.first_log, self.resumed_at + TIMING_SKIP)]
+        if self.run.env.is_main and steady and saver.write_estimate(wait=False) is not None:
+            figures = (throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3, saver.write_estimate())
+        figures = self.run.control.broadcast(figures)
+        if figures is not None:
+            self.cadence.decide(*figures)
+            self.say(self.cadence.describe(*figures, saver.state_bytes(), saver.disk_speed))
 
     def save(self) -> None:
         """Start a checkpoint of this step: every process copies its part to host memory (the step's only wait) and

@@ -170,7 +170,9 @@ def test_on_the_cpu_the_allocator_says_none_and_why():
 
 
 def test_bench_memory_writes_its_proof_folder_on_the_cpu(tmp_path):
-    tiny = ["data.batch_size=8", "data.image_size=32", "model.channels=[4,8]", "model.hidden=16"]
+    # on the CPU whatever the machine holds (device=cpu reaches every child): the CPU's document, "none" where the CPU
+    # has no such thing; test_a_real_probe_past_the_devices_memory... is the GPU's own
+    tiny = ["device=cpu", "data.batch_size=8", "data.image_size=32", "model.channels=[4,8]", "model.hidden=16"]
     cfg = load_config(tiny + ["bench.strategies=[padded,loop]", f"bench.out={tmp_path / 'bench.json'}"], announce=None)
     results = run_bench(cfg)
     assert [p["state"] for p in results["parts"]] == ["done"] * 4  # two profiles, compare, the default child
