@@ -14,12 +14,15 @@ from __future__ import annotations
 import argparse
 import errno
 import os
+import signal
 import socket
 import sys
+import traceback
+from pathlib import Path
 
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import UserError, refuse
-from detector.train.distributed import LAUNCHED, PeerLost
+from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID, PeerLost
 from detector.train.interrupt import CommandSignals, Handlers, Terminated
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
@@ -170,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = os.environ.get("DETECTOR_DEBUG", "") not in ("", "0") or "--debug" in argv
     at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command
+    if os.environ.get(LAUNCHED):
+        tie_to_launcher()
     with CommandSignals(keep=command_line):
         try:
             top = top_parser().parse_args(argv[: at + 1])
@@ -179,20 +184,70 @@ def main(argv: list[str] | None = None) -> int:
         except PeerLost as err:  # under detector.launch, the launcher names the process that stopped
             if debug:
                 raise
-            Handlers.stopping = True  # torchrun's SIGTERM to the survivors follows: nothing is printed after this
-            return 2 if os.environ.get(LAUNCHED) else refuse(err)
+            Handlers.stopping = True  # torchrun's SIGTERM follows: nothing is printed after this
+            return alone(2 if os.environ.get(LAUNCHED) else refuse(err))
         except (UserError, FileNotFoundError) as err:
             if debug:
                 raise
-            return refuse(err)
+            return alone(2, err) if in_group() else refuse(err)
         except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are atomic
             if debug:
                 raise
             word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
             if os.environ.get("RANK", "0") == "0":  # one line for the run, whatever its number of processes
                 print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
-            return status
+            return alone(status)
+        except Exception as err:  # a bug: its traceback; one of several processes ends at once all the same
+            if not in_group():
+                raise
+            traceback.print_exc()
+            return alone(1, err)
     return 0
+
+
+def in_group() -> bool:
+    """Whether this process is one of several whose process group is still up: one that failed on its own."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def alone(status: int, err: BaseException | None = None) -> int:
+    """End one process of several that failed on its own: the others may be waiting for it inside a step's collective,
+    so the process group's teardown (a barrier), and the interpreter's exit with gloo's threads alive, would wait or
+    abort; the process ends at once instead, and they learn of it at their next collective (``PeerLost``). Its line
+    (``err``) goes to the launcher, which names the rank (detector.launch), or to stderr with the rank's name."""
+    if not in_group():
+        return status
+    if err is not None:
+        rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
+        message = " ".join(str(err).split()) if isinstance(err, (UserError, FileNotFoundError)) else last_line(err)
+        folder = os.environ.get(FAILURES)
+        if folder and Path(folder).is_dir():
+            Path(folder, f"rank{rank}").write_text(message)
+        else:
+            print(f"error: rank {rank} of {world}: {message}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)
+
+
+def last_line(err: BaseException) -> str:
+    """An exception's last line, as its traceback ends: ``RuntimeError: boom``."""
+    return "".join(traceback.format_exception_only(type(err), err)).strip().splitlines()[-1]
+
+
+def tie_to_launcher() -> None:
+    """A rank of detector.launch ends with it: SIGTERM (a checkpoint, then ``terminated``) when the launcher dies,
+    even by kill -9, which leaves it no way to stop us (Linux's parent-death signal; elsewhere torchrun's own)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.environ.get(LAUNCHER_PID) and os.getppid() != int(os.environ[LAUNCHER_PID]):
+        os.kill(os.getpid(), signal.SIGTERM)  # the launcher died before the signal was set: it will not come
 
 
 def port_number(text: str) -> int:

@@ -5,14 +5,18 @@ torchrun (``torch.distributed.run``) starts one process per rank and, when one f
 then SIGKILL after its 30 s grace) and raises a ``ChildFailedError`` whose traceback runs to some 40 lines. Here the
 same launch ends as the project's commands end:
 
-- a rank that ends with its own line (``error:``, ``interrupted``, ``terminated``: exit status 2, 130 or 143) says
-  all there is: the launcher adds nothing and exits with that status;
+- a rank that fails on its own (an error, a user's mistake or a bug) ends at once and leaves its error's line in a
+  folder of the launcher's; the launcher prints one line: which rank, its error, the run's last checkpoint and the
+  command that continues it (``error: rank 1 of 2 (pid ...) failed: ...``, exit status 2, or 1 for a bug);
 - a rank that dies (a signal, a crash) gets one line: which rank, how it ended, the run's last checkpoint and the
   command that continues it (``failed: ...``, exit status 1);
-- SIGTERM or Ctrl-C to the launcher reaches every rank, which checkpoint and end with their own line (143, 130).
+- a stop every rank agreed on (SIGTERM or Ctrl-C to the launcher reaches every rank, which checkpoint) ends with rank
+  0's own line (``terminated``, ``interrupted``: 143, 130).
 
-The other ranks learn of a dead rank at their next step (``distributed.Control``) and stop without a line of their
-own (``distributed.LAUNCHED``); none outlives torchrun's grace.
+The other ranks learn of a failed rank at their next collective (``distributed.Control``, a step's gloo collective)
+and stop without a line of their own (``distributed.LAUNCHED``); none outlives torchrun's grace of 30 s (an NCCL
+collective the host waits on, which only that SIGKILL ends). A rank never outlives the launcher: killed (even by
+kill -9), it sends every rank SIGTERM (Linux's parent-death signal), which checkpoint and end.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import os
 import shlex
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 OWN_LINE = (2, 130, 143)  # exit statuses of a rank that printed its own line (detector/cli.py)
@@ -32,28 +37,46 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    from detector.train.distributed import LAUNCHED
+    from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID
 
     args = get_args_parser().parse_args(argv)
     for name in list(logging.root.manager.loggerDict):  # torchrun's own warnings as it stops ranks: our line says it
         if name.startswith("torch.distributed.elastic"):
             logging.getLogger(name).setLevel(logging.CRITICAL)
-    os.environ[LAUNCHED] = "1"
+    os.environ[LAUNCHED], os.environ[LAUNCHER_PID] = "1", str(os.getpid())
     # torchrun gives each rank this where it is unset, with a banner of five lines saying so: the same, unsaid
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    try:
-        run(args)
-    except ChildFailedError as err:
-        failures = sorted(err.failures.items(), key=lambda item: item[1].timestamp)
-        died = [(rank, f) for rank, f in failures if f.exitcode not in OWN_LINE]
-        if not died:
-            return failures[0][1].exitcode
-        rank, failure = died[0]
-        print(f"failed: {how(rank, failure, args)}; {continuation(args, argv)}", file=sys.stderr)
-        return 1
-    except SignalException as err:  # the ranks had it too, and each said how it stopped
-        return 128 + int(err.sigval)
+    with tempfile.TemporaryDirectory(prefix="detector-launch-") as failures:
+        os.environ[FAILURES] = failures  # where a rank that fails on its own leaves its error's line (detector/cli.py)
+        try:
+            run(args)
+        except ChildFailedError as err:
+            return failed(err, args, argv, Path(failures))
+        except SignalException as err:  # the ranks had it too, and each said how it stopped
+            return 128 + int(err.sigval)
     return 0
+
+
+def failed(err, args, argv: list[str], failures: Path) -> int:
+    """The one line of a launch whose rank failed, and its exit status: a rank's own error (its line, left in
+    ``failures``: exit 2 for a user's mistake, 1 for a bug, whose traceback it printed), a rank's death (1), or a stop
+    each rank said itself (130, 143: nothing to add)."""
+    ordered = sorted(err.failures.items(), key=lambda item: item[1].timestamp)
+    said = [
+        (rank, f, (failures / f"rank{rank}").read_text()) for rank, f in ordered if (failures / f"rank{rank}").exists()
+    ]
+    if said:
+        rank, failure, message = said[0]
+        world = f" of {args.nproc_per_node}" if one_node(args) else ""
+        line = f"rank {rank}{world} (pid {failure.pid}) failed: {message}; torchrun stopped the others"
+        print(f"error: {line}; {continuation(args, argv)}", file=sys.stderr)
+        return failure.exitcode if failure.exitcode in (1, 2) else 2
+    died = [(rank, f) for rank, f in ordered if f.exitcode not in OWN_LINE]
+    if not died:
+        return ordered[0][1].exitcode
+    rank, failure = died[0]
+    print(f"failed: {how(rank, failure, args)}; {continuation(args, argv)}", file=sys.stderr)
+    return 1
 
 
 def how(rank: int, failure, args) -> str:

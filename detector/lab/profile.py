@@ -95,6 +95,7 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
         meter.start()
         allocator = StepMeter(device)  # the caching allocator's own figures of each step, on a GPU
         trace, timed, losses, fill = profile_steps(step, cfg, device, run_dir / "trace", env, allocator)
+        step.strategy.nonfinite_gradient()  # a user's backward of NaN: its profile would time a broken step
         during, own = meter.stop(), meter.own
         spread = Timed.of(timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"

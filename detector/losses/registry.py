@@ -74,6 +74,32 @@ class Strategy:
             raise RuntimeError(f"strategy {self.name!r} cannot run on {pred.device}: {reason}")
         return self.fn(pred, targets)
 
+    def backward(self, loss: Tensor) -> None:
+        """``loss.backward()`` of a loss built on this strategy's: where the strategy is the user's (``checked``), its
+        backward raising, or giving pred a gradient of another shape or none, is one line naming it."""
+        watch = getattr(self.fn, "watch", None)
+        try:
+            loss.backward()
+        except Exception as err:
+            found = watch.failure(err) if watch is not None else None
+            if found is None:
+                raise
+            raise found from err
+        if watch is not None:
+            watch.check()
+
+    def nonfinite_gradient(self) -> None:
+        """Raise where a user's backward gave pred a non-finite gradient since the last call (reads a device flag:
+        call it where the host waits anyway)."""
+        watch = getattr(self.fn, "watch", None)
+        if watch is not None and watch.nonfinite is not None:
+            flag, watch.nonfinite = watch.nonfinite, None
+            if bool(flag):
+                raise OutsideStrategyError(
+                    f"strategy {self.name!r}: its backward gave pred a non-finite gradient (NaN or infinity) where the "
+                    "loss was finite: the model's weights would become NaN"
+                )
+
 
 STRATEGIES: dict[str, Strategy] = {}
 
@@ -166,6 +192,10 @@ def checked(name: str, fn: Callable) -> Callable[[Tensor, Targets], Tensor]:
 
     @functools.wraps(fn)
     def loss(pred: Tensor, targets: Targets) -> Tensor:
+        watch = None
+        if torch.is_grad_enabled() and pred.requires_grad and not capturing(pred):
+            watch = loss.watch = BackwardWatch(name, home, previous=loss.watch)
+            pred = _Leave.apply(pred, watch)
         try:
             value = fn(pred, targets)
         except Exception as err:
@@ -175,9 +205,78 @@ def checked(name: str, fn: Callable) -> Callable[[Tensor, Targets], Tensor]:
         wrong = not_a_loss(value, pred)
         if wrong:
             raise OutsideStrategyError(f"strategy {name!r} returned {wrong}")
-        return value
+        if watch is None:
+            return value
+        watch.loss_finite = torch.isfinite(value.detach())  # a NaN loss's NaN gradient is the loss's, said elsewhere
+        return _Enter.apply(value, watch)
 
+    loss.watch = None
     return loss
+
+
+def capturing(t: Tensor) -> bool:
+    return t.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
+class BackwardWatch:
+    """A user's loss (``checked``) in the backward of one call: where its gradient entered (the loss) and left (pred),
+    and whether pred's gradient was finite wherever the loss was (a device flag, carried from call to call and read
+    only where the host waits anyway: ``Strategy.nonfinite_gradient``)."""
+
+    def __init__(self, name: str, home: str | None, previous: BackwardWatch | None):
+        self.name, self.home = name, home
+        self.entered = self.left = self.missing = False
+        self.loss_finite: Tensor | None = None
+        self.nonfinite: Tensor | None = previous.nonfinite if previous is not None else None
+
+    def failure(self, err: Exception) -> OutsideStrategyError | None:
+        """``err`` as the user's, where it was raised between the loss and pred: in their backward."""
+        if self.entered and not self.left:
+            return OutsideStrategyError(f"strategy {self.name!r}: its backward raised {failure(err, self.home)}")
+        return None
+
+    def check(self) -> None:
+        """After a backward that ran through the loss: pred must have got a gradient."""
+        if self.entered and (self.missing or not self.left):
+            raise OutsideStrategyError(
+                f"strategy {self.name!r}: its backward gave pred no gradient (None): the model would learn nothing "
+                "from it; return the gradient of the loss with respect to pred"
+            )
+
+
+class _Enter(torch.autograd.Function):
+    """The identity on a user's loss, marking where the backward enters their code."""
+
+    @staticmethod
+    def forward(ctx, value: Tensor, watch: BackwardWatch) -> Tensor:
+        ctx.watch = watch
+        return value.view_as(value)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.watch.entered = True
+        return grad, None
+
+
+class _Leave(torch.autograd.Function):
+    """The identity on pred as a user's loss receives it, marking where the backward leaves their code."""
+
+    @staticmethod
+    def forward(ctx, pred: Tensor, watch: BackwardWatch) -> Tensor:
+        ctx.set_materialize_grads(False)  # a gradient the user's backward did not give arrives as None
+        ctx.watch = watch
+        return pred.view_as(pred)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor | None):
+        watch = ctx.watch
+        watch.left = True
+        if grad is None:
+            watch.missing = True
+            return None, None
+        bad = ~torch.isfinite(grad).all() & watch.loss_finite  # on the device: no host wait
+        watch.nonfinite = bad if watch.nonfinite is None else watch.nonfinite | bad
+        return grad, None
 
 
 def not_a_loss(value, pred: Tensor) -> str | None:

@@ -92,6 +92,8 @@ def release_dtensor_caches() -> None:
 
 
 LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they
+FAILURES = "DETECTOR_FAILURES"  # detector.launch's folder where a rank that fails on its own leaves its error's line
+LAUNCHER_PID = "DETECTOR_LAUNCHER_PID"  # the launcher's pid: a rank that finds another parent has lost it
 
 
 class PeerLost(UserError):

@@ -80,7 +80,9 @@ class DeferredInterrupt(Handlers):
         if self.requested is None and not Handlers.stopping:
             self.requested = signum
             return
-        super().handle(signum, frame)
+        # the stop is the first signal's: its word and exit status (torchrun forwards SIGINT as SIGINT and SIGTERM as
+        # SIGTERM, so a rank's second signal may be another kind than the launcher's own)
+        super().handle(self.requested or signum, frame)
 
     def stop(self) -> KeyboardInterrupt:
         """The exception of the stop asked for; from now on signals are ignored."""

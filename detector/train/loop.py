@@ -152,7 +152,9 @@ class Run:
                 # a second signal or a lost process: the save under way is left (the last committed one stands)
                 stop_now = isinstance(err, PeerLost) or (isinstance(err, KeyboardInterrupt) and not self.steps.stopping)
                 Handlers.stopping |= isinstance(err, PeerLost)  # torchrun's SIGTERM follows: nothing after our line
-                raise type(err)(self.stopped(err, wait=not stop_now)) from err.__cause__  # --debug: the cause
+                stopped = type(err)(self.stopped(err, wait=not stop_now))
+                stopped.agreed = isinstance(err, KeyboardInterrupt) and self.steps.stopping  # every process, one step
+                raise stopped from err.__cause__  # --debug: the cause
             except RuntimeError as err:  # a collective of the step whose peer is gone: the vote's PeerLost
                 lost = distributed.lost_peer(err) if self.env.world_size > 1 else None
                 if lost is None:
@@ -359,6 +361,7 @@ class Steps:
         )
         if log_due or eval_due or checkpoint_due:
             self.check_finite(self.log.flush(step))
+            step_fn.strategy.nonfinite_gradient()  # a user's backward: read where the host waits anyway
         if log_due:
             self.log_line()
             if self.checkpointer is not None and self.cadence.undecided:
@@ -524,10 +527,12 @@ def training_processes(cfg: DictConfig):
     env, device = distributed.setup(cfg)
     try:
         yield env, device
-    except PeerLost:
-        raise  # no teardown: its barrier would wait for the process that is gone (the process ends now anyway)
-    except BaseException:
-        distributed.teardown(env)
+    except BaseException as err:
+        # a stop every process agreed on ends them all at one step: the group's teardown meets every one of them. Any
+        # other failure is this process's alone: the others may wait for it inside a step's collective, where the
+        # teardown's barrier would wait for them in turn; it ends at once instead (cli.py), and they with it
+        if env.world_size == 1 or getattr(err, "agreed", False):
+            distributed.teardown(env)
         raise
     distributed.teardown(env)
 

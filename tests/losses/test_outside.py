@@ -232,6 +232,105 @@ def test_a_profile_of_a_loss_that_is_not_finite_says_so_on_its_card_and_in_compa
     assert f"**warning** ({module}:nan_after_two): {warning}" in capsys.readouterr().out
 
 
+BACKWARD_FILE = """
+import torch
+
+from detector.losses import giou_loss_reference
+
+
+class Broken(torch.autograd.Function):
+    \"\"\"The reference's loss, with a backward of the user's making.\"\"\"
+
+    @staticmethod
+    def forward(ctx, pred, how):
+        ctx.how = how
+        ctx.save_for_backward(pred)
+        return pred.float().nan_to_num().mean() * 0 + 1
+
+    @staticmethod
+    def backward(ctx, grad):
+        (pred,) = ctx.saved_tensors
+        if ctx.how == "raises":
+            raise ValueError("my backward is broken")
+        if ctx.how == "shape":
+            return grad.expand(3), None
+        if ctx.how == "none":
+            return None, None
+        return torch.full_like(pred, float("nan")), None
+
+
+def make(how):
+    def loss(pred, targets):
+        return Broken.apply(pred, how)
+
+    loss.layout = "padded"
+    return loss
+
+
+raises, shape, none, nan = (make(how) for how in ("raises", "shape", "none", "nan"))
+"""
+
+
+@pytest.mark.parametrize(
+    "attribute,match",
+    [
+        ("raises", r": its backward raised ValueError: my backward is broken \({module}.py, line 20\)$"),
+        (
+            "shape",
+            r": its backward raised RuntimeError: Function BrokenBackward returned an invalid gradient at index 0",
+        ),
+        ("none", r": its backward gave pred no gradient \(None\): the model would learn nothing from it"),
+    ],
+)
+def test_a_backward_that_fails_is_one_line_naming_the_strategy(user_dir, attribute, match):
+    module = user_module(user_dir, BACKWARD_FILE)
+    strategy = get_strategy(f"{module}:{attribute}")
+    pred, boxes = random_case(4, 8, "seed", seed=1)
+    pred.requires_grad_()
+    loss = strategy(pred, make_targets(boxes, "padded", 8))
+    with pytest.raises(OutsideStrategyError, match=rf"^strategy '{module}:{attribute}'" + match.format(module=module)):
+        strategy.backward(loss * 2)  # the step's scaling of the loss lies between: still the user's backward
+
+
+def test_a_backward_of_nan_is_said_where_the_host_reads_it_and_a_sound_one_passes(user_dir):
+    module = user_module(user_dir, BACKWARD_FILE + GIOU_FILE)
+    nan, sound = get_strategy(f"{module}:nan"), get_strategy(f"{module}:loss")
+    pred, boxes = random_case(4, 8, "seed", seed=1)
+    targets = make_targets(boxes, "padded", 8)
+    nan.backward(nan(pred.clone().requires_grad_(), targets))  # no host wait in the step itself
+    with pytest.raises(
+        OutsideStrategyError, match=r": its backward gave pred a non-finite gradient \(NaN or infinity\) where the loss"
+    ):
+        nan.nonfinite_gradient()
+    nan.nonfinite_gradient()  # read and cleared
+    leaf = pred.clone().requires_grad_()
+    sound.backward(sound(leaf, targets))
+    sound.nonfinite_gradient()
+    expected = pred.clone().requires_grad_()
+    giou_loss_reference(expected, targets).backward()
+    torch.testing.assert_close(leaf.grad, expected.grad)  # the watch changes no gradient
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profile", "profile.strategy={}", "device=cpu", *TINY_PROFILE],
+        ["train", "train.strategy={}", "train.steps=2", "train.compile=false", "device=cpu", *TINY_PROFILE[:6]],
+        ["bench", "bench.strategies=[{}]", "bench.batch_sizes=[4]", "bench.repeats=1", "bench.warmup=0", "preset=cpu"],
+    ],
+    ids=lambda argv: argv[0],
+)
+@pytest.mark.parametrize("attribute", ["raises", "none", "nan"])
+def test_profile_train_and_bench_say_a_broken_backward_in_one_line_and_exit_2(
+    user_dir, capsys, monkeypatch, argv, attribute
+):
+    module = user_module(user_dir, BACKWARD_FILE)
+    monkeypatch.delenv("DETECTOR_DEBUG", raising=False)
+    assert cli.main([arg.format(f"{module}:{attribute}") for arg in argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: strategy '{module}:{attribute}': its backward ") and "\n" not in err, err
+
+
 def test_an_unknown_name_mentions_a_loss_of_ones_own():
     with pytest.raises(KeyError, match=r"valid strategies: loop, .* or my_module:my_loss"):
         get_strategy("ciou")

@@ -172,3 +172,64 @@ def test_a_run_folder_that_not_every_process_sees_is_refused_before_the_first_st
     with pytest.raises(UserError, match=r"rank\(s\) \[1\] do not see the run folder .* every node shares"):
         folders.shared(tmp_path, "mark", OtherDisk(), is_main=True)
     assert not list(tmp_path.iterdir())
+
+
+BOOM_FILE = """
+import os
+
+from detector.losses import giou_loss_reference
+
+
+def boom(pred, targets):
+    boom.calls += 1
+    if os.environ["RANK"] == "1" and boom.calls == 5:
+        raise RuntimeError("boom on rank 1 at step 5")
+    return giou_loss_reference(pred, targets)
+
+
+boom.calls = 0
+boom.layout = "padded"
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through Linux's /proc")
+def test_a_rank_that_raises_ends_every_rank_in_one_line_naming_it(tmp_path):
+    """The most common way a rank dies: an exception on one rank alone, while the other waits for it inside the step's
+    collective. Both end within seconds, and one line names the rank, its error, the checkpoint and the command."""
+    (tmp_path / "boom_loss.py").write_text(BOOM_FILE)
+    env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
+    args = ["-m", "detector.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
+    args += [*RUN, "train.steps=1000", "train.strategy=boom_loss:boom", f"train.out_dir={tmp_path / 'out'}"]
+    start = time.monotonic()
+    process = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
+    elapsed = time.monotonic() - start
+    line = one_line(process.stderr, "error: rank 1 of 2 (pid ")
+    assert process.returncode == 2 and elapsed < 60, (process.returncode, elapsed, process.stderr)
+    assert (
+        "failed: strategy 'boom_loss:boom' raised RuntimeError: boom on rank 1 at step 5 (boom_loss.py, line 10)"
+        in line
+    )
+    assert re.search(
+        r"torchrun stopped the others; its last checkpoint is step 3 in \S+checkpoint.json: continue with ", line
+    )
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through Linux's /proc")
+def test_ranks_never_outlive_their_launcher(tmp_path):
+    """kill -9 of the launcher, which can do nothing about it: its ranks get SIGTERM (the parent-death signal), agree on
+    a step, checkpoint it and end."""
+    process = launch(tmp_path, "train.steps=100000")
+    wait_for_step(process, 7)
+    ranks = [rank_pid(process.pid, rank) for rank in (0, 1)]
+    process.kill()
+    process.wait()
+    deadline = time.monotonic() + 30
+    while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not [
+        pid
+        for pid in ranks
+        if Path(f"/proc/{pid}").exists() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    ]
+    assert read_checkpoint(next(tmp_path.rglob("checkpoint.json")).parent)["step"] >= 7  # the stop's checkpoint

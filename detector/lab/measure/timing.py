@@ -137,6 +137,6 @@ def loss_closures(strategy, pred: torch.Tensor, targets):
 
     def forward_backward():
         pred.grad = None
-        strategy(pred, targets).backward()
+        strategy.backward(strategy(pred, targets))
 
     return forward, forward_backward
