@@ -37,6 +37,8 @@ BENCH_HELP = {
     "memory": "each strategy's memory: profiles and their verdicts, the allocator under dynamic shapes with and "
     "without expandable segments, the largest batch that trains (GPU; the CPU's where it has one)",
 }
+# errors of the machine's files rather than of the code: a command ends on them in one line naming the file
+ENVIRONMENT = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
 TERMINATED = 143  # and by SIGTERM (128 + 15)
 
@@ -190,6 +192,10 @@ def main(argv: list[str] | None = None) -> int:
             if debug:
                 raise
             return alone(2, err) if in_group() else refuse(err)
+        except OSError as err:  # a folder made read-only, a full disk: the machine's state, said in one line
+            if debug or err.errno not in ENVIRONMENT:
+                raise
+            return alone(2, err) if in_group() else refuse(err)
         except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are atomic
             if debug:
                 raise
@@ -221,7 +227,7 @@ def alone(status: int, err: BaseException | None = None) -> int:
         return status
     if err is not None:
         rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
-        message = " ".join(str(err).split()) if isinstance(err, (UserError, FileNotFoundError)) else last_line(err)
+        message = " ".join(str(err).split()) if isinstance(err, (UserError, OSError)) else last_line(err)
         folder = os.environ.get(FAILURES)
         if folder and Path(folder).is_dir():
             Path(folder, f"rank{rank}").write_text(message)

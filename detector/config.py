@@ -178,7 +178,10 @@ class TrainConfig:
     # with, at most every minute of steps (detector/train/cadence.py), so that the step never waits for a save
     checkpoint_every: int = ranged(-1, -1)
     out_dir: str = path("runs/train")  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
-    resume: bool = False  # continue from the run folder's checkpoint (else the folder starts afresh)
+    # auto: the same command again continues an unfinished run of this configuration from its checkpoint (another
+    # configuration's run is moved aside, a new one starts); true: continue it, and refuse another's; false: start
+    # afresh
+    resume: str = ranged("auto", choices=("auto", "true", "false"))
     stop_after: int = ranged(0, 0)  # end this run after that step with a checkpoint (time-limited jobs); 0 = never
     # torch.compile of the model (the loss stays the strategy's own: `compiled` is the compiled one): it fuses
     # pooling, ReLU and casts (`make bench-step` times the step with and without); the first steps compile
@@ -286,6 +289,7 @@ def load_config(
     cfg.preset = preset
     if schema is Config:  # OmegaConf reads a YAML true/false into a str field as "True"/"False"
         cfg.train.shard_optimizer = SHARD_ALIASES.get(cfg.train.shard_optimizer, cfg.train.shard_optimizer)
+        cfg.train.resume = {"True": "true", "False": "false"}.get(cfg.train.resume, cfg.train.resume)
     check_values(cfg, schema, strategies)
     data = fit_slots(cfg.data) if schema is Config and cfg.data.boxes != SYNTHETIC else None
     aside = step_aside(cfg, dotted_keys(exp) | dotted_keys(cli)) if schema is Config else []

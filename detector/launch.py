@@ -62,10 +62,11 @@ def failed(err, args, argv: list[str], failures: Path) -> int:
     ``failures``: exit 2 for a user's mistake, 1 for a bug, whose traceback it printed), a rank's death (1), or a stop
     each rank said itself (130, 143: nothing to add)."""
     ordered = sorted(err.failures.items(), key=lambda item: item[1].timestamp)
+    killed = [rank for rank, f in ordered if f.exitcode < 0]  # a death is the cause of what the others said
     said = [
         (rank, f, (failures / f"rank{rank}").read_text()) for rank, f in ordered if (failures / f"rank{rank}").exists()
     ]
-    if said:
+    if said and not killed:
         rank, failure, message = said[0]
         world = f" of {args.nproc_per_node}" if one_node(args) else ""
         line = f"rank {rank}{world} (pid {failure.pid}) failed: {message}; torchrun stopped the others"
@@ -106,7 +107,7 @@ def continuation(args, argv: list[str]) -> str:
         run_dir, experiment, overrides = training_run(command[2:])
         from detector.train import checkpoint_files
 
-        step = checkpoint_files.Reader(run_dir).manifest.step if (run_dir / checkpoint_files.MANIFEST).exists() else 0
+        step = checkpoint_files.read_manifest(run_dir).step if checkpoint_files.exists(run_dir) else 0
     except Exception as err:  # noqa: BLE001 - a hint, never a second failure
         return f"its last checkpoint could not be read ({err})"
     if not step:

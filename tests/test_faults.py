@@ -267,7 +267,14 @@ def test_ctrl_c_twice_prints_the_one_line_and_nothing_after(tmp_path, apart):
     if process.poll() is None:
         os.killpg(process.pid, signal.SIGINT)
     _, err = process.communicate(timeout=30)
-    assert process.returncode == 130 and "the run stopped after step" in one_error_line(err, "interrupted: ")
+    line = one_error_line(err, "interrupted: ")
+    assert process.returncode == 130 and "the run stopped after step" in line
+    # the checkpoint the line names is the one the manifest commits (a save the second signal cut short never is)
+    kept = re.search(r"its last checkpoint is step (\d+) in (\S+checkpoint.json)", line)
+    if kept:
+        assert read_checkpoint(Path(kept[2]).parent)["step"] == int(kept[1]), line
+    else:
+        assert "no checkpoint was written" in line and not list(tmp_path.rglob("checkpoint.json")), line
 
 
 def test_sigterm_of_any_command_is_one_line_and_exit_143(monkeypatch, capsys):
@@ -290,22 +297,27 @@ def test_ctrl_c_of_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "interrupted\n"
 
 
-@pytest.mark.parametrize("where", ["the part", "the record", "the manifest"])
-def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where):
-    """The writer of step 6's save fails (a full disk, a kill) while it writes its part, its record or the
-    manifest: the manifest still names step 3's checkpoint, which resumes; the run says what failed."""
+@pytest.mark.parametrize("where", ["the data", "the checksums", "the manifest"])
+def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where, capsys):
+    """The writer of step 6's save fails (a full disk, a kill) while DCP writes its files, while they are checksummed
+    or while the manifest is replaced: the manifest still names step 3's checkpoint, which resumes; the run says what
+    failed, in one line."""
     run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]
     assert cli.main(["train", *run, "train.stop_after=3"]) == 0
-    fail = {"the part": "write_file", "the record": "write_record", "the manifest": "commit"}[where]
-    real = getattr(checkpoint_files, fail)
+    owner, name = {
+        "the data": (checkpoint_files.Writer, "write_data"),
+        "the checksums": (checkpoint_files, "file_entry"),
+        "the manifest": (checkpoint_files, "commit"),
+    }[where]
 
     def failing(*args, **kwargs):
-        if fail != "write_file" or args[0].name == "rank0.bin":
-            raise OSError(28, "No space left on device")
-        return real(*args, **kwargs)
+        raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_files, fail, failing)
+    monkeypatch.setattr(owner, name, failing)
+    capsys.readouterr()
     assert cli.main(["train", *run, "train.resume=true"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert "No space left on device" in line and "the last checkpoint is step 3" in line, line
     monkeypatch.undo()
     assert read_checkpoint(tmp_path / "default" / "padded")["step"] == 3
     summary = cli.main(["train", *run, "train.resume=true", "train.stop_after=4"])

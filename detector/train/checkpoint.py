@@ -1,6 +1,6 @@
 """What a checkpoint holds and means: the state of a run in one process's layout, whatever wrote it, and the resume
-that refuses anything it cannot trust. How it lies on disk is checkpoint_files.py's; how a save stays off the
-step's path, checkpointer.py's.
+that refuses anything it cannot trust. How it lies on disk (torch.distributed.checkpoint's format, checksummed) is
+checkpoint_files.py's; how a save stays off the step's path, checkpointer.py's.
 
 One process's layout: each tensor is named as one process's model names it, each BlockedLinear as one Linear
 (``<layer>.weight``: the blocks' rows joined, and their optimizer state with them). Every process holds rows of
@@ -16,6 +16,11 @@ batch is refused in one line, as is another configuration (``fingerprint``).
 
 from __future__ import annotations
 
+import base64
+import concurrent.futures
+import dataclasses
+import json
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,9 +28,21 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    MetadataIndex,
+    TensorProperties,
+    TensorStorageMetadata,
+)
+from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from detector.checked import RecordError, need
 from detector.config import Config
 from detector.model import BlockedLinear
 from detector.train import checkpoint_files as files
@@ -42,6 +59,7 @@ RUN_CONTROL |= {"optimizer"}  # one pass or torch's pieces: the same AdamW and t
 MINE, SPLIT, HELD = "mine", "split", "held"  # Piece.write: see there
 
 __all__ = ["CheckpointError", "Piece", "fingerprint", "load_checkpoint", "read_checkpoint", "state_pieces"]
+META_VERSION = 1  # meta.json's
 
 
 def fingerprint(cfg: DictConfig, world_size: int) -> dict:
@@ -162,24 +180,111 @@ def written_rows(piece: Piece, rank: int, world_size: int) -> tuple[int, int] | 
     return (start, stop) if stop > start else None
 
 
-# ----------------------------------------------------------------------------- what else a checkpoint holds
+# ----------------------------------------------------------------------------- DCP's plans: each process its rows
+
+
+def chunk_offsets(piece: Piece, first: int) -> torch.Size:
+    """Where rows from ``first`` of ``piece`` begin in its checkpoint tensor (0-dim: nowhere)."""
+    return torch.Size([piece.row + first] + [0] * (len(piece.shape) - 1) if piece.shape else [])
+
+
+class RowsSavePlanner(DefaultSavePlanner):
+    """DCP's save plan of this process's rows: each (key, offsets, rows) it writes (``staged``) is one chunk of the
+    checkpoint tensor ``key``; DCP's global plan checks that the processes' chunks cover every tensor once."""
+
+    def __init__(self, staged: list[tuple[str, torch.Size, torch.Size, Tensor]]):
+        super().__init__(flatten_state_dict=False)
+        self.staged = {(key, tuple(offsets)): (shape, tensor) for key, offsets, shape, tensor in staged}
+
+    def create_local_plan(self) -> SavePlan:
+        items = []
+        for (key, offsets), (shape, tensor) in self.staged.items():
+            whole = tuple(tensor.shape) == tuple(shape)
+            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size())
+            data = TensorWriteData(chunk, TensorProperties.create_from_tensor(tensor), torch.Size(shape))
+            kind = WriteItemType.TENSOR if whole else WriteItemType.SHARD
+            items.append(WriteItem(MetadataIndex(key, torch.Size(offsets)), kind, tensor_data=data))
+        self.plan = SavePlan(items)
+        return self.plan
+
+    def resolve_data(self, write_item: WriteItem) -> Tensor:
+        return self.staged[(write_item.index.fqn, tuple(write_item.index.offset))][1]
+
+
+class RowsLoadPlanner(DefaultLoadPlanner):
+    """DCP's load plan of this process's pieces: the rows of each, read from whichever chunks of the checkpoint hold
+    them (DCP's resharding), straight into the live tensors. A tensor of another shape or dtype than the model's is
+    refused in one line naming ``name``."""
+
+    def __init__(self, pieces: list[Piece], name: Path):
+        super().__init__(flatten_state_dict=False)
+        self.pieces, self.name = pieces, name
+
+    def create_local_plan(self) -> LoadPlan:
+        requests = []
+        for i, piece in enumerate(self.pieces):
+            saved = self.metadata.state_dict_metadata.get(piece.key)
+            if saved is None and piece.key.startswith("optimizer/"):
+                continue  # a parameter that never had a gradient: AdamW makes its state at its first
+            found = "nothing" if saved is None else "not a tensor"
+            if isinstance(saved, TensorStorageMetadata):
+                found = f"{list(saved.size)} {str(saved.properties.dtype).removeprefix('torch.')}"
+            wanted = f"{list(piece.shape)} {str(piece.tensor.dtype).removeprefix('torch.')}"
+            if found != wanted:
+                raise CheckpointError(f"checkpoint {self.name} holds {piece.key} as {found}, this model as {wanted}")
+            local = ChunkStorageMetadata(offsets=chunk_offsets(piece, 0), sizes=piece.tensor.size())
+            items = create_read_items_for_chunk_list(piece.key, saved, [local])
+            covered = sum(math.prod(item.lengths) for item in items)
+            if covered != piece.tensor.numel():  # chunks that leave rows out: those would keep the model's values
+                raise CheckpointError(
+                    f"checkpoint {self.name}: the chunks of {piece.key} hold {covered} of the {piece.tensor.numel()} "
+                    f"values of its rows {piece.row}..{piece.row + piece.rows() - 1}: {files.FIX}"
+                )
+            requests += [dataclasses.replace(it, dest_index=MetadataIndex(piece.key, local.offsets, i)) for it in items]
+        self.plan = LoadPlan(requests)
+        return self.plan
+
+    def resolve_tensor(self, read_item) -> Tensor:
+        tensor = self.pieces[read_item.dest_index.index].tensor.detach()
+        for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths, strict=True)):
+            tensor = tensor.narrow(dim, offset, length)
+        return tensor
+
+    def commit_tensor(self, read_item, tensor: Tensor) -> None:
+        pass  # DCP copied the rows into the live tensor's view itself
+
+
+# ----------------------------------------------------------------------------- what else a checkpoint holds: meta.json
 
 
 def rng_state() -> dict:
+    """Every RNG's state, as JSON can hold it."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, state, gauss_next = random.getstate()
     return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
-        "python": random.getstate(),
+        "torch": encode(torch.get_rng_state()),
+        "cuda": [encode(s) for s in torch.cuda.get_rng_state_all()] if torch.cuda.is_available() else [],
+        "numpy": [kind, keys.tolist(), pos, has_gauss, gauss],
+        "python": [version, list(state), gauss_next],
     }
 
 
 def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
+    torch.set_rng_state(decode(state["torch"]))
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
+        torch.cuda.set_rng_state_all([decode(s) for s in state["cuda"]])
+    kind, keys, pos, has_gauss, gauss = state["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    version, values, gauss_next = state["python"]
+    random.setstate((version, tuple(values), gauss_next))
+
+
+def encode(t: Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def decode(text: str) -> Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
 
 
 SCHEDULED = ("lr", "initial_lr")  # what of an optimizer's parameter groups changes in a run (LambdaLR's)
@@ -199,31 +304,75 @@ def set_param_groups(optimizer: torch.optim.Optimizer, saved: list[dict]) -> Non
                 group[key] = value
 
 
+META_KEYS = {  # meta.json's fields and their JSON types
+    "step": int,
+    "param_groups": list,
+    "scheduler": dict,
+    "rng": dict,
+    "data": dict,
+    "losses": list,
+    "evals": list,
+    "fingerprint": dict,
+    "config": dict,
+}
+
+
+def meta_bytes(meta: dict) -> bytes:
+    """meta.json's bytes; a one-value tensor (a learning rate on the device, train.cuda_graphs) as its number."""
+
+    def number(value):
+        if isinstance(value, Tensor) and value.numel() == 1:
+            return value.item()
+        raise TypeError(f"{type(value).__name__} in a checkpoint's meta")
+
+    return json.dumps({"version": META_VERSION, **meta}, default=number).encode()
+
+
+def read_meta(path: Path) -> dict:
+    """meta.json, each field of its type; one line naming the file otherwise."""
+    try:
+        meta = json.loads(path.read_bytes())
+        need(meta, dict, str(path))
+        for key, kind in META_KEYS.items():
+            need(meta.get(key), kind, f"{path}.{key}")
+    except (ValueError, RecordError) as err:
+        raise CheckpointError(f"{path} is not a checkpoint's meta.json ({err}): {files.FIX}") from None
+    return meta
+
+
 # ----------------------------------------------------------------------------- resume
 
 
-def load_checkpoint(run_dir: Path, step_fn, expected: dict, global_batch: int) -> dict:
+def load_checkpoint(run_dir: Path, step_fn, expected: dict, global_batch: int, group=None) -> dict:
     """Restore model, optimizer, schedule and RNG of ``step_fn`` (a TrainStep) from ``run_dir``'s checkpoint, with any
-    number of processes and way of sharing, each process reading the rows it holds; return the saved meta (step,
-    losses, evaluations). Refuses a checkpoint of another configuration or another global batch."""
-    manifest = run_dir / files.MANIFEST
-    source = files.Reader(run_dir) if manifest.exists() else Legacy(run_dir / files.LEGACY, step_fn.model)
-    name = source.path
-    meta = source.meta()
+    number of processes and way of sharing, each process reading the rows it holds (every file it reads checked
+    first, in parallel); return the saved meta (step, losses, evaluations). Refuses a checkpoint of another
+    configuration or another global batch. ``group``: the processes' gloo group of DCP's plans (None: one process)."""
+    manifest = files.read_manifest(run_dir)
+    folder, name = run_dir / manifest.folder, run_dir / files.MANIFEST
+    with concurrent.futures.ThreadPoolExecutor(files.HASHERS) as pool:
+        files.verify(folder, manifest, manifest.files, pool)
+    meta = read_meta(folder / files.META)
     check_meta(meta, name, expected, global_batch, step_fn.world_size)
-    for piece in state_pieces(step_fn):
-        shape = source.shape(piece.key)
-        if shape is None and piece.key.startswith("optimizer/"):
-            continue  # a parameter that never had a gradient: AdamW makes its state at its first
-        if shape != piece.shape:
-            raise CheckpointError(f"checkpoint {name} holds {piece.key} as {shape}, this model as {piece.shape}")
-        value = source.read(piece.key, piece.row, piece.rows())
-        piece.tensor.copy_(value.reshape(piece.tensor.shape))
+    planner = RowsLoadPlanner(state_pieces(step_fn), name)
+    files.quiet_dcp()
+    try:
+        dcp.load({}, storage_reader=files.Reader(folder), planner=planner, process_group=group, no_dist=group is None)
+    except (Exception, CheckpointException) as err:  # ours or DCP's own checks, raised on any process
+        found = files.root(err)
+        if isinstance(found, CheckpointError):
+            raise found from err
+        raise CheckpointError(f"checkpoint {folder} could not be read ({one_line(found)}): {files.FIX}") from err
     set_param_groups(step_fn.optimizer, meta["param_groups"])
     step_fn.sharing.loaded()
     step_fn.scheduler.load_state_dict(meta["scheduler"])
     set_rng_state(meta["rng"])
     return meta
+
+
+def one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def check_meta(meta: dict, name: Path, expected: dict, global_batch: int, processes: int) -> None:
@@ -243,10 +392,22 @@ def check_meta(meta: dict, name: Path, expected: dict, global_batch: int, proces
             f"checkpoint {name} was written by another configuration ({'; '.join(diffs)}): resume with the "
             "checkpoint's settings, or set train.resume=false to start this folder afresh"
         )
-    if meta["data"]["next_index"] != meta["step"] * global_batch:
+    if meta["data"].get("next_index") != meta["step"] * global_batch:
         raise CheckpointError(
-            f"checkpoint {name}: data position {meta['data']['next_index']} != step {meta['step']} x {global_batch}"
+            f"checkpoint {name}: data position {meta['data'].get('next_index')} != step {meta['step']} x {global_batch}"
         )
+
+
+def same_run(run_dir: Path, expected: dict, global_batch: int) -> int:
+    """The step of ``run_dir``'s committed checkpoint where it is of this very configuration and global batch (the same
+    command again continues it), else 0."""
+    try:
+        manifest = files.read_manifest(run_dir)
+        meta = read_meta(run_dir / manifest.folder / files.META)
+    except CheckpointError:
+        return 0
+    ok = meta["fingerprint"].get("global_batch") == global_batch and not differences(meta["fingerprint"], expected)
+    return manifest.step if ok else 0
 
 
 def shared_checkpoint(run_dir: Path, world_size: int) -> bool:
@@ -266,45 +427,22 @@ def shared_checkpoint(run_dir: Path, world_size: int) -> bool:
     return digest is not None
 
 
-class Legacy:
-    """A version-1 checkpoint.pt, read whole, as a source of rows (``files.Reader``'s interface): its payload was
-    already one process's layout, the optimizer's state indexed in the order of the checkpoint's names."""
-
-    def __init__(self, path: Path, model: torch.nn.Module):
-        self.path = path
-        state = files.read_legacy(path)
-        if state.get("layout") != 2:
-            raise CheckpointError(
-                f"checkpoint {path} was written by an earlier version of detector (in its processes' layout): set "
-                "train.resume=false to start this folder afresh"
-            )
-        names = list(dict.fromkeys(whole for whole, _, _ in layout(model).values()))
-        self.tensors = {f"model/{k}": v for k, v in state["model"].items()}
-        for i, values in state["optimizer"]["state"].items():
-            self.tensors |= {f"optimizer/{names[i]}/{k}": v for k, v in values.items()}
-        (group,) = state["optimizer"]["param_groups"]
-        state["param_groups"] = [{k: group[k] for k in SCHEDULED if k in group}]
-        self.state = state
-
-    def meta(self) -> dict:
-        return self.state
-
-    def shape(self, key: str) -> tuple[int, ...] | None:
-        return tuple(self.tensors[key].shape) if key in self.tensors else None
-
-    def read(self, key: str, row: int, rows: int) -> Tensor:
-        value = self.tensors[key]
-        return value[row : row + rows] if value.dim() else value
-
-
 def read_checkpoint(run_dir: Path) -> dict:
     """A committed checkpoint as one dict, for tools and tests: its meta, and every tensor whole under ``tensors``
-    (``model`` too: the model's alone, by parameter name)."""
-    reader = files.Reader(run_dir)
-    meta = reader.meta()
-    tensors = {}
-    for key, entry in reader.manifest.tensors.items():
-        tensors[key] = reader.read(key, 0, entry.shape[0] if entry.shape else 1).reshape(entry.shape)
+    (``model`` too: the model's alone, by its name in one process's layout), each file checked first."""
+    manifest = files.read_manifest(run_dir)
+    folder = run_dir / manifest.folder
+    with concurrent.futures.ThreadPoolExecutor(files.HASHERS) as pool:
+        files.verify(folder, manifest, manifest.files, pool)
+    meta = read_meta(folder / files.META)
+    metadata = files.Reader(folder).read_metadata()
+    tensors = {
+        key: torch.empty(md.size, dtype=md.properties.dtype)
+        for key, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata)
+    }
+    files.quiet_dcp()
+    dcp.load(tensors, storage_reader=files.Reader(folder), no_dist=True)
     meta["tensors"] = tensors
     meta["model"] = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     return meta

@@ -1,77 +1,74 @@
-"""A checkpoint on disk: a folder of part files, committed by one manifest.
+"""A checkpoint on disk: a folder in torch.distributed.checkpoint's format (DCP), checksummed and committed by a
+manifest of ours.
 
-    <run>/checkpoint.json              the manifest: the folder it commits, each file's size and checksums, where
-                                       each tensor's rows lie; replaced atomically, so it always names a whole
-                                       checkpoint (a save killed at any moment leaves the previous one named)
-    <run>/checkpoint-<step>-<token>/   one save (token: the run's, so that a save of the same step by an earlier,
-                                       killed attempt is never taken for this one's)
-        rank<r>.bin                    process r's share of the state's tensors: raw rows, one span after another
-        rank<r>.json                   what rank<r>.bin holds, written once it is on disk (a ``PartRecord``)
-        meta.pt                        the rest: step, schedule, RNG states, losses, evaluations, fingerprint
+    <run>/checkpoint.json              the manifest (``Manifest``, a typed record): the save folder it commits, its step
+                                       and the sha256 of every chunk of every file in that folder; replaced atomically,
+                                       so it always names a whole checkpoint (a save killed at any moment leaves the
+                                       previous one named)
+    <run>/checkpoint-<step>-<token>/   one save, a DCP checkpoint (token: the run's, so that a save of the same step by
+                                       an earlier, killed attempt is never taken for this one's)
+        .metadata                      DCP's: where every tensor's row chunks lie
+        __<r>_<n>.distcp               DCP's: process r's rows
+        meta.json                      ours: step, schedule, RNG states, losses, evaluations, fingerprint (JSON)
 
-Every file is checksummed in chunks of ``CHUNK`` bytes (sha256 each), so a process that reads part of a file
-checks every byte it reads and reads no other: a resume reads the rows each process holds, each byte once. A
-torn, truncated, overwritten or foreign checkpoint is refused in one line naming the file.
+Anyone reads a save with torch alone: ``torch.distributed.checkpoint.load`` (any number of processes), or
+``torch.distributed.checkpoint.format_utils.dcp_to_torch_save(folder, "state.pt")`` for one file of every tensor
+(``model/<name>``, ``optimizer/<name>/<state>``; ``detector export`` gives the model's own state_dict).
 
-The manifest is a typed, versioned record (``Manifest``, version 2); the single-file checkpoint.pt of version 1
-is still read (``read_legacy``), whole, and replaced by the first save of the resumed run.
+What this module adds to DCP's format: a checksum of every byte (``CHUNK``-byte chunks: a process checks the files
+it reads, in parallel, before DCP reads them), so that a torn, truncated, overwritten, missing or foreign file is
+refused in one line naming it; and nothing in a checkpoint runs code when it is read: meta.json is JSON, and DCP's
+.metadata, a pickle, is read only once its checksum holds, by an unpickler that builds DCP's metadata classes and
+nothing else.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
-import io
 import json
-import math
 import os
+import pickle
 import re
 import shutil
+import stat
+import threading
 import time
-from dataclasses import dataclass, field
+import warnings
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from detector.checked import RecordError, need, read_json, short, versioned
 from detector.errors import UserError
 
-FORMAT = "detector-checkpoint"
-VERSION = 2
+FORMAT = "detector-checkpoint-dcp"
+VERSION = 3  # 1: one checkpoint.pt; 2: our own part files (detector before its checkpoints moved to DCP)
 MANIFEST = "checkpoint.json"
-LEGACY = "checkpoint.pt"  # version 1: one file, header + torch.save payload
-CHUNK = 64 * 2**20  # bytes per checksum: a partial read over-reads at most one chunk at each end
-# each span starts at a multiple of this: any dtype's view of the staging memory is aligned, and each span is whole
-# pages, page-locked on its own (checkpointer.py)
-ALIGN = 4096
-META = "meta.pt"
+META = "meta.json"
+DCP_METADATA = ".metadata"
+CHUNK = 64 * 2**20  # bytes per checksum
+HASHERS = 4  # threads that checksum chunks (sha256 runs ~1-2 GB/s on one core)
 FIX = "delete it or set train.resume=false to start this run afresh"
-HASHERS = 4  # threads that checksum chunks while the writer writes (sha256 runs ~1-2 GB/s on one core)
+FOLDER = re.compile(r"checkpoint-(\d{9})-(\w+)")
+FILE = re.compile(r"(\.metadata|meta\.json|__\d+_\d+\.distcp)")  # the only files a save folder holds
+HEX = re.compile(r"[0-9a-f]{64}")
+MANIFEST_BYTES = 64 * 2**20
+LEGACY = "checkpoint.pt"  # version 1's one file
+EARLIER = (  # versions 1 and 2: our own formats, which no one else read
+    "is a checkpoint of detector before its checkpoints moved to torch.distributed.checkpoint: resume it with that "
+    "version (git checkout 230b480), or set train.resume=false to start afresh (the run is moved aside, not deleted)"
+)
 
 
 class CheckpointError(UserError):
     pass
 
 
-# ----------------------------------------------------------------------------- the records
-
-
-@dataclass
-class Span:
-    """Rows ``row .. row + rows - 1`` of a tensor, at byte ``offset`` of ``file``."""
-
-    file: str
-    offset: int
-    row: int
-    rows: int
-
-
-@dataclass
-class TensorEntry:
-    shape: list[int]  # the whole tensor's
-    dtype: str  # torch's name: "float32"
-    spans: list[Span] = field(default_factory=list)
+# ----------------------------------------------------------------------------- the manifest
 
 
 @dataclass
@@ -81,72 +78,222 @@ class FileEntry:
 
 
 @dataclass
-class PartRecord:
-    """What one process wrote: its file and the spans in it (rank<r>.json)."""
-
-    rank: int
-    file: str
-    entry: FileEntry
-    tensors: dict[str, TensorEntry]
-    failed: str = ""  # why the process could not write its part (the commit then fails at once)
-
-
-@dataclass
 class Manifest:
     """The committed checkpoint (checkpoint.json)."""
 
     step: int
     folder: str
-    world_size: int
+    world_size: int  # the processes that wrote it
     files: dict[str, FileEntry]
-    tensors: dict[str, TensorEntry]
     format: str = FORMAT
     version: int = VERSION
 
     def total_bytes(self) -> int:
         return sum(f.bytes for f in self.files.values())
 
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1, sort_keys=True)
 
-def to_json(record) -> str:
-    body = dataclasses.asdict(record)
-    body["sha256"] = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-    return json.dumps(body, sort_keys=True)
+    @classmethod
+    def parse(cls, data, where: str) -> Manifest:
+        """The manifest of parsed JSON, every field checked against what a save folder can hold; RecordError naming
+        ``where`` and the field otherwise."""
+        if isinstance(data, dict) and data.get("version") == 2:
+            raise RecordError(f"{where} {EARLIER}")
+        versioned(data, where, VERSION)
+        if data.get("format") != FORMAT:
+            raise RecordError(f"{where}: format {short(data.get('format'))}, not a {FORMAT} manifest")
+        folder = need(data.get("folder"), str, f"{where}.folder")
+        if not FOLDER.fullmatch(folder):
+            raise RecordError(f"{where}.folder is {short(folder)}, expected a save folder checkpoint-<step>-<token>")
+        files = {}
+        for name, entry in need(data.get("files"), dict, f"{where}.files").items():
+            at = f"{where}.files[{short(name)}]"
+            if not FILE.fullmatch(name):
+                raise RecordError(f"{at}: not a file a save holds (.metadata, meta.json, __<r>_<n>.distcp)")
+            size = need(need(entry, dict, at).get("bytes"), int, f"{at}.bytes")
+            chunks = [need(c, str, f"{at}.chunks") for c in need(entry.get("chunks"), list, f"{at}.chunks")]
+            if size < 0 or len(chunks) != max(1, -(-size // CHUNK)) or not all(HEX.fullmatch(c) for c in chunks):
+                raise RecordError(f"{at}: {size} bytes with {len(chunks)} checksums, expected one sha256 a chunk")
+            files[name] = FileEntry(size, chunks)
+        for needed in (DCP_METADATA, META):
+            if needed not in files:
+                raise RecordError(f"{where}.files has no {needed}: not a whole save")
+        step = need(data.get("step"), int, f"{where}.step")
+        if step < 1 or int(FOLDER.fullmatch(folder)[1]) != step:
+            raise RecordError(f"{where}.step is {step}, its folder {folder}'s is another")
+        return cls(step, folder, need(data.get("world_size"), int, f"{where}.world_size"), files)
 
 
-def from_json(text: str, kind: type, path: Path):
-    """``kind`` from its JSON, after its own checksum; a garbled or foreign record is one line naming ``path``."""
+def regular_file(path: Path) -> bool:
+    """Whether ``path`` is a plain file (not a folder, a FIFO or a dangling link): only such is read."""
     try:
-        body = json.loads(text)
-        digest = body.pop("sha256")
-        ok = digest == hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-    except (ValueError, AttributeError, KeyError, TypeError, RecursionError):
-        ok = False
-    if not ok:
-        raise CheckpointError(f"{path} is not a detector checkpoint (empty, garbled or foreign): {FIX}")
-    if kind is Manifest and (body.get("format"), body.get("version")) != (FORMAT, VERSION):
-        raise CheckpointError(f"{path} is a checkpoint of another format {body.get('version')!r}: {FIX}")
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def read_manifest(run_dir: Path) -> Manifest:
+    path = run_dir / MANIFEST
+    if not regular_file(path):
+        what = "a dangling link" if path.is_symlink() else "not a file"
+        raise CheckpointError(f"{path} is {what}: {FIX}")
     try:
-        return build(kind, body)
-    except (TypeError, KeyError, ValueError) as err:
-        raise CheckpointError(f"{path}: unreadable field ({err}): {FIX}") from None
+        return Manifest.parse(read_json(path, MANIFEST_BYTES), str(path))
+    except RecordError as err:
+        raise CheckpointError(f"{err}; {FIX}") from None
 
 
-def build(kind: type, body: dict):
-    """A dataclass from its ``asdict``, nested records included."""
-    nested = {"files": FileEntry, "tensors": TensorEntry}
-    values = {}
-    for f in dataclasses.fields(kind):
-        if f.name not in body:
-            continue
-        value = body[f.name]
-        if f.name in nested and isinstance(value, dict):
-            value = {k: build(nested[f.name], v) for k, v in value.items()}
-        elif f.name == "spans":
-            value = [build(Span, v) for v in value]
-        elif f.name == "entry":
-            value = build(FileEntry, value)
-        values[f.name] = value
-    return kind(**values)
+def exists(run_dir: Path) -> bool:
+    """Whether ``run_dir`` names a checkpoint (a manifest, or something in its place: a resume says what is wrong)."""
+    path = run_dir / MANIFEST
+    return path.exists() or path.is_symlink() or (run_dir / LEGACY).exists()
+
+
+def earlier_format(run_dir: Path) -> str | None:
+    """Why ``run_dir``'s checkpoint cannot be resumed by this version (one of our formats before DCP), or None."""
+    if (run_dir / LEGACY).exists() and not (run_dir / MANIFEST).exists():
+        return f"{run_dir / LEGACY} {EARLIER}"
+    if not regular_file(run_dir / MANIFEST):  # a FIFO would block the read: the resume says what it is
+        return None
+    try:
+        version = json.loads((run_dir / MANIFEST).read_bytes()[:MANIFEST_BYTES]).get("version")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return f"{run_dir / MANIFEST} {EARLIER}" if version == 2 else None
+
+
+def manifest_digest(run_dir: Path) -> str | None:
+    """What identifies the checkpoint ``run_dir`` holds (None: none): the processes of a run compare it."""
+    path = run_dir / MANIFEST
+    if not regular_file(path):
+        return "not a file" if exists(run_dir) else None
+    with path.open("rb") as f:
+        return hashlib.sha256(f.read(MANIFEST_BYTES)).hexdigest()
+
+
+# ----------------------------------------------------------------------------- checksums
+
+
+def file_entry(path: Path, pool: concurrent.futures.Executor) -> FileEntry:
+    """``path``'s size and the sha256 of each of its chunks, in ``pool``'s threads."""
+    size = path.stat().st_size
+    starts = range(0, max(size, 1), CHUNK)
+    return FileEntry(size, list(pool.map(lambda start: chunk_digest(path, start, min(CHUNK, size - start)), starts)))
+
+
+def chunk_digest(path: Path, start: int, size: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = size
+        while left > 0:
+            block = f.read(min(left, 8 * 2**20))
+            if not block:
+                break
+            digest.update(block)
+            left -= len(block)
+    return digest.hexdigest()
+
+
+def verify(folder: Path, manifest: Manifest, names, pool: concurrent.futures.Executor) -> None:
+    """Every chunk of the files ``names`` of a committed save against the manifest; one line naming a file that is
+    missing, of another size or whose bytes do not match."""
+    jobs = []
+    for name in names:
+        entry, path = manifest.files[name], folder / name
+        if not regular_file(path):
+            raise CheckpointError(f"{path} is missing (named by {folder.parent / MANIFEST}): {FIX}")
+        size = path.stat().st_size
+        if size != entry.bytes:
+            raise CheckpointError(f"{path} is truncated or overwritten ({size} of {entry.bytes} bytes): {FIX}")
+        jobs += [(path, i, entry.chunks[i], min(CHUNK, size - i * CHUNK)) for i in range(len(entry.chunks))]
+    for path, i, ok in pool.map(
+        lambda job: (job[0], job[1], chunk_digest(job[0], job[1] * CHUNK, job[3]) == job[2]), jobs
+    ):
+        if not ok:
+            raise CheckpointError(f"{path} is corrupt (bytes {i * CHUNK}.. do not match their checksum): {FIX}")
+
+
+# ----------------------------------------------------------------------------- DCP's files, read safely
+
+ALLOWED = {  # what DCP's .metadata pickle may build: its metadata classes, torch's sizes and dtypes, paths
+    "torch.distributed.checkpoint.metadata": None,
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size"} | {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)},
+    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
+    "collections": {"OrderedDict"},
+}
+
+
+class MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        allowed = ALLOWED.get(module, set())
+        if module not in ALLOWED or (allowed is not None and name not in allowed):
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
+        return super().find_class(module, name)
+
+
+class Reader(FileSystemReader):
+    """DCP's reader of a save folder whose .metadata is unpickled by ``MetadataUnpickler`` (the caller has checked its
+    checksum first)."""
+
+    def read_metadata(self, *args, **kwargs) -> Metadata:
+        path = Path(self.path) / DCP_METADATA
+        try:
+            with open(path, "rb") as f:
+                metadata = MetadataUnpickler(f).load()
+        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
+            raise CheckpointError(f"{path} is not DCP's metadata ({err}): {FIX}") from None
+        if not isinstance(metadata, Metadata):
+            raise CheckpointError(f"{path} is not DCP's metadata (a {type(metadata).__name__}): {FIX}")
+        if getattr(metadata, "storage_meta", None) is None:
+            metadata.storage_meta = StorageMeta()
+        metadata.storage_meta.load_id = self.load_id
+        return metadata
+
+
+class Writer(FileSystemWriter):
+    """DCP's writer, at a lower CPU priority (its IO threads inherit it): a save's writing takes the cores the loader
+    and the step leave."""
+
+    def __init__(self, path: Path, threads: int = 2):
+        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=threads)
+
+    def write_data(self, plan, planner):
+        background_priority()
+        return super().write_data(plan, planner)
+
+
+def root(err: BaseException) -> BaseException:
+    """The failure inside DCP's CheckpointException (whose message holds every process's traceback): the first
+    process's own exception (an OSError, or one of ours, as it was raised)."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, found = min(failures.items())
+        found = found[0] if isinstance(found, tuple) else found
+        if isinstance(found, (CheckpointError, OSError)):
+            return found
+        if isinstance(found, BaseException):
+            return RuntimeError(f"process {rank}: {type(found).__name__}: {found}")
+    return err
+
+
+def quiet_dcp() -> None:
+    """DCP warns on every save and load of one process that it assumes one process, which we asked for (no_dist)."""
+    warnings.filterwarnings("ignore", message=r"torch\.distributed is .*assuming the intent is to (save|load)")
+
+
+BACKGROUND_NICE = 10  # a thread's niceness while it writes or checksums a save (0 is the loader's and the step's)
+
+
+def background_priority() -> None:
+    """Lower the calling thread's CPU priority (Linux: a thread's own niceness, which threads it starts inherit)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
+    except (AttributeError, OSError):
+        pass  # not Linux, or not allowed: the save runs at the process's priority
 
 
 # ----------------------------------------------------------------------------- writing
@@ -174,21 +321,7 @@ def sync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def write_file(path: Path, data: np.ndarray, pool: concurrent.futures.Executor) -> FileEntry:
-    """Write ``data`` (uint8) to ``path`` and fsync it; its chunks are checksummed by ``pool`` meanwhile (hashlib and
-    the file's writes release the GIL: neither waits for the other, nor the training loop for either)."""
-    view = memoryview(data)
-    spans = [(start, min(start + CHUNK, len(view))) for start in range(0, len(view), CHUNK)]
-    digests = [pool.submit(lambda a, b: hashlib.sha256(view[a:b]).hexdigest(), a, b) for a, b in spans]
-    with open(path, "wb") as f:
-        for a, b in spans:
-            f.write(view[a:b])
-        f.flush()
-        os.fsync(f.fileno())
-    return FileEntry(len(view), [d.result() for d in digests])
-
-
-def disk_speed(folder: Path, data: np.ndarray) -> float:
+def disk_speed(folder: Path, data) -> float:
     """Bytes per second of a write of ``data`` with fsync into ``folder``, the file then removed: the disk's own
     speed, which a save is held against."""
     probe = folder / f"disk-probe-{os.getpid()}"
@@ -203,66 +336,14 @@ def disk_speed(folder: Path, data: np.ndarray) -> float:
     return len(data) / max(time.perf_counter() - start, 1e-9)
 
 
-def write_record(folder: Path, record: PartRecord) -> None:
-    sync_write(folder / f"rank{record.rank}.json", to_json(record).encode())
-
-
-def wait_for_parts(folder: Path, world_size: int, timeout: float) -> list[PartRecord]:
-    """Every process's record of ``folder`` once all are there; a CheckpointError if one failed or one is missing
-    after ``timeout`` seconds (a process that died)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        present = [folder / f"rank{r}.json" for r in range(world_size)]
-        if all(p.exists() for p in present):
-            records = [from_json(p.read_text(), PartRecord, p) for p in present]
-            failed = [f"rank {r.rank}: {r.failed}" for r in records if r.failed]
-            if failed:
-                raise CheckpointError(f"the save into {folder} failed ({'; '.join(failed)})")
-            return records
-        if time.monotonic() > deadline:
-            missing = [r for r, p in enumerate(present) if not p.exists()]
-            raise CheckpointError(f"rank(s) {missing} wrote no part of {folder} within {timeout:.0f} s")
-        time.sleep(0.05)
-
-
-def commit(run_dir: Path, folder: Path, step: int, records: list[PartRecord], meta: FileEntry) -> Manifest:
-    """Write the manifest naming ``folder`` (the commit), then remove the older saves' folders."""
-    tensors: dict[str, TensorEntry] = {}
-    for record in records:
-        for key, entry in record.tensors.items():
-            whole = tensors.setdefault(key, TensorEntry(entry.shape, entry.dtype))
-            if (whole.shape, whole.dtype) != (entry.shape, entry.dtype):
-                raise RuntimeError(f"checkpoint: rank {record.rank}'s {key} is {entry.shape} {entry.dtype}")
-            whole.spans += [Span(record.file, s.offset, s.row, s.rows) for s in entry.spans]
-    for key, entry in tensors.items():
-        entry.spans = covering(key, entry)
-    files = {record.file: record.entry for record in records} | {META: meta}
-    manifest = Manifest(step, folder.name, len(records), files, tensors)
-    sync_write(run_dir / MANIFEST, to_json(manifest).encode())
-    remove_older(run_dir, folder)
-    (run_dir / LEGACY).unlink(missing_ok=True)  # a version-1 checkpoint, now replaced
-    return manifest
-
-
-def covering(key: str, entry: TensorEntry) -> list[Span]:
-    """The spans in row order, a 0-dim value (written by every process that holds it) once; an error unless they
-    cover each row exactly once (the ways of sharing give each row one writer)."""
-    spans, row = [], 0
-    for span in sorted(entry.spans, key=lambda s: s.row):
-        if span.row < row and span.rows == 1 and not entry.shape:
-            continue
-        if span.row != row:
-            how = "twice" if span.row < row else "by no one"
-            raise RuntimeError(f"checkpoint: {key}'s rows {row}.. are written {how}")
-        spans.append(span)
-        row += span.rows
-    if row != (entry.shape[0] if entry.shape else 1):
-        raise RuntimeError(f"checkpoint: {key} has {row} of {entry.shape} rows")
-    return spans
+def commit(run_dir: Path, manifest: Manifest) -> None:
+    """Replace the manifest by ``manifest`` (the commit), then remove the older saves' folders."""
+    sync_write(run_dir / MANIFEST, manifest.to_json().encode())
+    remove_older(run_dir, run_dir / manifest.folder)
 
 
 def save_folders(run_dir: Path) -> list[Path]:
-    return [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and re.fullmatch(r"checkpoint-\d+-\w+", p.name)]
+    return [p for p in run_dir.glob("checkpoint-*") if p.is_dir() and FOLDER.fullmatch(p.name)]
 
 
 def remove_older(run_dir: Path, committed: Path) -> None:
@@ -276,123 +357,9 @@ def remove_older(run_dir: Path, committed: Path) -> None:
 
 
 def parse_folder(folder: Path) -> tuple[int, str]:
-    _, step, token = folder.name.split("-", 2)
-    return int(step), token
+    found = FOLDER.fullmatch(folder.name)
+    return int(found[1]), found[2]
 
 
 def folder_name(step: int, token: str) -> str:
     return f"checkpoint-{step:09d}-{token}"
-
-
-# ----------------------------------------------------------------------------- reading
-
-
-def exists(run_dir: Path) -> bool:
-    return (run_dir / MANIFEST).exists() or (run_dir / LEGACY).exists()
-
-
-def manifest_digest(run_dir: Path) -> str | None:
-    """What identifies the checkpoint ``run_dir`` holds (None: none): the processes of a run compare it."""
-    for name in (MANIFEST, LEGACY):
-        path = run_dir / name
-        if path.exists():
-            with path.open("rb") as f:
-                return hashlib.sha256(f.read(1 << 20)).hexdigest()
-    return None
-
-
-class Reader:
-    """The committed checkpoint of a run folder: its manifest, its meta, and any rows of any tensor, each chunk read
-    checked against its checksum. Construction checks the manifest and every file's size."""
-
-    def __init__(self, run_dir: Path):
-        self.path = run_dir / MANIFEST
-        try:
-            text = self.path.read_text()
-        except UnicodeDecodeError:
-            text = ""
-        self.manifest: Manifest = from_json(text, Manifest, self.path)
-        self.folder = run_dir / self.manifest.folder
-        for name, entry in self.manifest.files.items():
-            path = self.folder / name
-            size = path.stat().st_size if path.exists() else None
-            if size is None:
-                raise CheckpointError(f"{path} is missing (named by {self.path}): {FIX}")
-            if size != entry.bytes:
-                raise CheckpointError(f"{path} is truncated or overwritten ({size} of {entry.bytes} bytes): {FIX}")
-        self.cached: tuple[str, int, np.ndarray] | None = None  # the last chunk read: spans share chunks
-        self.bytes_read = 0
-
-    def meta(self) -> dict:
-        data = self.read_bytes(META, 0, self.manifest.files[META].bytes)
-        # our own file, holding numpy's and Python's RNG states: not loadable with weights_only=True
-        return torch.load(io.BytesIO(data.tobytes()), map_location="cpu", weights_only=False)
-
-    def shape(self, key: str) -> tuple[int, ...] | None:
-        entry = self.manifest.tensors.get(key)
-        return None if entry is None else tuple(entry.shape)
-
-    def read(self, key: str, row: int, rows: int) -> torch.Tensor:
-        """Rows ``row .. row + rows - 1`` of tensor ``key`` (a 0-dim tensor: row 0 of 1), on the CPU."""
-        entry = self.manifest.tensors[key]
-        dtype = getattr(torch, entry.dtype)
-        out = torch.empty([rows, *entry.shape[1:]] if entry.shape else [], dtype=dtype)
-        row_bytes = math.prod(entry.shape[1:]) * out.element_size()
-        buffer = out.view(-1).view(torch.uint8).numpy() if out.numel() else np.empty(0, np.uint8)
-        for span in entry.spans:
-            lo, hi = max(row, span.row), min(row + rows, span.row + span.rows)
-            if lo < hi:
-                start = span.offset + (lo - span.row) * row_bytes
-                buffer[(lo - row) * row_bytes : (hi - row) * row_bytes] = self.read_bytes(
-                    span.file, start, (hi - lo) * row_bytes
-                )
-        return out
-
-    def read_bytes(self, name: str, start: int, size: int) -> np.ndarray:
-        """Bytes ``start .. start + size - 1`` of file ``name``, from the chunks that hold them, each checked."""
-        out = np.empty(size, np.uint8)
-        at = start
-        while at < start + size:
-            index = at // CHUNK
-            chunk = self.chunk(name, index)
-            a = at - index * CHUNK
-            n = min(len(chunk) - a, start + size - at)
-            out[at - start : at - start + n] = chunk[a : a + n]
-            at += n
-        return out
-
-    def chunk(self, name: str, index: int) -> np.ndarray:
-        if self.cached and self.cached[:2] == (name, index):
-            return self.cached[2]
-        entry, path = self.manifest.files[name], self.folder / name
-        size = min(CHUNK, entry.bytes - index * CHUNK)
-        data = np.empty(size, np.uint8)
-        with open(path, "rb") as f:
-            f.seek(index * CHUNK)
-            got = f.readinto(memoryview(data))
-        if got != size or hashlib.sha256(memoryview(data)).hexdigest() != entry.chunks[index]:
-            raise CheckpointError(f"{path} is corrupt (bytes {index * CHUNK}.. do not match their checksum): {FIX}")
-        self.bytes_read += size
-        self.cached = (name, index, data)
-        return data
-
-
-# ----------------------------------------------------------------------------- version 1, read whole
-
-LEGACY_MAGIC = b"detector-checkpoint v1"
-LEGACY_HEADER = re.compile(re.escape(LEGACY_MAGIC) + rb" sha256=[0-9a-f]{64} bytes=[0-9]{1,20}")
-
-
-def read_legacy(path: Path) -> dict:
-    """The state of a version-1 checkpoint.pt (one header line, then a torch.save payload), after its checks."""
-    with path.open("rb") as f:
-        header = f.readline(200).rstrip(b"\n")
-        if not LEGACY_HEADER.fullmatch(header):
-            raise CheckpointError(f"{path} is not a detector checkpoint (empty, foreign or garbled header): {FIX}")
-        fields = dict(item.split(b"=", 1) for item in header[len(LEGACY_MAGIC) :].split())
-        payload = f.read()
-    if len(payload) != int(fields[b"bytes"]):
-        raise CheckpointError(f"{path} is truncated ({len(payload)} of {int(fields[b'bytes'])} bytes): {FIX}")
-    if hashlib.sha256(payload).hexdigest().encode() != fields[b"sha256"]:
-        raise CheckpointError(f"{path} is corrupt (its checksum does not match its contents): {FIX}")
-    return torch.load(io.BytesIO(payload), map_location="cpu", weights_only=False)

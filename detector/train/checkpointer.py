@@ -3,27 +3,30 @@
 A save, on every process at once:
 
 1. (the step waits) this process's share of the state (``checkpoint.state_pieces``, ``written_rows``) is copied into
-   its staging memory: host memory of exactly that share, page-locked on a GPU (``cudaHostRegister``, once per run,
-   in a thread while the first steps run, its pages touched first) so that the device-to-host copy runs at the
-   link's speed;
-2. (a thread) the share is written to ``rank<r>.bin`` of the save's folder and checksummed in chunks meanwhile
-   (``HASHERS`` threads), fsync'd, and described in ``rank<r>.json``; process 0 writes the rest (``meta.pt``), waits
-   for every process's record and commits the save by replacing the manifest (checkpoint_files.py).
+   its staging memory: host memory of exactly that share, a tensor a span, page-locked on a GPU (``cudaHostRegister``,
+   once per run, in a thread while the first steps run, its pages touched first) so that the device-to-host copy runs
+   at the link's speed;
+2. (a thread of ours, at a lower CPU priority) ``torch.distributed.checkpoint.save`` writes every process's rows as
+   chunks of one DCP checkpoint (``RowsSavePlanner``; its plans travel on a gloo group of the checkpoints' own, never
+   beside a step's collectives), each process then checksums the files it wrote, and process 0 commits the save by
+   replacing the manifest (checkpoint_files.py). This is DCP's ``async_save``, a stage and then ``save`` in a
+   thread, with our stager: staging memory page-locked once, which DCP's would lock at the first save, in the
+   step's way, and a thread that goes on to checksum and commit.
 
-A new save first waits for the previous one. Host memory for a save is the process's share of the state and no more
-(the writer and the checksums read the staging memory in place). Process 0 measures the disk once (a write of up to
-``PROBE`` bytes with fsync) and logs each save against it when the save is committed::
+A new save first waits for the previous one. Host memory for a save is the process's share of the state and no more.
+Process 0 measures the disk once (a write of up to ``PROBE`` bytes with fsync) and logs each save against it::
 
     checkpoint step 20: 12.2 GiB from 2 processes, step blocked 0.41 s, written in 14.2 s (the disk alone: 12.9 s
     at 1.01 GB/s)
 
-Where the process has no GPU the staging memory is plain host memory, and the copy the step waits for a memcpy.
+A stop that cannot wait for the save under way (a second Ctrl-C, a lost process) abandons it: it is then never
+committed, so the line that names the last checkpoint names the one the manifest does (``abandon``).
 """
 
 from __future__ import annotations
 
 import concurrent.futures
-import io
+import datetime
 import os
 import threading
 import time
@@ -32,30 +35,27 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 from detector.train import checkpoint_files as files
-from detector.train.checkpoint import Piece, written_rows
-from detector.train.checkpoint_files import CheckpointError, TensorEntry
+from detector.train.checkpoint import Piece, RowsSavePlanner, chunk_offsets, meta_bytes, one_line, written_rows
+from detector.train.checkpoint_files import CheckpointError, background_priority
+from detector.train.distributed import lost_peer
 
 PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pass any write cache of the page cache
-COMMIT_TIMEOUT = 600.0  # seconds process 0 waits for the other processes' parts before it gives the save up
-
-
-def share_bytes(pieces: list[Piece], rank: int, world_size: int) -> int:
-    """The staging memory for this process's share of ``pieces``: their rows, each span aligned."""
-    return sum(span_bytes(piece, rows) for piece, rows in writes(pieces, rank, world_size))
+PIN_LEAST = 2**20  # spans smaller than this stay pageable: they may share a page with another allocation
+SAVE_TIMEOUT = datetime.timedelta(
+    seconds=600
+)  # the checkpoints' gloo group: a process gone ends a save, never hangs it
 
 
 def writes(pieces: list[Piece], rank: int, world_size: int) -> list[tuple[Piece, tuple[int, int]]]:
     return [(p, rows) for p in pieces if (rows := written_rows(p, rank, world_size)) is not None]
 
 
-def span_bytes(piece: Piece, rows: tuple[int, int]) -> int:
-    start, stop = rows
-    row_bytes = (
-        piece.tensor[0].numel() * piece.tensor.element_size() if piece.tensor.dim() else piece.tensor.element_size()
-    )
-    return -(-(stop - start) * row_bytes // files.ALIGN) * files.ALIGN
+def span_source(piece: Piece, rows: tuple[int, int]) -> torch.Tensor:
+    return piece.tensor[rows[0] : rows[1]] if piece.tensor.dim() else piece.tensor
 
 
 @dataclass
@@ -75,54 +75,81 @@ class Save:
 
 
 class Checkpointer:
-    """A run's saves (see the module docstring): ``save`` from the loop, ``poll`` between steps for the lines of
-    saves committed since, ``wait`` for the one under way, ``close`` at the end."""
+    """A run's saves (see the module docstring): ``save`` from the loop, ``poll`` between steps for the saves finished
+    since, ``wait`` for the one under way, ``close`` at the end. Every process makes one, at the same point."""
 
     def __init__(self, run_dir: Path, rank: int, world_size: int, device: torch.device, token: str):
         self.run_dir, self.rank, self.world_size, self.device, self.token = run_dir, rank, world_size, device, token
+        self.group = dist.new_group(backend="gloo", timeout=SAVE_TIMEOUT) if world_size > 1 else None
         self.pool = concurrent.futures.ThreadPoolExecutor(
             files.HASHERS, thread_name_prefix="checksum", initializer=background_priority
         )
-        self.staging: torch.Tensor | None = None
-        self.registered: list[int] = []  # the page-locked spans' addresses (cudaHostRegister), one per span
-        self.pinned = False  # whether every span was page-locked
+        self.staging: list[torch.Tensor] = []  # a tensor a span of this process's share
+        self.registered: list[int] = []  # the page-locked spans' addresses (cudaHostRegister)
+        self.pinned = False  # whether every span of PIN_LEAST bytes or more was page-locked
         self.pinning: threading.Thread | None = None
         self.probing: threading.Thread | None = None
         self.pin_seconds = 0.0
         self.disk_speed: float | None = None  # bytes/s, process 0's measure
         self.current: Save | None = None
         self.saves: list[Save] = []
+        self.finished: list[Save] = []  # finished since the last ``poll``: each gets its line
         self.committed_step = -1  # process 0: the step of the checkpoint the manifest names
-        self.part_name = f"rank{rank}.bin"  # this process's file of each save
+        self.lock, self.abandoned = threading.Lock(), False
+        files.quiet_dcp()
 
     # -------------------------------------------------------------------- staging memory
 
     def prepare(self, pieces: list[Piece], probe: bool = False) -> None:
         """Allocate the staging memory for this process's share of ``pieces`` and, on a GPU, page-lock it in a thread
         while the first steps run; with ``probe``, measure the disk in a thread meanwhile (``write_estimate``)."""
-        spans = writes(pieces, self.rank, self.world_size)
-        self.staging = torch.empty(sum(span_bytes(p, rows) for p, rows in spans), dtype=torch.uint8)
-        if self.device.type == "cuda" and self.staging.numel():
-            self.pinning = threading.Thread(target=self.pin, args=([span_bytes(p, r) for p, r in spans],), daemon=True)
+        self.staging = [torch.empty(span_source(p, r).nbytes, dtype=torch.uint8) for p, r in self.spans(pieces)]
+        if self.device.type == "cuda" and self.staging:
+            self.pinning = threading.Thread(target=self.pin, name="checkpoint-pinning", daemon=True)
             self.pinning.start()
         if probe:
             self.probing = threading.Thread(target=self.probe, name="disk-probe", daemon=True)
             self.probing.start()
+
+    def spans(self, pieces: list[Piece]) -> list[tuple[Piece, tuple[int, int]]]:
+        """The rows of ``pieces`` this process writes, each (key, first row) once (a 0-dim state that each block of a
+        layer holds, the same in each, is one value of the checkpoint)."""
+        seen, out = set(), []
+        for piece, rows in writes(pieces, self.rank, self.world_size):
+            where = (piece.key, tuple(chunk_offsets(piece, rows[0])))
+            if where not in seen:
+                seen.add(where)
+                out.append((piece, rows))
+        return out
+
+    def pin(self) -> None:
+        """Page-lock the staging memory, span by span. Its pages are first touched here, outside the driver:
+        cudaHostRegister of untouched memory faults every page in while it holds the driver's lock, and every CUDA
+        call of the steps, the loader's copies too, waits for it (12 GiB: most of a minute and a half of data
+        stalls at seed scale)."""
+        start = time.perf_counter()
+        cudart, done, large = torch.cuda.cudart(), [], [t for t in self.staging if t.numel() >= PIN_LEAST]
+        for tensor in large:
+            tensor.fill_(0)
+            if int(cudart.cudaHostRegister(tensor.data_ptr(), tensor.numel(), 0)) != 0:  # 0 = cudaHostRegisterDefault
+                break
+            done.append(tensor.data_ptr())
+        self.registered, self.pinned = done, len(done) == len(large)
+        self.pin_seconds = time.perf_counter() - start
 
     def probe(self) -> None:
         """The disk's speed, by a write of up to PROBE bytes (incompressible: a random MiB repeated) with fsync."""
         background_priority()
         n = min(PROBE, max(self.state_bytes(), 2**20))
         block = np.frombuffer(os.urandom(2**20), np.uint8)
-        data = np.tile(block, -(-n // block.size))[:n]
         try:
-            self.disk_speed = files.disk_speed(self.run_dir, data)
+            self.disk_speed = files.disk_speed(self.run_dir, np.tile(block, -(-n // block.size))[:n])
         except OSError:
             pass  # the first save says so, naming the file
 
     def state_bytes(self) -> int:
         """The bytes of a save of every process (this process's share times their number)."""
-        return (0 if self.staging is None else self.staging.numel()) * self.world_size
+        return sum(t.numel() for t in self.staging) * self.world_size
 
     def write_estimate(self, wait: bool = True) -> float | None:
         """Seconds a save takes to write: the last save's, else the state's bytes at the disk's speed (``probe``);
@@ -136,36 +163,11 @@ class Checkpointer:
             self.probing.join()
         return self.state_bytes() / self.disk_speed if self.disk_speed else 0.0
 
-    def pin(self, sizes: list[int]) -> None:
-        """Page-lock the staging memory, span by span (a copy never crosses two registrations). Its pages are first
-        touched here, outside the driver: cudaHostRegister of untouched memory faults every page in while it holds
-        the driver's lock, and every CUDA call of the steps, the loader's copies too, waits for it (12 GiB: most of
-        a minute and a half of data stalls at seed scale)."""
-        start = time.perf_counter()
-        self.staging.fill_(0)
-        cudart, at, done = torch.cuda.cudart(), self.staging.data_ptr(), []
-        for size in sizes:
-            if int(cudart.cudaHostRegister(at, size, 0)) != 0:  # 0 = cudaHostRegisterDefault
-                break
-            done.append(at)
-            at += size
-        self.registered, self.pinned = done, len(done) == len(sizes)
-        self.pin_seconds = time.perf_counter() - start
-
-    def ready_staging(self, size: int) -> torch.Tensor:
-        if self.pinning is not None:
-            self.pinning.join()
-            self.pinning = None
-        if self.staging is None or self.staging.numel() < size:  # a share larger than prepared (not expected)
-            self.unpin()
-            self.staging = torch.empty(size, dtype=torch.uint8)
-        return self.staging
-
     def unpin(self) -> None:
         if self.pinning is not None:
             self.pinning.join()
             self.pinning = None
-        for at in self.registered or ():
+        for at in self.registered:
             torch.cuda.cudart().cudaHostUnregister(at)
         self.registered = []
 
@@ -176,64 +178,87 @@ class Checkpointer:
         the rest of the state) is serialised now. Returns the save, ``blocked`` set."""
         started = time.perf_counter()
         waited = self.wait()
-        spans = writes(pieces, self.rank, self.world_size)
-        size = sum(span_bytes(p, rows) for p, rows in spans)
-        staging = self.ready_staging(size)
-        tensors: dict[str, TensorEntry] = {}
-        offset = 0
-        for piece, (a, b) in spans:
-            source = piece.tensor[a:b] if piece.tensor.dim() else piece.tensor
-            n = source.numel() * source.element_size()
-            staging[offset : offset + n].view(source.dtype).view(source.shape).copy_(source, non_blocking=True)
-            entry = tensors.setdefault(
-                piece.key, TensorEntry(list(piece.shape), str(source.dtype).removeprefix("torch."))
-            )
-            entry.spans.append(files.Span(self.part_name, offset, piece.row + a, b - a))
-            offset += span_bytes(piece, (a, b))
+        if self.pinning is not None:
+            self.pinning.join()
+            self.pinning = None
+        spans = self.spans(pieces)
+        if len(spans) != len(self.staging):  # a share other than prepared (not expected): staged anew
+            self.unpin()
+            self.staging = [torch.empty(span_source(p, r).nbytes, dtype=torch.uint8) for p, r in spans]
+        staged = []
+        for (piece, rows), memory in zip(spans, self.staging, strict=True):
+            source = span_source(piece, rows)
+            view = memory.view(source.dtype).view(source.shape)
+            view.copy_(source, non_blocking=True)
+            staged.append((piece.key, chunk_offsets(piece, rows[0]), torch.Size(piece.shape), view))
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies, after the step's last update
-        payload = None
-        if meta is not None:
-            buffer = io.BytesIO()
-            torch.save(meta, buffer)
-            payload = buffer.getvalue()
-        save = Save(step, self.run_dir / files.folder_name(step, self.token), started, bytes=size)
+        payload = meta_bytes(meta) if meta is not None else None
+        save = Save(step, self.run_dir / files.folder_name(step, self.token), started, bytes=self.state_bytes())
         save.blocked, save.waited = time.perf_counter() - started, waited
-        save.folder.mkdir(parents=True, exist_ok=True)
+        try:
+            save.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise CheckpointError(f"the checkpoint of step {step} cannot be written: {one_line(err)}") from None
         self.current = save
         threading.Thread(
             target=self.write,
-            args=(save, staging[:offset].numpy(), tensors, payload),
+            args=(save, staged, payload),
             name="checkpoint-writer",
             daemon=True,  # a process that must end now (a second Ctrl-C, a kill) leaves the save unfinished:
         ).start()  # the manifest still names the previous checkpoint
         return save
 
-    def write(self, save: Save, data: np.ndarray, tensors: dict, payload: bytes | None) -> None:
-        name = self.part_name
+    def write(self, save: Save, staged: list, payload: bytes | None) -> None:
         background_priority()
         try:
-            if self.rank == 0 and self.disk_speed is None and len(data):
-                self.disk_speed = files.disk_speed(save.folder, data[:PROBE])
-            try:
-                entry = files.write_file(save.folder / name, data, self.pool)
-                files.write_record(save.folder, files.PartRecord(self.rank, name, entry, tensors))
-            except BaseException as err:
-                files.write_record(
-                    save.folder, files.PartRecord(self.rank, name, files.FileEntry(0, []), {}, repr(err))
-                )
-                raise
-            if self.rank == 0:
-                meta = files.write_file(save.folder / files.META, np.frombuffer(payload, np.uint8), self.pool)
-                records = files.wait_for_parts(save.folder, self.world_size, COMMIT_TIMEOUT)
-                manifest = files.commit(self.run_dir, save.folder, save.step, records, meta)
-                save.total_bytes = manifest.total_bytes()
-                self.committed_step = save.step
+            if self.rank == 0 and self.disk_speed is None and staged:
+                first = staged[0][3]
+                self.disk_speed = files.disk_speed(save.folder, first.view(-1).view(torch.uint8)[:PROBE].numpy())
+            if payload is not None:
+                files.sync_write(save.folder / files.META, payload)
+            planner = RowsSavePlanner(staged)
+            writer = files.Writer(save.folder)
+            dcp.save({}, storage_writer=writer, planner=planner, process_group=self.group, no_dist=self.group is None)
+            self.commit(save)
         except BaseException as err:
             save.error = err
         finally:
             save.written = time.perf_counter() - save.started
             save.done.set()
+
+    def commit(self, save: Save) -> None:
+        """Checksum the files this process wrote; process 0 gathers every process's and commits the save, unless a
+        stop abandoned it meanwhile."""
+        try:
+            mine = {p.name: files.file_entry(p, self.pool) for p in save.folder.glob(f"__{self.rank}_*.distcp")}
+        except OSError as err:  # every process still reaches the gather: none waits there for good
+            mine = f"process {self.rank} could not checksum its files ({one_line(err)})"
+        found = [mine]
+        if self.group is not None:
+            found = [None] * self.world_size
+            dist.all_gather_object(found, mine, group=self.group)
+        failed = [f for f in found if isinstance(f, str)]
+        if failed:
+            raise CheckpointError(failed[0])
+        if self.rank != 0:
+            return
+        entries = {name: entry for part in found for name, entry in part.items()}
+        for name in (files.DCP_METADATA, files.META):
+            entries[name] = files.file_entry(save.folder / name, self.pool)
+        manifest = files.Manifest(save.step, save.folder.name, self.world_size, entries)
+        with self.lock:
+            if self.abandoned:
+                raise CheckpointError("abandoned by a stop that could not wait for it")
+            files.commit(self.run_dir, manifest)
+            self.committed_step = save.step
+        save.total_bytes = manifest.total_bytes()
+
+    def abandon(self) -> int:
+        """No save under way is committed from now on (a stop that cannot wait); the step the manifest names."""
+        with self.lock:
+            self.abandoned = True
+            return self.committed_step
 
     def wait(self) -> float:
         """Wait for the save under way (committed, on process 0); seconds waited. Raises if it failed."""
@@ -243,32 +268,41 @@ class Checkpointer:
         start = time.perf_counter()
         save.done.wait()
         self.saves.append(save)
+        self.finished.append(save)
         if save.error is not None:
+            lost = lost_peer(files.root(save.error)) if self.world_size > 1 else None
+            if lost is not None:  # another process died during the save: that is what the run says
+                raise lost from save.error
             kept = f"the last checkpoint is step {self.committed_step} in {self.run_dir / files.MANIFEST}"
             if self.committed_step < 1:
                 kept = "no checkpoint was written before it"
             raise CheckpointError(
-                f"the checkpoint of step {save.step} could not be written ({save.error}); {kept}"
+                f"the checkpoint of step {save.step} could not be written ({one_line(files.root(save.error))}); {kept}"
             ) from save.error
         return time.perf_counter() - start
 
     def poll(self) -> list[Save]:
-        """The saves finished since the last poll (at most the one under way); raises if it failed."""
+        """The saves finished since the last poll (a save that a new save waited for too); raises if one failed."""
         if self.current is not None and self.current.done.is_set():
             self.wait()
-            return [self.saves[-1]]
-        return []
+        found, self.finished = self.finished, []
+        return found
 
     def close(self, wait: bool) -> float:
-        """Finish: wait for the save under way (``wait``), or leave it (a process that must stop now; the manifest
-        names the previous checkpoint); free the staging memory. Seconds waited."""
+        """Finish: wait for the save under way (``wait``), or abandon it (a process that must stop now; the manifest
+        names the previous checkpoint); free the staging memory and the group. Seconds waited."""
         waited = 0.0
         try:
             if wait:
                 waited = self.wait()
+            else:
+                self.abandon()
         finally:
             if self.current is None or self.current.done.is_set():
                 self.unpin()
+                if self.group is not None:
+                    dist.destroy_process_group(self.group)
+                    self.group = None
             self.pool.shutdown(wait=False)
         return waited
 
@@ -281,7 +315,7 @@ class Checkpointer:
             + (f" ({save.waited:.2f} s of it for the previous save)" if save.waited > 0.01 else "")
             + f", written in {save.written:.1f} s"
         )
-        if self.disk_speed:
+        if self.disk_speed and save.total_bytes >= PROBE:  # a smaller write times the disk's latency, not its speed
             text += f" (the disk alone: {save.total_bytes / self.disk_speed:.1f} s at {self.disk_speed / 1e9:.2f} GB/s)"
         return text
 
@@ -294,23 +328,11 @@ class Checkpointer:
                 if s.error is None
             ],
             "disk_bytes_per_s": self.disk_speed,
-            "staging_bytes": 0 if self.staging is None else self.staging.numel(),
+            "staging_bytes": sum(t.numel() for t in self.staging),
             "staging_pinned": self.pinned,
             "pin_s": self.pin_seconds,
             "host_peak_bytes": host_peak(),  # this process's, the whole run's: the staging memory is in it
         }
-
-
-BACKGROUND_NICE = 10  # a thread's niceness while it writes or checksums a save (0 is the loader's and the step's)
-
-
-def background_priority() -> None:
-    """Lower the calling thread's CPU priority (Linux: a thread's own niceness): a save's writing and checksums then
-    take the cores the loader's workers and the step leave, and never a core from them."""
-    try:
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), BACKGROUND_NICE)
-    except (AttributeError, OSError):
-        pass  # not Linux, or not allowed: the save runs at the process's priority
 
 
 def host_peak() -> int | None:

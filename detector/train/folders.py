@@ -130,7 +130,7 @@ def set_aside(run_dir: Path, say=print) -> Path | None:
     if checkpoint_files.exists(aside) and unfinished(aside):
         line += (
             f". It was unfinished: to continue it instead, stop this run, move {aside}/ back to {run_dir}/ and run "
-            "again with train.resume=true"
+            "its own configuration again (its config.yaml)"
         )
     say(line)
     return aside

@@ -68,6 +68,7 @@ from detector.train.checkpoint import (
     load_checkpoint,
     param_groups,
     rng_state,
+    same_run,
     shared_checkpoint,
     state_pieces,
 )
@@ -178,33 +179,45 @@ class Run:
         return "; ".join(filter(None, [str(err), f"the run stopped after step {self.steps.step}", self.kept()]))
 
     def kept(self) -> str:
-        """Where the run can continue from: its last checkpoint, and the setting that continues it."""
-        committed = self.steps.checkpointer.committed_step if self.steps.checkpointer else -1
+        """Where the run can continue from: its last checkpoint (the one the manifest names: a save under way is
+        abandoned or waited for by now), and the setting that continues it."""
+        committed = self.steps.checkpointer.abandon() if self.steps.checkpointer else -1
         step = max(self.steps.checkpoint_step, committed)  # a save committed since the last step's look counts
         if step < 1:
             return "no checkpoint was written (train.checkpoint_every)"
         return f"its last checkpoint is step {step} in {self.checkpoint_path}: continue with train.resume=true"
 
     def resume(self) -> dict:
-        """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's."""
-        if self.tcfg.resume and shared_checkpoint(self.run_dir, self.env.world_size):
-            try:
-                state, error = load_checkpoint(self.run_dir, self.step_fn, self.expected, self.global_batch), None
-            except CheckpointError as err:
-                state, error = None, str(err)
-            # every process reads its own rows: one that finds them damaged stops every process, with its line
-            errors = [error]
-            if self.env.world_size > 1:
-                errors = [None] * self.env.world_size
-                dist.all_gather_object(errors, error)
-            first = next((e for e in errors if e), None)
-            if first:
-                raise CheckpointError(first)
-            self.say(f"resuming {self.run_dir} at step {state['step']}")
-            return state
-        if self.tcfg.resume:
-            self.say(f"train.resume=true but {self.run_dir} holds no checkpoint: starting from step 0")
-        return {"step": 0, "losses": [], "evals": []}
+        """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's. train.resume=auto
+        continues the folder's unfinished run of this very configuration, and says so; true continues any (and refuses
+        another configuration's in one line); false starts afresh."""
+        mode, found = self.tcfg.resume, shared_checkpoint(self.run_dir, self.env.world_size)
+        earlier = checkpoint_files.earlier_format(self.run_dir) if found and mode != "false" else None
+        if earlier:
+            raise CheckpointError(earlier)
+        if found and mode == "auto":
+            step = same_run(self.run_dir, self.expected, self.global_batch)
+            found = 0 < step < self.tcfg.steps  # another configuration's, or a complete run: a fresh one starts
+        if not found or mode == "false":
+            if mode == "true":
+                self.say(f"train.resume=true but {self.run_dir} holds no checkpoint: starting from step 0")
+            return {"step": 0, "losses": [], "evals": []}
+        group = self.control.group
+        try:
+            state, error = load_checkpoint(self.run_dir, self.step_fn, self.expected, self.global_batch, group), None
+        except CheckpointError as err:
+            state, error = None, str(err)
+        # every process reads its own rows: one that finds them damaged stops every process, with its line
+        errors = [error]
+        if self.env.world_size > 1:
+            errors = [None] * self.env.world_size
+            dist.all_gather_object(errors, error, group=group)
+        first = next((e for e in errors if e), None)
+        if first:
+            raise CheckpointError(first)
+        how = "" if mode == "true" else " (its checkpoint, this configuration; train.resume=false starts afresh)"
+        self.say(f"resuming {self.run_dir} at step {state['step']}{how}")
+        return state
 
     def finish(self) -> summary.TrainingSummary:
         with self.wall.part("checkpoints"):
@@ -440,14 +453,15 @@ class Steps:
             self.logged(self.checkpointer.poll())
 
     def close_checkpoints(self, wait: bool, final: bool = True) -> None:
-        """Wait for the save under way (``wait``) and log it, or leave it; with ``final``, no more saves after this."""
+        """Wait for the save under way (``wait``) and log it, or abandon it; with ``final``, no more saves after it."""
         if self.checkpointer is not None:
-            before = len(self.checkpointer.saves)
-            if final:
-                self.checkpointer.close(wait)
-            elif wait:
-                self.checkpointer.wait()
-            self.logged(self.checkpointer.saves[before:])
+            try:
+                if final:
+                    self.checkpointer.close(wait)
+                elif wait:
+                    self.checkpointer.wait()
+            finally:
+                self.logged(self.checkpointer.poll())
 
     def logged(self, saves) -> None:
         for save in saves:

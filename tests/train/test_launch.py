@@ -8,6 +8,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -93,6 +94,13 @@ def wait_for_step(process: subprocess.Popen, step: int) -> None:
     raise AssertionError(f"the run ended before step {step}: {process.wait()} {process.stderr.read()}")
 
 
+def wait_for_line(process: subprocess.Popen, start: str) -> None:
+    for line in process.stdout:
+        if line.startswith(start):
+            return
+    raise AssertionError(f"the run ended before {start!r}: {process.wait()} {process.stderr.read()}")
+
+
 def rank_pid(launcher: int, rank: int) -> int:
     """The pid of ``rank`` among the launcher's children (by its RANK variable)."""
     for pid in Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split():
@@ -115,7 +123,7 @@ def test_a_rank_killed_is_one_line_naming_it_and_the_checkpoint_and_the_resume_c
     assert straight.returncode == 0, err
 
     process = launch(tmp_path / "split", "train.steps=12")
-    wait_for_step(process, 7)  # past the checkpoint of step 6
+    wait_for_line(process, "checkpoint step 6:")  # committed
     victim = rank_pid(process.pid, 1)
     os.kill(victim, signal.SIGKILL)
     start = time.monotonic()
@@ -218,18 +226,26 @@ def test_a_rank_that_raises_ends_every_rank_in_one_line_naming_it(tmp_path):
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through Linux's /proc")
 def test_ranks_never_outlive_their_launcher(tmp_path):
     """kill -9 of the launcher, which can do nothing about it: its ranks get SIGTERM (the parent-death signal), agree on
-    a step, checkpoint it and end."""
+    a step, checkpoint it and end; their line names the checkpoint the manifest commits."""
     process = launch(tmp_path, "train.steps=100000")
     wait_for_step(process, 7)
     ranks = [rank_pid(process.pid, rank) for rank in (0, 1)]
+    threading.Thread(target=process.stdout.read, daemon=True).start()  # the ranks' lines: never a full pipe
     process.kill()
     process.wait()
     deadline = time.monotonic() + 30
-    while any(Path(f"/proc/{pid}").exists() for pid in ranks) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in ranks) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert not [
-        pid
-        for pid in ranks
-        if Path(f"/proc/{pid}").exists() and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
-    ]
-    assert read_checkpoint(next(tmp_path.rglob("checkpoint.json")).parent)["step"] >= 7  # the stop's checkpoint
+    assert not [pid for pid in ranks if alive(pid)]
+    kept = re.search(
+        r"its last checkpoint is step (\d+) in (\S+checkpoint.json)", one_line(process.stderr.read(), "terminated: ")
+    )
+    assert int(kept[1]) >= 6 and read_checkpoint(Path(kept[2]).parent)["step"] == int(kept[1])
+
+
+def alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, ended and not yet reaped by whoever adopted it, does not)."""
+    try:
+        return "\nState:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False

@@ -34,7 +34,8 @@ def damage(run: Path, how: str) -> Path:
     """Damage the committed checkpoint of ``run`` as ``how`` says; the file damaged."""
     manifest = run / "checkpoint.json"
     folder = run / json.loads(manifest.read_text())["folder"]
-    path = {"manifest": manifest, "part": folder / "rank0.bin", "meta": folder / "meta.pt"}[how.split()[0]]
+    where = {"manifest": manifest, "part": folder / "__0_0.distcp", "meta": folder / "meta.json"}
+    path = (where | {"metadata": folder / ".metadata"})[how.split()[0]]
     raw = bytearray(path.read_bytes())
     kind = how.split()[1]
     if kind == "overwritten":
@@ -47,7 +48,7 @@ def damage(run: Path, how: str) -> Path:
         raw = bytearray(b"not a checkpoint at all\n" * 100)
     elif kind == "empty":
         raw = bytearray()
-    elif kind == "edited":  # a well-formed manifest, one value changed, its own checksum not
+    elif kind == "edited":  # a well-formed manifest, one value changed
         raw = bytearray(bytes(raw).replace(b'"step": 3', b'"step": 4'))
     elif kind == "missing":
         path.unlink()
@@ -57,7 +58,9 @@ def damage(run: Path, how: str) -> Path:
 
 
 DAMAGES = [
-    f"{where} {kind}" for where in ("part", "meta") for kind in ("overwritten", "zeroed", "truncated", "missing")
+    f"{where} {kind}"
+    for where in ("part", "meta", "metadata")
+    for kind in ("overwritten", "zeroed", "truncated", "missing")
 ]
 DAMAGES += ["manifest garbage", "manifest empty", "manifest edited", "manifest truncated"]
 
@@ -276,17 +279,17 @@ def test_the_step_clock_reports_the_idle_time_between_steps():
 def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_background_s(tmp_path, monkeypatch):
     """A disk that takes a second per file: the step waits for the copy to host memory alone, the write goes on
     beside the next steps, and the run's end waits for the last save to be committed."""
-    real = checkpoint_files.write_file
+    real = checkpoint_files.Writer.write_data
 
-    def slow(path, data, pool):
-        time.sleep(1.0)
-        return real(path, data, pool)
+    def slow(self, plan, planner):
+        time.sleep(2.0)
+        return real(self, plan, planner)
 
-    monkeypatch.setattr(checkpoint_files, "write_file", slow)
+    monkeypatch.setattr(checkpoint_files.Writer, "write_data", slow)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]
     first, last = summary.checkpoints.saves
     assert first.step == 4 and last.step == 8
-    assert first.blocked_s < 0.5 and first.written_s >= 2.0  # two files (its part, the meta): 2 s or more
+    assert first.blocked_s < 0.5 and first.written_s >= 2.0
     assert read_checkpoint(run_dir(tmp_path))["step"] == 8  # committed before the run said done
 
 
@@ -309,12 +312,28 @@ def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     assert {"goodput/share", "goodput/start-up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
 
 
-def test_a_fresh_run_that_moves_an_unfinished_one_aside_says_how_to_continue_it(tmp_path, capsys):
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+def test_the_same_command_again_continues_an_unfinished_run(tmp_path, capsys):
+    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))  # as a run killed after its checkpoint of step 3
     capsys.readouterr()
-    run_training(tiny_cfg(tmp_path, *RUN))
-    line = next(line for line in capsys.readouterr().out.splitlines() if "held an earlier run" in line)
-    assert "It was unfinished: to continue it instead" in line and "train.resume=true" in line
+    again = run_training(tiny_cfg(tmp_path, *RUN))[0]
+    assert (
+        f"resuming {run_dir(tmp_path)} at step 3 (its checkpoint, this configuration; train.resume=false starts afresh)"
+        in capsys.readouterr().out
+    )
+    assert again.losses == straight.losses and again.resumed_at == 3
+
+
+def test_another_configuration_or_resume_false_moves_the_unfinished_run_aside_and_says_how_to_continue_it(
+    tmp_path, capsys
+):
+    for fresh in (["train.lr=0.02"], ["train.resume=false"]):
+        run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+        capsys.readouterr()
+        summary = run_training(tiny_cfg(tmp_path, *RUN, *fresh))[0]
+        line = next(line for line in capsys.readouterr().out.splitlines() if "held an earlier run" in line)
+        assert "It was unfinished: to continue it instead" in line and "its config.yaml" in line, line
+        assert summary.resumed_at == 0
 
 
 def test_the_eta_comes_from_the_steps_after_the_first(tmp_path, monkeypatch, capsys):

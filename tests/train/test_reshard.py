@@ -2,8 +2,6 @@
 (off), and checkpoints that reshard: a run stopped on 2 processes resumes on 1 with the same global batch, and the
 other way round, with the losses of an uninterrupted run."""
 
-import hashlib
-import io
 import json
 from pathlib import Path
 
@@ -12,9 +10,8 @@ import torch
 import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
-from detector.model import build_model
 from detector.sharing import WAYS
-from detector.train.checkpoint import CheckpointError, fingerprint, layout, load_checkpoint, read_checkpoint
+from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, read_checkpoint
 from detector.train.loop import run_training
 from detector.train.step import TrainStep
 
@@ -123,43 +120,24 @@ def test_the_checkpoint_joins_the_blocks_of_the_head_into_one_linear(tmp_path):
     assert all(step.optimizer.state[block.weight]["step"] == 2 for block in blocks)
 
 
-def test_a_checkpoint_of_the_single_file_format_resumes_exactly(tmp_path):
-    """checkpoint.pt of version 1 (a header line, then one torch.save of the state in one process's layout): resumed
-    with the losses of an uninterrupted run, then replaced by the resumed run's first checkpoint."""
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_checkpoint_of_our_formats_before_dcp_is_refused_in_one_line_saying_how(tmp_path, version):
+    """checkpoint.pt (version 1) and a manifest of our own part files (version 2) are read by the detector that wrote
+    them: resuming is refused in one line naming the version that reads them; train.resume=false moves the run aside
+    and starts afresh."""
     run = ["device=cpu", "data.num_workers=0", "train.steps=4", "train.checkpoint_every=2"]
-    straight = run_training(tiny_cfg(tmp_path / "straight", *run))[0]
-    run_training(tiny_cfg(tmp_path / "old", *run, "train.stop_after=2"))
-    folder = tmp_path / "old" / "default" / "padded"
-    cfg = tiny_cfg(tmp_path, *run)
-    names = list(dict.fromkeys(whole for whole, _, _ in layout(build_model(cfg.model, cfg.data, 1)).values()))
-    write_version_1(folder, read_checkpoint(folder), names)
-    (folder / "checkpoint.json").unlink()
-    resumed = run_training(tiny_cfg(tmp_path / "old", *run, "train.resume=true"))[0]
-    assert resumed.resumed_at == 2 and resumed.losses == straight.losses
-    assert not (folder / "checkpoint.pt").exists() and (folder / "checkpoint.json").exists()
-    # a version-1 file of the layout before (each process's own) is refused in one line
-    write_version_1(folder, read_checkpoint(folder), names, payload_layout=1)
-    (folder / "checkpoint.json").unlink()
-    with pytest.raises(CheckpointError, match="earlier version of detector.*train.resume=false"):
-        run_training(tiny_cfg(tmp_path / "old", *run, "train.resume=true"))
-
-
-def write_version_1(folder: Path, state: dict, names: list[str], payload_layout: int = 2) -> None:
-    """The single-file checkpoint as versions before the manifest wrote it (the optimizer's state indexed in the
-    order of ``names``, the model's)."""
-    tensors = state.pop("tensors")
-    del state["model"]
-    state["layout"] = payload_layout
-    state["model"] = {name: tensors[f"model/{name}"] for name in names}
-    optimizer = {
-        i: {k: tensors[f"optimizer/{n}/{k}"] for k in ("step", "exp_avg", "exp_avg_sq")} for i, n in enumerate(names)
-    }
-    state["optimizer"] = {
-        "state": optimizer,
-        "param_groups": [{**state.pop("param_groups")[0], "params": list(range(len(names)))}],
-    }
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    payload = buffer.getvalue()
-    header = f"detector-checkpoint v1 sha256={hashlib.sha256(payload).hexdigest()} bytes={len(payload)}\n"
-    (folder / "checkpoint.pt").write_bytes(header.encode() + payload)
+    folder = tmp_path / "default" / "padded"
+    folder.mkdir(parents=True)
+    if version == 1:
+        (folder / "checkpoint.pt").write_bytes(b"detector-checkpoint v1 sha256=" + b"0" * 64 + b" bytes=0\n")
+    else:
+        (folder / "checkpoint.json").write_text(json.dumps({"format": "detector-checkpoint", "version": 2, "step": 2}))
+    for resume in ("auto", "true"):
+        with pytest.raises(CheckpointError) as refused:
+            run_training(tiny_cfg(tmp_path, *run, f"train.resume={resume}"))
+        message = str(refused.value)
+        assert "before its checkpoints moved to torch.distributed.checkpoint" in message and "\n" not in message
+        assert "git checkout 230b480" in message and "train.resume=false" in message
+    assert run_training(tiny_cfg(tmp_path, *run, "train.resume=false"))[0].steps == 4
+    (aside,) = [p for p in tmp_path.joinpath("default").iterdir() if p.name.startswith("padded-")]
+    assert (aside / ("checkpoint.pt" if version == 1 else "checkpoint.json")).exists()  # moved aside, not deleted

@@ -1,0 +1,172 @@
+"""Checkpoints in torch.distributed.checkpoint's format with our checks on top (detector/train/checkpoint*.py): what
+torch alone reads of them, and every file or record that does not describe what it holds refused in one line."""
+
+import builtins
+import json
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from train_helpers import tiny_cfg
+
+from detector import cli
+from detector.train import checkpoint_files as files
+from detector.train.checkpoint import CheckpointError, read_checkpoint
+from detector.train.loop import run_training
+
+RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3"]
+
+
+def run_dir(tmp_path) -> Path:
+    return tmp_path / "default" / "padded"
+
+
+@pytest.fixture
+def stopped(tmp_path) -> Path:
+    """A run stopped after its checkpoint of step 3: the folder a resume reads."""
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    return run_dir(tmp_path)
+
+
+def resume(tmp_path) -> str:
+    """The one line a resume of ``tmp_path``'s run is refused with."""
+    with pytest.raises(CheckpointError) as refused:
+        run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))
+    message = str(refused.value)
+    assert "\n" not in message and "Traceback" not in message, message
+    return message
+
+
+def save_folder(run: Path) -> Path:
+    return run / json.loads((run / files.MANIFEST).read_text())["folder"]
+
+
+def resign(run: Path) -> None:
+    """Rewrite the manifest's checksums to what the save folder now holds, as a forger would."""
+    manifest = json.loads((run / files.MANIFEST).read_text())
+    folder = run / manifest["folder"]
+    with files.concurrent.futures.ThreadPoolExecutor(2) as pool:
+        for name in manifest["files"]:
+            entry = files.file_entry(folder / name, pool)
+            manifest["files"][name] = {"bytes": entry.bytes, "chunks": entry.chunks}
+    (run / files.MANIFEST).write_text(json.dumps(manifest))
+
+
+# ----------------------------------------------------------------------------- what anyone reads
+
+
+def test_torch_alone_reads_a_checkpoint_and_its_tensors_are_the_runs(stopped, tmp_path):
+    state = read_checkpoint(stopped)
+    out = tmp_path / "state.pt"
+    dcp_to_torch_save(save_folder(stopped), out)
+    plain = torch.load(out, weights_only=True)
+    assert set(plain) == set(state["tensors"]) and all(torch.equal(plain[k], v) for k, v in state["tensors"].items())
+    assert {"model/head.1.weight", "optimizer/head.1.weight/exp_avg"} <= set(plain) and state["step"] == 3
+    meta = json.loads((save_folder(stopped) / files.META).read_text())  # JSON: reading it runs no code
+    assert meta["step"] == 3 and len(meta["losses"]) == 3
+
+
+def test_every_save_gets_its_line(tmp_path, capsys):
+    run_training(tiny_cfg(tmp_path, *RUN[:3], "train.checkpoint_every=1", "train.steps=12"))
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoint step ")]
+    assert [int(line.split()[2].rstrip(":")) for line in lines] == list(range(1, 13))
+
+
+# ----------------------------------------------------------------------------- refused, each in one line
+
+
+def test_a_forged_metadata_of_another_dtype_re_signed_is_refused_not_trained_on(stopped, tmp_path):
+    path = save_folder(stopped) / files.DCP_METADATA
+    metadata = files.MetadataUnpickler(path.open("rb")).load()
+    metadata.state_dict_metadata["model/head.1.weight"].properties.dtype = torch.float64
+    path.write_bytes(pickle.dumps(metadata))
+    resign(stopped)
+    message = resume(tmp_path)
+    assert "checkpoint.json holds model/head.1.weight as [32, 512] float64, this model as [32, 512] float32" in message
+
+
+def test_a_forged_metadata_of_fewer_rows_re_signed_is_refused(stopped, tmp_path):
+    path = save_folder(stopped) / files.DCP_METADATA
+    metadata = files.MetadataUnpickler(path.open("rb")).load()
+    head = metadata.state_dict_metadata["model/head.1.weight"]
+    chunk = head.chunks[0]
+    head.chunks[0] = type(chunk)(offsets=chunk.offsets, sizes=torch.Size([chunk.sizes[0] - 1, *chunk.sizes[1:]]))
+    path.write_bytes(pickle.dumps(metadata))
+    resign(stopped)
+    message = resume(tmp_path)
+    assert "the chunks of model/head.1.weight hold 15872 of the 16384 values of its rows 0..31" in message, message
+
+
+class Payload:
+    def __reduce__(self):
+        return (os.system, ("touch /tmp/detector-checkpoint-ran-code",))
+
+
+def test_a_foreign_metadata_pickle_re_signed_runs_no_code(stopped, tmp_path):
+    Path("/tmp/detector-checkpoint-ran-code").unlink(missing_ok=True)
+    (save_folder(stopped) / files.DCP_METADATA).write_bytes(pickle.dumps(Payload()))
+    resign(stopped)
+    assert "is not DCP's metadata (posix.system is not part of DCP's metadata)" in resume(tmp_path)
+    assert not Path("/tmp/detector-checkpoint-ran-code").exists()
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda m: m["files"].update({"../../../../etc/passwd": m["files"]["meta.json"]}), "not a file a save holds"),
+        (lambda m: m["files"].update({"meta.pt": m["files"]["meta.json"]}), "not a file a save holds"),
+        (lambda m: m.update(files=list(m["files"])), "files is list"),
+        (lambda m: m["files"]["meta.json"].update(chunks=[]), "checksums, expected one sha256 a chunk"),
+        (lambda m: m["files"]["meta.json"].update(bytes=-4096), "checksums, expected one sha256 a chunk"),
+        (lambda m: m["files"]["meta.json"].update(bytes=10**12), "checksums, expected one sha256 a chunk"),
+        (lambda m: m.update(folder="../elsewhere"), "expected a save folder checkpoint-<step>-<token>"),
+        (lambda m: m.update(step=4), "its folder"),
+        (lambda m: m.pop("files"), "files is NoneType"),
+        (lambda m: m.update(version=9), "version 9"),
+    ],
+)
+def test_a_manifest_that_does_not_describe_a_save_is_refused(stopped, tmp_path, change, expected):
+    manifest = json.loads((stopped / files.MANIFEST).read_text())
+    change(manifest)
+    (stopped / files.MANIFEST).write_text(json.dumps(manifest))
+    message = resume(tmp_path)
+    assert expected in message and str(stopped / files.MANIFEST) in message and "train.resume=false" in message
+
+
+@pytest.mark.parametrize("what", ["a folder", "a FIFO", "a dangling link"])
+def test_a_manifest_that_is_not_a_file_is_refused_and_never_waited_on(stopped, tmp_path, what):
+    path = stopped / files.MANIFEST
+    path.unlink()
+    if what == "a folder":
+        path.mkdir()
+    elif what == "a FIFO":
+        os.mkfifo(path)
+    else:
+        path.symlink_to(stopped / "nowhere.json")
+    message = resume(tmp_path)
+    assert str(path) in message and ("dangling link" if what == "a dangling link" else "not a file") in message
+
+
+@pytest.mark.parametrize("when", ["before a save", "before a resume"])
+def test_a_run_folder_made_read_only_is_one_line(tmp_path, monkeypatch, capsys, when):
+    """As chmod -w would do to a user without root (root writes anyway, so the folder's refusal is staged): the save's
+    folder, or the run's lock before a resume, cannot be made."""
+    from train_helpers import TINY
+
+    args = ["train", *TINY, *RUN, f"train.out_dir={tmp_path}"]
+    assert cli.main([*args, "train.stop_after=3"]) == 0
+    real = Path.mkdir if when == "before a save" else builtins.open
+
+    def refused(path, *rest, **kwargs):
+        if ("checkpoint-" in str(path)) if when == "before a save" else str(path).endswith(".lock"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real(path, *rest, **kwargs)
+
+    monkeypatch.setattr(*((Path, "mkdir") if when == "before a save" else (builtins, "open")), refused)
+    capsys.readouterr()
+    assert cli.main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "Permission denied" in err and "\n" not in err, err
