@@ -6,6 +6,7 @@
 #   make curves RUNS="runs/train/<experiment>/<run> ..."
 #   make train EXPERIMENT=... [NPROC=N] [NNODES=M RDZV_ENDPOINT=host:port]
 #   make tensorboard [ARGS="--port 6007"]
+#   make export RUN=runs/train/<experiment>/<run> | predict RUN=... ARGS="0 1 2"
 #   make gpu-check
 
 # The interpreter that creates the virtualenv (Python >= 3.10).
@@ -51,7 +52,7 @@ ifeq ($(PY),$(VENV)/bin/python)
 SETUP := $(VENV)/.installed
 endif
 
-.PHONY: setup test test-all profile profile-all compare curves report tensorboard bench bench-kernels bench-step train shapes lint format gpu-check clean
+.PHONY: setup test test-all profile profile-all compare curves report tensorboard bench bench-kernels bench-step train shapes export predict lint format gpu-check clean
 
 setup: $(SETUP)
 
@@ -159,6 +160,15 @@ else ifeq ($(NPROC),1)
 else
 	$(PY) -m detector.launch --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 endif
+
+# The model a run trained, as FaceDetector's state_dict: RUN=runs/train/<experiment>/<run> -> <run>/export/model.pt
+RUN ?=
+export: $(SETUP)
+	$(PY) -m detector export $(RUN) $(ARGS)
+
+# Its predicted boxes drawn on samples by index (ARGS="0 1 2") or image files (ARGS="--images a.png --faces 3")
+predict: $(SETUP)
+	$(PY) -m detector predict $(RUN) $(ARGS)
 
 lint: $(SETUP)
 	$(PY) -m ruff check .

@@ -94,6 +94,8 @@ COMMANDS = {
         },
     ),
     "tensorboard": ("TensorBoard on runs/: Scalars, Text and Images of profile runs and comparisons", None),
+    "export": ("the model a run trained, as FaceDetector's state_dict in one file torch.load reads", None),
+    "predict": ("a picture of the predicted boxes of a run (or an export) on images by index or of files", None),
     "strategies": ("list the registered loss strategies", None),
     "config": (
         "print the merged configuration",
@@ -152,6 +154,28 @@ def command_parser(command: str) -> Parser:
         )
     elif command == "strategies":
         parser.add_argument("--names", action="store_true", help="names only, one per line")
+    elif command == "export":
+        parser.add_argument("run", metavar="RUN", help="a training run folder: runs/train/<experiment>/<run>")
+        parser.add_argument("--out", help="the file (default: <run>/export/model.pt)")
+    elif command == "predict":
+        parser.add_argument("run", metavar="RUN", help="a training run folder, or an export of one (model.pt)")
+        parser.add_argument(
+            "indices",
+            nargs="*",
+            type=int,
+            metavar="INDEX",
+            help="samples of the run's data by index, with their true boxes",
+        )
+        parser.add_argument(
+            "--images", nargs="+", default=[], metavar="FILE", help="image files (PNG, JPEG) of your own"
+        )
+        parser.add_argument(
+            "--faces",
+            type=int,
+            default=1,
+            help="how many boxes to draw on an image file (the model predicts one a face and no score; default 1)",
+        )
+        parser.add_argument("--out", help="the picture (default: <run>/predictions.png)")
     return parser
 
 
@@ -308,6 +332,18 @@ def run(command: str, args: argparse.Namespace) -> None:
     elif command == "strategies":
         for s in load_strategies().values():
             print(s.name if args.names else f"{s.name:<18} {s.layout:<7} {s.description}")
+    elif command == "export":
+        from detector.train.export import export
+
+        path = export(Path(args.run), Path(args.out) if args.out else None)
+        print(
+            f"wrote {path}: torch.load(path, weights_only=True), then FaceDetector(**saved['arguments']) and "
+            "load_state_dict(saved['state_dict']) (README: Using what a run trained)"
+        )
+    elif command == "predict":
+        from detector.train.predict import run_predict
+
+        print(f"wrote {run_predict(Path(args.run), args.indices, args.images, args.faces, args.out)}")
     else:
         run_with_config(command, args)
 

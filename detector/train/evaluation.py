@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from detector.train.batches import HeldOut
 from detector.train.metrics import evaluate
+from detector.train.pictures import SHOWN, pixels, predict, prediction_figure
 
 
 class Evaluation:
@@ -25,12 +26,24 @@ class Evaluation:
         self.step = step
         say(
             f"eval   {step:6d}  mean IoU {metrics['mean_iou']:.3f}  recall@0.5 {metrics['recall50']:.3f}  "
-            f"(mean box: {metrics['trivial_mean_iou']:.3f}, {metrics['trivial_recall50']:.3f})  "
-            f"loss {metrics['loss']:.4f}  on {metrics['boxes']} boxes",
+            f"recall@[.5:.95] {metrics['recall50_95']:.3f}  (mean box: {metrics['trivial_mean_iou']:.3f}, "
+            f"{metrics['trivial_recall50']:.3f})  loss {metrics['loss']:.4f}  on {metrics['boxes']} boxes",
             flush=True,
         )
         if writer:
             for name, value in metrics.items():
                 if name != "boxes":
                     writer.add_scalar(f"eval/{name}", value, step)
+            writer.add_image("eval/predictions", self.picture(model, autocast, step), step, dataformats="HWC")
         return metrics
+
+    def picture(self, model, autocast, step: int):
+        """The first held-out images with their true boxes and the model's (pictures.py), as pixels."""
+        images, targets = self.held_out.batches[0]
+        images, targets = images[:SHOWN], targets.to(self.device)
+        pred = predict(model, images, self.device, autocast)
+        counts = targets.counts[:SHOWN].cpu()
+        titles = [f"held-out {i}" for i in range(len(images))]
+        fig = prediction_figure(images.cpu(), pred, counts, targets.boxes[:SHOWN], titles)
+        fig.suptitle(f"step {step}: true boxes green, predicted red", fontsize=10)
+        return pixels(fig)

@@ -1,9 +1,15 @@
-"""Evaluation on a held-out index range: mean IoU and recall at IoU >= 0.5 of slot-matched boxes.
+"""Evaluation on a held-out index range: mean IoU and recall at IoU >= 0.5, and averaged over IoU 0.5:0.95, of
+slot-matched boxes.
 
 Prediction slot j of an image is matched to its target box j (the loss's matching; targets are in the
 dataset's canonical left-to-right order), and only valid boxes (j < counts[b]) count. The trivial
 baseline predicts one constant box, the mean of all valid held-out target boxes, in every slot: a
 detector that has learnt nothing about the image scores about that.
+
+Why not average precision: AP ranks detections by a score and counts the false ones; this detector (the article's)
+predicts exactly one box for each true face, paired by slot, and no score. Its precision equals its recall at every
+IoU threshold, so recall is the measure, and ``recall50_95`` is COCO's average over the thresholds 0.5, 0.55, ...,
+0.95 applied to it: what AP@[.5:.95] would be for a detector that is given the number of faces.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from detector.data import PaddedTargets, to_device
 from detector.losses.geometry import giou_loss_per_box
 
 IOU_THRESHOLD = 0.5  # a box "found" at IoU >= 0.5, the usual detection criterion
+COCO_THRESHOLDS = torch.linspace(0.5, 0.95, 10)  # COCO's IoU thresholds
 
 
 def box_iou(pred: Tensor, target: Tensor) -> Tensor:
@@ -36,13 +43,14 @@ def matched_boxes(pred: Tensor, targets: PaddedTargets) -> tuple[Tensor, Tensor]
 
 
 def box_metrics(pred: Tensor, target: Tensor) -> dict[str, float]:
-    """mean_iou, recall50 and the GIoU loss over N matched pairs [N, 4] (all 0 when N = 0)."""
+    """mean_iou, recall50, recall50_95 and the GIoU loss over N matched pairs [N, 4] (all 0 when N = 0)."""
     if target.shape[0] == 0:
-        return {"mean_iou": 0.0, "recall50": 0.0, "loss": 0.0}
+        return {"mean_iou": 0.0, "recall50": 0.0, "recall50_95": 0.0, "loss": 0.0}
     iou = box_iou(pred, target)
     return {
         "mean_iou": iou.mean().item(),
         "recall50": (iou >= IOU_THRESHOLD).float().mean().item(),
+        "recall50_95": (iou[:, None] >= COCO_THRESHOLDS.to(iou.device)).float().mean().item(),
         "loss": giou_loss_per_box(pred, target).mean().item(),
     }
 

@@ -260,6 +260,8 @@ def test_box_iou_and_recall_by_hand():
     metrics = box_metrics(pred, target)
     assert metrics["mean_iou"] == pytest.approx(expected.mean().item())
     assert metrics["recall50"] == 0.5  # IoU 1 and exactly 0.5 count; 1/7 and 0 do not
+    # over the thresholds 0.5, 0.55, ..., 0.95: IoU 1 passes all 10, IoU 0.5 the first alone, 1/7 and 0 none
+    assert metrics["recall50_95"] == pytest.approx((10 + 1) / 40)
 
 
 class FixedBoxes(nn.Module):

@@ -1,0 +1,91 @@
+"""What a run trained, usable outside it: the model's own ``state_dict`` in one file that plain torch reads.
+
+``detector export <run folder>`` (``make export RUN=...``) writes ``<run>/export/model.pt``::
+
+    {"format": "detector-export", "version": 1,
+     "arguments": {"image_size": ..., "max_boxes": ..., "channels": [...], "hidden": ...},  # FaceDetector's
+     "state_dict": {...},   # FaceDetector's own names, the head as one block (one process's model)
+     "step": ..., "config": {...}}  # the checkpoint's step and the run's configuration
+
+read with ``torch.load(path, weights_only=True)`` (tensors, numbers, text: nothing runs when it is read)::
+
+    import torch; from detector.model import FaceDetector
+    saved = torch.load("runs/train/seed_scale/padded+compile/export/model.pt", weights_only=True)
+    model = FaceDetector(**saved["arguments"]); model.load_state_dict(saved["state_dict"])
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from detector.errors import UserError
+from detector.model import FaceDetector
+from detector.train import checkpoint_files as files
+from detector.train.checkpoint import layout, read_checkpoint
+
+FORMAT, VERSION = "detector-export", 1
+EXPORT = Path("export") / "model.pt"
+
+
+def model_arguments(config: dict) -> dict:
+    """FaceDetector's arguments of a run's configuration (a dict, as meta.json and config.yaml hold it)."""
+    data, model = config["data"], config["model"]
+    return {
+        "image_size": data["image_size"],
+        "max_boxes": data["max_boxes"],
+        "channels": list(model["channels"]),
+        "hidden": model["hidden"],
+    }
+
+
+def trained_state(run_dir: Path) -> tuple[dict, dict]:
+    """(FaceDetector's state_dict of ``run_dir``'s last checkpoint, its meta) on the CPU: the checkpoint's tensors in
+    one process's layout, cut into the model's own parameters (one head block)."""
+    if not files.exists(run_dir):
+        raise UserError(f"{run_dir} holds no checkpoint (checkpoint.json): train it first (make train)")
+    saved = read_checkpoint(run_dir)
+    arguments = model_arguments(saved["config"])
+    with torch.device("meta"):  # names and shapes only: no weights drawn
+        model = FaceDetector(**arguments)
+    where, state = layout(model), {}
+    for name, param in model.named_parameters():
+        whole, first, _ = where[name]
+        tensor = saved["model"].get(whole)
+        if tensor is None:
+            raise UserError(f"{run_dir}'s checkpoint has no model/{whole}: not a checkpoint of this detector")
+        state[name] = tensor[first : first + param.shape[0]].clone() if param.dim() else tensor.clone()
+    return state, saved
+
+
+def export(run_dir: Path, out: Path | None = None) -> Path:
+    """Write ``out`` (default ``<run>/export/model.pt``) from ``run_dir``'s last checkpoint; returns where."""
+    state, saved = trained_state(run_dir)
+    out = out or run_dir / EXPORT
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.partial")
+    body = {"format": FORMAT, "version": VERSION, "arguments": model_arguments(saved["config"]), "state_dict": state}
+    torch.save(body | {"step": saved["step"], "config": saved["config"]}, partial)
+    partial.replace(out)  # a failed export never replaces an earlier one
+    return out
+
+
+def load_model(path: Path) -> tuple[FaceDetector, dict]:
+    """The trained detector of a run folder (its last checkpoint) or of an export file, on the CPU, and its record."""
+    path = Path(path)
+    if not path.exists():
+        raise UserError(f"{path}: no such run folder or export file")
+    if path.is_dir():
+        state, saved = trained_state(path)
+        saved = {"arguments": model_arguments(saved["config"]), "state_dict": state, **saved}
+    else:
+        try:
+            saved = torch.load(path, map_location="cpu", weights_only=True)
+        except (OSError, RuntimeError, EOFError) as err:
+            raise UserError(f"{path} is not an export of detector ({' '.join(str(err).split())[:200]})") from None
+        if not isinstance(saved, dict) or saved.get("format") != FORMAT:
+            raise UserError(f"{path} is not an export of detector (detector export <run folder> writes one)")
+    model = FaceDetector(**saved["arguments"])
+    model.load_state_dict(saved["state_dict"])
+    return model.eval(), saved

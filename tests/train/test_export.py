@@ -1,0 +1,95 @@
+"""What a run trained, outside it (detector/train/export.py, pictures.py): an export that plain torch reads into a fresh
+model with the trained predictions, the evaluation's picture in TensorBoard, and `detector predict`."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import ROOT, child_env
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from train_helpers import tiny_cfg
+
+from detector import cli
+from detector.data import build_loader
+from detector.model import FaceDetector
+from detector.train.checkpoint import layout, read_checkpoint
+from detector.train.export import export
+from detector.train.loop import run_training
+
+RUN = ["device=cpu", "data.num_workers=0", "train.steps=4", "train.eval_every=2"]  # its checkpoint: at the end
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny run with 2 head blocks (its checkpoint joins them): its folder."""
+    tmp_path = tmp_path_factory.mktemp("trained")
+    run_training(tiny_cfg(tmp_path, *RUN, "model.head_blocks=2"))
+    return tmp_path / "default" / "padded"
+
+
+def trained_predictions(run, images):
+    """The predictions of the run's last checkpoint, read into its own 2-block model the project's way."""
+    state = read_checkpoint(run)
+    cfg = tiny_cfg(run, *RUN, "model.head_blocks=2")
+    model = FaceDetector(cfg.data.image_size, cfg.data.max_boxes, list(cfg.model.channels), cfg.model.hidden, 2)
+    for name, param in model.named_parameters():
+        whole, first, _ = layout(model)[name]
+        param.data.copy_(state["model"][whole][first : first + param.shape[0]])
+    return model.eval()(images)
+
+
+def test_an_export_loads_into_a_fresh_model_with_plain_torch_and_predicts_the_same(trained, tmp_path):
+    path = export(trained)
+    assert path == trained / "export" / "model.pt"
+    cfg = tiny_cfg(tmp_path, *RUN)
+    images, _ = next(iter(build_loader(cfg.data, "padded", torch.device("cpu"), start=10**6)))
+    torch.save(images, tmp_path / "images.pt")
+    snippet = textwrap.dedent(
+        f"""
+        import torch; from detector.model import FaceDetector
+        saved = torch.load({str(path)!r}, weights_only=True)
+        model = FaceDetector(**saved["arguments"]); model.load_state_dict(saved["state_dict"])
+        torch.save(model.eval()(torch.load({str(tmp_path / "images.pt")!r})), {str(tmp_path / "out.pt")!r})
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", snippet], cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    with torch.no_grad():
+        expected = trained_predictions(trained, images)
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected, rtol=0, atol=0)
+
+
+def test_each_evaluation_draws_its_predictions_into_tensorboard(trained):
+    images = EventAccumulator(str(trained), size_guidance={"images": 0}).Reload().Images("eval/predictions")
+    assert [event.step for event in images] == [2, 4] and images[0].width > 600 and images[0].height > 300
+
+
+def test_detector_predict_writes_the_picture_of_images_by_index_and_of_files(trained, tmp_path, capsys):
+    out = tmp_path / "predictions.png"
+    assert cli.main(["predict", str(trained), "3", "1000000", "--out", str(out)]) == 0
+    assert out.stat().st_size > 10_000 and str(out) in capsys.readouterr().out
+    import matplotlib.image
+
+    picture = matplotlib.image.imread(out)
+    assert picture.shape[0] > 200 and picture.shape[1] > 400
+    png = tmp_path / "mine.png"
+    matplotlib.image.imsave(png, torch.rand(40, 50).numpy(), cmap="gray")  # another size: resized to the model's
+    assert cli.main(["predict", str(export(trained)), "--images", str(png), "--faces", "2", "--out", str(out)]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["export", "/nowhere/run"], "holds no checkpoint (checkpoint.json): train it first"),
+        (["predict", "/nowhere/run", "3"], "/nowhere/run: no such run folder or export file"),
+        (["predict", "{run}", "-1"], "sample indices are >= 0, got -1"),
+        (["predict", "{run}", "--images", "/nowhere.png"], "/nowhere.png: cannot read it as an image"),
+        (["predict", "{run}", "--faces", "0", "--images", "{run}/config.yaml"], "--faces 0: expected 1 to 16"),
+    ],
+)
+def test_bad_arguments_are_one_line(trained, capsys, argv, expected):
+    assert cli.main([a.format(run=trained) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and expected in err and err.count("\n") == 1, err
