@@ -31,7 +31,6 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.distributed.tensor import _collective_utils, _redistribute, debug
 
 from detector.config import resolve_device
 from detector.data import ListTargets, Targets
@@ -80,6 +79,9 @@ def release_dtensor_caches() -> None:
     """Empty torch's DTensor caches (sharding propagation, redistribute plans, mesh topology): they keep FSDP2's device
     mesh, and with it the process group and gloo's threads, alive past destroy_process_group. Each is torch's own,
     private: cleared where this torch has it."""
+    # imported here: their debug module brings inductor's runtime estimator with it, a second of every run's start-up
+    from torch.distributed.tensor import _collective_utils, _redistribute, debug
+
     topology = getattr(_collective_utils, "MeshTopoInfo", None)
     for clear in (
         getattr(debug, "_clear_sharding_prop_cache", None),

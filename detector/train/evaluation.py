@@ -39,6 +39,9 @@ class Evaluation:
 
     def picture(self, model, autocast, step: int):
         """The first held-out images with their true boxes and the model's (pictures.py), as pixels."""
+        # imported at the first evaluation, not with the loop: matplotlib is most of a second of the run's start-up
+        from detector.train.pictures import SHOWN, pixels, predict, prediction_figure
+
         images, targets = self.held_out.batches[0]
         images, targets = images[:SHOWN], targets.to(self.device)
         pred = predict(model, images, self.device, autocast)
