@@ -8,7 +8,6 @@ from omegaconf import DictConfig
 
 from detector.train.batches import HeldOut
 from detector.train.metrics import evaluate
-from detector.train.pictures import SHOWN, pixels, predict, prediction_figure
 
 
 class Evaluation:
