@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import torch
 from omegaconf import DictConfig
 
@@ -17,35 +20,51 @@ class Evaluation:
     def __init__(self, cfg: DictConfig, device: torch.device, global_batch: int, evals: list, active: bool, step: int):
         self.device, self.evals, self.active, self.step = device, evals, active, step
         self.held_out = HeldOut(cfg, device, global_batch) if active else None
+        self.drawing: threading.Thread | None = None
 
     def __call__(self, step: int, model, autocast, say=print, writer=None) -> dict:
-        """Evaluate ``model`` at ``step``: one line, and the eval/ scalars."""
+        """Evaluate ``model`` at ``step``: one line, the eval/ scalars and the picture of its predictions."""
+        start = time.perf_counter()
         metrics = evaluate(model, self.held_out.batches, self.device, autocast)
         self.evals.append((step, metrics))
         self.step = step
-        say(
-            f"eval   {step:6d}  mean IoU {metrics['mean_iou']:.3f}  recall@0.5 {metrics['recall50']:.3f}  "
-            f"recall@[.5:.95] {metrics['recall50_95']:.3f}  (mean box: {metrics['trivial_mean_iou']:.3f}, "
-            f"{metrics['trivial_recall50']:.3f})  loss {metrics['loss']:.4f}  on {metrics['boxes']} boxes",
-            flush=True,
-        )
         if writer:
             for name, value in metrics.items():
                 if name != "boxes":
                     writer.add_scalar(f"eval/{name}", value, step)
-            writer.add_image("eval/predictions", self.picture(model, autocast, step), step, dataformats="HWC")
+            self.draw(model, autocast, step, writer)
+        say(
+            f"eval   {step:6d}  mean IoU {metrics['mean_iou']:.3f}  recall@0.5 {metrics['recall50']:.3f}  "
+            f"recall@[.5:.95] {metrics['recall50_95']:.3f}  (mean box: {metrics['trivial_mean_iou']:.3f}, "
+            f"{metrics['trivial_recall50']:.3f})  loss {metrics['loss']:.4f}  on {metrics['boxes']} boxes  "
+            f"({time.perf_counter() - start:.1f} s)",
+            flush=True,
+        )
         return metrics
 
-    def picture(self, model, autocast, step: int):
-        """The first held-out images with their true boxes and the model's (pictures.py), as pixels."""
+    def draw(self, model, autocast, step: int, writer) -> None:
+        """The first held-out images with their true boxes and the model's (pictures.py) into TensorBoard's Images:
+        the model's boxes now, the drawing in a thread (matplotlib takes a second of the CPU; the steps go on)."""
         # imported at the first evaluation, not with the loop: matplotlib is most of a second of the run's start-up
         from detector.train.pictures import SHOWN, pixels, predict, prediction_figure
 
+        self.close()  # the previous picture, drawn by now
         images, targets = self.held_out.batches[0]
         images, targets = images[:SHOWN], targets.to(self.device)
-        pred = predict(model, images, self.device, autocast)
-        counts = targets.counts[:SHOWN].cpu()
-        titles = [f"held-out {i}" for i in range(len(images))]
-        fig = prediction_figure(images.cpu(), pred, counts, targets.boxes[:SHOWN], titles)
-        fig.suptitle(f"step {step}: true boxes green, predicted red", fontsize=10)
-        return pixels(fig)
+        pred = predict(model, images, self.device, autocast).cpu()
+        images, counts, truth = images.cpu(), targets.counts[:SHOWN].cpu(), targets.boxes[:SHOWN].cpu()
+
+        def picture() -> None:
+            titles = [f"held-out {i}" for i in range(len(images))]
+            fig = prediction_figure(images, pred, counts, truth, titles)
+            fig.suptitle(f"step {step}: true boxes green, predicted red", fontsize=10)
+            writer.add_image("eval/predictions", pixels(fig), step, dataformats="HWC")
+
+        self.drawing = threading.Thread(target=picture, name="eval-picture", daemon=True)
+        self.drawing.start()
+
+    def close(self) -> None:
+        """Wait for the picture being drawn, before the writer closes."""
+        if self.drawing is not None:
+            self.drawing.join()
+            self.drawing = None

@@ -170,6 +170,7 @@ class Run:
             return self.finish()
         finally:
             self.control.close()
+            self.steps.evaluation.close()  # its last picture, before the writer closes
             if self.steps.writer:
                 self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
 
@@ -379,11 +380,13 @@ class Steps:
             self.log_line()
             if self.checkpointer is not None and self.cadence.undecided:
                 self.decide_cadence(step)
+        started = time.perf_counter()
         if eval_due:
             with wall.part("evaluations"):
                 self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
         if checkpoint_due:
             self.save()
+        self.log.exclude(time.perf_counter() - started)  # the steps' times are the steps' alone
         if step == tcfg.stop_after:
             self.close_checkpoints(wait=True)
             self.say(f"stopping after step {step} (train.stop_after); continue with train.resume=true")
@@ -410,9 +413,16 @@ class Steps:
         recent = [t for t in log.timings if t["step"] > step - tcfg.log_every]  # this window's steps
         rate = throughput(recent, self.run.global_batch, skip_until=0)
         lr = float(self.run.step_fn.scheduler.get_last_lr()[0])
-        # from the steady steps: the first one (compilation) says nothing of the rest
-        steady = step - self.resumed_at - 1
-        eta = (time.perf_counter() - self.first_done) / steady * (tcfg.steps - step) if steady else None
+        # the median step since the first window (which holds the compilation): an evaluation or a save's wait, which
+        # stretches one window, says nothing of the steps to come
+        steady = [t for t in log.timings if t["step"] > self.first_log] if self.first_log is not None else []
+        if steady:
+            eta = throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3 * (tcfg.steps - step)
+        else:  # the first window: its steps after the first
+            done = step - self.resumed_at - 1
+            eta = (time.perf_counter() - self.first_done) / done * (tcfg.steps - step) if done else None
+        if self.first_log is None:
+            self.first_log = step
         self.say(
             f"step {step:6d}/{tcfg.steps}  loss {loss:.4f}  lr {lr:.2e}  {step_times(rate, device.type == 'cuda')}  "
             f"{rate['images_per_s']:9.0f} img/s  eta {format_eta(eta) if eta is not None else '(after step 2)'}",
@@ -426,8 +436,6 @@ class Steps:
         """train.checkpoint_every=auto: the steps between saves, from process 0's step time (the log windows after
         the first, which holds the compilation) and a save's write time (its disk probe done), the same on every
         process (cadence.py); one line says it. Until then, no save is due."""
-        if self.first_log is None:
-            self.first_log = step
         saver, figures = self.checkpointer, None
         steady = [t for t in self.log.timings if t["step"] > max(self.first_log, self.resumed_at + TIMING_SKIP)]
         if self.run.env.is_main and steady and saver.write_estimate(wait=False) is not None:

@@ -90,6 +90,10 @@ class Log:
         self.pending, self.window_data, self.window_start = [], [], time.perf_counter()
         return [first + i for i, v in enumerate(values) if not math.isfinite(v)]
 
+    def exclude(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the window's wall time: an evaluation or a checkpoint's wait, timed on its own."""
+        self.window_start += seconds
+
     def window_mean(self, step: int, log_every: int) -> float:
         """Mean loss of the log window ending at ``step``: (step - log_every, step], the same on resume."""
         window = self.losses[max(0, step - log_every) : step]

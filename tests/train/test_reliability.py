@@ -354,3 +354,21 @@ def test_the_eta_comes_from_the_steps_after_the_first(tmp_path, monkeypatch, cap
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step      5/30"))
     minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
     assert int(minutes) * 60 + int(seconds) < 3, line  # 25 steps of a few ms, not 25 x (3 s / 5)
+
+
+def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys):
+    """An evaluation of 3 s at step 10 lies inside the next log window: the ETA of the steps after it is theirs."""
+    from detector.train.evaluation import Evaluation
+
+    real = Evaluation.__call__
+
+    def slow(self, step, *args, **kwargs):
+        time.sleep(3.0)
+        return real(self, step, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluation, "__call__", slow)
+    run = ["device=cpu", "train.steps=40", "train.log_every=5", "train.eval_every=10", "data.num_workers=0"]
+    run_training(tiny_cfg(tmp_path, *run, "train.checkpoint_every=0"))
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step     15/40"))
+    minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
+    assert int(minutes) * 60 + int(seconds) < 5, line  # 25 steps of a few ms; evaluations at 20, 30, 40 not in it
