@@ -1,6 +1,10 @@
-"""JSON read with its types checked: every reader of a record the project writes and reads again (a training run's
-summary, detector/train/summary.py; the lab's records, detector/lab/record/) goes through these, so that a file of the
-wrong shape is one line naming the file, the field and what was expected, never a traceback from deep in a reader."""
+"""JSON read with its types and values checked: every reader of a record the project writes and reads again (a training
+run's summary, detector/train/summary.py; the lab's records, detector/lab/record/) goes through these, so that a file of
+the wrong shape is one line naming the file, the field and what was expected, never a traceback from deep in a reader.
+
+A number is checked by value where it is read (``measure``: finite, in its range, of its type). A damaged one costs
+its field, or the part of the record that holds it (a wall clock, a step, a row), never the record: ``LeftOut``
+collects one warning per damage, naming the file and the field, and the readers carry them as ``left_out``."""
 
 from __future__ import annotations
 
@@ -11,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 LIMIT = 1e15  # beyond any measure of a step (10^15 ms is 30,000 years; bytes: a petabyte)
+NUMBER = (int, float)
+CLOCK = 1e18  # µs on a host's clock, which may count from 1970 (1.8e15 µs by now): an instant's bound
 
 
 class RecordError(ValueError):
@@ -50,9 +56,81 @@ def optional(data: dict, key: str, kind, where: str, default=None):
 
 def usable(value) -> bool:
     """Whether a measured value can be one: a finite number in [0, LIMIT] (None: not measured)."""
-    return value is None or (
-        isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and 0 <= value <= LIMIT
-    )
+    return value is None or fits(value)
+
+
+def fits(value, low: float = 0, high: float = LIMIT, kind=NUMBER) -> bool:
+    """Whether ``value`` is a finite number of ``kind`` (bool is none) in [low, high]."""
+    return isinstance(value, kind) and not isinstance(value, bool) and math.isfinite(value) and low <= value <= high
+
+
+def all_fit(values, low: float = 0, high: float = LIMIT, kind=NUMBER) -> bool:
+    """Whether every one of ``values`` fits (``fits``), checked at C's pace: an extract's step holds 10^5 rows."""
+    if not set(map(type, values)) <= ({int} if kind is int else {int, float}):
+        return False
+    try:
+        return not values or (math.isfinite(math.fsum(values)) and low <= min(values) and max(values) <= high)
+    except (OverflowError, ValueError):  # a sum past a float's range, or inf - inf: not finite values
+        return False
+
+
+class Damaged(RecordError):
+    """A value that its field cannot hold (not finite, out of its range, of another type, a row of another shape):
+    where the record is read, the field or the part that holds it is left out (``LeftOut``), the rest kept."""
+
+    def __init__(self, where: str, value, expected: str):
+        self.where, self.what = where, f"is {short(value)}, expected {expected}"
+        super().__init__(f"{where} {self.what}")
+
+
+def measure(value, where: str, low: float = 0, high: float = LIMIT, kind=NUMBER):
+    """``value`` if it is a finite number of ``kind`` in [low, high]; Damaged naming ``where`` otherwise."""
+    if not fits(value, low, high, kind):
+        expected = "an integer" if kind is int else "a finite number"
+        raise Damaged(where, value, f"{expected} in [{bound(low)}, {bound(high)}]")
+    return value
+
+
+def measured(data: dict, key: str, where: str, low: float = 0, high: float = LIMIT, kind=NUMBER, default=None):
+    """``data[key]`` checked by ``measure``; ``default`` where it is absent or null (not measured)."""
+    value = data.get(key)
+    return default if value is None else measure(value, f"{where}.{key}", low, high, kind)
+
+
+def bound(x: float) -> str:
+    return f"{x:g}".replace("e+", "e")  # 1e15, not 1e+15
+
+
+class LeftOut:
+    """What a reader of ``file`` left out: one warning per damaged value, naming the file and the field, and what
+    the damage cost (the field, or the part that holds it)."""
+
+    def __init__(self, file):
+        self.file = str(file)
+        self.warnings: list[str] = []
+
+    def measure(self, data: dict, key: str, where: str, low=0, high=LIMIT, kind=NUMBER, default=None):
+        """``measured(...)``, or ``default`` and a warning where the value is damaged."""
+        try:
+            return measured(data, key, where, low, high, kind, default)
+        except Damaged as err:
+            self.warn(err, "left out")
+            return default
+
+    def part(self, parse, data, where: str, *args):
+        """``parse(data, where, *args)``, or None and one warning where a value in it is damaged: the part (named
+        by ``where``) left out."""
+        try:
+            return parse(data, where, *args)
+        except Damaged as err:
+            self.warn(err, f"{self.field(where)} left out")
+            return None
+
+    def field(self, where: str) -> str:
+        return where.removeprefix(self.file).lstrip(".: ")  # a reader's ``where`` starts with its file
+
+    def warn(self, err: Damaged, cost: str) -> None:
+        self.warnings.append(f"{self.file}: {self.field(err.where)} {err.what}: {cost}")
 
 
 def read_json(path: Path, limit: int) -> Any:

@@ -104,6 +104,8 @@ SECTIONS = {
     "config": ["data", "model", "train", "profile", "bench", "report"],
     "report": ["report", "data", "model", "train", "profile", "bench"],
     "shapes": ["data", "bench", "profile", "[SOURCE]", "coco:FILE or widerface:FILE"],
+    "export": ["Reads no configuration", "RUN", "--out", "<run>/export/model.pt"],
+    "predict": ["Reads no configuration", "RUN", "INDEX", "--images", "--faces", "--out"],
 }
 
 

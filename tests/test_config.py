@@ -114,7 +114,7 @@ def test_profile_lr_is_gone():
     [
         ("data.nope=1", ["data.nope", "Key 'nope' not in 'DataConfig'", "overrides"]),
         ("data.batch_size=abc", ["data.batch_size", "'abc'", "Integer"]),
-        ("train.resume=maybe", ["train.resume", "bool"]),
+        ("train.resume=maybe", ["train.resume", "one of auto, true, false"]),
         ("data=3", ["DataConfig", "overrides"]),
         ("data.batch_size", ["'data.batch_size' has no '='", "key=value"]),
         ("data..x=1", ["'data..x=1'", "not a key"]),
@@ -134,8 +134,8 @@ def test_words_are_read_as_written_in_overrides_lists_and_files(tmp_path):
     cfg = load("train.shard_optimizer=off", "report.sharding_modes=[off,blocks]", "bench.variants=[on, yes, no]")
     assert (cfg.train.shard_optimizer, list(cfg.report.sharding_modes)) == ("off", ["off", "blocks"])
     assert list(cfg.bench.variants) == ["on", "yes", "no"]
-    flags = load("profile.sync_regions=on", "train.resume=yes", "train.compile=off", "train.float8=no")
-    assert (flags.profile.sync_regions, flags.train.resume, flags.train.compile, flags.train.float8) == (
+    flags = load("profile.sync_regions=on", "train.cudnn_benchmark=yes", "train.compile=off", "train.float8=no")
+    assert (flags.profile.sync_regions, flags.train.cudnn_benchmark, flags.train.compile, flags.train.float8) == (
         True,
         True,
         False,
@@ -144,9 +144,10 @@ def test_words_are_read_as_written_in_overrides_lists_and_files(tmp_path):
     assert load("train.lr=1e-3").train.lr == 0.001  # a number, as OmegaConf reads it
     assert [load(f"train.shard_optimizer={v}").train.shard_optimizer for v in ("true", "false")] == ["blocks", "off"]
     path = tmp_path / "words.yaml"
-    path.write_text("train:\n  shard_optimizer: off\n  resume: yes\nreport:\n  sharding_modes: [off, zero]\n")
+    path.write_text("train:\n  shard_optimizer: off\n  cudnn_benchmark: no\nreport:\n  sharding_modes: [off, zero]\n")
     cfg = load(experiment=str(path))
-    assert (cfg.train.shard_optimizer, cfg.train.resume) == ("off", True)
+    assert (cfg.train.shard_optimizer, cfg.train.cudnn_benchmark) == ("off", False)
+    assert [load(f"train.resume={v}").train.resume for v in ("true", "false", "auto")] == ["true", "false", "auto"]
     assert list(cfg.report.sharding_modes) == ["off", "zero"]
     with pytest.raises(ConfigError) as err:
         load("report.sharding_modes=[off,nope]")

@@ -19,6 +19,9 @@ machine of several GPUs.
 step, checkpoint waits and evaluation are measured (summary.json's ``wall_clock``); ``lived`` projects them onto a
 run of the defaults' length and cadence (train.steps, train.checkpoint_every, train.eval_every): the images/s a
 user's run of the defaults gets, where the steady step's leave all of that out.
+
+A summary that cannot be read, or a value it holds that no measure takes (a damaged record: detector/checked.py),
+is one warning naming the file and the field, under the table (stderr for ``<folder>``), and the rest is shown.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from detector.bench.link import summary_lines
 from detector.checked import RecordError
 from detector.config import TrainConfig, device_name, load_config, resolve_device
 from detector.errors import UserError, refuse
-from detector.lab.present.tables import markdown_table, significant
+from detector.lab.present.tables import cell_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.sharing import WAYS, of_kind
 from detector.train import summary
@@ -100,7 +103,7 @@ def run_all(runs: list[Run], work: Path, steps: int, overrides: list[str]) -> di
     (work / "logs").mkdir(parents=True, exist_ok=True)
     failed = {}
     for i, run in enumerate(runs, 1):
-        if summary_of(work / run.name):
+        if next((work / run.name).rglob(summary.SUMMARY), None):  # its summary, readable or not: the table says
             continue
         command = run.command(work, steps, overrides)
         print(f"[{i}/{len(runs)}] {run.name}: python {' '.join(quote(a) for a in command)}", flush=True)
@@ -139,25 +142,28 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
 
 
 def summary_of(folder: Path) -> TrainingSummary | None:
-    """The newest summary.json under a run's folder (``<folder>/<experiment>/<run>/``), or None; a UserError naming
+    """The newest summary.json under a run's folder (``<folder>/<experiment>/<run>/``), or None; RecordError naming
     the file and the field where it is not a training run's summary."""
     paths = sorted(folder.rglob(summary.SUMMARY), key=lambda p: p.stat().st_mtime)
-    try:
-        return summary.read(paths[-1]) if paths else None
-    except RecordError as err:
-        raise UserError(str(err)) from None
+    return summary.read(paths[-1]) if paths else None
 
 
-def read_runs(folder: Path) -> dict[Run, TrainingSummary]:
-    """The summaries of the runs in ``folder`` (subfolders named ``<n>x[-<mode>]``), in table order."""
-    found = {}
-    for path in folder.iterdir() if folder.is_dir() else ():
+def read_runs(folder: Path) -> tuple[dict[Run, TrainingSummary], list[str]]:
+    """The summaries of the runs in ``folder`` (subfolders named ``<n>x[-<mode>]``), in table order, and the warnings
+    of reading them: each summary that cannot be read, each value left out of one."""
+    found, warnings = {}, []
+    for path in sorted(folder.iterdir()) if folder.is_dir() else ():
         match = RUN_NAME.fullmatch(path.name)
-        summary = summary_of(path) if match and path.is_dir() else None
-        if summary:
-            found[Run(int(match.group(1)), match.group(2))] = summary
+        try:
+            read = summary_of(path) if match and path.is_dir() else None
+        except RecordError as err:
+            warnings.append(f"{err}: not in the table")
+            continue
+        if read:
+            found[Run(int(match.group(1)), match.group(2))] = read
+            warnings += read.left_out
     order = {mode: i for i, mode in enumerate(WAYS)}
-    return dict(sorted(found.items(), key=lambda item: (item[0].processes, order.get(item[0].mode, -1))))
+    return dict(sorted(found.items(), key=lambda item: (item[0].processes, order.get(item[0].mode, -1)))), warnings
 
 
 # ----------------------------------------------------------------------------- the table and its verdicts
@@ -198,20 +204,25 @@ def cadence_words() -> str:
     return "as this run's step and save set it" if every == AUTO else f"every {every} steps"
 
 
+def one_process_rate(runs: dict[Run, TrainingSummary]) -> float | None:
+    """One process's images/s, which the others are held to (None: no such run, or none measured)."""
+    return next((s.images_per_s for r, s in runs.items() if r.processes == 1), None) or None
+
+
 def table(runs: dict[Run, TrainingSummary]) -> str:
-    one = next((s for r, s in runs.items() if r.processes == 1), None)
+    one = one_process_rate(runs)
     rows = []
     for run, s in runs.items():
         base = next((b for r, b in runs.items() if r.processes == run.processes and r.mode == REFERENCE), None)
-        times = s.images_per_s / one.images_per_s if one else None
+        times = s.images_per_s / one if one and s.images_per_s is not None else None
         gap = loss_gap(s, base) if base is not None and run.mode not in (None, REFERENCE) else None
         rate = lived(s)
         rows.append(
             [
                 run.processes,
                 run.mode or "–",
-                significant(s.step_ms),
-                f"{s.images_per_s:,.0f}",
+                ms(s.step_ms),
+                None if s.images_per_s is None else f"{s.images_per_s:,.0f}",
                 None if times is None else f"{times:.2f}×",
                 None if times is None else f"{times / run.processes:.1%}",
                 None if rate is None else f"{rate:,.0f}",
@@ -226,13 +237,15 @@ def table(runs: dict[Run, TrainingSummary]) -> str:
 def verdicts(runs: dict[Run, TrainingSummary]) -> list[str]:
     """Per number of processes: the fastest mode against one process and the target, and whether our own
     sharding earns its place beside torch's engines."""
-    one = next((s for r, s in runs.items() if r.processes == 1), None)
+    one = one_process_rate(runs)
     lines = []
     for n in sorted({r.processes for r in runs} - {1}):
-        rate = {r.mode: s.images_per_s for r, s in runs.items() if r.processes == n}
+        rate = {r.mode: s.images_per_s for r, s in runs.items() if r.processes == n and s.images_per_s is not None}
+        if not rate:
+            continue
         best = max(rate, key=rate.get)
         if one:
-            times, target = rate[best] / one.images_per_s, TARGETS.get(n)
+            times, target = rate[best] / one, TARGETS.get(n)
             bar = "" if target is None else f" (the target: {target}×, {'met' if times >= target else 'not met'})"
             lines.append(f"{n} processes: `{best}` is the fastest, {times:.2f}× one process's images/s{bar}.")
         engines = {m: rate[m] for m in of_kind("torch") if m in rate}
@@ -251,8 +264,10 @@ def document(
     commands: list[str],
     written_by: str,
     link=(None, None),
+    warnings=(),
 ) -> str:
-    """The markdown of the scaling document; ``link``: ``measure_link``'s (times, why not)."""
+    """The markdown of the scaling document; ``link``: ``measure_link``'s (times, why not); ``warnings``: what could
+    not be read of the runs' summaries."""
     most = max(r.processes for r in runs) if runs else 1
     lines = [f"# Scaling on {most} × {device_name(device)}", "", machine_line(device), ""]
     lines += [f"Written by `{written_by}` on {now()[:10]}, from these runs (`python` from the repository root):", ""]
@@ -269,6 +284,7 @@ def document(
     ]
     lines += [f"- {line}" for line in verdicts(runs)]
     lines += [f"- `{name}` failed: {why}." for name, why in failed.items()]
+    lines += [f"- warning: {cell_text(warning)}" for warning in warnings]
     times, why = link
     lines += ["", *summary_lines(times)] if times else ["", f"The link alone was not measured: {why}."] if why else []
     return "\n".join(lines) + "\n"
@@ -299,7 +315,8 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
     if len(failed) == len(runs):
         name, why = next(iter(failed.items()))
         raise UserError(f"every run of the scaling table failed ({name}: {why}); {out} is left as it was")
-    text = document(read_runs(work), failed, device, commands, written_by, link)
+    found, warnings = read_runs(work)
+    text = document(found, failed, device, commands, written_by, link, warnings)
     out.parent.mkdir(parents=True, exist_ok=True)
     temp = out.with_name(f".{out.name}.new")
     temp.write_text(text)
@@ -320,7 +337,9 @@ def main(argv: list[str]) -> int:
             failed = run_table([a for a in argv[1:] if not a.startswith("--")], paths.get("work"), paths.get("out"))
             return 1 if failed else 0
         folder = Path(argv[0] if argv else "runs/sharding")
-        runs = read_runs(folder)
+        runs, warnings = read_runs(folder)
+        for warning in warnings:
+            print(f"warning: {warning}", file=sys.stderr)
         if not runs:
             raise UserError(
                 f"no runs in {folder}: expected folders named <n>x-<mode> (python -m detector.bench.sharding run)"

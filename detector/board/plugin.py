@@ -9,8 +9,9 @@ Routes, under ``/data/plugin/traces/``:
 
 - ``index.js`` and the modules it imports: each file of static/ by its exact name, nothing else;
 - ``runs``: the profile runs under the log directory (a run is a folder with a `make profile`
-  summary.json), each with its strategy, mode, device, steps and representative step; the runs that
-  cannot be shown, each with a one-line reason; the lanes' colours and the measures' names and meanings;
+  summary.json), each with its strategy, mode, device, steps and representative step, and the warnings of what
+  its summary and extract left out (a damaged value: detector/checked.py); the runs that cannot be shown, each with
+  a one-line reason; the lanes' colours and the measures' names and meanings;
 - ``step?run=<run>&step=<N>``: one step's extract, and the names it refers to. A run without an
   extract is converted from its trace on first read.
 
@@ -18,7 +19,8 @@ What it reads and writes stays in the log directory: every path goes through ``i
 so a linked summary or extract that leads out of it, or a summary whose trace lies outside its run folder, is
 not read; a built extract is written only into the run's own folder, through no link. Each file is read under
 the record's cap on its decompressed size. Bad input is a 4xx with ``{"error": reason}``; a run that cannot be
-read is listed among ``skipped`` with its reason, beside the others.
+read is listed among ``skipped`` with its reason, beside the others. Every answer is strict JSON (no NaN or
+Infinity, which a browser cannot parse): the records' readers leave such values out.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from detector.lab.measure.trace import COLLECTIVE_PREFIXES
 from detector.lab.present.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
 from detector.lab.record.measures import MEASURES, MEMORY, WHY
 from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
-from detector.lab.record.steps import EXTRACT
+from detector.lab.record.steps import EXTRACT, read_extract
 
 PLUGIN_NAME = "traces"
 STATIC = Path(__file__).with_name("static")
@@ -61,6 +63,7 @@ class TracesPlugin(base_plugin.TBPlugin):
         self.lock = threading.Lock()
         self.listing: tuple[float, dict, dict[str, Path]] | None = None  # (when, what /runs says, run -> summary)
         self.answers: OrderedDict = OrderedDict()  # (run folder, extract's stat) -> {step: JSON bytes}
+        self.left_out: dict[tuple, list[str]] = {}  # (run folder, extract's stat) -> what reading it left out
 
     def get_plugin_apps(self):
         modules = {route: module_app(path) for route, path in MODULES.items()}
@@ -117,7 +120,8 @@ class TracesPlugin(base_plugin.TBPlugin):
             if reason:
                 skipped.append({"run": run, "reason": reason})
                 continue
-            runs.append(listed(run, record, files))
+            warnings = record.left_out + self.extract_left_out(files.folder)
+            runs.append(listed(run, record, files) | {"warnings": [self.relative(w, run) for w in warnings]})
             summaries[run] = path
         ranks = Counter(run["group"] for run in runs)  # a run of one process is a group of one
         newest = {}  # a run of several ranks is as new as its last rank's record
@@ -144,6 +148,21 @@ class TracesPlugin(base_plugin.TBPlugin):
             self.listing = (time.monotonic(), listing, summaries)
         return listing
 
+    def extract_left_out(self, folder: Path) -> list[str]:
+        """What reading a run's extract left out (read again only when it changes); nothing where it has none yet, or
+        one that cannot be read: its steps' requests say why."""
+        key = version(folder)
+        with self.lock:
+            if key in self.left_out:
+                return self.left_out[key]
+        try:
+            found = read_extract(folder / EXTRACT).left_out if key[1] is not None else []
+        except RecordError:
+            found = []
+        with self.lock:
+            self.left_out[key] = found
+        return found
+
     def summary(self, run: str) -> Path | None:
         """The summary.json of a run the listing shows: a request's run is looked up, never made into a path."""
         self.scan()
@@ -161,10 +180,7 @@ class TracesPlugin(base_plugin.TBPlugin):
                 return self.answers[key]
         found = extract.load(files.folder, record, files.trace, keep=files.keep)
         head = {"run": run, "gpu": found.gpu, "names": found.names}
-        steps = {
-            number: json.dumps(head | {"step": int(number)} | step.to_json(), separators=(",", ":")).encode()
-            for number, step in found.steps.items()
-        }
+        steps = {n: strict_json(head | {"step": int(n)} | step.to_json()) for n, step in found.steps.items()}
         with self.lock:
             self.answers[version(files.folder)] = steps  # the extract just written, where it was
             while len(self.answers) > 1 and sum(map(answer_bytes, self.answers.values())) > ANSWER_BYTES:
@@ -174,9 +190,14 @@ class TracesPlugin(base_plugin.TBPlugin):
     def reason(self, err: Exception, run: str) -> str:
         """One line of why a run cannot be shown, its paths relative to the log directory."""
         text = str(err) if isinstance(err, RecordError) else f"cannot be read ({type(err).__name__}: {err})"
+        text = self.relative(text, run)
+        return text.removeprefix(f"{SUMMARY}: ").splitlines()[0] if text else type(err).__name__
+
+    def relative(self, text: str, run: str) -> str:
+        """``text`` with the paths of ``run``'s files relative to its folder, the others' to the log directory."""
         for root in {str(self.logdir.resolve()), str(self.logdir)}:
             text = text.replace(f"{root}/{run}/", "").replace(f"{root}/", "")
-        return text.removeprefix(f"{SUMMARY}: ").splitlines()[0] if text else type(err).__name__
+        return text
 
 
 # ----------------------------------------------------------------------------- a run's files
@@ -285,6 +306,10 @@ def module_app(path: Path):
     return serve
 
 
+def strict_json(payload: dict) -> bytes:
+    """``payload`` as JSON a browser parses: a value that is not finite is a ValueError here, not NaN there."""
+    return json.dumps(payload, separators=(",", ":"), allow_nan=False).encode()
+
+
 def json_response(payload: dict, status: int = 200) -> Response:
-    body = json.dumps(payload, separators=(",", ":"))
-    return Response(body, status=status, content_type="application/json", headers=NOSNIFF)
+    return Response(strict_json(payload), status=status, content_type="application/json", headers=NOSNIFF)

@@ -115,8 +115,8 @@ def read_run(path) -> ProfileRecord | None:
     except RecordError as err:
         print(f"warning: skipped {err}", file=sys.stderr)
         return None
-    if record.left_out:
-        print(f"warning: {folder / SUMMARY}: {text.left_out(record)[0]}", file=sys.stderr)
+    for warning in record.left_out:
+        print(f"warning: {warning}", file=sys.stderr)
     return record
 
 
@@ -137,7 +137,8 @@ def order_runs(records: list[ProfileRecord]) -> list[ProfileRecord]:
 
 def labelled(records: list[ProfileRecord]) -> list[Run]:
     """Each run with its column's label: its strategy, then its batch where the strategy appears at several,
-    then its run folder's name where that is not enough."""
+    then its run folder's name where that is not enough, then what tells apart runs that still share a label (runs
+    of one name copied into two folders): every table, verdict, chart and compare.json names a run by its label."""
     labels = []
     for r in records:
         same = [o for o in records if o.strategy == r.strategy]
@@ -147,7 +148,22 @@ def labelled(records: list[ProfileRecord]) -> list[Run]:
         if sum(1 for o in same if o.batch_size == r.batch_size) > 1:
             label += f" {r.run or (r.folder.name if r.folder else '?')}"
         labels.append(label)
+    for label in {label for label in labels if labels.count(label) > 1}:
+        shared = [i for i, other in enumerate(labels) if other == label]
+        for i, suffix in zip(shared, told_apart([records[i].folder for i in shared]), strict=True):
+            labels[i] += suffix
     return list(zip(labels, records, strict=True))
+
+
+def told_apart(folders: list[Path | None]) -> list[str]:
+    """A suffix for each of runs that share a label: `` (<name>)`` of the nearest folder above theirs whose names
+    all differ, else `` #1``, `` #2`` ... (one folder named twice)."""
+    above = [Path(f).absolute().parts[-2::-1] if f else () for f in folders]  # the parent first, then upward
+    for depth in range(max(map(len, above))):
+        names = [parts[depth] if depth < len(parts) else "" for parts in above]
+        if all(names) and len(set(names)) == len(names):
+            return [f" ({name})" for name in names]
+    return [f" #{i}" for i in range(1, len(folders) + 1)]
 
 
 def baseline(runs: list[Run]) -> ProfileRecord | None:
@@ -227,7 +243,10 @@ def draw_charts(runs: list[Run], mode: str, out: Path) -> dict[str, Path]:
     for label, record in runs:
         try:
             trace = record.folder / record.trace if record.trace else None
-            steps.append((label, StepModel(load(record.folder, record, trace))))
+            found = load(record.folder, record, trace)
+            for warning in found.left_out:
+                print(f"warning: {warning}", file=sys.stderr)
+            steps.append((label, StepModel(found)))
         except RecordError as err:
             print(f"warning: {label} left out of the timeline: {err}", file=sys.stderr)
     if steps:

@@ -4,11 +4,13 @@ Made for ``train.float8`` against bf16 (docs/training.md): A the bf16 run, B the
 on another ``train.seed``, the noise reference. It prints each run's loss (the mean of its log window,
 ``train.log_every`` steps) every ``EVERY`` steps, then, for each run after the first, the largest |difference| of its
 ``EVERY``-step running mean from the first run's. With three runs or more the last one is the noise reference: a run
-whose largest difference is no larger than the reference's matches the first run's curve within that noise.
+whose largest difference is no larger than the reference's matches the first run's curve within that noise. A value
+of a run's summary that no measure takes (detector/checked.py) is one warning on stderr, and left out.
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from detector.checked import RecordError
@@ -25,6 +27,8 @@ def curve(run_dir: str | Path) -> dict[int, float]:
         record = summary.read(run_dir)
     except RecordError as err:
         raise UserError(f"{err}: `make train` writes a run's loss curve at its end") from None
+    for warning in record.left_out:
+        print(f"warning: {warning}", file=sys.stderr)
     return {step: float(loss) for step, loss in record.history}
 
 

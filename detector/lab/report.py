@@ -19,7 +19,9 @@ config section. The runs go to ``<report.work_dir>/<device>/current/``; a part w
 already is not run again, so a report that was stopped resumes where it stopped (with the same
 overrides; different ones start afresh and keep the unfinished folder aside). When every part has run,
 ``<report.out_dir>/<device>.md`` and its charts in ``<report.out_dir>/<device>/`` are replaced (only
-then), naming the device, torch, the commit and the commands, and the run folder gets its timestamp.
+then), naming the device, torch, the commit and the commands, and the run folder gets its timestamp. A record of the
+report's that cannot be read (compare.json, a training summary), or a value in one that no measure takes, is a
+warning in the document naming the file and the field, and the rest is shown.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from omegaconf import DictConfig
 from detector.checked import RecordError
 from detector.config import device_name, resolve_device
 from detector.errors import UserError
-from detector.lab.present.tables import WHICH_HEADING, markdown_table, significant, spread_cell, times
+from detector.lab.present.tables import WHICH_HEADING, cell_text, markdown_table, ms, spread_cell, times
 from detector.lab.present.verdicts import profiler_note
 from detector.lab.record.comparison import ComparisonRecord, ModeComparison, read_comparison
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
@@ -229,7 +231,7 @@ def write_document(
     """``<out_dir>/<device>.md`` and its charts in ``<out_dir>/<device>/``, replaced only once both are written."""
     slug = device_slug(device_name(device))
     path, charts = out_dir / f"{slug}.md", out_dir / slug
-    compare = read_comparison(work / "compare")
+    compare, unread = comparison(work)
     lines = [
         f"# Results on {device_name(device)}",
         "",
@@ -258,7 +260,7 @@ def write_document(
     if skipped:
         lines += ["Not profiled here:", "", *(f"- {n}: {why}" for n, why in skipped.items()), ""]
     lines += [f"![{c}]({slug}/{c})" for c in CHARTS if (work / "compare" / c).exists()]
-    lines += ["", demote(section(work / "compare" / "compare.md", "## mode=train"))]
+    lines += ["", demote(section(work / "compare" / "compare.md", "## mode=train")), *warned(unread)]
     lines += ["", "## The profile against training", "", "```"]
     lines += [p.command() for p in parts if p.args[0] == "train"] + ["```", ""]
     lines += [profile_vs_training(work, compare, cfg.report.train_strategies)]
@@ -294,6 +296,21 @@ def write_document(
     return path
 
 
+def comparison(work: Path) -> tuple[ComparisonRecord, list[str]]:
+    """The report's compare.json and the warnings of reading it; where it cannot be read, an empty comparison and
+    the one line that says why."""
+    try:
+        found = read_comparison(work / "compare")
+    except RecordError as err:
+        return ComparisonRecord("", ""), [str(err)]
+    return found, found.left_out
+
+
+def warned(warnings: list[str]) -> list[str]:
+    """The document's lines of ``warnings``: each its paragraph."""
+    return [line for warning in warnings for line in ("", f"**warning**: {cell_text(warning)}")]
+
+
 def section(path: Path, heading: str) -> str:
     """The part of a markdown file from ``heading`` to the next heading of the same level."""
     text = path.read_text()
@@ -310,24 +327,41 @@ def demote(markdown: str) -> str:
     return re.sub(r"^(#+) ", r"#\1 ", markdown, flags=re.MULTILINE)
 
 
+def training_step(work: Path, name: str, warnings: list[str]) -> float | None:
+    """The median step (ms) of the report's training run of ``name``; None where there is none, it timed no step, or
+    its summary cannot be read (said in ``warnings``, with each value left out of it)."""
+    found = sorted((work / "train" / name).glob("*/*/summary.json"))
+    if not found:
+        return None
+    try:
+        record = summary.read(found[-1])
+    except RecordError as err:
+        warnings.append(str(err))
+        return None
+    warnings += record.left_out
+    return record.step_ms or None  # 0 ms: no step timed either
+
+
 def profile_vs_training(work: Path, compare: ComparisonRecord, names: list[str]) -> str:
     """Per strategy: training's median step against the profiled step (host and, on a GPU, device) and the
     steps the profile timed without the profiler."""
     mode = compare.modes.get("train") or ModeComparison([], None, {})
-    rows, trained, ratios = [], {}, []
+    rows, trained, ratios, warnings = [], {}, [], []
     for name in names:
-        summaries = sorted((work / "train" / name).glob("*/*/summary.json"))
-        if not summaries or not mode.step(name):
+        train_ms = training_step(work, name, warnings)
+        if train_ms is None and not mode.step(name):
             continue
-        train_ms = trained[name] = summary.read(summaries[-1]).step_ms
-        row = [name, significant(train_ms)]
+        if train_ms:
+            trained[name] = train_ms
+        row = [name, ms(train_ms)]
         for stats in (mode.step(name), mode.step(name, "device_step_ms"), mode.timed.get(name)):
-            ok = bool(stats and stats.median)
-            row += [spread_cell(stats if ok else None), f"{stats.median / train_ms:.3f}" if ok else "—"]
-            ratios += [stats.median / train_ms] if ok else []
+            stats = stats if stats and stats.median else None
+            ratio = stats.median / train_ms if stats and train_ms else None
+            row += [spread_cell(stats), "—" if ratio is None else f"{ratio:.3f}"]
+            ratios += [] if ratio is None else [ratio]
         rows.append(row)
     if not rows:
-        return "(no strategy both trained and profiled)"
+        return "\n".join(["(no strategy both trained and profiled)", *warned(warnings)])
     headers = ["strategy", "train step ms", "profiled step ms (host)", "/ train", "profiled, on the device", "/ train"]
     headers += ["timed ms", "/ train"]
     text = [
@@ -337,9 +371,12 @@ def profile_vs_training(work: Path, compare: ComparisonRecord, names: list[str])
         "with neither profiler nor regions.",
         "",
         markdown_table(headers, rows),
-        "",
-        f"Every profiled and timed step is within {100 * max(abs(r - 1) for r in ratios):.1f} % of training's.",
     ]
+    if ratios:
+        text += [
+            "",
+            f"Every profiled and timed step is within {100 * max(abs(r - 1) for r in ratios):.1f} % of training's.",
+        ]
     if len(trained) > 1:
         first, *others = trained
         base = mode.labels[0] if mode.baseline else None
@@ -351,7 +388,7 @@ def profile_vs_training(work: Path, compare: ComparisonRecord, names: list[str])
                 f"({first}'s step / {other}'s); the profile's verdict on the step is {times(verdict)} "
                 "(≈ where the interquartile ranges of the profiled steps overlap).",
             ]
-    return "\n".join(text)
+    return "\n".join(text + warned(warnings))
 
 
 def synced_section(work: Path, compare: ComparisonRecord) -> str:
@@ -360,10 +397,13 @@ def synced_section(work: Path, compare: ComparisonRecord) -> str:
     free = compare.modes["train"].step(SYNCED) if "train" in compare.modes else None
     if not found or not free:
         return "(no synchronised profile)"
-    record = read_summary(found[-1])
+    try:
+        record = read_summary(found[-1])
+    except RecordError as err:
+        return f"(no synchronised profile: {cell_text(str(err))})"
     rows = [
         ["regions as training runs them", spread_cell(free), "—"],
         ["regions synchronised", spread_cell(record.stats("step")), spread_cell(record.stats("step", "sync_wait_ms"))],
     ]
     table = markdown_table([f"{SYNCED}, profiled", "step ms", "host waiting in the lab's syncs, ms"], rows)
-    return "\n".join([table, "", profiler_note(record)])
+    return "\n".join([table, "", profiler_note(record), *warned(record.left_out)])

@@ -6,7 +6,9 @@ the checkpoints' times (checkpointer.py); ``done_line`` is the run's last line.
 
 ``read`` raises RecordError, one line naming the file and the field, for a file that is not such a record. Version 1
 (no ``version`` key: written before the record was typed) is read as it is: what it lacks (the wall clock, the
-checkpoints, the memory peak, ...) is None.
+checkpoints, the memory peak, ...) is None. Its measures (times, rates, bytes, counts; the losses may be NaN: a run
+whose loss went non-finite) are checked by value: a damaged one is None, a damaged value in the wall clock or the
+checkpoints leaves that part out (None), a damaged history point that point, each with a warning in ``left_out``.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from detector.checked import RecordError, need, optional, read_json, short, versioned
+from detector.checked import LeftOut, RecordError, measure, measured, need, optional, read_json, short, versioned
 from detector.train.checkpoint_files import sync_write
 from detector.train.wallclock import Account
 
@@ -51,6 +53,7 @@ class Checkpoints:
 
     @classmethod
     def parse(cls, data, where: str) -> Checkpoints:
+        """RecordError for a part of another shape, Damaged for a value no field of its kind holds."""
         need(data, dict, where)
         saves = []
         for i, save in enumerate(need(data.get("saves", []), list, f"{where}.saves")):
@@ -58,19 +61,19 @@ class Checkpoints:
             need(save, dict, at)
             saves.append(
                 Save(
-                    step=need(save.get("step"), int, f"{at}.step"),
-                    bytes=need(save.get("bytes"), int, f"{at}.bytes"),
-                    blocked_s=need(save.get("blocked_s"), (int, float), f"{at}.blocked_s"),
-                    written_s=optional(save, "written_s", (int, float), at),
+                    step=measure(save.get("step"), f"{at}.step", kind=int),
+                    bytes=measure(save.get("bytes"), f"{at}.bytes", kind=int),
+                    blocked_s=measure(save.get("blocked_s"), f"{at}.blocked_s"),
+                    written_s=measured(save, "written_s", at),
                 )
             )
         return cls(
             saves=saves,
-            disk_bytes_per_s=optional(data, "disk_bytes_per_s", (int, float), where),
-            staging_bytes=optional(data, "staging_bytes", int, where, 0),
+            disk_bytes_per_s=measured(data, "disk_bytes_per_s", where),
+            staging_bytes=measured(data, "staging_bytes", where, kind=int, default=0),
             staging_pinned=optional(data, "staging_pinned", bool, where, False),
-            pin_s=optional(data, "pin_s", (int, float), where),
-            host_peak_bytes=optional(data, "host_peak_bytes", int, where),
+            pin_s=measured(data, "pin_s", where),
+            host_peak_bytes=measured(data, "host_peak_bytes", where, kind=int),
         )
 
 
@@ -105,9 +108,12 @@ class TrainingSummary:
     wall_clock: Account | None = None
     checkpoints: Checkpoints | None = None
     version: int = VERSION
+    left_out: list[str] = field(default_factory=list, compare=False)  # damaged values, when it was read (not written)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("left_out")
+        return data
 
     def write(self, path: Path) -> None:
         """``path`` holds this summary or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
@@ -115,32 +121,34 @@ class TrainingSummary:
 
     @classmethod
     def parse(cls, data, where: str) -> TrainingSummary:
-        """The record of parsed JSON; RecordError naming ``where`` and the first field that is wrong."""
+        """The record of parsed JSON; RecordError naming ``where`` and the first field of the wrong shape."""
         versioned(data, where, VERSION)
         if "history" not in data:
             raise RecordError(f"{where}: no loss curve (history): not written by make train")
+        found = LeftOut(where)
         wall, saves = data.get("wall_clock"), data.get("checkpoints")
+        evals = pairs(data.get("evals", []), f"{where}.evals", found)
 
         def number(key: str) -> float | None:
-            return optional(data, key, (int, float), where)
+            return found.measure(data, key, where)
 
-        def count(key: str, default: int) -> int:
-            return optional(data, key, int, where, default)
+        def count(key: str, default: int, low: int = 0) -> int:
+            return found.measure(data, key, where, low, kind=int, default=default)
 
         return cls(
-            history=[(step, loss) for step, loss in pairs(data["history"], f"{where}.history", (int, float))],
+            history=pairs(data["history"], f"{where}.history", found, (int, float)),
             losses=[need(v, (int, float), f"{where}.losses") for v in optional(data, "losses", list, where, [])],
             experiment=optional(data, "experiment", str, where, ""),
             run=optional(data, "run", str, where, ""),
             strategy=optional(data, "strategy", str, where, "?"),
             device=optional(data, "device", str, where, "?"),
-            world_size=count("world_size", 1),
+            world_size=count("world_size", 1, low=1),
             global_batch=count("global_batch", 0),
             steps=count("steps", 0),
             resumed_at=count("resumed_at", 0),
             final_loss=optional(data, "final_loss", (int, float), where, math.nan),
             eval=metrics(optional(data, "eval", dict, where, {}), f"{where}.eval"),
-            evals=[(step, metrics(m, f"{where}.evals")) for step, m in pairs(data.get("evals", []), f"{where}.evals")],
+            evals=[(step, metrics(m, f"{where}.evals")) for step, m in evals],
             step_ms=number("step_ms"),
             device_step_ms=number("device_step_ms"),
             device_idle_ms=number("device_idle_ms"),
@@ -149,21 +157,25 @@ class TrainingSummary:
             device_images_per_s=number("device_images_per_s"),
             timed_steps=count("timed_steps", 0),
             peak_memory_gib=number("peak_memory_gib"),
-            checkpoint_step=count("checkpoint_step", -1),
+            checkpoint_step=count("checkpoint_step", -1, low=-1),  # -1: none
             eval_step=count("eval_step", 0),
-            wall_clock=Account.parse(wall, f"{where}.wall_clock") if wall is not None else None,
-            checkpoints=Checkpoints.parse(saves, f"{where}.checkpoints") if saves is not None else None,
+            wall_clock=None if wall is None else found.part(Account.parse, wall, f"{where}.wall_clock"),
+            checkpoints=None if saves is None else found.part(Checkpoints.parse, saves, f"{where}.checkpoints"),
+            left_out=found.warnings,
         )
 
 
-def pairs(data, where: str, kind=dict) -> list[tuple[int, object]]:
-    """``[[step, value], ...]`` as (step, value) pairs, each value of ``kind``."""
-    found = []
-    for i, pair in enumerate(need(data, list, where)):
-        if not isinstance(pair, list) or len(pair) != 2:
-            raise RecordError(f"{where}[{i}] is {short(pair)}, expected [step, value]")
-        found.append((need(pair[0], int, f"{where}[{i}]"), need(pair[1], kind, f"{where}[{i}]")))
-    return found
+def pairs(data, where: str, found: LeftOut, kind=dict) -> list[tuple[int, object]]:
+    """``[[step, value], ...]`` as (step, value) pairs, each value of ``kind``; a pair whose step is no step is left
+    out (``found``)."""
+    kept = (found.part(pair, p, f"{where}[{i}]", kind) for i, p in enumerate(need(data, list, where)))
+    return [p for p in kept if p is not None]
+
+
+def pair(data, where: str, kind) -> tuple[int, object]:
+    if not isinstance(data, list) or len(data) != 2:
+        raise RecordError(f"{where} is {short(data)}, expected [step, value]")
+    return measure(data[0], where, kind=int), need(data[1], kind, where)
 
 
 def metrics(data, where: str) -> Metrics:

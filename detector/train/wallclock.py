@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass
 
-from detector.checked import need, optional
+from detector.checked import measure, measured, need
 
 PARTS = ("start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end")
 BEFORE = "interpreter, imports, configuration"
@@ -139,14 +139,15 @@ class Account:
 
     @classmethod
     def parse(cls, data, where: str) -> Account:
+        """RecordError for a part of another shape, Damaged for a value no field of its kind holds."""
         need(data, dict, where)
         seconds = need(data.get("seconds"), dict, f"{where}.seconds")
         return cls(
-            seconds={part: need(seconds.get(part), (int, float), f"{where}.seconds.{part}") for part in PARTS},
-            total_s=need(data.get("total_s"), (int, float), f"{where}.total_s"),
-            goodput=optional(data, "goodput", (int, float), where),
-            checkpoint_background_s=optional(data, "checkpoint_background_s", (int, float), where, 0.0),
-            images_per_s_lived=optional(data, "images_per_s_lived", (int, float), where),
+            seconds={part: measure(seconds.get(part), f"{where}.seconds.{part}") for part in PARTS},
+            total_s=measure(data.get("total_s"), f"{where}.total_s"),
+            goodput=measured(data, "goodput", where, high=1),
+            checkpoint_background_s=measured(data, "checkpoint_background_s", where, default=0.0),
+            images_per_s_lived=measured(data, "images_per_s_lived", where),
             startup=startup_parts(data.get("startup"), f"{where}.startup"),
         )
 
@@ -154,5 +155,4 @@ class Account:
 def startup_parts(data, where: str) -> dict[str, float] | None:
     if data is None:
         return None
-    need(data, dict, where)
-    return {name: need(seconds, (int, float), f"{where}.{name}") for name, seconds in data.items()}
+    return {name: measure(seconds, f"{where}.{name}") for name, seconds in need(data, dict, where).items()}

@@ -2,6 +2,7 @@
 whole command on the CPU: one process, then every train.shard_optimizer on 2 gloo processes under torchrun."""
 
 import json
+import math
 import os
 import re
 
@@ -16,7 +17,7 @@ from detector.bench.sharding import Run
 from detector.config import TrainConfig, load_config
 from detector.lab import report
 from detector.train.summary import Checkpoints, Save, TrainingSummary
-from detector.train.wallclock import Account
+from detector.train.wallclock import PARTS, Account
 
 
 def summary(world_size: int, step_ms: float, losses: list[float], peak=30.0) -> TrainingSummary:
@@ -35,8 +36,9 @@ def test_the_table_its_rows_and_the_three_percent_rule(tmp_path):
     runs |= {"2x-blocks": summary(2, 100, [1.0, 0.5]), "2x-fsdp2": summary(2, 102, [1.0, 0.5001])}
     runs |= {"2x-zero": summary(2, 96, [1.0, 0.5]), "notes": summary(1, 1, [])}  # a folder of another name: no run
     write_runs(tmp_path, runs)
-    found = sharding.read_runs(tmp_path)
+    found, warnings = sharding.read_runs(tmp_path)
     assert list(found) == [Run(1, None), *(Run(2, mode) for mode in ("off", "blocks", "fsdp2", "zero"))]
+    assert warnings == []
     text = sharding.table(found)
     assert "| 1 | – | 100 | 10,240 | 1.00× | 100.0% | — | 30.0 | — |" in text  # no wall_clock: lived left out
     assert "| 2 | off | 110 | 18,618 | 1.82× | 90.9% | — | 30.0 | — |" in text  # the reference of its row group
@@ -73,13 +75,69 @@ def test_images_per_s_as_lived_project_the_measured_parts_onto_the_defaults_cade
     assert sharding.lived(TrainingSummary([], step_ms=30.0)) is None  # a summary of an earlier version: not guessed
 
 
-def test_a_summary_that_is_not_a_training_runs_is_one_line(tmp_path, capsys):
-    (tmp_path / "2x-off" / "x").mkdir(parents=True)
-    (tmp_path / "2x-off" / "x" / "summary.json").write_text(json.dumps({"history": [], "step_ms": "fast"}))
+def test_a_summary_that_cannot_be_read_is_one_line_and_the_readable_rows_are_shown(tmp_path, capsys):
+    write_runs(tmp_path, {"1x": summary(1, 100, [1.0])})
+    for name, text in (("2x-off", json.dumps({"steps": 3})), ("2x-zero", "{")):
+        (tmp_path / name / "x").mkdir(parents=True)
+        (tmp_path / name / "x" / "summary.json").write_text(text)
+    assert sharding.main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "| 1 | – | 100 | 10,240 | 1.00× | 100.0% | — | 30.0 | — |" in out and "| 2 |" not in out
+    assert err.splitlines() == [
+        f"warning: {tmp_path}/2x-off/x/summary.json: no loss curve (history): not written by make train: not in the "
+        "table",
+        f"warning: {tmp_path}/2x-zero/x/summary.json: not JSON (JSONDecodeError: Expecting property name enclosed in "
+        "double quotes: line 1 co): not in the table",
+    ]
+    (tmp_path / "1x" / "seed_scale" / "padded" / "summary.json").write_text("[]")  # none left: one line
     assert sharding.main([str(tmp_path)]) == 2
-    assert (
-        capsys.readouterr().err == f"error: {tmp_path}/2x-off/x/summary.json.step_ms is str 'fast', expected a number\n"
+    assert capsys.readouterr().err.endswith(
+        f"error: no runs in {tmp_path}: expected folders named <n>x-<mode> (python -m detector.bench.sharding run)\n"
     )
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -1, 1e308, "fast"])
+def test_damaged_times_are_left_out_of_the_table_with_one_warning_each(tmp_path, capsys, value):
+    """A summary's damaged step time, images/s, wall clock or checkpoint wait: its cell is empty (—), never nan, inf,
+    -1.00 or a 300-digit number, and the warning names the file and the field."""
+    runs = {"1x": summary(1, 100, [1.0, 0.5]), "2x-off": lived_summary(2, 110), "2x-zero": lived_summary(2, 96)}
+    write_runs(tmp_path, runs)
+
+    def spoil(name: str, change) -> str:
+        path = tmp_path / name / "seed_scale" / "padded" / "summary.json"
+        data = json.loads(path.read_text())
+        change(data)
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    one = spoil("1x", lambda d: d.update(step_ms=value, images_per_s=value))
+    zero = spoil("2x-zero", lambda d: d["checkpoints"]["saves"][0].update(blocked_s=value))
+    off = spoil("2x-off", lambda d: d["wall_clock"].update(seconds=d["wall_clock"]["seconds"] | {"steps": value}))
+    assert sharding.main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+    expected = f"{shown}, expected a finite number in [0, 1e15]"
+    assert err.splitlines() == [
+        f"warning: {one}: step_ms is {expected}: left out",
+        f"warning: {one}: images_per_s is {expected}: left out",
+        f"warning: {off}: wall_clock.seconds.steps is {expected}: wall_clock left out",
+        f"warning: {zero}: checkpoints.saves[0].blocked_s is {expected}: checkpoints left out",
+    ]
+    rows = [line for line in out.splitlines() if line.startswith("| 1 ") or line.startswith("| 2 ")]
+    assert rows[0] == "| 1 | – | — | — | — | — | — | 30.0 | — |"
+    assert rows[1].startswith("| 2 | off | 110 | 18,618 | — | — | — |")  # against one process: not measured
+    assert rows[2].startswith("| 2 | zero | 96.0 | 21,333 | — | — | — |")  # lived: its checkpoints left out
+    assert sharding.lived(lived_summary(2, 96)) and sharding.lived(lived_summary(2, 110))  # what the damage took
+    assert not any(word in out.lower() for word in ("nan", "inf", "-1.00", "1000000"))
+    assert "2 processes: `zero` is the fastest" not in out  # no verdict against an unmeasured process
+
+
+def lived_summary(world_size: int, step_ms: float) -> TrainingSummary:
+    """A summary with what ``lived`` needs: its wall clock, checkpoints and evaluations."""
+    found = summary(world_size, step_ms, [1.0, 0.5])
+    found.wall_clock = Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.0)
+    found.checkpoints, found.evals, found.global_batch = Checkpoints([Save(1, 0, 0.5, 1.0)]), [(2, {})], 2048
+    return found
 
 
 def test_the_plan_and_its_commands():

@@ -11,6 +11,7 @@ from detector.board.events import write_compare_events
 from detector.errors import UserError
 from detector.lab.compare import read_run, run_compare
 from detector.lab.record.comparison import read_comparison
+from detector.lab.record.steps import EXTRACT, read_extract, write_extract
 
 
 @pytest.fixture(scope="module")
@@ -149,11 +150,19 @@ def test_values_no_measure_can_take_are_left_out_with_one_warning_naming_them(pr
 
     edit_summary(bad, spoil)
     report = run_compare(root, out_dir=tmp_path / "out").record
-    (warning,) = capsys.readouterr().err.strip().splitlines()
-    assert warning.startswith(f"warning: {bad / 'summary.json'}: left out ")
-    assert "analysis.regions.forward.wall_ms.median (NaN)" in warning
-    assert "analysis.regions.backward.gpu_ms.q3 (-1.0)" in warning
-    assert "and 1 more: not finite, negative or beyond 10^15" in warning
+    expected = "expected a finite number in [0, 1e15]"
+    warnings = [
+        f"{bad / 'summary.json'}: {line}"
+        for line in (
+            f"analysis.regions.forward.wall_ms.median is NaN, {expected}: analysis.regions.forward.wall_ms left out",
+            f"analysis.regions.backward.gpu_ms.q3 is -1.0, {expected}: analysis.regions.backward.gpu_ms left out",
+            f"per_step[0].regions.calc loss.ops is Infinity, {expected}: per_step[0] left out",
+            f"timed.step_ms.max is 1e+308, {expected}: timed left out",
+        )
+    ]
+    assert capsys.readouterr().err.splitlines() == [f"warning: {w}" for w in warnings]  # each once
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert all(f"**warning** (concat): {w}" in md for w in warnings)
     mode = report.modes["train"]
     assert mode.labels == ["padded", "concat"] and mode.timed_verdicts["concat"] is None  # absent, not NaN
     assert (tmp_path / "out" / "ms-per-step-train.png").exists()
@@ -212,3 +221,39 @@ def test_a_summary_of_wrong_types_is_skipped_with_its_reason_and_the_rest_compar
     (warning,) = capsys.readouterr().err.strip().splitlines()
     assert reason in warning and str(bad) in warning
     assert report.modes["train"].labels == ["padded"]
+
+
+def test_runs_that_share_a_name_get_distinct_labels_everywhere(tmp_path, capsys):
+    """Two copies of runs of one strategy and run name, in two parent folders (`make compare RUNS="a/... b/..."`):
+    each its own column, verdict and chart entry, named by the folder that tells them apart."""
+    first = make_run(tmp_path / "a" / "profile", "padded", "20261122-031500")
+    second = make_run(tmp_path / "b" / "profile", "padded", "20261122-031500", scale=0.5)
+    comparison = run_compare(runs=[first, second], out_dir=tmp_path / "out")
+    labels = ["padded 20261122-031500 (a)", "padded 20261122-031500 (b)"]
+    mode = read_comparison(tmp_path / "out").modes["train"]
+    assert mode.labels == labels and [r.label for r in comparison.record.runs] == labels
+    assert set(mode.regions["step"]) == set(labels) and mode.baseline == labels[0]
+    assert list(mode.step_verdicts) == [labels[1]] and mode.step_verdicts[labels[1]] == pytest.approx(2.0)
+    md = (tmp_path / "out" / "compare.md").read_text()
+    assert f"- **{labels[1]}** — " in md and f"| {labels[0]} | {labels[1]} |" in md
+    again = run_compare(runs=[first, first], out_dir=tmp_path / "again")  # one folder named twice
+    assert again.record.modes["train"].labels == ["padded 20261122-031500 #1", "padded 20261122-031500 #2"]
+
+
+def test_a_damaged_extract_step_is_one_warning_and_the_timeline_still_drawn(tmp_path, capsys):
+    root = tmp_path / "profile"
+    make_run(root, "padded", "20261122-031500")
+    bad = make_run(root, "concat", "20261122-031600", scale=2.0)
+    found = read_extract(bad / EXTRACT)
+    for number, step in found.steps.items():
+        if number != str(found.representative_step):
+            step.dur = float("nan")
+    write_extract(bad, found)
+    run_compare(root, out_dir=tmp_path / "out")
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "extract" in line]
+    others = [n for n in found.steps if n != str(found.representative_step)]
+    assert warnings == [
+        f"warning: {bad / EXTRACT}: step {n}.dur is NaN, expected a finite number in [0, 1e15]: step {n} left out"
+        for n in others
+    ]
+    assert (tmp_path / "out" / "timeline-train.png").exists()

@@ -1,6 +1,7 @@
 """`make curves`: training runs' loss curves side by side, and the largest difference of their running means."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -50,3 +51,21 @@ def test_curves_refuse_what_they_cannot_compare_in_one_line(tmp_path, capsys):
     odd = run_folder(tmp_path, "odd", lambda s: 1.0, log_every=15)  # no 50-step window starts on its log boundaries
     with pytest.raises(UserError, match="train.log_every must divide 50"):
         compare_curves([bf16, odd])
+
+
+def test_a_damaged_value_of_a_summary_is_one_warning_and_the_curves_still_compared(tmp_path, capsys):
+    """make curves reads the summaries through the one reader: a NaN step time is named, not carried; a history
+    point of no step is left out; a NaN loss is what a diverged run measured, and is kept."""
+    bf16 = run_folder(tmp_path, "bf16", lambda s: 2 - s / 200)
+    float8 = run_folder(tmp_path, "float8", lambda s: 2 - s / 200 + 0.01)
+    summary = Path(float8) / "summary.json"
+    data = json.loads(summary.read_text())
+    data |= {"step_ms": float("nan"), "history": data["history"] + [[-5, 1.0]], "final_loss": float("nan")}
+    summary.write_text(json.dumps(data))
+    assert cli_main(["curves", bf16, float8]) == 0
+    out, err = capsys.readouterr()
+    assert err.splitlines() == [
+        f"warning: {summary}: history[20] is -5, expected an integer in [0, 1e15]: history[20] left out",
+        f"warning: {summary}: step_ms is NaN, expected a finite number in [0, 1e15]: left out",
+    ]
+    assert "| 200 | 1.0000 | 1.0100 |" in out and "B against A: largest |difference| of the 50-step means 0.0100" in out

@@ -4,6 +4,7 @@ under; a noisy report does not replace the document it would overwrite."""
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -151,6 +152,72 @@ def test_the_profile_against_training_table_reads_the_runs(tmp_path):
     assert "packed against padded: training's steps give 1.026× (padded's step / packed's); the profile's " in text
 
 
+COMPARED = {
+    "modes": {
+        "train": {
+            "labels": ["padded", "packed"],
+            "baseline": "padded",
+            "regions": {"step": {"padded": {"wall_ms": {}}, "packed": {"wall_ms": {}}}},
+            "timed": {},
+        }
+    }
+}
+
+
+def trained(tmp_path, name: str, record) -> Path:
+    """A training run's summary.json of the report's ``name``, holding ``record`` (a dict, or the file's text)."""
+    run = tmp_path / "train" / name / "default" / name
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(record if isinstance(record, str) else json.dumps(record))
+    return run / "summary.json"
+
+
+@pytest.mark.parametrize("value", [None, float("nan"), -124.922, float("inf"), "fast"])
+def test_a_training_run_without_a_usable_step_time_is_a_row_without_ratios(tmp_path, value):
+    """A run that timed no step (null) or whose step time is damaged: its row shows what there is, the other rows
+    their ratios, and a damaged value is one warning naming the file and the field; never "nan %" or -124.922."""
+    compare = json.loads(json.dumps(COMPARED))
+    for name, ms in (("padded", 43.0), ("packed", 42.0)):
+        compare["modes"]["train"]["regions"]["step"][name]["wall_ms"] = stats(ms)
+    written = ComparisonRecord.parse(compare, "compare.json")
+    trained(tmp_path, "padded", {"step_ms": 43.2, "history": [[10, 1.0]]})
+    packed = trained(tmp_path, "packed", {"step_ms": value, "history": [[10, 1.0]]})
+    text = report.profile_vs_training(tmp_path, written, ["padded", "packed"])
+    assert "| padded | 43.2 | 43.0 [42.6–43.4] | 0.995 | — | — | — | — |" in text
+    assert "| packed | — | 42.0 [41.6–42.4] | — | — | — | — | — |" in text
+    assert "within 0.5 % of training's" in text and "packed against padded" not in text
+    shown = "\n".join(line for line in text.splitlines() if not line.startswith("**warning**")).lower()
+    assert "nan" not in shown and "infinity" not in shown and "-124" not in shown
+    warnings = [line for line in text.splitlines() if line.startswith("**warning**")]
+    if value is None:  # not measured: nothing to warn of
+        assert warnings == []
+    else:
+        value = repr(value) if isinstance(value, str) else json.dumps(value)
+        assert warnings == [
+            f"**warning**: {packed}: step_ms is {value}, expected a finite number in [0, 1e15]: left out"
+        ]
+
+
+@pytest.mark.parametrize(
+    "text, reason",
+    [
+        ("{", "not JSON (JSONDecodeError: Expecting property name enclosed in double quotes: line 1 co)"),
+        ('{"version": 9, "history": []}', "version 9, this detector reads versions 1 and 2"),
+        ('{"history": [], "strategy": 3}', "summary.json.strategy is int 3, expected a string"),
+    ],
+)
+def test_a_training_summary_that_cannot_be_read_is_one_line_and_the_others_are_shown(tmp_path, text, reason):
+    compare = json.loads(json.dumps(COMPARED))
+    compare["modes"]["train"]["regions"]["step"]["padded"]["wall_ms"] = stats(43.0)
+    written = ComparisonRecord.parse(compare, "compare.json")
+    trained(tmp_path, "padded", {"step_ms": 43.2, "history": [[10, 1.0]]})
+    packed = trained(tmp_path, "packed", text)
+    shown = report.profile_vs_training(tmp_path, written, ["padded", "packed"])
+    assert "| padded | 43.2 | 43.0 [42.6–43.4] | 0.995 |" in shown and "| packed |" not in shown
+    (warning,) = [line for line in shown.splitlines() if line.startswith("**warning**")]
+    assert warning.startswith(f"**warning**: {packed}") and reason in warning
+
+
 def stats(median: float) -> dict:
     return {
         "median": median,
@@ -187,3 +254,46 @@ def test_a_noisy_report_does_not_replace_the_document_unless_told_to(tmp_path, c
         assert path.parent.parent == tmp_path / "work" / "cpu" and path.name == "cpu.md"
         assert "the noise check flags 1 of its profiles (padded: other processes kept 1.9 of 2 cores busy" in out
         assert "make report ARGS=report.force=true" in out
+
+
+@pytest.mark.parametrize(
+    "compare, reason",
+    [
+        ("{", "compare.json: not JSON (JSONDecodeError"),
+        ('{"version": 9, "modes": {}}', "compare.json: version 9, this detector reads versions 1 and 2"),
+        ('{"modes": []}', "compare.json.modes is list [], expected an object"),
+        (
+            json.dumps(
+                {"modes": {"train": {"labels": [], "regions": {"step": {"padded": {"wall_ms": {"median": -1}}}}}}}
+            ),
+            "compare.json: modes.train.regions.step.padded.wall_ms.median is -1, expected a finite number in [0, 1e15]",
+        ),
+    ],
+    ids=["not-json", "version", "wrong-type", "negative"],
+)
+def test_a_compare_json_that_cannot_be_read_is_a_warning_in_the_document_not_a_traceback(tmp_path, compare, reason):
+    docs, work = tmp_path / "docs", tmp_path / "work" / "cpu" / "current"
+    make_run(work / "profile", "padded", "20261122-031500", gpu=False)
+    (work / "compare").mkdir()
+    (work / "compare" / "compare.json").write_text(compare)
+    (work / "compare" / "compare.md").write_text("# compared\n\n## mode=train\n\nverdicts\n")
+    (work / "bench").mkdir()
+    (work / "bench" / "losses.md").write_text("### Which strategy should I use?\n\n| a table |\n")
+    trained(work, "padded", {"step_ms": None, "history": [[10, 1.0]]})  # a run that timed no step
+    folders = [f"report.out_dir={docs}", f"report.work_dir={tmp_path / 'work'}", "report.train_strategies=[padded]"]
+    cfg = load_config(["device=cpu", "preset=cpu", *folders], announce=None)
+    doc = report.finish(cfg, torch.device("cpu"), work, [], {}, []).read_text()
+    (warning,) = [line for line in doc.splitlines() if line.startswith("**warning**")]
+    assert warning.startswith(f"**warning**: {work / 'compare' / 'compare.json'}") and reason in warning
+    assert "| a table |" in doc and "verdicts" in doc  # the rest of the document
+    assert "(no strategy both trained and profiled)" in doc
+
+
+def test_a_synchronised_profile_that_cannot_be_read_is_one_line(tmp_path):
+    synced = make_run(tmp_path / "synced", "padded", "20261122-031500", gpu=False)
+    (synced / "summary.json").write_text('{"version": 9}')
+    compare = json.loads(json.dumps(COMPARED))
+    compare["modes"]["train"]["regions"]["step"]["padded"]["wall_ms"] = stats(43.0)
+    text = report.synced_section(tmp_path, ComparisonRecord.parse(compare, "compare.json"))
+    why = "version 9, this detector reads versions 1 and 2"
+    assert text == f"(no synchronised profile: {synced / 'summary.json'}: {why})"

@@ -1,6 +1,6 @@
 """A training run's summary.json (detector/train/summary.py): one typed record, written and read back the same; a
 summary of version 1 (written before the record was typed) converted; a file of the wrong shape refused in one line
-naming the file and the field."""
+naming the file and the field; a damaged value left out with one warning naming the file and the field."""
 
 import json
 import math
@@ -66,12 +66,12 @@ def test_a_summary_of_version_1_is_converted(tmp_path):
 @pytest.mark.parametrize(
     "change, message",
     [
-        ({"step_ms": "fast"}, "summary.json.step_ms is str 'fast', expected a number"),
+        ({"losses": [1.0, "low"]}, "summary.json.losses is str 'low', expected a number"),
         ({"history": [[50, "low"]]}, r"summary.json.history\[0\] is str 'low', expected a number"),
         ({"history": [50]}, r"summary.json.history\[0\] is 50, expected \[step, value\]"),
         ({"eval": {"mean_iou": "high"}}, "summary.json.eval.mean_iou is str 'high', expected a number"),
-        ({"wall_clock": {"seconds": {}, "total_s": 1}}, "summary.json.wall_clock.seconds.start-up is NoneType"),
-        ({"checkpoints": {"saves": [{"step": 3}]}}, r"summary.json.checkpoints.saves\[0\].bytes is NoneType"),
+        ({"wall_clock": [1]}, r"summary.json.wall_clock is list \[1\], expected an object"),
+        ({"checkpoints": {"saves": [3]}}, r"summary.json.checkpoints.saves\[0\] is int 3, expected an object"),
         ({"version": 3}, "summary.json: version 3, this detector reads versions 1 and 2"),
     ],
 )
@@ -88,3 +88,84 @@ def test_a_file_that_is_no_training_summary_is_refused(tmp_path):
     (tmp_path / "summary.json").write_text(json.dumps({"strategy": "padded", "mode": "train"}))  # a profile's
     with pytest.raises(RecordError, match=r"no loss curve \(history\): not written by make train"):
         summary.read(tmp_path)
+
+
+WALL_CLOCK = {"seconds": dict.fromkeys(PARTS, 1.0), "total_s": 7.0, "goodput": 1 / 7, "checkpoint_background_s": 0.5}
+CHECKPOINTS = {"saves": [{"step": 3, "bytes": 1024, "blocked_s": 0.01, "written_s": 0.2}], "staging_bytes": 2048}
+FILE = "summary.json"  # the warnings name it by its path: tmp_path / FILE
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1, 1e308, "fast"])
+def test_a_damaged_measure_is_left_out_with_one_warning_naming_the_file_and_the_field(tmp_path, value):
+    """The measure is None, as if not measured; the rest of the summary is read as it is."""
+    (tmp_path / FILE).write_text(json.dumps(VERSION_1 | {"step_ms": value, "images_per_s": value}))
+    found = summary.read(tmp_path)
+    shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+    assert found.left_out == [
+        f"{tmp_path / FILE}: {key} is {shown}, expected a finite number in [0, 1e15]: left out"
+        for key in ("step_ms", "images_per_s")
+    ]
+    assert (found.step_ms, found.images_per_s) == (None, None)
+    assert (found.device_step_ms, found.steps, found.history) == (2.5, 6, [(3, 0.95), (6, 0.91)])  # the rest kept
+
+
+@pytest.mark.parametrize(
+    "change, warning",
+    [
+        (
+            {"wall_clock": WALL_CLOCK | {"seconds": dict.fromkeys(PARTS, 1.0) | {"steps": math.nan}}},
+            "wall_clock.seconds.steps is NaN, expected a finite number in [0, 1e15]: wall_clock left out",
+        ),
+        (
+            {"wall_clock": WALL_CLOCK | {"seconds": {}}},
+            "wall_clock.seconds.start-up is null, expected a finite number in [0, 1e15]: wall_clock left out",
+        ),
+        (
+            {"wall_clock": WALL_CLOCK | {"goodput": 1.5}},
+            "wall_clock.goodput is 1.5, expected a finite number in [0, 1]: wall_clock left out",
+        ),
+        (
+            {"checkpoints": CHECKPOINTS | {"saves": [CHECKPOINTS["saves"][0] | {"blocked_s": -math.inf}]}},
+            "checkpoints.saves[0].blocked_s is -Infinity, expected a finite number in [0, 1e15]: checkpoints left out",
+        ),
+        (
+            {"checkpoints": CHECKPOINTS | {"saves": [{"step": 3}]}},
+            "checkpoints.saves[0].bytes is null, expected an integer in [0, 1e15]: checkpoints left out",
+        ),
+    ],
+    ids=["nan-seconds", "no-seconds", "goodput-over-1", "blocked-inf", "no-bytes"],
+)
+def test_a_damaged_value_in_a_part_leaves_that_part_out(tmp_path, change, warning):
+    """The wall clock and the checkpoints are each read whole or not at all: their parts add up to each other."""
+    whole = VERSION_1 | {"wall_clock": WALL_CLOCK, "checkpoints": CHECKPOINTS}
+    (tmp_path / FILE).write_text(json.dumps(whole | change))
+    found = summary.read(tmp_path)
+    assert found.left_out == [f"{tmp_path / FILE}: {warning}"]
+    part = next(iter(change))
+    assert getattr(found, part) is None and found.step_ms == 3.0
+    kept = ({"wall_clock", "checkpoints"} - {part}).pop()
+    assert getattr(found, kept) is not None
+
+
+def test_a_damaged_count_or_history_point_is_left_out_and_a_nan_loss_is_kept(tmp_path):
+    """A run whose loss went non-finite wrote NaN losses: those are what it measured, not damage."""
+    history = [[3, math.nan], [-6, 0.91], [9, 0.9]]
+    change = {"history": history, "final_loss": math.nan, "losses": [math.nan], "steps": 2.5, "checkpoint_step": -1}
+    (tmp_path / FILE).write_text(json.dumps(VERSION_1 | change))
+    found = summary.read(tmp_path)
+    assert found.left_out == [
+        f"{tmp_path / FILE}: history[1] is -6, expected an integer in [0, 1e15]: history[1] left out",
+        f"{tmp_path / FILE}: steps is 2.5, expected an integer in [0, 1e15]: left out",
+    ]
+    assert [step for step, _ in found.history] == [3, 9] and math.isnan(found.history[0][1])
+    assert math.isnan(found.final_loss) and math.isnan(found.losses[0])
+    assert (found.steps, found.checkpoint_step) == (0, -1)  # the default where damaged; -1: no checkpoint
+
+
+def test_what_was_left_out_is_not_written_back(tmp_path):
+    (tmp_path / FILE).write_text(json.dumps(VERSION_1 | {"step_ms": math.nan}))
+    found = summary.read(tmp_path)
+    assert found.left_out and "left_out" not in found.to_json() and found.to_json()["version"] == summary.VERSION
+    found.write(tmp_path / FILE)
+    again = json.loads((tmp_path / FILE).read_text())
+    assert "left_out" not in again and again["step_ms"] is None and summary.read(tmp_path).left_out == []

@@ -1,5 +1,5 @@
-// The controls above the lanes: a checkbox and a step per run (and the runs that cannot be shown, with why),
-// the alignment, and the button back to the whole steps.
+// The controls above the lanes: a checkbox and a step per run (under it what its records left out, and the runs
+// that cannot be shown, with why), the alignment, and the button back to the whole steps.
 
 import {draw} from './draw.js';
 import {h} from './page.js';
@@ -26,7 +26,10 @@ export function tickDefaults() {
 // `refresh` loads the steps ticked and draws them.
 export function buildControls(refresh) {
   const list = document.getElementById('runs');
-  for (const run of state.listing.runs) list.append(runRow(run, refresh));
+  for (const run of state.listing.runs) {
+    list.append(runRow(run, refresh));
+    for (const warning of run.warnings) list.append(h('div', {className: 'warning'}, `${run.run}: ${warning}`));
+  }
   for (const skipped of state.listing.skipped) {
     list.append(h('div', {className: 'skipped'}, `${skipped.run}: ${skipped.reason}`));
   }

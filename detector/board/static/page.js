@@ -43,6 +43,7 @@ body { font: 13px Roboto, sans-serif; margin: 8px; color: #212121; }
 .run { display: flex; gap: 6px; align-items: center; }
 .run select { font-size: 12px; }
 .skipped { color: #999; font-size: 12px; }
+.warning { color: #b26a00; font-size: 12px; }
 #tools { display: flex; flex-direction: column; gap: 4px; }
 #status, .help { color: #666; font-size: 12px; }
 #range { font-weight: 500; }

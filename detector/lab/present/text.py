@@ -69,7 +69,7 @@ def run_card(record: ProfileRecord) -> str:
     lines += ["", missing] if missing else []
     lines += ["", legend(present([record], TIME + WHY))]
     lines += memory_card(record)
-    lines += [f"\n**warning**: {cell_text(w)}" for w in analysis.warnings + left_out(record)]
+    lines += [f"\n**warning**: {cell_text(w)}" for w in analysis.warnings + record.left_out]
     return "\n".join(lines)
 
 
@@ -130,15 +130,6 @@ def data_note(runs: list[tuple[str, ProfileRecord]]) -> str | None:
         return None
     listed = "; ".join(f"{cell_text(label)}: {source}" for label, source in sources.items())
     return f"**Runs over different boxes** (their times are of different work): {listed}."
-
-
-def left_out(record: ProfileRecord) -> list[str]:
-    if not record.left_out:
-        return []
-    shown = ", ".join(record.left_out[:3]) + (
-        f" and {len(record.left_out) - 3} more" if len(record.left_out) > 3 else ""
-    )
-    return [f"left out {shown}: not finite, negative or beyond 10^15"]
 
 
 # ----------------------------------------------------------------------------- a comparison's tables
@@ -274,6 +265,6 @@ def mode_markdown(
     lines += ["", legend(why)]
     for label, record in runs:
         lines += [
-            f"\n**warning** ({cell_text(label)}): {cell_text(w)}" for w in record.analysis.warnings + left_out(record)
+            f"\n**warning** ({cell_text(label)}): {cell_text(w)}" for w in record.analysis.warnings + record.left_out
         ]
     return "\n".join(lines)

@@ -4,8 +4,9 @@ timed without the profiler, the speed-ups against ``padded``, the verdicts and t
 compared, with where it came from.
 
 ``read_comparison`` returns the ``ComparisonRecord`` or raises ``RecordError``, one line naming the file and the
-field. Version 1 (no ``version`` key: written before the record was typed) has the same fields, less the ones added
-later (``loader_paced``), which are read as absent.
+field; a spread or speed-up that is no measure's value is left out, with a warning in ``left_out``. Version 1 (no
+``version`` key: written before the record was typed) has the same fields, less the ones added later
+(``loader_paced``), which are read as absent.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.checked import RecordError, need, optional, read_json, versioned
+from detector.checked import LeftOut, RecordError, need, optional, read_json, versioned
 from detector.lab.record.source import DataSource
 from detector.lab.record.spread import Spread
 
@@ -39,7 +40,7 @@ class ComparedRun:
     data: DataSource | None = None  # where its boxes came from, what its slots cut
 
     @classmethod
-    def parse(cls, data, where: str) -> ComparedRun:
+    def parse(cls, data, where: str, found: LeftOut) -> ComparedRun:
         need(data, dict, where)
         noise, source = data.get("noise"), data.get("data")
         return cls(
@@ -51,8 +52,8 @@ class ComparedRun:
             noisy=optional(data, "noisy", bool, where),
             noise=None if noise is None else [need(n, str, f"{where}.noise") for n in need(noise, list, where)],
             loader_paced=optional(data, "loader_paced", str, where),
-            max_boxes=optional(data, "max_boxes", int, where),
-            data=None if source is None else DataSource.parse(source, f"{where}.data"),
+            max_boxes=found.measure(data, "max_boxes", where, kind=int),
+            data=None if source is None else found.part(DataSource.parse, source, f"{where}.data"),
         )
 
 
@@ -78,16 +79,18 @@ class ModeComparison:
         return found if found else None
 
     @classmethod
-    def parse(cls, data, where: str) -> ModeComparison:
+    def parse(cls, data, where: str, found: LeftOut) -> ModeComparison:
         need(data, dict, where)
-        dropped: list[str] = []  # a value no measure can take was left out when the runs were read
 
         def spread(value, at: str) -> Spread | None:
-            return None if value is None else Spread.parse(value, at, dropped)
+            return None if value is None else found.part(Spread.parse, value, at) or Spread()
 
         def labelled(key: str, kind) -> dict:
-            found = optional(data, key, dict, where, {})
-            return {label: optional(found, label, kind, f"{where}.{key}") for label in found}
+            values = optional(data, key, dict, where, {})
+            return {label: optional(values, label, kind, f"{where}.{key}") for label in values}
+
+        def speedups(values, at: str) -> dict[str, float | None]:
+            return {label: found.measure(values, label, at) for label in need(values, dict, at)}
 
         regions = {
             region: {
@@ -99,10 +102,10 @@ class ModeComparison:
             }
             for region, runs in need(data.get("regions"), dict, f"{where}.regions").items()
         }
-        speedups = {
+        by_measure = {
             measure: {
-                region: labelled_numbers(found, f"{where}.speedups_vs_padded.{measure}.{region}")
-                for region, found in need(by_region, dict, f"{where}.speedups_vs_padded.{measure}").items()
+                region: speedups(values, f"{where}.speedups_vs_padded.{measure}.{region}")
+                for region, values in need(by_region, dict, f"{where}.speedups_vs_padded.{measure}").items()
             }
             for measure, by_region in optional(data, "speedups_vs_padded", dict, where, {}).items()
         }
@@ -112,9 +115,9 @@ class ModeComparison:
             baseline=optional(data, "baseline", str, where),
             regions=regions,
             timed={label: spread(s, f"{where}.timed.{label}") for label, s in timed.items()},
-            speedups_vs_padded=speedups,
-            step_verdicts=labelled("step_verdicts", (int, float)),
-            timed_verdicts=labelled("timed_verdicts", (int, float)),
+            speedups_vs_padded=by_measure,
+            step_verdicts=speedups(optional(data, "step_verdicts", dict, where, {}), f"{where}.step_verdicts"),
+            timed_verdicts=speedups(optional(data, "timed_verdicts", dict, where, {}), f"{where}.timed_verdicts"),
             verdicts=[need(v, str, f"{where}.verdicts") for v in optional(data, "verdicts", list, where, [])],
             warnings={
                 label: [need(w, str, f"{where}.warnings.{label}") for w in need(ws, list, f"{where}.warnings.{label}")]
@@ -123,10 +126,6 @@ class ModeComparison:
             noisy=labelled("noisy", bool),
             loader_paced=labelled("loader_paced", str),
         )
-
-
-def labelled_numbers(data, where: str) -> dict[str, float | None]:
-    return {label: optional(data, label, (int, float), where) for label in need(data, dict, where)}
 
 
 @dataclass
@@ -139,9 +138,12 @@ class ComparisonRecord:
     runs: list[ComparedRun] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
     version: int = VERSION
+    left_out: list[str] = field(default_factory=list, compare=False)  # damaged values, when it was read (not written)
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        data.pop("left_out")
+        return data
 
     @classmethod
     def parse(cls, data, where: str) -> ComparisonRecord:
@@ -149,12 +151,14 @@ class ComparisonRecord:
         if "modes" not in data:
             raise RecordError(f"{where}: no modes: not written by make compare")
         modes, runs = need(data["modes"], dict, f"{where}.modes"), optional(data, "runs", list, where, [])
+        found = LeftOut(where)
         return cls(
             created=optional(data, "created", str, where, ""),
             out_dir=optional(data, "out_dir", str, where, ""),
-            modes={mode: ModeComparison.parse(part, f"{where}.modes.{mode}") for mode, part in modes.items()},
-            runs=[ComparedRun.parse(r, f"{where}.runs[{i}]") for i, r in enumerate(runs)],
+            modes={mode: ModeComparison.parse(part, f"{where}.modes.{mode}", found) for mode, part in modes.items()},
+            runs=[ComparedRun.parse(r, f"{where}.runs[{i}]", found) for i, r in enumerate(runs)],
             files=[need(f, str, f"{where}.files") for f in optional(data, "files", list, where, [])],
+            left_out=found.warnings,
         )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from detector.checked import need, optional
+from detector.checked import measured, need, optional
 
 # Other processes' CPU use, in cores, beyond which a run's times are not those of a quiet machine, where they leave
 # the run no idle core: on 2 cores a quarter of one competes with the run, on a 32-core GPU host a few cores do not
@@ -65,13 +65,12 @@ class Noise:
 
     @classmethod
     def parse(cls, data, where: str) -> Noise:
+        """RecordError for no object, Damaged for a value no field of its kind holds."""
         need(data, dict, where)
-        loads = {
-            k: optional(data, k, (int, float), where) for k in ("load_before", "load_during", "load_after", "load_own")
-        }
+        loads = {k: measured(data, k, where) for k in ("load_before", "load_during", "load_after", "load_own")}
         return cls(
-            cores=need(data.get("cores", os.cpu_count() or 1), int, f"{where}.cores"),
-            timed_spread=optional(data, "timed_spread", (int, float), where),
+            cores=measured(data, "cores", where, 1, kind=int, default=os.cpu_count() or 1),
+            timed_spread=measured(data, "timed_spread", where),
             timed_by=optional(data, "timed_by", str, where, "host"),
             **loads,
         )

@@ -9,9 +9,10 @@ TensorBoard, the Traces tab), as typed, versioned dataclasses. One schema, check
 ``read_summary`` returns the record or raises ``RecordError``, one line naming the file and what is wrong in it (a
 field of the wrong type, a version this code does not read, a file too large). A summary of version 1 (written
 before the noise was recorded) is converted: its noise is unknown. A value no measure can take (not finite,
-negative, beyond 10^15) is left out, as if not measured, and named in ``left_out``; but a profiled step's wall time
-that is not such a value, or no usable profiled step, is refused: every reader times the run by its steps. (A `make
-train` run's summary.json is detector/train/summary.py's ``TrainingSummary``.)
+negative, beyond 10^15) is left out with the part that holds it (a spread, a profiled step, the timed steps, the
+noise), as if not measured, with a warning in ``left_out`` (detector/checked.py ``LeftOut``); but a profiled step's
+wall time that is not such a value, or no usable profiled step, is refused: every reader times the run by its steps.
+(A `make train` run's summary.json is detector/train/summary.py's ``TrainingSummary``.)
 
 A run is *loader-paced* (``ProfileRecord.loader_paced``) where its step waited for the loader at least
 LOADER_PACED_SHARE of its time and, on a GPU, the device idled as long a share of it: the loader, not the step's
@@ -25,7 +26,19 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.checked import RecordError, need, optional, read_json, short, usable, versioned
+from detector.checked import (
+    CLOCK,
+    LeftOut,
+    RecordError,
+    measure,
+    measured,
+    need,
+    optional,
+    read_json,
+    short,
+    usable,
+    versioned,
+)
 from detector.lab.record.measures import format_value
 from detector.lab.record.noise import DEVICE_BOUND_IDLE, Noise
 from detector.lab.record.source import DataSource
@@ -58,7 +71,9 @@ class StepMeasures:
     regions: Measures
 
     @classmethod
-    def parse(cls, data, where: str, left_out: list[str]) -> StepMeasures | None:
+    def parse(cls, data, where: str) -> StepMeasures:
+        """RecordError unless every region has a wall time a step can take; Damaged for another measure that is no
+        measure's value (a reader leaves the step out)."""
         need(data, dict, where)
         regions = need(data.get("regions"), dict, f"{where}.regions")
         if not isinstance(regions.get("step"), dict) or "wall_ms" not in regions["step"]:
@@ -68,11 +83,9 @@ class StepMeasures:
             wall = measures.get("wall_ms", 0.0)
             if wall is None or not usable(wall):
                 raise RecordError(f"{where}.regions.{name}.wall_ms is {short(wall)}: not a step's time in ms")
-            bad = [f"{where}.regions.{name}.{m} ({short(v)})" for m, v in measures.items() if not usable(v)]
-            if bad:
-                left_out.extend(bad)
-                return None
-        start = need(data.get("start_us", 0.0), (int, float), f"{where}.start_us")
+            for m in measures:
+                measured(measures, m, f"{where}.regions.{name}")
+        start = measured(data, "start_us", where, high=CLOCK, default=0.0)
         return cls(need(data.get("step"), int, f"{where}.step"), start, regions)
 
 
@@ -96,13 +109,16 @@ class Analysis:
     warnings: list[str] = field(default_factory=list)
 
     @classmethod
-    def parse(cls, data, where: str, left_out: list[str]) -> Analysis:
+    def parse(cls, data, where: str, found: LeftOut) -> Analysis:
         need(data, dict, where)
         regions = need(data.get("regions"), dict, f"{where}.regions")
         if not isinstance(regions.get("step"), dict) or "wall_ms" not in regions["step"]:
             raise RecordError(f"{where}.regions has no step wall time")
         parsed = {
-            name: {m: Spread.parse(s, f"{where}.regions.{name}.{m}", left_out) for m, s in need(ms, dict, name).items()}
+            name: {
+                m: found.part(Spread.parse, s, f"{where}.regions.{name}.{m}") or Spread()
+                for m, s in need(ms, dict, name).items()
+            }
             for name, ms in regions.items()
         }
         warnings = optional(data, "warnings", list, where, [])
@@ -132,14 +148,14 @@ class Timed:
         return cls(Spread.of(values), list(values))
 
     @classmethod
-    def parse(cls, data, where: str, left_out: list[str]) -> Timed:
+    def parse(cls, data, where: str) -> Timed:
+        """RecordError for no object, Damaged for a time that is none (a reader leaves the timed steps out)."""
         need(data, dict, where)
-        values = [need(v, (int, float), f"{where}.wall_ms") for v in optional(data, "wall_ms", list, where, [])]
-        if not all(usable(v) for v in values):
-            left_out.append(f"{where}.wall_ms (a value not finite, negative or beyond 10^15)")
-            return cls(Spread(), [])
-        step = Spread.parse(data.get("step_ms", {}), f"{where}.step_ms", left_out)
-        return cls(step, values)
+        values = optional(data, "wall_ms", list, where, [])
+        return cls(
+            Spread.parse(data.get("step_ms", {}), f"{where}.step_ms"),
+            [measure(v, f"{where}.wall_ms[{i}]") for i, v in enumerate(values)],
+        )
 
 
 @dataclass
@@ -170,9 +186,10 @@ class LoaderFill:
 
     @classmethod
     def parse(cls, data, where: str) -> LoaderFill:
+        """RecordError for no object, Damaged for a count or time that is none."""
         need(data, dict, where)
-        counts = {k: need(data.get(k), int, f"{where}.{k}") for k in ("workers", "waiting", "room")}
-        times = {k: need(data.get(k), (int, float), f"{where}.{k}") for k in ("seconds", "timeout")}
+        counts = {k: measure(data.get(k), f"{where}.{k}", kind=int) for k in ("workers", "waiting", "room")}
+        times = {k: measure(data.get(k), f"{where}.{k}") for k in ("seconds", "timeout")}
         return cls(**counts, **times)
 
 
@@ -202,7 +219,7 @@ class ProfileRecord:
     loader_fill: LoaderFill | None = None  # the loader before the first step; None in summaries written before it
     version: int = VERSION
     folder: Path | None = None  # where it was read from (not written)
-    left_out: list[str] = field(default_factory=list)  # unusable values dropped when it was read (not written)
+    left_out: list[str] = field(default_factory=list)  # the damaged values' warnings, when it was read (not written)
 
     # ------------------------------------------------------------------ reading measures
 
@@ -279,25 +296,25 @@ class ProfileRecord:
         missing = [key for key in ("strategy", "mode", "analysis", "per_step") if key not in data]
         if missing:
             raise RecordError(f"{where}: no {', '.join(missing)}: not written by (this version of) make profile")
-        left_out: list[str] = []
+        found = LeftOut(where)
         strategy = need(data["strategy"], str, f"{where}: strategy")
         if not strategy:
             raise RecordError(f"{where}: its strategy is empty")
         if data["mode"] not in MODES:
             raise RecordError(f"{where}: mode {short(data['mode'])} is none of {', '.join(MODES)}")
-        analysis = Analysis.parse(data["analysis"], f"{where}: analysis", left_out)
+        analysis = Analysis.parse(data["analysis"], f"{where}: analysis", found)
         if not analysis.regions["step"].get("wall_ms") or analysis.regions["step"]["wall_ms"].median <= 0:
-            raise RecordError(f"{where}: its step wall time is not usable ({', '.join(left_out) or 'no steps'})")
+            why = "; ".join(w.removeprefix(f"{where}: ") for w in found.warnings) or "no steps"
+            raise RecordError(f"{where}: its step wall time is not usable ({why})")
         per_step = need(data["per_step"], list, f"{where}: per_step")
         try:
-            steps = [StepMeasures.parse(s, f"per_step[{i}]", left_out) for i, s in enumerate(per_step)]
+            steps = [found.part(StepMeasures.parse, s, f"per_step[{i}]") for i, s in enumerate(per_step)]
         except RecordError as err:
             raise RecordError(f"{where}: {err}") from None
         if not any(steps):
             why = "is empty" if not per_step else "has no step whose measures are all usable"
             raise RecordError(f"{where}: per_step {why}: no profiled step to time the run by")
-        timed = data.get("timed")
-        noise = data.get("noise")
+        timed, noise = data.get("timed"), data.get("noise")
         source = data.get("data")  # None in a summary written before data.boxes: the synthetic faces
         fill = data.get("loader_fill")
         return cls(
@@ -310,8 +327,8 @@ class ProfileRecord:
             max_boxes=optional(data, "max_boxes", int, where),
             analysis=analysis,
             per_step=[s for s in steps if s is not None],
-            timed=Timed.parse(timed, f"{where}: timed", left_out) if timed is not None else None,
-            noise=Noise.parse(noise, f"{where}: noise") if noise is not None else None,
+            timed=None if timed is None else found.part(Timed.parse, timed, f"{where}: timed"),
+            noise=None if noise is None else found.part(Noise.parse, noise, f"{where}: noise"),
             preset=optional(data, "preset", str, where),
             sync_regions=optional(data, "sync_regions", bool, where, False),
             emulated=optional(data, "emulated", str, where),
@@ -319,9 +336,9 @@ class ProfileRecord:
             created=optional(data, "created", str, where, ""),
             trace=optional(data, "trace", str, where, ""),
             config=optional(data, "config", dict, where, {}),
-            data=DataSource.parse(source, f"{where}: data") if source is not None else None,
-            loader_fill=LoaderFill.parse(fill, f"{where}: loader_fill") if fill is not None else None,
-            left_out=left_out,
+            data=None if source is None else found.part(DataSource.parse, source, f"{where}: data"),
+            loader_fill=None if fill is None else found.part(LoaderFill.parse, fill, f"{where}: loader_fill"),
+            left_out=found.warnings,
         )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from detector.annotations import SYNTHETIC, counted, read_annotations
-from detector.checked import need, optional
+from detector.checked import measured, need, optional
 
 
 @dataclass
@@ -50,13 +50,13 @@ class DataSource:
 
     @classmethod
     def parse(cls, data, where: str) -> DataSource:
+        """RecordError for no object, Damaged for a count that is none."""
         need(data, dict, where)
-        counts = {k: optional(data, k, int, where) for k in ("images", "total_boxes", "largest")}
+        counts = {k: measured(data, k, where, kind=int) for k in ("images", "total_boxes", "largest")}
+        # clipped: 0 in summaries written before boxes were clipped
+        counts |= {k: measured(data, k, where, kind=int, default=0) for k in ("truncated", "dropped", "clipped")}
         return cls(
             boxes=need(data.get("boxes", SYNTHETIC), str, f"{where}.boxes"),
             over_max_boxes=optional(data, "over_max_boxes", str, where, "truncate"),
-            truncated=optional(data, "truncated", int, where, 0),
-            dropped=optional(data, "dropped", int, where, 0),
-            clipped=optional(data, "clipped", int, where, 0),  # 0 in summaries written before boxes were clipped
             **counts,
         )

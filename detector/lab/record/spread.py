@@ -6,7 +6,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from detector.checked import RecordError, need, short, usable
+from detector.checked import RecordError, measured, need
 
 
 @dataclass(frozen=True)
@@ -46,16 +46,11 @@ class Spread:
         return (self.q3 - self.q1) / self.median if self and self.median > 0 else None
 
     @classmethod
-    def parse(cls, data, where: str, left_out: list[str]) -> Spread:
+    def parse(cls, data, where: str) -> Spread:
+        """RecordError for no spread, Damaged for a value no measure takes (a reader leaves the spread out)."""
         need(data, dict, where)
-        values = {}
-        for key in ("median", "q1", "q3", "min", "max"):
-            value = data.get(key)
-            if not usable(value):
-                left_out.append(f"{where}.{key} ({short(value)})")
-                return cls()
-            values[key] = value
-        n = need(data.get("n", 0), int, f"{where}.n")
+        values = {key: measured(data, key, where) for key in ("median", "q1", "q3", "min", "max")}
+        n = measured(data, "n", where, kind=int, default=0)
         if n and values["median"] is None:
             raise RecordError(f"{where} has n={n} but no median")
         return cls(**values, n=n) if n else cls()

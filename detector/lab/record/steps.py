@@ -3,7 +3,9 @@ it from the trace and documents its rows), its names stored once. Both pictures 
 (detector/lab/present/timeline.py, through ``StepModel``) and TensorBoard's Traces tab (detector/board/).
 
 ``read_extract`` returns the ``Extract`` or raises ``RecordError``, one line naming the file and what is wrong in it;
-``write_extract`` writes it whole or not at all.
+``write_extract`` writes it whole or not at all. Every number of a step is checked by value as it is read (times
+finite, durations and bytes allocated not negative, indices in their table): a step with a damaged value is left out,
+or only its memory where the damage is there, each with a warning in ``Extract.left_out``; the others are kept.
 """
 
 from __future__ import annotations
@@ -12,10 +14,24 @@ import gzip
 import json
 import os
 from bisect import bisect_right
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.checked import RecordError, need, optional, read_json, short
+from detector.checked import (
+    CLOCK,
+    LIMIT,
+    NUMBER,
+    Damaged,
+    LeftOut,
+    RecordError,
+    all_fit,
+    measure,
+    measured,
+    need,
+    optional,
+    read_json,
+    short,
+)
 from detector.regions import OTHER
 
 EXTRACT = "extract.json.gz"
@@ -27,11 +43,43 @@ CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")  # a stream event's category
 LAUNCH, SYNC = 1, 2  # a call's flags
 
 
-Row = list  # a row of numbers (its fields by position, as each list below says), stored as a JSON array
+Row = list  # a row of values (its fields by position, as each list below says), stored as a JSON array
+Column = tuple[float, float, type | tuple]  # what a row's field holds: its range and its kind
+TIME = (-LIMIT, LIMIT, NUMBER)  # µs from the step's start; GPU work the step launched may run before it ends or after
+DURATION = (0, LIMIT, NUMBER)
+NAME = (0, 0, str)  # a region's name (its range unused)
 
 
-def numbers(row) -> bool:
-    return isinstance(row, list) and all(isinstance(v, int | float) and not isinstance(v, bool) for v in row)
+def index(entries: int, low: int = 0) -> Column:
+    """An index into a table of ``entries`` (``low`` -1: none)."""
+    return (low, entries - 1, int)
+
+
+def rows(data, where: str, columns: dict[str, Column]) -> list[Row]:
+    """``data``, a list of rows of ``columns``; RecordError where it is no list, Damaged naming the row and its field
+    for a row of another shape or a value out of its column's range."""
+    need(data, list, where)
+    shaped = set(map(type, data)) <= {list} and set(map(len, data)) <= {len(columns)}
+    if not (shaped and all(map(column_fits, zip(*data, strict=True), columns.values()))):
+        name_damage(data, where, columns)
+    return data
+
+
+def column_fits(values: tuple, column: Column) -> bool:
+    low, high, kind = column
+    return set(map(type, values)) <= {str} if kind is str else all_fit(values, low, high, kind)
+
+
+def name_damage(data: list, where: str, columns: dict[str, Column]) -> None:
+    """Damaged naming the first row of ``data``, and its field, that does not fit ``columns``."""
+    for i, row in enumerate(data):
+        if not isinstance(row, list) or len(row) != len(columns):
+            raise Damaged(f"{where}[{i}]", row, f"[{', '.join(columns)}]")
+        for value, (name, (low, high, kind)) in zip(row, columns.items(), strict=True):
+            if kind is str and not isinstance(value, str):
+                raise Damaged(f"{where}[{i}].{name}", value, "a string")
+            if kind is not str:
+                measure(value, f"{where}[{i}].{name}", low, high, kind)
 
 
 @dataclass
@@ -65,12 +113,19 @@ class StepMemory:
     @classmethod
     def parse(cls, data, where: str, names: int) -> StepMemory:
         need(data, dict, where)
-        rows = need(data.get("rows"), list, f"{where}.rows")
-        for row in rows:
-            if not numbers(row) or len(row) != 4 or not -1 <= row[3] < names:
-                raise RecordError(f"{where} has a row {short(row)} that is not [start, allocated, bytes, operator]")
-        counts = {key: need(data.get(key), int, f"{where}.{key}") for key in ("start", "events")}
-        return cls(need(data.get("device"), str, f"{where}.device"), rows=rows, **counts)
+        # bytes: an allocation's (> 0) or a free's (< 0); allocated: what is held after it, never negative
+        columns = {
+            "start": TIME,
+            "allocated": (0, LIMIT, int),
+            "bytes": (-LIMIT, LIMIT, int),
+            "operator": index(names, -1),
+        }
+        return cls(
+            device=need(data.get("device"), str, f"{where}.device"),
+            start=measure(data.get("start"), f"{where}.start", kind=int),
+            events=measure(data.get("events"), f"{where}.events", kind=int),
+            rows=rows(data.get("rows"), f"{where}.rows", columns),
+        )
 
 
 @dataclass
@@ -92,44 +147,45 @@ class Step:
         return {key: value for key, value in data.items() if value is not None or key not in ("start", "memory")}
 
     @classmethod
-    def parse(cls, data, where: str, names: int) -> Step:
-        """RecordError unless ``data`` has the shape that measure/extract.py writes (names index the name table)."""
+    def parse(cls, data, where: str, names: int, found: LeftOut) -> Step:
+        """The step of the shape measure/extract.py writes (names index the name table): RecordError for a part of
+        another shape, Damaged for a value out of its range; a damaged memory is left out (``found``), not the step."""
         need(data, dict, where)
-        regions, calls = (
-            need(data.get("regions"), list, f"{where}.regions"),
-            need(data.get("calls"), list, f"{where}.calls"),
-        )
-        for row in regions:
-            if not isinstance(row, list) or len(row) != 3:
-                raise RecordError(f"{where}.regions has a row {short(row)}, expected 3 values")
-            need(row[0], str, f"{where}.regions")
-        for row in calls:
-            if not numbers(row) or len(row) != 6 or not 0 <= row[3] < names:
-                raise RecordError(
-                    f"{where}.calls has a row {short(row)} that is not [start, dur, thread, name, region, flags]"
-                )
-        threads = [
-            Thread(need(t, dict, f"{where}.threads").get("tid"), need(t.get("ops"), list, f"{where}.threads.ops"))
-            for t in need(data.get("threads"), list, f"{where}.threads")
-        ]
+        regions = rows(data.get("regions"), f"{where}.regions", {"name": NAME, "start": TIME, "duration": DURATION})
+        call = {"start": TIME, "duration": DURATION, "thread": (0, LIMIT, int), "name": index(names)}
+        call |= {"region": index(len(regions), -1), "flags": (0, LAUNCH | SYNC, int)}
+        calls = rows(data.get("calls"), f"{where}.calls", call)
+        op = {"start": TIME, "duration": DURATION, "name": index(names)}
+        threads = []
+        for i, thread in enumerate(need(data.get("threads"), list, f"{where}.threads")):
+            at = f"{where}.threads[{i}]"
+            threads.append(Thread(need(thread, dict, at).get("tid"), rows(thread.get("ops"), f"{at}.ops", op)))
+        launched = {"start": TIME, "duration": DURATION, "category": index(len(CATEGORIES)), "name": index(names)}
+        launched["call"] = index(len(calls))
         streams = []
-        for stream in need(data.get("streams"), list, f"{where}.streams"):
-            events = need(need(stream, dict, f"{where}.streams").get("events"), list, f"{where}.streams.events")
-            for row in events:
-                if not isinstance(row, list) or len(row) != 5 or not 0 <= row[4] < len(calls):
-                    raise RecordError(f"{where}.streams has an event {short(row)} not launched by one of its calls")
+        for i, stream in enumerate(need(data.get("streams"), list, f"{where}.streams")):
+            at = f"{where}.streams[{i}]"
+            events = rows(need(stream, dict, at).get("events"), f"{at}.events", launched)
             streams.append(Stream(str(stream.get("stream")), events))
         memory = data.get("memory")
         return cls(
-            dur=need(data.get("dur"), (int, float), f"{where}.dur"),
+            dur=measure(data.get("dur"), f"{where}.dur"),
             regions=regions,
             threads=threads,
             calls=calls,
             streams=streams,
-            why=need(data.get("why"), dict, f"{where}.why"),
-            start=optional(data, "start", (int, float), where),
-            memory=None if memory is None else StepMemory.parse(memory, f"{where}.memory", names),
+            why=why(data.get("why"), f"{where}.why"),
+            start=measured(data, "start", where, high=CLOCK),
+            memory=None if memory is None else found.part(StepMemory.parse, memory, f"{where}.memory", names),
         )
+
+
+def why(data, where: str) -> dict[str, dict[str, float]]:
+    """Every measure of each region in a step (measures.py): region -> measure -> a value in [0, LIMIT]."""
+    return {
+        region: {m: measure(v, f"{where}.{region}.{m}") for m, v in need(measures, dict, f"{where}.{region}").items()}
+        for region, measures in need(data, dict, where).items()
+    }
 
 
 @dataclass
@@ -143,9 +199,12 @@ class Extract:
     steps: dict[str, Step]
     names: list[str]
     version: int = EXTRACT_VERSION
+    left_out: list[str] = field(default_factory=list, compare=False)  # damaged steps, when it was read (not written)
 
     def to_json(self) -> dict:
-        return asdict(self) | {"steps": {number: step.to_json() for number, step in self.steps.items()}}
+        data = asdict(self) | {"steps": {number: step.to_json() for number, step in self.steps.items()}}
+        data.pop("left_out")
+        return data
 
     @classmethod
     def parse(cls, data, where: str) -> Extract:
@@ -154,13 +213,16 @@ class Extract:
         if data.get("version") != EXTRACT_VERSION:
             raise RecordError(f"{where}: version {short(data.get('version'))}, this detector reads {EXTRACT_VERSION}")
         steps = need(data.get("steps"), dict, f"{where}: steps")
-        names = need(data.get("names"), list, f"{where}: names")
+        names = [need(n, str, f"{where}: names") for n in need(data.get("names"), list, f"{where}: names")]
+        found = LeftOut(where)
+        parsed = {n: found.part(Step.parse, step, f"{where}: step {n}", len(names), found) for n, step in steps.items()}
         return cls(
             about=optional(data, "about", dict, where, {}),
             gpu=need(data.get("gpu"), bool, f"{where}: gpu"),
             representative_step=need(data.get("representative_step"), int, f"{where}: representative_step"),
-            steps={number: Step.parse(step, f"{where}: step {number}", len(names)) for number, step in steps.items()},
-            names=[need(n, str, f"{where}: names") for n in names],
+            steps={number: step for number, step in parsed.items() if step is not None},
+            names=names,
+            left_out=found.warnings,
         )
 
 

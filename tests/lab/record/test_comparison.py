@@ -1,5 +1,6 @@
 """compare.json (detector/lab/record/comparison.py): written by `make compare` and read back the same (tests/lab/
-test_compare.py), one of version 1 converted, a field of the wrong type refused in one line naming the file and it."""
+test_compare.py), one of version 1 converted, a field of the wrong type refused in one line naming the file and it, a
+value no measure takes left out with one warning naming the file and the field."""
 
 import json
 
@@ -50,7 +51,7 @@ def test_a_comparison_of_version_1_is_read_and_written_back_as_the_current_versi
     "change, message",
     [
         (lambda c: c["modes"]["train"].update(labels="padded"), "compare.json.modes.train.labels is str"),
-        (lambda c: c["modes"]["train"]["step_verdicts"].update(packed="2x"), "step_verdicts.packed is str '2x'"),
+        (lambda c: c["modes"]["train"]["noisy"].update(packed="yes"), "noisy.packed is str 'yes', expected true or"),
         (lambda c: c["modes"]["train"]["regions"]["step"]["padded"].update(wall_ms=[1]), "step.padded.wall_ms is list"),
         (lambda c: c["runs"][0].pop("strategy"), r"compare.json.runs\[0\].strategy is NoneType"),
         (lambda c: c.update(version=3), "version 3, this detector reads versions 1 and 2"),
@@ -69,3 +70,31 @@ def test_a_comparison_of_the_wrong_shape_is_one_line(tmp_path, change, message):
 def test_a_mode_without_a_step_has_none():
     assert ModeComparison(["padded"], None, {}).step("padded") is None
     assert ComparisonRecord("", "").modes == {}
+
+
+def test_damaged_spreads_and_speed_ups_are_left_out_with_one_warning_each(tmp_path):
+    """`make report` reads compare.json again: a NaN or negative time there is absent, never "nan %" or -124.9."""
+    data = json.loads(json.dumps(VERSION_1))
+    train = data["modes"]["train"]
+    train["regions"]["step"]["packed"]["wall_ms"]["median"] = float("nan")
+    train["timed"]["padded"]["q1"] = -124.922
+    train["step_verdicts"]["packed"] = "2x"
+    train["speedups_vs_padded"]["wall_ms"]["step"]["packed"] = float("inf")
+    data["runs"][0]["max_boxes"] = -1
+    (tmp_path / "compare.json").write_text(json.dumps(data))
+    found = read_comparison(tmp_path)
+    file = tmp_path / "compare.json"
+    assert found.left_out == [
+        f"{file}: modes.train.regions.step.packed.wall_ms.median is NaN, expected a finite number in [0, 1e15]: "
+        "modes.train.regions.step.packed.wall_ms left out",
+        f"{file}: modes.train.speedups_vs_padded.wall_ms.step.packed is Infinity, expected a finite number in "
+        "[0, 1e15]: left out",
+        f"{file}: modes.train.timed.padded.q1 is -124.922, expected a finite number in [0, 1e15]: "
+        "modes.train.timed.padded left out",
+        f"{file}: modes.train.step_verdicts.packed is '2x', expected a finite number in [0, 1e15]: left out",
+        f"{file}: runs[0].max_boxes is -1, expected an integer in [0, 1e15]: left out",
+    ]
+    mode = found.modes["train"]
+    assert mode.step("packed") is None and mode.step("padded") == Spread(**STEP)  # the rest read
+    assert mode.timed["padded"] == Spread() and mode.step_verdicts == {"packed": None}
+    assert found.runs[0].max_boxes is None and "left_out" not in found.to_json()

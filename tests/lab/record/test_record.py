@@ -11,7 +11,7 @@ from lab_helpers import BUSY, QUIET, make_run
 from detector.checked import RecordError
 from detector.lab.record.noise import Noise
 from detector.lab.record.run import read_summary, write_summary
-from detector.lab.record.steps import EXTRACT, read_extract
+from detector.lab.record.steps import EXTRACT, Extract, read_extract
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +46,8 @@ def test_a_version_1_summary_is_converted_with_its_noise_unknown(run, tmp_path):
         (lambda d: d.pop("per_step"), "no per_step: not written by (this version of) make profile"),
         (lambda d: d["analysis"].update(warnings="none"), "analysis.warnings is str 'none', expected a list"),
         (lambda d: d["analysis"]["regions"]["step"].update(wall_ms=[1]), "regions.step.wall_ms is list [1]"),
-        (lambda d: d["timed"].update(wall_ms=[1, "x"]), "timed.wall_ms is str 'x', expected a number"),
-        (lambda d: d["noise"].update(load_during="high"), "noise.load_during is str 'high', expected a number"),
+        (lambda d: d["timed"].update(wall_ms=3), "timed.wall_ms is int 3, expected a list"),
+        (lambda d: d["noise"].update(timed_by=0.5), "noise.timed_by is float 0.5, expected a string"),
         (lambda d: d.update(trace=7), "trace is int 7, expected a string"),
     ],
 )
@@ -58,6 +58,41 @@ def test_a_summary_of_the_wrong_shape_is_one_line_naming_the_field(run, tmp_path
     with pytest.raises(RecordError, match="summary.json") as err:
         read_summary(tmp_path)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "change, warning",
+    [
+        (
+            lambda d: d["timed"].update(wall_ms=[1, "x"]),
+            "timed.wall_ms[1] is 'x', expected a finite number in [0, 1e15]: timed left out",
+        ),
+        (
+            lambda d: d["noise"].update(load_during=float("nan")),
+            "noise.load_during is NaN, expected a finite number in [0, 1e15]: noise left out",
+        ),
+        (
+            lambda d: d["analysis"]["regions"]["forward"]["wall_ms"].update(q3=-1.0),
+            "analysis.regions.forward.wall_ms.q3 is -1.0, expected a finite number in [0, 1e15]: "
+            "analysis.regions.forward.wall_ms left out",
+        ),
+        (
+            lambda d: d["per_step"][1]["regions"]["calc loss"].update(ops=float("inf")),
+            "per_step[1].regions.calc loss.ops is Infinity, expected a finite number in [0, 1e15]: "
+            "per_step[1] left out",
+        ),
+    ],
+    ids=["timed", "noise", "spread", "step"],
+)
+def test_a_damaged_value_leaves_out_the_part_that_holds_it_with_one_warning(run, tmp_path, change, warning):
+    data = json.loads((run / "summary.json").read_text())
+    change(data)
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    record = read_summary(tmp_path)
+    assert record.left_out == [f"{tmp_path / 'summary.json'}: {warning}"]
+    assert record.stats("step").n == 3 and "left_out" not in record.to_json()  # the rest read; nothing written back
+    assert (record.timed is None, record.noise is None) == (warning.startswith("timed"), warning.startswith("noise"))
+    assert len(record.per_step) == (2 if warning.startswith("per_step") else 3)
 
 
 def set_walls(value):
@@ -125,26 +160,106 @@ def test_an_extract_of_an_earlier_run_is_read_as_typed_steps(tmp_path):
     assert found.to_json() == step
 
 
-@pytest.mark.parametrize(
-    "step, message",
-    [
-        ({"dur": 1, "regions": [["forward", 0]], "calls": [], "threads": [], "streams": [], "why": {}}, "a row"),
-        ({"dur": "1", "regions": [], "calls": [], "threads": [], "streams": [], "why": {}}, r"step 1.dur is str '1'"),
-        ({"dur": 1, "regions": [], "calls": [], "threads": [], "streams": []}, r"step 1.why is NoneType"),
-        ({"dur": 1, "regions": [], "calls": [[0, 1, 0, 99, 0, 1]], "threads": [], "streams": [], "why": {}}, "calls"),
-        (
-            {"dur": 1, "regions": [], "calls": [], "threads": [], "why": {}}
-            | {"streams": [{"stream": "7", "events": [[0, 1, 0, 0, 5]]}]},
-            "not launched by one of its calls",
-        ),
-    ],
-)
-def test_an_extract_of_the_wrong_shape_is_refused(tmp_path, step, message):
+def test_an_extract_without_a_steps_measures_is_refused(tmp_path):
+    step = {"dur": 1, "regions": [], "calls": [], "threads": [], "streams": []}
     data = {"version": 1, "gpu": True, "representative_step": 1, "steps": {"1": step}, "names": ["k"], "about": {}}
     path = tmp_path / EXTRACT
     path.write_bytes(gzip.compress(json.dumps(data).encode()))
-    with pytest.raises(RecordError, match=message):
+    with pytest.raises(RecordError, match=r"step 1.why is NoneType"):
         read_extract(path)
+
+
+GOOD_STEP = {
+    "dur": 10.0,
+    "start": 4.4e12,
+    "regions": [["forward", 0.0, 4.0]],
+    "threads": [{"tid": 7, "ops": [[-2.0, 4.0, 0]]}],  # an operator begun before the step: a negative start
+    "calls": [[1.0, 0.5, 0, 0, 0, 1]],
+    "streams": [{"stream": "7", "events": [[2.0, 3.0, 0, 0, 0]]}],
+    "why": {"forward": {"launches": 1, "gpu_idle_share": 0.5}},
+    "memory": {"device": "cuda:0", "start": 1000, "events": 2, "rows": [[1.0, 1100, 100, 0], [2.0, 1000, -100, -1]]},
+}
+
+
+@pytest.mark.parametrize(
+    "damage, warning",
+    [
+        (
+            lambda s: s.update(dur=float("nan")),
+            "step 2.dur is NaN, expected a finite number in [0, 1e15]: step 2 left out",
+        ),
+        (lambda s: s.update(dur="1"), "step 2.dur is '1', expected a finite number in [0, 1e15]: step 2 left out"),
+        (lambda s: s.update(start=float("inf")), "step 2.start is Infinity, expected a finite number in [0, 1e18]"),
+        (
+            lambda s: s["regions"].append(["forward", 0]),
+            'step 2.regions[1] is ["forward", 0], expected [name, start, duration]',
+        ),
+        (
+            lambda s: s["regions"][0].__setitem__(2, -4.0),
+            "step 2.regions[0].duration is -4.0, expected a finite number",
+        ),
+        (lambda s: s["calls"][0].__setitem__(3, 99), "step 2.calls[0].name is 99, expected an integer in [0, 0]"),
+        (
+            lambda s: s["calls"][0].__setitem__(0, 1e300),
+            "step 2.calls[0].start is 1e+300, expected a finite number in [-1e15, 1e15]",
+        ),
+        (
+            lambda s: s["streams"][0]["events"][0].__setitem__(4, 5),
+            "step 2.streams[0].events[0].call is 5, expected an integer in [0, 0]",
+        ),
+        (
+            lambda s: s["threads"][0]["ops"][0].__setitem__(1, float("-inf")),
+            "step 2.threads[0].ops[0].duration is -Infinity",
+        ),
+        (
+            lambda s: s["why"]["forward"].update(launches=-1),
+            "step 2.why.forward.launches is -1, expected a finite number in [0, 1e15]",
+        ),
+    ],
+    ids=[
+        "nan-dur",
+        "str-dur",
+        "inf-start",
+        "short-row",
+        "negative-region",
+        "name-past-table",
+        "start-1e300",
+        "no-call",
+        "op-inf",
+        "negative-why",
+    ],
+)
+def test_a_damaged_step_of_an_extract_is_left_out_and_the_others_kept(tmp_path, damage, warning):
+    """The Traces tab and compare's timeline draw the others, never a NaN or a step of -1e300 µs."""
+    steps = {"1": json.loads(json.dumps(GOOD_STEP)), "2": json.loads(json.dumps(GOOD_STEP))}
+    damage(steps["2"])
+    data = {"version": 1, "gpu": True, "representative_step": 1, "steps": steps, "names": ["k"], "about": {}}
+    path = tmp_path / EXTRACT
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    found = read_extract(path)
+    assert list(found.steps) == ["1"] and found.steps["1"].to_json() == GOOD_STEP
+    (line,) = found.left_out
+    assert line.startswith(f"{path}: {warning}") and line.endswith(": step 2 left out")
+
+
+@pytest.mark.parametrize(
+    "row, warning",
+    [
+        ([1.0, -(10**12), 0, -1], "rows[0].allocated is -1000000000000, expected an integer in [0, 1e15]"),
+        ([float("nan"), 1100, 100, 0], "rows[0].start is NaN, expected a finite number in [-1e15, 1e15]"),
+        ([1.0, 1100, 1e300, 0], "rows[0].bytes is 1e+300, expected an integer in [-1e15, 1e15]"),
+        ([1.0, 1100, 100, 7], "rows[0].operator is 7, expected an integer in [-1, 0]"),
+    ],
+)
+def test_a_damaged_memory_row_leaves_the_steps_memory_out_and_the_step_in(tmp_path, row, warning):
+    """A free's bytes are negative; the bytes allocated never are: a memory lane of -1e12 bytes is damage."""
+    step = json.loads(json.dumps(GOOD_STEP))
+    step["memory"]["rows"][0] = row
+    data = {"version": 1, "gpu": True, "representative_step": 1, "steps": {"1": step}, "names": ["k"], "about": {}}
+    found = Extract.parse(data, "extract.json.gz")
+    assert found.steps["1"].memory is None and found.steps["1"].dur == 10.0
+    assert found.left_out == [f"extract.json.gz: step 1.memory.{warning}: step 1.memory left out"]
+    assert "left_out" not in found.to_json() and found.to_json()["version"] == 1
 
 
 # ----------------------------------------------------------------------------- noise

@@ -51,9 +51,14 @@ def test_an_older_summary_has_no_source_and_a_newer_one_reads_back(tmp_path):
         "boxes: widerface:gt.txt (12,880 images, 1,968 boxes at most; 21 images over the slots lost 3,512 boxes)"
         in (run_card(newer))
     )
-    edit_summary(run, lambda s: s["data"].update(dropped="many"))
-    with pytest.raises(RecordError, match=r"summary.json: data.dropped is str 'many', expected an integer"):
+    edit_summary(run, lambda s: s["data"].update(boxes=3))
+    with pytest.raises(RecordError, match=r"summary.json: data.boxes is int 3, expected a string"):
         read_summary(run)
+    edit_summary(run, lambda s: s["data"].update(boxes="widerface:gt.txt", dropped="many"))
+    damaged = read_summary(run)  # a count that is none: the source left out, the run read
+    assert damaged.data is None and damaged.left_out == [
+        f"{run / 'summary.json'}: data.dropped is 'many', expected an integer in [0, 1e15]: data left out"
+    ]
 
 
 def test_compare_shows_each_runs_boxes_and_says_when_they_differ(tmp_path, capsys):
