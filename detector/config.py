@@ -25,7 +25,7 @@ import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from detector.annotations import (
+from detector.data.annotations import (
     OVER_MAX_BOXES,
     SYNTHETIC,
     AnnotationError,
@@ -75,13 +75,13 @@ class DataConfig:
     tail_fraction: float = ranged(0.0, 0.0, 1.0)  # share of crowded images (tail_min..max_boxes faces); 0 = the article
     tail_min: int = ranged(32, 0)  # fewest faces in a crowded image
     # where each image's boxes come from: synthetic (count_std, tail_*), or an annotation file whose boxes are
-    # scaled to image_size, coco:<instances.json> or widerface:<wider_face_*_bbx_gt.txt> (detector/annotations.py)
+    # scaled to image_size, coco:<instances.json> or widerface:<wider_face_*_bbx_gt.txt> (detector/data/annotations.py)
     boxes: str = path(SYNTHETIC)
     # an image of the file with more boxes than max_boxes: truncate (it keeps its max_boxes largest; the run says
     # how many boxes and images lost some), fit (max_boxes becomes the most boxes an image holds), refuse (an error)
     over_max_boxes: str = ranged("truncate", choices=OVER_MAX_BOXES)
     # -1 = a worker per free core, <= 16 (data.resolve_workers): a worker draws many times what a step consumes
-    # (detector/loader.py; `make bench TARGET=step` measures the data pipeline's images/s)
+    # (detector/data/loader.py; `make bench TARGET=step` measures the data pipeline's images/s)
     num_workers: int = ranged(-1, -1)
     # seconds a data worker may deliver nothing while a batch is due; then the run ends in one line naming it and
     # the batch it holds (a stopped or stuck worker would hang it for good). Generous: hundreds of times what a
@@ -338,7 +338,7 @@ def step_aside(cfg: DictConfig, given: set[str]) -> list[str]:
 
 
 def fit_slots(data: DictConfig) -> str:
-    """Read data.boxes's file (detector/annotations.py checks it), set data.max_boxes by data.over_max_boxes
+    """Read data.boxes's file (detector/data/annotations.py checks it), set data.max_boxes by data.over_max_boxes
     (fit: from the data; refuse: an error where an image has more); one line on what the run gets of it."""
     annotations = read_annotations(data.boxes)
     data.max_boxes = slots_for(annotations, data.max_boxes, data.over_max_boxes)

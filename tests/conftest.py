@@ -46,10 +46,10 @@ TEST_ALL = (
     "tests/train/test_launch.py",
     "tests/train/test_reshard.py",
     "tests/train/test_loop.py::test_ddp_",
-    "tests/test_loader.py::test_workers_killed_at_random_points",  # worker processes killed and counted
-    "tests/test_loader.py::test_workers_do_not_outlive",
-    "tests/test_sampler.py::test_batches_are_identical_with_0_and_2_workers",
-    "tests/test_sampler.py::test_sample_is_a_pure_function_of_seed_and_index_in_a_fresh_process",
+    "tests/data/test_loader.py::test_workers_killed_at_random_points",  # worker processes killed and counted
+    "tests/data/test_loader.py::test_workers_do_not_outlive",
+    "tests/data/test_sampler.py::test_batches_are_identical_with_0_and_2_workers",
+    "tests/data/test_sampler.py::test_sample_is_a_pure_function_of_seed_and_index_in_a_fresh_process",
     "tests/lab/test_report.py::test_report_runs",  # the standard set, part by part
     "tests/lab/test_report.py::test_a_stopped_report",
     "tests/bench/test_memory_bench.py::test_bench_memory_writes",  # bench memory's parts, each a process

@@ -18,8 +18,8 @@ from train_helpers import TINY as TRAIN_TINY
 
 from detector import cli, data
 from detector.config import load_config
-from detector.host_memory import GIB, MemoryRefusal
-from detector.loader import DataWorkerFailed, WorkerTraceback
+from detector.data.host_memory import GIB, MemoryRefusal
+from detector.data.loader import DataWorkerFailed, WorkerTraceback
 from detector.train import checkpoint_files
 from detector.train.checkpoint import read_checkpoint
 from detector.train.interrupt import DeferredInterrupt, Terminated
@@ -341,7 +341,7 @@ def test_the_estimate_names_each_part_and_the_memory_available(monkeypatch):
     need = run_memory(cfg, 1, torch.device("cpu"))
     assert need["the loader's ring of batch slots"] == 4 * 2_000_000 * 64 * 64  # 2 slots a worker, 2 more
     assert need["the held-out images"] == 4 * 2_000_000 * 64 * 64  # train.eval_batches batches
-    monkeypatch.setattr("detector.host_memory.available_memory", lambda: 23 * GIB)
+    monkeypatch.setattr("detector.data.host_memory.available_memory", lambda: 23 * GIB)
     with pytest.raises(MemoryRefusal) as err:
         check_run_memory(cfg, 1, torch.device("cpu"))
     message = str(err.value)
@@ -353,7 +353,7 @@ def test_the_estimate_names_each_part_and_the_memory_available(monkeypatch):
 
 
 def test_the_loader_refuses_a_ring_that_cannot_fit(monkeypatch):
-    monkeypatch.setattr("detector.host_memory.available_memory", lambda: GIB)
+    monkeypatch.setattr("detector.data.host_memory.available_memory", lambda: GIB)
     cfg = load_config(["preset=cpu", "data.batch_size=1000000", "data.image_size=64", "data.num_workers=0"])
     # 7.6 GiB of images and 0.5 of target areas (64 slots of 4 uint8 coordinates an image)
     with pytest.raises(
@@ -374,10 +374,10 @@ def test_a_margin_is_kept_below_the_memory_available(monkeypatch):
     cfg = load_config(["preset=cpu", "data.image_size=64", "data.num_workers=0", "data.batch_size=70000"])
     need = sum(run_memory(cfg, 1, torch.device("cpu")).values())
     assert 15 * GIB < need < 16.5 * GIB  # about 16 GiB, most of it the activations
-    monkeypatch.setattr("detector.host_memory.available_memory", lambda: 22 * GIB)
+    monkeypatch.setattr("detector.data.host_memory.available_memory", lambda: 22 * GIB)
     with pytest.raises(MemoryRefusal, match=r"this run needs at least 1\d\.\d GiB .* has 22\.0 GiB available"):
         check_run_memory(cfg, 1, torch.device("cpu"))
-    monkeypatch.setattr("detector.host_memory.available_memory", lambda: 25 * GIB)
+    monkeypatch.setattr("detector.data.host_memory.available_memory", lambda: 25 * GIB)
     check_run_memory(cfg, 1, torch.device("cpu"))
 
 
@@ -387,7 +387,7 @@ def test_a_margin_is_kept_below_the_memory_available(monkeypatch):
 def test_each_command_refuses_what_cannot_fit_in_one_line_before_allocating_it(command, tmp_path, monkeypatch, capsys):
     """16 GiB of activations with 12 GiB available: refused with the figures by profile, bench step and train alike,
     before a model is built or a folder written."""
-    monkeypatch.setattr("detector.host_memory.available_memory", lambda: 12 * GIB)
+    monkeypatch.setattr("detector.data.host_memory.available_memory", lambda: 12 * GIB)
     where = {"profile": "profile.out_dir", "bench": "bench.out", "train": "train.out_dir"}[command[0]]
     start = time.monotonic()
     size = ["device=cpu", "preset=cpu", "data.image_size=64", "data.batch_size=80000", "data.length=100000000"]

@@ -7,7 +7,7 @@ child process of `bench memory` (detector/bench/memory.py), one per allocator se
 file, data.over_max_boxes=fit), part ``allocator`` or ``ceiling``. One training step (detector/train/step.py) a source
 serves each of its strategies in turn: the step reads its loss at each call, so the same model, optimizer and compiled
 graph run every strategy, as a fresh step of that strategy would after its first step. Batches are drawn once per
-source from its sampler (detector/data.py), straight into memory: the loader's workers and ring are not measured.
+source from its sampler (detector/data/), straight into memory: the loader's workers and ring are not measured.
 
 - ``allocator``: WARMUP steps, then MEASURED steps, each on a batch of other images and other box counts (the
   shapes a packed or per-image loss sees change every step); per measured step the caching allocator's figures
@@ -41,10 +41,10 @@ from omegaconf import DictConfig
 
 from detector.config import load_config, resolve_device
 from detector.data import build_sampler
+from detector.data.targets import make_targets
 from detector.errors import UserError, refuse
 from detector.lab.measure.allocator import StepMeter
 from detector.losses import get_strategy
-from detector.targets import make_targets
 from detector.train.speed import speed_option_refusal
 from detector.train.step import TrainStep
 

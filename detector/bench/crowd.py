@@ -2,7 +2,7 @@
 faces, as WIDER FACE's crowds do (its largest holds 1,968), written where the bench works (nothing is downloaded).
 
 Per image: a path line, a count line, then a line per face ``x y w h blur expression illumination invalid occlusion
-pose`` in a 1024 x 768 image (detector/annotations.py reads it). The counts are drawn from a log-normal around
+pose`` in a 1024 x 768 image (detector/data/annotations.py reads it). The counts are drawn from a log-normal around
 CROWD_MEDIAN, cut to [CROWD_FEWEST, CROWD_MOST], and one image holds CROWD_MOST exactly, so that
 ``data.over_max_boxes=fit`` gives ``data.max_boxes=CROWD_MOST`` slots.
 """

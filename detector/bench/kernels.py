@@ -30,13 +30,13 @@ import torch
 from omegaconf import DictConfig
 
 from detector import bench
+from detector.data.targets import make_targets
 from detector.kernels import cuda_op
 from detector.lab.measure.cases import random_case, sample_counts
 from detector.lab.measure.timing import budget, device_ms, event_ms, graph_ms, loss_closures, wall_ms
 from detector.lab.present.tables import markdown_table, ms, significant, speedup_cell, spread_cell
 from detector.lab.record.provenance import run_header
 from detector.losses import STRATEGIES, get_strategy
-from detector.targets import make_targets
 
 HEADLINE = ("padded", "cuda_fused", "cuda_conditional", "packed")
 KERNEL_STRATEGIES = ("triton", "cuda_fused", "cuda_conditional", "packed")  # one kernel forward each

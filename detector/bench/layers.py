@@ -16,13 +16,13 @@ import torch
 from omegaconf import DictConfig
 
 from detector import bench
+from detector.data.targets import make_targets
 from detector.kernels import jit, triton_giou
 from detector.lab.measure.cases import random_case
 from detector.lab.measure.timing import budget, event_ms, graph_ms
 from detector.lab.present.tables import markdown_table, ms, spread_cell
 from detector.lab.record.provenance import run_header
 from detector.losses import get_strategy
-from detector.targets import make_targets
 
 BATCH, SLOTS = 1024, 256
 DISTRIBUTIONS = ("seed", "tail")

@@ -15,12 +15,12 @@ from omegaconf import DictConfig
 
 from detector import bench
 from detector.config import resolve_device
+from detector.data.targets import make_targets
 from detector.lab.measure.cases import random_case
 from detector.lab.measure.timing import budget, event_ms, graph_ms, loss_closures
 from detector.lab.present.tables import WHICH_HEADING, markdown_table, speedup, speedup_cell, spread_cell, times
 from detector.lab.record.provenance import run_header
 from detector.losses import STRATEGIES, get_strategy
-from detector.targets import make_targets
 
 BASELINE = "padded"  # speed-ups are against this strategy in the same case
 

@@ -40,13 +40,13 @@ from omegaconf import DictConfig, OmegaConf
 from detector.bench.ceiling import MEASURED, PROBE_STEPS, RESOLUTION, WARMUP
 from detector.bench.crowd import write_crowd
 from detector.config import device_name, load_config, resolve_device
+from detector.folders import new_run_dir, prepare_work
 from detector.lab.measure.allocator import EXPANDABLE
 from detector.lab.present.tables import markdown_table
 from detector.lab.record.measures import memory_text
 from detector.lab.record.provenance import machine_line, now, quote, run_info
 from detector.lab.record.run import SUMMARY
 from detector.lab.record.steps import EXTRACT
-from detector.train.folders import new_run_dir, prepare_work
 
 STRATEGIES = ("padded", "packed", "concat", "loop")  # one of each layout, and the per-image loop beside concat
 SHORT = ("loop",)  # seconds a step at seed scale, and the largest trace: the shortest schedule

@@ -11,19 +11,21 @@
    loss + backward, and clip + optimizer. A variant this machine cannot run (``+float8`` without torchao or
    float8 tensor cores, say) is a row saying why.
 3. The data pipeline: images/s of the configured batch loader (and of one process's sampler), against the
-   images/s the step consumes (``detector.data.images_per_second``).
+   images/s the step consumes (``images_per_second``).
 
 On the CPU it runs the config's step and the data pipeline only (the floors are a GPU's).
 """
 
 from __future__ import annotations
 
+import time
+
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 from detector import bench
 from detector.config import resolve_device
-from detector.data import build_loader, images_per_second, to_device
+from detector.data import build_loader, build_sampler, to_device
 from detector.errors import UserError
 from detector.lab.measure.timing import event_ms
 from detector.lab.present.tables import markdown_table, significant, spread_cell
@@ -187,3 +189,40 @@ def tables(results: dict, batch: int, header: str) -> str:
         f"{significant(consumed)} consumed by the step",
     ]
     return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- the data pipeline alone
+
+
+WARMUP_SECONDS = 1.0  # the loader's start (fork the workers, page-lock the ring) and the ring's first fill
+
+
+def images_per_second(cfg, seconds: float = 5.0, layout: str = "padded", device: str = "cpu") -> dict[str, float]:
+    """Images/s of the data pipeline of ``cfg`` (a DataConfig), each rate timed for ~``seconds``.
+
+    ``sampler``: samples drawn one after another in this process. ``loader``: images of the batches of
+    ``build_loader(cfg, layout, device)`` (resolve_workers(cfg.num_workers) workers; on a CUDA device
+    copied there, so the host-to-device copy counts), counted after WARMUP_SECONDS so that worker
+    start-up and the batches drawn meanwhile into the ring's free slots are left out.
+    """
+    sampler = build_sampler(cfg)
+    sampler(0)  # builds this process's noise bank
+    drawn, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        sampler(drawn)
+        drawn += 1
+    rates = {"sampler": drawn / (time.perf_counter() - start)}
+    batches = iter(build_loader(cfg, layout, torch.device(device)))
+    start = time.perf_counter()
+    for _ in batches:
+        if time.perf_counter() - start >= WARMUP_SECONDS:
+            break
+    loaded, start = 0, time.perf_counter()
+    for _ in batches:
+        loaded += cfg.batch_size
+        if time.perf_counter() - start >= seconds:
+            break
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)  # the last batch's copy
+    rates["loader"] = loaded / (time.perf_counter() - start)
+    return rates

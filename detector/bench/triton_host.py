@@ -17,12 +17,12 @@ from __future__ import annotations
 import torch
 
 from detector.bench.kernels import Double
+from detector.data.targets import make_targets
 from detector.kernels import jit, triton_giou
 from detector.lab.measure.cases import random_case
 from detector.lab.measure.timing import device_ms, graph_ms, wall_ms
 from detector.lab.present.tables import markdown_table, ms, spread_cell
 from detector.losses import get_strategy
-from detector.targets import make_targets
 
 SLOTS = 256
 COPY_BYTES = 256 * 2**20

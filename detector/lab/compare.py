@@ -25,6 +25,7 @@ from pathlib import Path
 
 from detector.checked import RecordError
 from detector.errors import UserError
+from detector.folders import new_run_dir
 from detector.lab.measure.extract import load
 from detector.lab.present import charts, text
 from detector.lab.present.tables import speedup
@@ -34,7 +35,6 @@ from detector.lab.record.comparison import COMPARISON, ComparedRun, ComparisonRe
 from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.steps import StepModel
 from detector.losses import STRATEGIES
-from detector.train.folders import new_run_dir
 
 Run = tuple[str, ProfileRecord]  # (its column's label, its record)
 

@@ -48,7 +48,8 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
 from detector.config import device_name
-from detector.data import build_loader, rank_loader
+from detector.data import build_loader
+from detector.folders import new_run_dir
 from detector.lab.measure import analysis, extract
 from detector.lab.measure.allocator import StepMeter
 from detector.lab.measure.cpu_load import LoadMeter
@@ -60,8 +61,8 @@ from detector.lab.record.source import DataSource
 from detector.lab.record.steps import Extract, write_extract
 from detector.losses import get_strategy
 from detector.train import distributed
+from detector.train.batches import rank_loader
 from detector.train.distributed import DistEnv
-from detector.train.folders import new_run_dir
 from detector.train.memory import check_command_memory
 from detector.train.profile_window import make_profiler
 from detector.train.step import TrainStep

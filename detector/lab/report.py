@@ -41,6 +41,7 @@ from omegaconf import DictConfig
 from detector.checked import RecordError
 from detector.config import device_name, resolve_device
 from detector.errors import UserError
+from detector.folders import new_run_dir, prepare_work
 from detector.lab.present.tables import WHICH_HEADING, cell_text, markdown_table, ms, spread_cell, times
 from detector.lab.present.verdicts import profiler_note
 from detector.lab.record.comparison import ComparisonRecord, ModeComparison, read_comparison
@@ -48,7 +49,6 @@ from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.lab.record.run import read_summary
 from detector.losses import STRATEGIES, get_strategy
 from detector.train import summary
-from detector.train.folders import new_run_dir, prepare_work
 from detector.train.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs

@@ -30,16 +30,16 @@ import numpy as np
 from matplotlib.figure import Figure
 from omegaconf import DictConfig
 
-from detector.annotations import SYNTHETIC, read_annotations
 from detector.checked import RecordError
 from detector.config import device_name, resolve_device
 from detector.data import FaceSampler
+from detector.data.annotations import SYNTHETIC, read_annotations
+from detector.folders import new_run_dir
 from detector.lab.measure import costs as costing
 from detector.lab.present.tables import markdown_table, significant, speedup, times
 from detector.lab.record.measures import memory_text
 from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.spread import Spread
-from detector.train.folders import new_run_dir
 
 SYNTHETIC_SAMPLES = 20_000  # the synthetic faces' counts are drawn: enough for a 1 % share to show
 

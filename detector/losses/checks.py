@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.targets import ListTargets, PackedTargets, PaddedTargets, Targets
+from detector.data.targets import ListTargets, PackedTargets, PaddedTargets, Targets
 
 
 def check_pred(pred: Tensor, batch_size: int | None = None) -> None:

@@ -11,10 +11,10 @@ import functools
 import torch
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.losses.checks import first_order_only
 from detector.losses.padded import giou_loss_padded
 from detector.losses.registry import Strategy, register
-from detector.targets import PaddedTargets
 
 
 @functools.cache

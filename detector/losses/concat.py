@@ -6,9 +6,9 @@ Two concatenations of B slices each (host-side, no synchronisation) and then a s
 import torch
 from torch import Tensor
 
+from detector.data.targets import ListTargets
 from detector.losses.geometry import compute_dtype, giou_loss_per_box
 from detector.losses.registry import Strategy, register
-from detector.targets import ListTargets
 
 
 def giou_loss_concat(pred: Tensor, targets: ListTargets) -> Tensor:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from detector.data.targets import Targets, to_padded
 from detector.losses.checks import check_padded, check_targets
 from detector.losses.geometry import giou_loss_per_box
-from detector.targets import Targets, to_padded
 
 
 def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor | None = None) -> Tensor:

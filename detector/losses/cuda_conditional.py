@@ -7,9 +7,9 @@ below the byte floor of detector/bench/kernels.py, which counts every slot.
 
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.kernels import cuda_op
 from detector.losses.registry import Strategy, register
-from detector.targets import PaddedTargets
 
 
 def giou_loss_cuda_conditional(pred: Tensor, targets: PaddedTargets) -> Tensor:

@@ -9,9 +9,9 @@ without reading them. See detector/kernels/cuda_op.py and extensions/.
 
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.kernels import cuda_op
 from detector.losses.registry import Strategy, register
-from detector.targets import PaddedTargets
 
 
 def giou_loss_cuda_fused(pred: Tensor, targets: PaddedTargets) -> Tensor:

@@ -5,9 +5,9 @@ The simplest correct code and the slowest: about 20 small kernels per image, so 
 
 from torch import Tensor
 
+from detector.data.targets import ListTargets
 from detector.losses.geometry import compute_dtype, giou_loss_per_box
 from detector.losses.registry import Strategy, register
-from detector.targets import ListTargets
 
 
 def giou_loss_loop(pred: Tensor, targets: ListTargets) -> Tensor:

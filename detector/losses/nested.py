@@ -29,10 +29,10 @@ import torch
 from torch import Tensor
 from torch.nested._internal.nested_tensor import nested_from_padded
 
+from detector.data.targets import PackedTargets
 from detector.losses.checks import first_order_only
 from detector.losses.geometry import EPS, compute_dtype
 from detector.losses.registry import Strategy, register
-from detector.targets import PackedTargets
 
 
 def _maximum(a: Tensor, b: Tensor) -> Tensor:

@@ -11,10 +11,10 @@ import functools
 import torch
 from torch import Tensor
 
+from detector.data.targets import PackedTargets
 from detector.losses.checks import first_order_only
 from detector.losses.nested import check_rows, giou_loss_njt, second_order
 from detector.losses.registry import Strategy, register
-from detector.targets import PackedTargets
 
 
 @functools.cache

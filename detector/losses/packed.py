@@ -9,9 +9,9 @@ detector/kernels/cuda_op.py and extensions/.
 
 from torch import Tensor
 
+from detector.data.targets import PackedTargets
 from detector.kernels import cuda_op
 from detector.losses.registry import Strategy, register
-from detector.targets import PackedTargets
 
 
 def giou_loss_packed(pred: Tensor, targets: PackedTargets) -> Tensor:

@@ -14,9 +14,9 @@ need N == sum(counts) exactly (or a host sync to find out); the search needs nei
 import torch
 from torch import Tensor
 
+from detector.data.targets import PackedTargets
 from detector.losses.geometry import compute_dtype, giou_loss_per_box
 from detector.losses.registry import Strategy, register
-from detector.targets import PackedTargets
 
 
 def giou_loss_packed_torch(pred: Tensor, targets: PackedTargets) -> Tensor:

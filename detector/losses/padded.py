@@ -6,9 +6,9 @@ A fixed number of kernels whatever the boxes, no host synchronisation; the cost 
 import torch
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.losses.geometry import giou_loss_per_box
 from detector.losses.registry import Strategy, register
-from detector.targets import PaddedTargets
 
 
 def giou_loss_padded(pred: Tensor, targets: PaddedTargets) -> Tensor:

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from detector.targets import PaddedTargets
+from detector.data.targets import PaddedTargets
 
 PerBox = Callable[[Tensor, Tensor], Tensor]  # (pred [..., 4], target [..., 4]) -> [...]
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from detector.data.targets import LAYOUTS, Targets
 from detector.errors import UserError
 from detector.losses.checks import check_targets
-from detector.targets import LAYOUTS, Targets
 
 ENTRY_POINTS = "detector.strategies"  # the entry-point group of strategies from installed packages
 OUTSIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # module:attribute

@@ -20,9 +20,9 @@ import warnings
 import torch
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.losses.geometry import compute_dtype
 from detector.losses.registry import Strategy, register
-from detector.targets import PaddedTargets
 
 
 @functools.cache

@@ -11,10 +11,10 @@ torchvision upcasts bf16/fp16 and integers to fp32 itself; the targets are cast 
 import torch
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.losses.geometry import compute_dtype
 from detector.losses.registry import Strategy, register
 from detector.losses.torchvision_concat import torchvision_unavailable
-from detector.targets import PaddedTargets
 
 
 def giou_loss_torchvision_padded(pred: Tensor, targets: PaddedTargets) -> Tensor:

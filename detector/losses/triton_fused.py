@@ -8,9 +8,9 @@ detector/kernels/triton_giou.py; without a GPU they run in the Triton interprete
 
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.kernels.triton_giou import giou_loss_triton, triton_unavailable
 from detector.losses.registry import Strategy, register
-from detector.targets import PaddedTargets
 
 
 def giou_loss_triton_fused(pred: Tensor, targets: PaddedTargets) -> Tensor:

@@ -27,6 +27,7 @@ from __future__ import annotations
 import gc
 import os
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -172,6 +173,26 @@ class Control:
         except RuntimeError as err:  # gloo: a peer's connection closed
             raise (lost_peer(err) or PeerLost(f"another process of this run stopped ({err})")) from err
         return decided
+
+
+def shared_folder(run_dir: Path, mark: str, control: Control, is_main: bool) -> str:
+    """Process 0's ``mark``, once every process of the run (``control``: distributed.Control) has found it in
+    ``run_dir``: each writes its part of a checkpoint there, so on several nodes train.out_dir must be a folder they
+    share; refused in one line on every process."""
+    path = run_dir / f".shared-{mark}"
+    if is_main:
+        path.touch()
+    mark = control.broadcast(mark)  # after process 0 made the file
+    found = control.gather((run_dir / f".shared-{mark}").exists())
+    if is_main:
+        path.unlink(missing_ok=True)
+    if not all(found):
+        missing = [rank for rank, ok in enumerate(found) if not ok]
+        raise UserError(
+            f"rank(s) {missing} do not see the run folder {run_dir} that rank 0 writes: every process writes its part "
+            "of a checkpoint there, so on several nodes train.out_dir must be a folder that every node shares"
+        )
+    return mark
 
 
 def all_reduce_mean(tensor: Tensor, group=None) -> tuple[dist.Work, bool]:

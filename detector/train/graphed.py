@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from detector.data.targets import PaddedTargets
 from detector.regions import COPY, GRAPH
-from detector.targets import PaddedTargets
 
 GRAPH_WARMUP = 3  # eager steps on a side stream before capture, as in PyTorch's whole-network example
 

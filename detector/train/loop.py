@@ -13,7 +13,7 @@ of processes (a run resumes on another number of them, with the same global batc
     summary.json      final loss and metrics, step times, images/s, the loss curve, where the wall clock went
     profile/          with train.profile=true: one torch.profiler window, regions as in `make profile`
 
-Its parts, each a module here: the run folder and its lock (folders.py), what the run allocates (memory.py),
+Its parts, each a module here: the run folder and its lock (run_folder.py), what the run allocates (memory.py),
 the data it reads (batches.py), the step's losses and times and the log line (progress.py), the evaluations
 (evaluation.py), the checkpoints (checkpointer.py), Ctrl-C and SIGTERM (interrupt.py), where the wall clock went
 (wallclock.py), the summary (summary.py); this module holds the loop.
@@ -24,7 +24,7 @@ Guarantees:
 - A non-finite loss stops the run at the next log line, naming the first bad step, with the last
   good checkpoint kept (train.nonfinite=skip skips such steps' updates instead).
 - One process per run folder (a lock, removed at the end); a fresh run moves the folder's earlier run to a
-  visible sibling ``<run>-<its start time>/`` and says so (folders.py): a re-run never destroys results.
+  visible sibling ``<run>-<its start time>/`` and says so (run_folder.py): a re-run never destroys results.
 - What cannot fit is refused before it is allocated, in one line with the figures (memory.py).
 - A checkpoint stops the step only while its state is copied to host memory; it is written in the background,
   every process its own part, and logged with its times against the disk's.
@@ -57,9 +57,9 @@ from torch.utils.tensorboard import SummaryWriter
 
 from detector.checked import RecordError
 from detector.config import device_name
+from detector.data.loader import DataWorkerDied
 from detector.errors import UserError
-from detector.loader import DataWorkerDied
-from detector.train import checkpoint_files, distributed, folders, summary
+from detector.train import checkpoint_files, distributed, run_folder, summary
 from detector.train.batches import training_batches
 from detector.train.cadence import Cadence
 from detector.train.checkpoint import (
@@ -108,9 +108,9 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
         )
     check_run_memory(cfg, env.world_size, device)
     run_dir = Path(tcfg.out_dir) / experiment / run_name(tcfg)
-    with folders.locked(run_dir) if env.is_main else contextlib.nullcontext():
+    with run_folder.locked(run_dir) if env.is_main else contextlib.nullcontext():
         if env.is_main:
-            folders.reveal_hidden(run_dir)
+            run_folder.reveal_hidden(run_dir)
         return Run(cfg, experiment, env, device, run_dir).go()
 
 
@@ -141,7 +141,7 @@ class Run:
             self.say(f"{self.run_dir} is complete ({saved['step']} steps): nothing to resume")
         elif self.env.is_main:
             with wall.startup("run folder"):
-                folders.start(self.run_dir, self.cfg, fresh=not saved["step"], say=self.say)
+                run_folder.start(self.run_dir, self.cfg, fresh=not saved["step"], say=self.say)
         self.steps = Steps(self, saved, evaluates and not complete)
         if complete:
             return self.finish_complete()
@@ -276,7 +276,8 @@ class Steps:
             if tcfg.checkpoint_every or tcfg.stop_after:
                 with wall.startup("checkpoint staging"):
                     self.checkpointer = Checkpointer(run.run_dir, run.env.rank, run.env.world_size, run.device, "")
-                    self.checkpointer.token = folders.shared(run.run_dir, token(), run.control, run.env.is_main)
+                    shared = distributed.shared_folder(run.run_dir, token(), run.control, run.env.is_main)
+                    self.checkpointer.token = shared
                     self.checkpointer.committed_step = self.checkpoint_step
                     self.checkpointer.prepare(state_pieces(run.step_fn), probe=self.cadence.auto and run.env.is_main)
             profiling = tcfg.profile and run.env.is_main

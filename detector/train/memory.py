@@ -2,7 +2,7 @@
 each call ``check_command_memory`` first, which refuses in one line with the figures what cannot fit.
 
 The estimate is a floor, by parts:
-- the loader's ring of batch slots (detector/loader.py), in host memory that its workers share;
+- the loader's ring of batch slots (detector/data/loader.py), in host memory that its workers share;
 - the model: fp32 weights, and for a training step their gradients and AdamW's two moments (shared out
   under a sharded optimizer: at least 1/N each);
 - the activations of a batch that the forward keeps for the backward;
@@ -22,9 +22,9 @@ import torch
 from omegaconf import DictConfig
 
 from detector.data import resolve_workers
+from detector.data.host_memory import GIB, MemoryRefusal, check_memory
+from detector.data.loader import default_slots
 from detector.errors import UserError
-from detector.host_memory import GIB, MemoryRefusal, check_memory
-from detector.loader import default_slots
 from detector.model import build_model
 
 RING = "the loader's ring of batch slots"

@@ -13,8 +13,8 @@ from omegaconf import OmegaConf
 
 from detector.config import DataConfig
 from detector.data import build_dataset
+from detector.data.targets import make_targets
 from detector.errors import UserError
-from detector.targets import make_targets
 from detector.train.export import load_model
 from detector.train.pictures import predict, prediction_figure
 

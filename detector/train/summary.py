@@ -1,6 +1,6 @@
 """A training run's summary.json: one typed, versioned record, ``TrainingSummary``, that `make train` writes
 (loop.py ``summarise``) and every reader reads through ``read``: the lab (curves, the strategy sweep, the report), the
-scaling table (detector/bench/sharding.py) and the run folders (folders.py). It holds what the run trained, its final
+scaling table (detector/bench/sharding.py) and the run folders (run_folder.py). It holds what the run trained, its final
 loss and metrics, its step times and images/s, the loss of every step, where the wall clock went (wallclock.py) and
 the checkpoints' times (checkpointer.py); ``done_line`` is the run's last line.
 

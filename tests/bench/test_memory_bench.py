@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from detector.annotations import read_annotations, slots_for
 from detector.bench import ceiling
 from detector.bench.ceiling import GRANULE, RESOLUTION, Probe, next_batch, search
 from detector.bench.crowd import CROWD_FEWEST, CROWD_MOST, crowd_counts, write_crowd
 from detector.bench.memory import allocator_lines, ceiling_lines, config_args, run_bench
 from detector.config import load_config
+from detector.data.annotations import read_annotations, slots_for
 from detector.lab.measure.allocator import EXPANDABLE
 
 GIB = 2**30

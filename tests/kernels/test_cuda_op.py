@@ -19,10 +19,10 @@ import torch
 from test_dtype_table import COUNTS_DTYPES, PRED_DTYPES, TARGET_DTYPES  # the one dtype table
 
 from detector.data import make_targets
+from detector.data.targets import PackedTargets, PaddedTargets
 from detector.kernels import cuda_op as ops
 from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
-from detector.targets import PackedTargets, PaddedTargets
 
 pytestmark = pytest.mark.skipif(ops.kernel_unavailable(torch.device("cpu")) is not None, reason=ops.BUILD_HINT)
 

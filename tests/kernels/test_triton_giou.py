@@ -19,12 +19,12 @@ import torch
 
 import detector.kernels.triton_giou as triton_strategy
 from detector.data import make_targets
+from detector.data.targets import PaddedTargets
 from detector.kernels import jit
 from detector.kernels.triton_giou import giou_loss_triton
 from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, giou_loss_reference
 from detector.losses.geometry import EPS
-from detector.targets import PaddedTargets
 
 pytestmark = pytest.mark.skipif(jit.triton is None, reason="triton is not installed")
 

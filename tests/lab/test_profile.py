@@ -7,8 +7,10 @@ import pytest
 import torch
 from lab_helpers import TINY_PROFILE, make_run
 
-from detector import cli, data
+from detector import cli
 from detector.config import load_config
+from detector.data import batches
+from detector.data.targets import make_targets
 from detector.errors import UserError
 from detector.lab import profile as profiling
 from detector.lab.compare import run_compare
@@ -17,7 +19,6 @@ from detector.lab.present.text import run_card
 from detector.lab.record.measures import format_value
 from detector.lab.record.run import ProfileRecord, read_summary
 from detector.lab.record.spread import Spread
-from detector.targets import make_targets
 from detector.train.step import TrainStep
 
 TINY = TINY_PROFILE
@@ -109,7 +110,7 @@ def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_
     assert re.search(r"Loader \(data.num_workers=1\): the ring was full, 4 of 4 batches waiting, [\d.]+ s after", out)
 
     monkeypatch.undo()
-    slowed(monkeypatch, data, "draw_dataset_batch", 0.2)  # starved: 0 workers, each step draws its batch, 200 ms
+    slowed(monkeypatch, batches, "draw_dataset_batch", 0.2)  # starved: 0 workers, each step draws its batch, 200 ms
     starved = profile(tmp_path, *run, "profile.strategy=padded")
     out = capsys.readouterr().out
     assert starved.loader_paced().startswith("data wait ")

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from detector.data import make_targets
+from detector.data.targets import ListTargets, PackedTargets, PaddedTargets
 from detector.losses import giou_loss_reference
 from detector.losses.geometry import giou_loss_per_box
-from detector.targets import ListTargets, PackedTargets, PaddedTargets
 
 
 def loss_of(pred_box, target_box, target_dtype=torch.float64):

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
+from detector.data.targets import ListTargets, PackedTargets, PaddedTargets
 from detector.losses import STRATEGIES, giou_loss_reference
-from detector.targets import ListTargets, PackedTargets, PaddedTargets
 
 DEVICES = [
     "cpu",

@@ -6,9 +6,9 @@ import pytest
 import torch
 from test_strategies import ROWS, check_against_reference
 
+from detector.data.targets import PaddedTargets
 from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, Strategy
-from detector.targets import PaddedTargets
 
 padded, concat = STRATEGIES["padded"].fn, STRATEGIES["concat"].fn
 

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from detector.data import make_targets
+from detector.data.targets import PackedTargets
 from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES, nested
 from detector.losses.contract import giou_loss_reference
-from detector.targets import PackedTargets
 
 NESTED = ["nested", "nested_compiled"]
 

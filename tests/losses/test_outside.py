@@ -14,6 +14,7 @@ from lab_helpers import TINY_PROFILE
 
 from detector import cli
 from detector.config import load_config
+from detector.data.targets import make_targets
 from detector.lab.compare import run_compare
 from detector.lab.measure.cases import random_case
 from detector.losses import (
@@ -26,7 +27,6 @@ from detector.losses import (
 )
 from detector.losses.geometry import giou_loss_per_box
 from detector.losses.registry import OutsideStrategyError
-from detector.targets import make_targets
 
 NUMBER = itertools.count()
 GIOU_FILE = """

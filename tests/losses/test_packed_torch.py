@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from detector.data import make_targets
+from detector.data.targets import PackedTargets
 from detector.kernels import cuda_op
 from detector.lab.measure.cases import random_case
 from detector.losses import STRATEGIES
 from detector.losses.packed_torch import giou_loss_packed_torch
-from detector.targets import PackedTargets
 
 # Ops that read a device value on the host (a synchronisation on CUDA).
 SYNCING_OPS = {"aten::item", "aten::_local_scalar_dense", "aten::nonzero"}

@@ -18,9 +18,8 @@ from conftest import ROOT, child_env
 from train_helpers import TINY, spawn_two
 
 from detector.errors import UserError
-from detector.train import folders
 from detector.train.checkpoint import read_checkpoint
-from detector.train.distributed import Control, DistEnv, PeerLost
+from detector.train.distributed import Control, DistEnv, PeerLost, shared_folder
 
 RUN = [*TINY, "device=cpu", "data.num_workers=0", "train.checkpoint_every=3"]
 
@@ -178,7 +177,7 @@ def test_a_run_folder_that_not_every_process_sees_is_refused_before_the_first_st
             return [value, False]
 
     with pytest.raises(UserError, match=r"rank\(s\) \[1\] do not see the run folder .* every node shares"):
-        folders.shared(tmp_path, "mark", OtherDisk(), is_main=True)
+        shared_folder(tmp_path, "mark", OtherDisk(), is_main=True)
     assert not list(tmp_path.iterdir())
 
 

@@ -14,13 +14,14 @@ from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.cli import main as cli_main
 from detector.config import load_config
-from detector.data import PaddedTargets, RankBlocks, build_loader, rank_loader
+from detector.data import PaddedTargets, build_loader
 from detector.errors import UserError
 from detector.lab import sweep
 from detector.lab.measure.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
 from detector.train import distributed
+from detector.train.batches import RankBlocks, rank_loader
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training

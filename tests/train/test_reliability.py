@@ -14,7 +14,7 @@ from train_helpers import losses, tiny_cfg
 from detector import data
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
-from detector.train import checkpoint_files, folders
+from detector.train import checkpoint_files, run_folder
 from detector.train.checkpoint import CheckpointError, read_checkpoint
 from detector.train.loop import NonFiniteLoss, run_training
 from detector.train.progress import StepClock
@@ -138,7 +138,7 @@ def test_a_run_killed_before_its_summary_is_finished_by_resume(tmp_path):
 
 
 def test_a_second_process_on_one_run_folder_is_refused(tmp_path):
-    with folders.locked(run_dir(tmp_path)):
+    with run_folder.locked(run_dir(tmp_path)):
         with pytest.raises(UserError, match="is in use by pid"):
             run_training(tiny_cfg(tmp_path, *RUN))
 
@@ -165,7 +165,7 @@ def test_a_lock_file_removed_by_its_holder_while_another_opened_it_is_not_a_lock
             opened.append(file)
             lock_path.unlink()
             third = real_open(lock_path, "a+")
-            folders.fcntl.flock(third, folders.fcntl.LOCK_EX | folders.fcntl.LOCK_NB)
+            run_folder.fcntl.flock(third, run_folder.fcntl.LOCK_EX | run_folder.fcntl.LOCK_NB)
             third.write("pid 4242")
             third.flush()
             opened.append(third)
@@ -173,7 +173,7 @@ def test_a_lock_file_removed_by_its_holder_while_another_opened_it_is_not_a_lock
 
     monkeypatch.setattr("builtins.open", open_then_lose_the_race)
     with pytest.raises(UserError, match="is in use by pid 4242"):
-        with folders.locked(run):
+        with run_folder.locked(run):
             pass
     assert opened[0].closed
     opened[1].close()

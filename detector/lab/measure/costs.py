@@ -34,11 +34,11 @@ import numpy as np
 import torch
 
 from detector.config import device_name
+from detector.data.targets import make_targets
 from detector.lab.measure.cases import random_boxes, sample_counts
 from detector.lab.measure.timing import event_ms, loss_closures
 from detector.lab.measure.trace import peak_rise, read_events
 from detector.losses import STRATEGIES, get_strategy
-from detector.targets import make_targets
 
 DISTRIBUTIONS = ("seed", "tail")  # bench losses' cases with the same slots and different boxes
 LARGEST_SLOTS = 4096  # the slot counts tried when telling a bench file's slots from its tail case

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from detector.annotations import SYNTHETIC, counted, read_annotations
 from detector.checked import measured, need, optional
+from detector.data.annotations import SYNTHETIC, counted, read_annotations
 
 
 @dataclass

@@ -1,9 +1,5 @@
-"""Run folders that never collide and never lose a user's results.
+"""A training run's folder, which never loses a user's results.
 
-- ``new_run_dir``: a fresh, timestamped folder (``<parent>/<YYYYmmdd-HHMMSS>``) for every command's output (a profile
-  run, a comparison, a shape report, a finished report or bench memory), made atomically: two commands in the same
-  second never share one. A running TensorBoard picks up re-runs, and older runs stay comparable.
-- ``prepare_work``: the work folder of a command that resumes where it stopped.
 - ``locked``: one process at a time per run folder (a lock file beside it, removed when the run ends); a
   second one is refused with the pid of the first.
 - ``set_aside``: a fresh training run in a folder that holds an earlier one moves the earlier one to a
@@ -17,10 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import json
 import os
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -28,44 +22,6 @@ from omegaconf import OmegaConf
 from detector.checked import RecordError
 from detector.errors import UserError
 from detector.train import checkpoint_files, summary
-
-
-def new_run_dir(parent: Path) -> Path:
-    """Create and return ``parent/<YYYYmmdd-HHMMSS>`` (with a -2, -3 ... suffix if that second is taken): the creation
-    is the check, so that of two processes in the same second each gets its own. A finished work folder takes its
-    time's name by moving into one made here (``os.replace`` onto the new, empty folder)."""
-    parent.mkdir(parents=True, exist_ok=True)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for suffix in ["", *(f"-{i}" for i in range(2, 1000))]:
-        path = parent / f"{stamp}{suffix}"
-        try:
-            path.mkdir()
-            return path
-        except FileExistsError:
-            continue
-    raise UserError(f"{parent}: too many runs started in one second")
-
-
-def prepare_work(folder: Path, overrides: list[str]) -> Path:
-    """``folder/current``, the work folder of a command that resumes where it stopped (make report, bench memory):
-    resumed when it was started with the same overrides; otherwise an unfinished one is kept aside as
-    ``folder/unfinished-<time>`` and a fresh one begins."""
-    work, state = folder / "current", folder / "current" / "report.json"
-    if work.exists():
-        try:
-            same = json.loads(state.read_text())["overrides"] == overrides
-        except (OSError, ValueError, KeyError, TypeError):
-            same = False
-        if same:
-            print(f"resuming the unfinished report in {work}/")
-            return work
-        aside = folder / f"unfinished-{time.strftime('%Y%m%d-%H%M%S')}"
-        os.replace(work, aside)
-        print(f"an unfinished report with other overrides is kept in {aside}/; starting afresh")
-    (work / "logs").mkdir(parents=True)
-    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    state.write_text(json.dumps({"overrides": overrides, "started": started}))
-    return work
 
 
 @contextlib.contextmanager
@@ -180,23 +136,3 @@ def describe(folder: Path) -> str:
         what = "no summary: unfinished" + (", with a checkpoint" if checkpoint_files.exists(folder) else "")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"
-
-
-def shared(run_dir: Path, mark: str, control, is_main: bool) -> str:
-    """Process 0's ``mark``, once every process of the run (``control``: distributed.Control) has found it in
-    ``run_dir``: each writes its part of a checkpoint there, so on several nodes train.out_dir must be a folder they
-    share; refused in one line on every process."""
-    path = run_dir / f".shared-{mark}"
-    if is_main:
-        path.touch()
-    mark = control.broadcast(mark)  # after process 0 made the file
-    found = control.gather((run_dir / f".shared-{mark}").exists())
-    if is_main:
-        path.unlink(missing_ok=True)
-    if not all(found):
-        missing = [rank for rank, ok in enumerate(found) if not ok]
-        raise UserError(
-            f"rank(s) {missing} do not see the run folder {run_dir} that rank 0 writes: every process writes its part "
-            "of a checkpoint there, so on several nodes train.out_dir must be a folder that every node shares"
-        )
-    return mark

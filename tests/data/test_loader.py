@@ -1,4 +1,4 @@
-"""The batch loader (detector/loader.py): the same batches as the per-sample path whatever the number of
+"""The batch loader (detector/data/loader.py): the same batches as the per-sample path whatever the number of
 workers, order, resume and rank blocks, errors that surface, and nothing left behind (processes, memory)."""
 
 import dataclasses
@@ -23,11 +23,12 @@ from conftest import ROOT, child_env, fails_after
 from omegaconf import OmegaConf
 
 from detector.config import DataConfig
-from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, rank_loader, to_device
-from detector.data_worker import HEADER, host_arrays, unpack_targets
+from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, to_device
+from detector.data.loader import DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
+from detector.data.worker import HEADER, host_arrays, unpack_targets
 from detector.errors import UserError
-from detector.loader import DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
 from detector.regions import DATA_WAIT, LOADER_LABEL, region_of_label
+from detector.train.batches import rank_loader
 
 
 def data_cfg(**overrides):
@@ -281,7 +282,7 @@ def half_a_message_then_death(fd, message):
 
 
 def test_a_worker_killed_mid_message_is_reported_within_seconds(monkeypatch):
-    monkeypatch.setattr("detector.data_worker.send", half_a_message_then_death)  # the forked workers inherit it
+    monkeypatch.setattr("detector.data.worker.send", half_a_message_then_death)  # the forked workers inherit it
     batches = iter(piped_loader(crowded_cfg(), "padded"))
     start = time.monotonic()
     with pytest.raises(DataWorkerDied, match=r"was killed by SIGKILL, exit code -9 \(kill -9, or the kernel"):
@@ -422,7 +423,7 @@ def test_cuda_batches_are_copied_from_page_locked_slots(workers, monkeypatch):
     cuda = torch.device("cuda")
     registered = []
     monkeypatch.setattr(
-        "detector.loader.page_unlock", lambda slots: registered.append(slots.is_pinned()) or page_unlock(slots)
+        "detector.data.loader.page_unlock", lambda slots: registered.append(slots.is_pinned()) or page_unlock(slots)
     )
     for layout in LAYOUTS:
         batches = list(build_loader(cfg, layout, cuda, start=1000))

@@ -29,7 +29,7 @@ each writes its results into its own pipe (a worker killed half-way through a me
 the pipe's 64 KiB, leaves the partial message in its own pipe only, and holds no lock another worker needs),
 and the main process reads the pipes without blocking, gathering bytes until a whole message is there.
 Before the ring is allocated, its size is checked against the memory available (``MemoryRefusal``). A worker's own
-side, its loop and its messages, is detector/data_worker.py.
+side, its loop and its messages, is detector/data/worker.py.
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detector.data_worker import (
+from detector.data.host_memory import check_memory
+from detector.data.targets import Targets
+from detector.data.worker import (
     ALIGN,
     IDLE,
     PHASES,
@@ -61,9 +63,7 @@ from detector.data_worker import (
     worker_loop,
 )
 from detector.errors import UserError
-from detector.host_memory import check_memory
 from detector.regions import LOADER_LABEL
-from detector.targets import Targets
 
 
 class DataWorkerDied(UserError, RuntimeError):

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from detector.data import FaceSampler, SyntheticFaces, collate_fn, to_device
-from detector.targets import to_padded
+from detector.data.targets import to_padded
 
 
 def test_sample_is_a_pure_function_of_seed_and_index():

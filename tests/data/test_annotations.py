@@ -1,4 +1,4 @@
-"""Boxes from annotation files (detector/annotations.py): each format well-formed, malformed, with empty images and
+"""Boxes from annotation files (detector/data/annotations.py): each format well-formed, malformed, with empty images and
 with images over the slots; their scaling to the images and the slots' rule. The files are the tests' own."""
 
 import json
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from annotation_helpers import coco_json, widerface_counts, widerface_text, write_coco, write_widerface
 
-from detector.annotations import (
+from detector.data.annotations import (
     WIDER_SIDE,
     AnnotationError,
     describe,

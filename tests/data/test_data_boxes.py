@@ -1,5 +1,5 @@
-"""Images drawn over the boxes of an annotation file (data.boxes, detector/data.py's BoxFileSampler), through the
-configuration (detector/config.py reads the file and sets the slots) and the loader, in every layout."""
+"""Images drawn over the boxes of an annotation file (data.boxes, detector/data/synthetic.py's BoxFileSampler), through
+the configuration (detector/config.py reads the file and sets the slots) and the loader, in every layout."""
 
 import os
 import shlex
@@ -12,10 +12,10 @@ from annotation_helpers import coco_json, widerface_text, write_coco
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-from detector.annotations import AnnotationError, fit_boxes, read_annotations
 from detector.config import ConfigError, DataConfig, load_config
 from detector.data import BoxFileSampler, FaceSampler, build_loader, build_sampler
-from detector.targets import to_padded
+from detector.data.annotations import AnnotationError, fit_boxes, read_annotations
+from detector.data.targets import to_padded
 
 COUNTS = [3, 0, 9, 1, 0, 2, 5, 4]  # two empty images, one over 8 slots
 

@@ -5,7 +5,7 @@ import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from detector.train import folders
+from detector import folders
 
 
 def test_commands_in_the_same_second_each_get_their_own_folder(tmp_path, monkeypatch):

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
+from detector.data.targets import ListTargets, PackedTargets, PaddedTargets, make_targets, to_padded
 from detector.losses import STRATEGIES, giou_loss_reference
-from detector.targets import ListTargets, PackedTargets, PaddedTargets, make_targets, to_padded
 
 BOXES = [
     torch.tensor([[1, 2, 3, 4]], dtype=torch.uint8),

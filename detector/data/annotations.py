@@ -33,7 +33,7 @@ import numpy as np
 
 from detector.errors import UserError
 
-SYNTHETIC = "synthetic"  # data.boxes of the synthetic faces (detector/data.py's FaceSampler)
+SYNTHETIC = "synthetic"  # data.boxes of the synthetic faces (detector/data/synthetic.py's FaceSampler)
 FORMATS = {"coco": "<instances.json>", "widerface": "<wider_face_*_bbx_gt.txt>"}
 WIDER_SIDE = 1024  # WIDER FACE's images are 1024 px wide; their height is not in the ground-truth file
 OVER_MAX_BOXES = ("truncate", "fit", "refuse")  # data.over_max_boxes
@@ -294,7 +294,7 @@ class FittedBoxes:
     """Every image's boxes scaled to square images of ``image_size`` px and cut to ``max_boxes`` slots.
 
     ``boxes`` [N, 4] xyxy pixels (inclusive, x2 >= x1; uint8 up to 256 px, int16 beyond), image by image, each
-    image's in canonical order (by the centre's x, then its y: detector/data.py); ``offsets`` [I + 1] where
+    image's in canonical order (by the centre's x, then its y: detector/data/); ``offsets`` [I + 1] where
     image i's are ``boxes[offsets[i]:offsets[i + 1]]``. An image with more than ``max_boxes`` boxes keeps its
     ``max_boxes`` largest (``truncated`` images lost ``dropped`` boxes).
     """

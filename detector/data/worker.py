@@ -1,6 +1,6 @@
-"""A data worker of the batch loader (detector/loader.py): the process that draws batches into the ring's slots, the
-message it sends back through a pipe of its own, how the main process reads that pipe without ever blocking, and how
-it tells what became of a worker that died or stopped.
+"""A data worker of the batch loader (loader.py): the process that draws batches into the ring's slots, the message
+it sends back through a pipe of its own, how the main process reads that pipe without ever blocking, and how it tells
+what became of a worker that died or stopped.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detector.targets import ListTargets, Targets
+from detector.data.targets import ListTargets, Targets
 
 WATCHDOG_SECONDS = 1.0  # how often a waiting worker checks its parent, and the main process its workers
 HEADER = struct.Struct("<Q")  # a result message's length, in front of its pickle
