@@ -32,16 +32,15 @@ from detector.lab.record.steps import Extract, StepModel
 from detector.regions import REGIONS, STEP
 
 COMPARE_GROUP = "1 compare"  # the comparison's charts: the landing page's first cards
-RUN_GROUP = f"{len(MEASURES) + 2} each run"  # a run's own pictures, after its measures
+RUN_GROUP = "99 each run"  # a run's own pictures, after its measures (whose tags stay below 99)
 
 
 def scalar_tag(measure: str, region: str) -> str:
-    """``2 wall ms/0 step``, ``9 syncs/4 calc loss``: the same tag in every run, so strategies overlay; the
-    numbers give TensorBoard's order (it sorts by name): measures as in detector/lab/record/measures.py, the step
-    first."""
-    group = list(MEASURES).index(measure) + 2
+    """``2 wall ms/0 step``, ``9 syncs/4 calc loss``: the same tag in every run, so strategies overlay, and in every
+    version (each measure's number is its own, ``Measure.tag``: runs written before a measure was added overlay runs
+    written after); the numbers give TensorBoard's order (it sorts by name), the step first."""
     order = [STEP, *(r for r in REGIONS if r != STEP)].index(region)
-    return f"{group} {MEASURES[measure].header}/{order} {region}"
+    return f"{MEASURES[measure].tag} {MEASURES[measure].header}/{order} {region}"
 
 
 def scalars(record: ProfileRecord) -> list[tuple[str, float, int]]:

@@ -95,3 +95,20 @@ def test_tensorboard_launcher_serves_the_traces_tab_on_the_loopback_interface(mo
     launch("somewhere/runs", 6123, host="0.0.0.0")
     assert started[-1][1][-2:] == ["--host", "0.0.0.0"]
     assert "(listening on 0.0.0.0: reachable from the network)" in capsys.readouterr().out
+
+
+def test_tags_never_move_when_a_measure_is_added(monkeypatch):
+    """A measure added anywhere in the list takes a number of its own: every tag written before stays as it was, so
+    runs of the version before overlay runs of the version after."""
+    from detector.lab.record.measures import Measure
+    from detector.regions import REGIONS
+
+    before = {(m, r): board.scalar_tag(m, r) for m in MEASURES for r in REGIONS}
+    assert (
+        before[("wall_ms", "step")] == "2 wall ms/0 step" and before[("syncs", "calc loss")] == "11 syncs/4 calc loss"
+    )
+    new = Measure("new_ms", "new ms", "ms", "a measure added after", tag=max(m.tag for m in MEASURES.values()) + 1)
+    monkeypatch.setattr(board, "MEASURES", {"new_ms": new, **MEASURES})  # first in the list, say
+    assert {(m, r): board.scalar_tag(m, r) for m in MEASURES for r in REGIONS} == before
+    tags = [m.tag for m in MEASURES.values()]
+    assert len(set(tags)) == len(tags) and max(tags) < int(board.RUN_GROUP.split()[0])  # one each, below the pictures

@@ -38,7 +38,6 @@ from detector.lab.measure.trace import (
     DEVICE_FREES,
     DEVICE_MALLOCS,
     LAUNCHES,
-    OP_MEASURES,
     STEP_NAME,
     SYNC_CANDIDATES,
     Trace,
@@ -52,7 +51,7 @@ from detector.lab.measure.trace import (
     step_regions,
     step_threads,
 )
-from detector.lab.record.measures import MEASURES
+from detector.lab.record.measures import ADDITIVE, MEASURES, OF_OPERATORS
 from detector.lab.record.run import Analysis, StepMeasures, representative_step
 from detector.lab.record.spread import Spread
 from detector.regions import PARTS, REGIONS, STEP
@@ -163,7 +162,7 @@ def _count_ops(trace: Trace, tid, start: float, end: float, out: Counter) -> Non
         return
     starts, prefix = trace.ops[tid]
     lo, hi = bisect_left(starts, start), bisect_left(starts, end)
-    for m in OP_MEASURES:
+    for m in OF_OPERATORS:
         out[m] += prefix[m][hi] - prefix[m][lo]
 
 
@@ -197,10 +196,6 @@ def _gpu_span(trace: Trace, threads: list, start: float, end: float) -> tuple[fl
     if not found:
         return None, None
     return min(g.ts for g in found), max(g.end for g in found)
-
-
-ADDITIVE = ("wall_ms", "ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies")
-ADDITIVE += ("allocs", "alloc_bytes", "device_mallocs", "device_frees")
 
 
 def check_steps(source, steps: list[StepMeasures]) -> list[str]:

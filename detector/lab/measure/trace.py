@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from detector.lab.record.measures import OF_OPERATORS
 from detector.regions import LAB_SYNC, OTHER, REGIONS, STEP, region_of_label
 
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)$")
@@ -64,7 +65,6 @@ OP_KINDS = {
     "aten::unbind": "slices",
     **dict.fromkeys(("aten::_local_scalar_dense", "aten::nonzero", "aten::masked_select"), "host_reads"),
 }
-OP_MEASURES = ("ops", "slices", "host_reads")
 COLLECTIVE_PREFIXES = ("ncclDevKernel", "ncclKernel")
 MEMORY_EVENT = "[memory]"
 CPU_DEVICE, CUDA_DEVICE = 0, 1  # c10::DeviceType, as a memory event's "Device Type" gives it
@@ -246,9 +246,9 @@ def _index(name: str, events: list[dict]) -> Trace:
         trace.call_starts[tid] = [c.ts for c in calls]
     for tid, found in ops.items():
         found.sort(key=lambda op: op[0])
-        prefix = {m: [0] for m in OP_MEASURES}
+        prefix = {m: [0] for m in OF_OPERATORS}
         for _, kind in found:
-            for m in OP_MEASURES:
+            for m in OF_OPERATORS:
                 prefix[m].append(prefix[m][-1] + (m == "ops" or m == kind))
         trace.ops[tid] = ([ts for ts, _ in found], prefix)
     trace.gpu.sort(key=lambda g: g[:2])

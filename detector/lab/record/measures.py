@@ -26,6 +26,17 @@ class Measure:
     unit: str  # "ms", "count", "bytes" (moved, decimal: kB, MB), "memory" (held, binary: KiB, MiB) or "share"
     meaning: str  # one sentence: what it counts and why it matters
     gpu_only: bool = False
+    # the TensorBoard group's number (``<tag> <header>/...``): fixed once given, so that runs written before a measure
+    # was added overlay runs written after; a new measure takes the next free number
+    tag: int = 0
+    why: bool = False  # a column of a why table: what makes a region cost what it costs (time has its own)
+    stable: bool = False  # a count no load on the machine changes: a verdict leads with it (present/verdicts.py)
+    memory: bool = False  # a column of a memory table
+    step_only: bool = False  # measured for the whole step only
+    additive: bool = False  # its regions and "other" add up to the step's (measure/analysis.py checks it)
+    of_operators: bool = False  # counted from the operators a region dispatched (measure/trace.py)
+    chart: int = 0  # its place among the counts `make compare` draws on a log axis (0: not drawn)
+    verdict: int = 0  # its place among the memory measures a verdict leads with (0: none; deterministic, as counts)
 
 
 MEASURES: dict[str, Measure] = {
@@ -36,6 +47,8 @@ MEASURES: dict[str, Measure] = {
             "wall ms",
             "ms",
             "the region's time on the host; for the whole step, what training's throughput sees",
+            tag=2,
+            additive=True,
         ),
         Measure(
             "gpu_ms",
@@ -44,6 +57,7 @@ MEASURES: dict[str, Measure] = {
             "device time of the kernels, copies and memsets the region launched, whenever they ran "
             "(streams overlapping counted once): the device's share of the work",
             gpu_only=True,
+            tag=3,
         ),
         Measure(
             "device_step_ms",
@@ -53,6 +67,7 @@ MEASURES: dict[str, Measure] = {
             "step's (the last step: to the end of its own). The host runs ahead, so the host's step times "
             "jitter with the launch queue; this is what training's throughput is made of",
             gpu_only=True,
+            tag=4,
         ),
         Measure(
             "gpu_idle_share",
@@ -61,6 +76,7 @@ MEASURES: dict[str, Measure] = {
             "the share of the step's wall time in which the device ran nothing: near 100 % when the host "
             "(Python, launches, syncs, the loader) cannot keep it busy",
             gpu_only=True,
+            tag=5,
         ),
         Measure(
             "ops",
@@ -68,6 +84,12 @@ MEASURES: dict[str, Measure] = {
             "count",
             "PyTorch operators dispatched (aten::*, nested ones too): each costs the host microseconds, so a "
             "loss that loops over images dispatches B times as many",
+            tag=6,
+            why=True,
+            stable=True,
+            additive=True,
+            of_operators=True,
+            chart=1,
         ),
         Measure(
             "slices",
@@ -75,6 +97,12 @@ MEASURES: dict[str, Measure] = {
             "count",
             "select, slice, narrow, split and unbind calls: per-image code takes the batch apart image by "
             "image, and each slice's backward writes a tensor of the whole batch's shape",
+            tag=7,
+            why=True,
+            stable=True,
+            additive=True,
+            of_operators=True,
+            chart=6,
         ),
         Measure(
             "host_reads",
@@ -82,6 +110,12 @@ MEASURES: dict[str, Measure] = {
             "count",
             "operators whose result the host must read before it goes on (.item(), nonzero, masked_select): "
             "data-dependent shapes; on a GPU each one is a host-device sync",
+            tag=8,
+            why=True,
+            stable=True,
+            additive=True,
+            of_operators=True,
+            chart=5,
         ),
         Measure(
             "launches",
@@ -89,6 +123,11 @@ MEASURES: dict[str, Measure] = {
             "count",
             "kernel launch calls (a CUDA graph's replay counts once): each costs the host microseconds",
             gpu_only=True,
+            tag=9,
+            why=True,
+            stable=True,
+            additive=True,
+            chart=2,
         ),
         Measure(
             "kernels",
@@ -96,6 +135,9 @@ MEASURES: dict[str, Measure] = {
             "count",
             "kernels the device ran for those launches (a graph replay runs many)",
             gpu_only=True,
+            tag=10,
+            why=True,
+            additive=True,
         ),
         Measure(
             "syncs",
@@ -104,6 +146,11 @@ MEASURES: dict[str, Measure] = {
             "host waits for the device: synchronize calls, synchronous copies, .item() and .cpu(); the host "
             "cannot run ahead past one",
             gpu_only=True,
+            tag=11,
+            why=True,
+            stable=True,
+            additive=True,
+            chart=3,
         ),
         Measure(
             "h2d_copies",
@@ -111,22 +158,33 @@ MEASURES: dict[str, Measure] = {
             "count",
             "host-to-device copies: per-image targets show here as one copy per image",
             gpu_only=True,
+            tag=12,
+            why=True,
+            stable=True,
+            additive=True,
+            chart=4,
         ),
-        Measure("h2d_bytes", "H2D bytes", "bytes", "bytes those copies moved", gpu_only=True),
+        Measure("h2d_bytes", "H2D bytes", "bytes", "bytes those copies moved", gpu_only=True, tag=13),
         Measure(
             "d2h_copies",
             "D2H copies",
             "count",
             "device-to-host copies: values the host reads back",
             gpu_only=True,
+            tag=14,
+            why=True,
+            stable=True,
+            additive=True,
         ),
-        Measure("d2h_bytes", "D2H bytes", "bytes", "bytes those copies moved", gpu_only=True),
+        Measure("d2h_bytes", "D2H bytes", "bytes", "bytes those copies moved", gpu_only=True, tag=15),
         Measure(
             "runtime_ms",
             "CUDA API ms",
             "ms",
             "host time inside CUDA runtime and driver calls: launch overhead, and waits in syncs",
             gpu_only=True,
+            tag=16,
+            why=True,
         ),
         Measure(
             "sync_wait_ms",
@@ -135,6 +193,7 @@ MEASURES: dict[str, Measure] = {
             "host time in the synchronize that ends each region under profile.sync_regions=true: what the "
             "article's protocol makes the host wait (not counted in syncs or CUDA API ms)",
             gpu_only=True,
+            tag=17,
         ),
         Measure(
             "comm_ms",
@@ -144,6 +203,7 @@ MEASURES: dict[str, Measure] = {
             "region launched, whenever they ran (overlapping ones counted once): the communication between the "
             "GPUs, on a run of several",
             gpu_only=True,
+            tag=18,
         ),
         Measure(
             "comm_bytes",
@@ -152,6 +212,7 @@ MEASURES: dict[str, Measure] = {
             "the messages of those collectives where the trace gives their size: each one's larger of input and "
             "output (an all-gather's output, a reduce-scatter's input), as NCCL's own tests count a size",
             gpu_only=True,
+            tag=19,
         ),
         Measure(
             "comm_hidden_share",
@@ -160,6 +221,7 @@ MEASURES: dict[str, Measure] = {
             "the share of those collectives' device time in which a compute kernel ran beside them on another "
             "stream: the communication the compute hid. What is not hidden, the step waits for",
             gpu_only=True,
+            tag=20,
         ),
         Measure(
             "peak_bytes",
@@ -168,6 +230,9 @@ MEASURES: dict[str, Measure] = {
             "the most bytes the device's allocator had allocated to tensors at once during the region, what was live "
             "when it began included (the weights, the optimizer's state, the activations kept for the backward): what "
             "must fit. On the CPU the allocator counts only what it allocated while the profiler recorded",
+            tag=21,
+            memory=True,
+            verdict=2,
         ),
         Measure(
             "peak_rise_bytes",
@@ -175,6 +240,9 @@ MEASURES: dict[str, Measure] = {
             "memory",
             "the peak allocated less the bytes live when the region began: the working memory of the region's own "
             "operators (a padded loss's B·M slots, a loop's per-image tensors), on top of what it found",
+            tag=22,
+            memory=True,
+            verdict=1,
         ),
         Measure(
             "alloc_bytes",
@@ -182,6 +250,9 @@ MEASURES: dict[str, Measure] = {
             "memory",
             "the bytes of the allocations the region made, each counted when made, freed or not: what passed "
             "through the allocator",
+            tag=23,
+            memory=True,
+            additive=True,
         ),
         Measure(
             "allocs",
@@ -189,6 +260,10 @@ MEASURES: dict[str, Measure] = {
             "count",
             "tensors allocated (each operator's outputs and temporaries): a per-image loop allocates B times as "
             "many, each a trip through the allocator",
+            tag=24,
+            memory=True,
+            additive=True,
+            verdict=3,
         ),
         Measure(
             "device_mallocs",
@@ -197,6 +272,10 @@ MEASURES: dict[str, Measure] = {
             "the allocator's own requests for new memory: on a GPU the caching allocator's cudaMalloc calls (a "
             "new segment, slow and synchronising; a warm step makes none), on the CPU one malloc per allocation "
             "(c10's CPU allocator caches nothing)",
+            tag=25,
+            memory=True,
+            additive=True,
+            verdict=4,
         ),
         Measure(
             "device_frees",
@@ -204,6 +283,9 @@ MEASURES: dict[str, Measure] = {
             "count",
             "the memory the allocator gives back: on a GPU cudaFree calls (its cache emptied: after an allocation "
             "failed, or empty_cache), on the CPU one free per freed tensor",
+            tag=26,
+            memory=True,
+            additive=True,
         ),
         Measure(
             "alloc_retries",
@@ -212,6 +294,10 @@ MEASURES: dict[str, Measure] = {
             "allocations the caching allocator could not serve, so it freed its cache and asked the device again "
             "(torch.cuda.memory_stats' num_alloc_retries, per step): a step at the edge of the memory, each one slow",
             gpu_only=True,
+            tag=27,
+            memory=True,
+            step_only=True,
+            verdict=5,
         ),
         Measure(
             "reserved_free_bytes",
@@ -220,30 +306,31 @@ MEASURES: dict[str, Measure] = {
             "at the step's end, the bytes the caching allocator holds reserved from the device but not allocated to "
             "any tensor: its cache and its fragmentation, which shapes that change from step to step make grow",
             gpu_only=True,
+            tag=28,
+            memory=True,
+            step_only=True,
         ),
     )
 }
 
-# The columns of a why table: what makes a region cost what it costs (wall and GPU time have their own).
-WHY = ("ops", "slices", "host_reads", "launches", "kernels", "syncs", "h2d_copies", "d2h_copies", "runtime_ms")
-# Counts drawn on a log axis by `make compare`, in this order where a run has them.
-COUNTS = ("ops", "launches", "syncs", "h2d_copies", "host_reads", "slices")
-# The counts that no load on the machine changes: a verdict leads with them (detector/lab/present/verdicts.py).
-STABLE = ("ops", "slices", "host_reads", "launches", "syncs", "h2d_copies", "d2h_copies")
-# The memory measures, in a memory table's column order; the verdicts lead with those of MEMORY_VERDICT, deterministic
-# counts too (the same shapes allocate the same bytes), before every other count.
-MEMORY = (
-    "peak_bytes",
-    "peak_rise_bytes",
-    "alloc_bytes",
-    "allocs",
-    "device_mallocs",
-    "device_frees",
-    "alloc_retries",
-    "reserved_free_bytes",
-)
-MEMORY_VERDICT = ("peak_rise_bytes", "peak_bytes", "allocs", "device_mallocs", "alloc_retries")
-STEP_ONLY = ("alloc_retries", "reserved_free_bytes")  # measured for the whole step only
+
+def having(prop: str, order: str | None = None) -> tuple[str, ...]:
+    """The measures whose ``prop`` is set, in the order of MEASURES, or of ``order`` (a property holding a place)."""
+    found = [m for m in MEASURES.values() if getattr(m, prop)]
+    if order:
+        found.sort(key=lambda m: getattr(m, order))
+    return tuple(m.name for m in found)
+
+
+# Each list below is a property of the measures (``Measure``), read off them once.
+WHY = having("why")
+COUNTS = having("chart", order="chart")
+STABLE = having("stable")
+MEMORY = having("memory")
+MEMORY_VERDICT = having("verdict", order="verdict")
+STEP_ONLY = having("step_only")
+ADDITIVE = having("additive")
+OF_OPERATORS = having("of_operators")
 
 
 def present(records, names=tuple(MEASURES)) -> list[str]:
