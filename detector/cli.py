@@ -17,6 +17,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -226,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
             word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
             if os.environ.get("RANK", "0") == "0":  # one line for the run, whatever its number of processes
                 print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
+            if writing():  # a save the second signal abandoned: its threads must not meet the interpreter's exit
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
             return alone(status)
         except Exception as err:  # a bug: its traceback; one of several processes ends at once all the same
             if not in_group():
@@ -233,6 +238,11 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
             return alone(1, err)
     return 0
+
+
+def writing() -> bool:
+    """Whether a checkpoint's writer thread is still at work (train/checkpointer.py): a save a stop abandoned."""
+    return any(t.name == "checkpoint-writer" and t.is_alive() for t in threading.enumerate())
 
 
 def in_group() -> bool:

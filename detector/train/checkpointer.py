@@ -78,7 +78,9 @@ class Checkpointer:
     """A run's saves (see the module docstring): ``save`` from the loop, ``poll`` between steps for the saves finished
     since, ``wait`` for the one under way, ``close`` at the end. Every process makes one, at the same point."""
 
-    def __init__(self, run_dir: Path, rank: int, world_size: int, device: torch.device, token: str):
+    def __init__(self, run_dir: Path, rank: int, world_size: int, device: torch.device, token: str, resumed: int = 0):
+        """``token``: the run attempt's (``token()``, process 0's, the same on every process); ``resumed``: the step
+        of the checkpoint the run resumed from (0: none)."""
         self.run_dir, self.rank, self.world_size, self.device, self.token = run_dir, rank, world_size, device, token
         self.group = dist.new_group(backend="gloo", timeout=SAVE_TIMEOUT) if world_size > 1 else None
         self.pool = concurrent.futures.ThreadPoolExecutor(
@@ -94,7 +96,10 @@ class Checkpointer:
         self.current: Save | None = None
         self.saves: list[Save] = []
         self.finished: list[Save] = []  # finished since the last ``poll``: each gets its line
-        self.committed_step = -1  # process 0: the step of the checkpoint the manifest names
+        # the run's one "last checkpoint": the step the manifest names (process 0's; a save commits it), and the step
+        # of the last save started (every process's alike)
+        self.committed_step = resumed or -1
+        self.started_step = resumed or -1
         self.lock, self.abandoned = threading.Lock(), False
         files.quiet_dcp()
 
@@ -195,6 +200,7 @@ class Checkpointer:
             torch.cuda.current_stream(self.device).synchronize()  # the copies, after the step's last update
         payload = meta_bytes(meta) if meta is not None else None
         save = Save(step, self.run_dir / files.folder_name(step, self.token), started, bytes=self.state_bytes())
+        self.started_step = step
         save.blocked, save.waited = time.perf_counter() - started, waited
         try:
             save.folder.mkdir(parents=True, exist_ok=True)

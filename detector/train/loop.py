@@ -182,8 +182,7 @@ class Run:
     def kept(self) -> str:
         """Where the run can continue from: its last checkpoint (the one the manifest names: a save under way is
         abandoned or waited for by now), and the setting that continues it."""
-        committed = self.steps.checkpointer.abandon() if self.steps.checkpointer else -1
-        step = max(self.steps.checkpoint_step, committed)  # a save committed since the last step's look counts
+        step = self.steps.checkpointer.abandon() if self.steps.checkpointer else -1
         if step < 1:
             return "no checkpoint was written (train.checkpoint_every)"
         return f"its last checkpoint is step {step} in {self.checkpoint_path}: continue with train.resume=true"
@@ -253,14 +252,10 @@ class Steps:
         self.run, self.cfg, self.tcfg, self.say = run, run.cfg, run.tcfg, run.say
         self.step = self.resumed_at = saved["step"]
         self.log = Log(run.device, saved["losses"])
-        self.checkpoint_step = saved["step"] if saved["step"] else -1  # the last committed (process 0)
-        self.saved_step = self.checkpoint_step  # the last one started, the same on every process
         with run.wall.startup("held-out set"):
-            self.evaluation = Evaluation(
-                run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.checkpoint_step
-            )
+            self.evaluation = Evaluation(run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.step)
         self.writer = None  # TensorBoard's, on the main process, once the loop starts
-        self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
+        self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints: its steps
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.stopping = False  # a stop that every process agreed on is under way
         self.first_done = time.perf_counter()  # when the first step of this process ended (the ETA's origin)
@@ -275,10 +270,9 @@ class Steps:
                     self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
             if tcfg.checkpoint_every or tcfg.stop_after:
                 with wall.startup("checkpoint staging"):
-                    self.checkpointer = Checkpointer(run.run_dir, run.env.rank, run.env.world_size, run.device, "")
-                    shared = distributed.shared_folder(run.run_dir, token(), run.control, run.env.is_main)
-                    self.checkpointer.token = shared
-                    self.checkpointer.committed_step = self.checkpoint_step
+                    mark = distributed.shared_folder(run.run_dir, token(), run.control, run.env.is_main)
+                    env = run.env
+                    self.checkpointer = Checkpointer(run.run_dir, env.rank, env.world_size, run.device, mark, self.step)
                     self.checkpointer.prepare(state_pieces(run.step_fn), probe=self.cadence.auto and run.env.is_main)
             profiling = tcfg.profile and run.env.is_main
             profile_dir = run.run_dir / "profile"
@@ -359,7 +353,8 @@ class Steps:
         start = time.perf_counter()
         self.close_checkpoints(wait=True, final=False)
         last = self.checkpointer.saves[-1].written if self.checkpointer.saves else 0.0
-        fits = self.step > max(self.saved_step, 0) and time.perf_counter() - start + (last or 0.0) < STOP_SECONDS
+        fits = self.step > max(self.checkpointer.started_step, 0)
+        fits = fits and time.perf_counter() - start + (last or 0.0) < STOP_SECONDS
         if self.run.control.broadcast(fits):
             self.check_finite(self.log.flush(self.step))
             self.save()
@@ -400,8 +395,8 @@ class Steps:
             self.say(f"skipped the update of step(s) {bad_steps}: non-finite loss (train.nonfinite=skip)")
             return
         self.close_checkpoints(wait=True)
-        kept = f"the last good checkpoint is step {self.checkpoint_step} in {self.run.checkpoint_path}"
-        if self.checkpoint_step < 1:
+        kept = f"the last good checkpoint is step {self.last_checkpoint} in {self.run.checkpoint_path}"
+        if self.last_checkpoint < 1:
             kept = "no checkpoint was written"
         raise NonFiniteLoss(
             f"the loss is not finite at step {bad_steps[0]} (lr {self.run.step_fn.scheduler.get_last_lr()[0]:.2e}): "
@@ -452,9 +447,14 @@ class Steps:
         run = self.run
         with run.wall.part("checkpoints"):
             save = self.checkpointer.save(self.step, state_pieces(run.step_fn), meta(self) if run.env.is_main else None)
-        self.saved_step = self.step
         if self.writer:
             self.writer.add_scalar("checkpoint/blocked_s", save.blocked, self.step)
+
+    @property
+    def last_checkpoint(self) -> int:
+        """The step of the checkpoint the run can continue from (-1: none): the checkpointer's, which every save
+        commits, or the one it resumed from."""
+        return self.checkpointer.committed_step if self.checkpointer else (self.resumed_at or -1)
 
     def poll_checkpoints(self) -> None:
         """Log the checkpoints committed since the last step."""
@@ -475,7 +475,6 @@ class Steps:
     def logged(self, saves) -> None:
         for save in saves:
             if self.run.env.is_main and save.error is None:
-                self.checkpoint_step = save.step
                 self.say(self.checkpointer.line(save), flush=True)
                 if self.writer:
                     self.writer.add_scalar("checkpoint/written_s", save.written, save.step)
@@ -517,7 +516,7 @@ def summarise(run: Run) -> summary.TrainingSummary:
         history=log.history(run.tcfg.log_every, step),
         losses=log.losses,  # every step's, read at log lines: per-step comparisons need no train.log_every=1
         evals=evals,
-        checkpoint_step=steps.checkpoint_step,
+        checkpoint_step=steps.last_checkpoint,
         eval_step=steps.evaluation.step,
         wall_clock=wall,
         checkpoints=summary.Checkpoints.parse(saver.record(), "checkpoints") if saver else None,
