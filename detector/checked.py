@@ -11,6 +11,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,33 @@ class LeftOut:
 
     def warn(self, err: Damaged, cost: str) -> None:
         self.warnings.append(f"{self.file}: {self.field(err.where)} {err.what}: {cost}")
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """``path`` holds ``data`` on disk, or what it held before, whenever the process is stopped: a new temporary file
+    beside it (never written through a link that stands at its name), fsync, a rename over it, the folder's fsync.
+    Every record the project writes and reads again is written so."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.unlink(missing_ok=True)  # a leftover of a stopped write, or a link: removed, not followed
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    sync_folder(path.parent)
+
+
+def sync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def read_json(path: Path, limit: int) -> Any:

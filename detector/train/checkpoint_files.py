@@ -42,7 +42,7 @@ import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from detector.checked import RecordError, need, read_json, short, versioned
+from detector.checked import RecordError, need, read_json, short, versioned, write_atomically
 from detector.errors import UserError
 
 FORMAT = "detector-checkpoint-dcp"
@@ -299,28 +299,6 @@ def background_priority() -> None:
 # ----------------------------------------------------------------------------- writing
 
 
-def sync_write(path: Path, data: bytes) -> None:
-    """``path`` holds ``data`` on disk, or what it held before (a temporary file, fsync, rename, the folder's fsync)."""
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    sync_folder(path.parent)
-
-
-def sync_folder(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def disk_speed(folder: Path, data) -> float:
     """Bytes per second of a write of ``data`` with fsync into ``folder``, the file then removed: the disk's own
     speed, which a save is held against."""
@@ -338,7 +316,7 @@ def disk_speed(folder: Path, data) -> float:
 
 def commit(run_dir: Path, manifest: Manifest) -> None:
     """Replace the manifest by ``manifest`` (the commit), then remove the older saves' folders."""
-    sync_write(run_dir / MANIFEST, manifest.to_json().encode())
+    write_atomically(run_dir / MANIFEST, manifest.to_json().encode())
     remove_older(run_dir, run_dir / manifest.folder)
 
 

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
+from detector.checked import write_atomically
 from detector.train import checkpoint_files as files
 from detector.train.checkpoint import Piece, RowsSavePlanner, chunk_offsets, meta_bytes, one_line, written_rows
 from detector.train.checkpoint_files import CheckpointError, background_priority
@@ -222,7 +223,7 @@ class Checkpointer:
                 first = staged[0][3]
                 self.disk_speed = files.disk_speed(save.folder, first.view(-1).view(torch.uint8)[:PROBE].numpy())
             if payload is not None:
-                files.sync_write(save.folder / files.META, payload)
+                write_atomically(save.folder / files.META, payload)
             planner = RowsSavePlanner(staged)
             writer = files.Writer(save.folder)
             dcp.save({}, storage_writer=writer, planner=planner, process_group=self.group, no_dist=self.group is None)

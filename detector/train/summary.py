@@ -20,8 +20,18 @@ from pathlib import Path
 
 import torch
 
-from detector.checked import LeftOut, RecordError, measure, measured, need, optional, read_json, short, versioned
-from detector.train.checkpoint_files import sync_write
+from detector.checked import (
+    LeftOut,
+    RecordError,
+    measure,
+    measured,
+    need,
+    optional,
+    read_json,
+    short,
+    versioned,
+    write_atomically,
+)
 from detector.train.wallclock import Account
 
 VERSION = 2  # 1: no "version" key
@@ -117,7 +127,7 @@ class TrainingSummary:
 
     def write(self, path: Path) -> None:
         """``path`` holds this summary or what it held before, whenever the process is stopped (Ctrl-C, kill)."""
-        sync_write(path, json.dumps(self.to_json(), indent=2).encode())
+        write_atomically(path, json.dumps(self.to_json(), indent=2).encode())
 
     @classmethod
     def parse(cls, data, where: str) -> TrainingSummary:

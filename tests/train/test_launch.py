@@ -239,7 +239,7 @@ def test_ranks_never_outlive_their_launcher(tmp_path):
     kept = re.search(
         r"its last checkpoint is step (\d+) in (\S+checkpoint.json)", one_line(process.stderr.read(), "terminated: ")
     )
-    assert int(kept[1]) >= 6 and read_checkpoint(Path(kept[2]).parent)["step"] == int(kept[1])
+    assert int(kept[1]) >= 3 and read_checkpoint(Path(kept[2]).parent)["step"] == int(kept[1])
 
 
 def alive(pid: int) -> bool:

@@ -15,7 +15,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from detector.checked import LeftOut, RecordError, need, optional, read_json, versioned
+from detector.checked import LeftOut, RecordError, need, optional, read_json, versioned, write_atomically
 from detector.lab.record.source import DataSource
 from detector.lab.record.spread import Spread
 
@@ -171,5 +171,5 @@ def read_comparison(path) -> ComparisonRecord:
 
 def write_comparison(out: Path, record: ComparisonRecord) -> Path:
     path = Path(out) / COMPARISON
-    path.write_text(json.dumps(record.to_json(), indent=2))
+    write_atomically(path, json.dumps(record.to_json(), indent=2).encode())
     return path

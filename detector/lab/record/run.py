@@ -38,6 +38,7 @@ from detector.checked import (
     short,
     usable,
     versioned,
+    write_atomically,
 )
 from detector.lab.record.measures import format_value
 from detector.lab.record.noise import DEVICE_BOUND_IDLE, Noise
@@ -356,5 +357,5 @@ def read_summary(path) -> ProfileRecord:
 
 def write_summary(run_dir: Path, record: ProfileRecord) -> Path:
     path = Path(run_dir) / SUMMARY
-    path.write_text(json.dumps(record.to_json(), indent=2))
+    write_atomically(path, json.dumps(record.to_json(), indent=2).encode())
     return path

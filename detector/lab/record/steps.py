@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 from bisect import bisect_right
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,6 +30,7 @@ from detector.checked import (
     optional,
     read_json,
     short,
+    write_atomically,
 )
 from detector.regions import OTHER
 
@@ -233,15 +233,10 @@ def read_extract(path) -> Extract:
 
 
 def write_extract(run_dir: Path, extract: Extract) -> Path:
-    """extract.json.gz in ``run_dir``, written whole or not at all: into a new file (never through a link that
-    stands at its name), then renamed over the old one."""
+    """extract.json.gz in ``run_dir``, written whole or not at all (``write_atomically``)."""
     path = Path(run_dir) / EXTRACT
-    temp = path.with_name(f".{path.name}.new")
-    temp.unlink(missing_ok=True)  # a leftover of a stopped write, or a link: removed, not followed
-    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    with os.fdopen(fd, "wb") as raw, gzip.open(raw, "wt", compresslevel=6) as f:
-        json.dump(extract.to_json(), f, separators=(",", ":"))
-    temp.replace(path)
+    data = json.dumps(extract.to_json(), separators=(",", ":")).encode()
+    write_atomically(path, gzip.compress(data, compresslevel=6))
     return path
 
 
