@@ -149,22 +149,11 @@ class Run:
             try:
                 with DeferredInterrupt() as interrupt:
                     self.steps.loop(interrupt)
-            except (DataWorkerDied, KeyboardInterrupt, PeerLost) as err:  # one line: what stopped, how to go on
-                # a second signal or a lost process: the save under way is left (the last committed one stands)
-                stop_now = isinstance(err, PeerLost) or (isinstance(err, KeyboardInterrupt) and not self.steps.stopping)
-                Handlers.stopping |= isinstance(err, PeerLost)  # torchrun's SIGTERM follows: nothing after our line
-                stopped = type(err)(self.stopped(err, wait=not stop_now))
-                stopped.agreed = isinstance(err, KeyboardInterrupt) and self.steps.stopping  # every process, one step
-                raise stopped from err.__cause__  # --debug: the cause
-            except RuntimeError as err:  # a collective of the step whose peer is gone: the vote's PeerLost
-                lost = distributed.lost_peer(err) if self.env.world_size > 1 else None
-                if lost is None:
+            except BaseException as err:
+                ending = self.ending(err)
+                if ending is err:
                     raise
-                Handlers.stopping = True
-                raise PeerLost(self.stopped(lost, wait=False)) from err
-            except BaseException:
-                self.steps.close_checkpoints(wait=True)  # a non-finite loss names the last good checkpoint: committed
-                raise
+                raise ending from err.__cause__ or err  # --debug: the cause
             finally:
                 self.wall.stop_loop()
             return self.finish()
@@ -173,6 +162,30 @@ class Run:
             self.steps.evaluation.close()  # its last picture, before the writer closes
             if self.steps.writer:
                 self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+
+    def ending(self, err: BaseException) -> BaseException:
+        """What a run ends with when its loop raised ``err``, its checkpoints seen to:
+
+        - a stop every process agreed on (Ctrl-C, SIGTERM): the save under way and the stop's own are written; one
+          line saying where it stopped and what continues it (``agreed``: every process ends at this step);
+        - a second signal, a lost process, a dead data worker: the same line; the save under way is abandoned where
+          waiting for it could hang (a second signal, a lost process), so the line names what the manifest does;
+        - a step's collective whose peer is gone: that process's loss (``PeerLost``);
+        - anything else (a non-finite loss, a user's error, a bug): itself, after the save under way is committed, so
+          that the last good checkpoint it names is on disk.
+        """
+        if self.env.world_size > 1 and isinstance(err, RuntimeError) and not isinstance(err, UserError):
+            lost = distributed.lost_peer(err)
+            if lost is not None:
+                err = lost
+        if not isinstance(err, (DataWorkerDied, KeyboardInterrupt, PeerLost)):
+            self.steps.close_checkpoints(wait=True)
+            return err
+        agreed = isinstance(err, KeyboardInterrupt) and self.steps.stopping
+        Handlers.stopping |= isinstance(err, PeerLost)  # torchrun's SIGTERM follows: nothing after our line
+        stopped = type(err)(self.stopped(err, wait=agreed or isinstance(err, DataWorkerDied)))
+        stopped.agreed = agreed
+        return stopped
 
     def stopped(self, err: BaseException, wait: bool) -> str:
         """``err``'s message, then where the run stopped and what to continue it from."""
