@@ -2,11 +2,14 @@
 (tests/data), for the tests of compare, report, TensorBoard's events and the Traces tab."""
 
 import gzip
+import html
 import json
+import re
 import shutil
 from functools import cache
 from pathlib import Path
 
+import markdown
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from detector.lab.measure import extract
@@ -122,3 +125,25 @@ def rank_runs(root: Path, stamp: str, starts: list[float]) -> Path:
         made.rename(group / f"rank{rank}")
     shutil.rmtree(root / "made")
     return group
+
+
+# A name from a file (a strategy's, a run's, a device's: a summary holds any text) with a tag, a pipe and an escaped
+# pipe: every markdown document the lab writes shows it as written, no tag and no cell of its own.
+MARKUP_NAME = "<script>alert(1)</script>|x\\|y"
+SHOWN = html.escape(MARKUP_NAME, quote=False)  # the name as rendered HTML shows it: as text
+
+
+def rendered(text: str) -> str:
+    """The HTML that markdown makes of ``text`` as GitHub and TensorBoard's Text tab read it (tables, fenced code),
+    before any sanitiser: what a name would do to the page if it were not escaped."""
+    return markdown.markdown(text, extensions=["tables", "fenced_code"])
+
+
+def tables_whole(page: str) -> bool:
+    """Whether every row of each table in the HTML ``page`` has as many cells as its header."""
+    for table in re.findall(r"<table>.*?</table>", page, flags=re.DOTALL):
+        head, _, body = table.partition("</thead>")
+        rows = re.findall(r"<tr>(.*?)</tr>", body, flags=re.DOTALL)
+        if any(len(re.findall(r"<td[ >]", row)) != len(re.findall(r"<th[ >]", head)) for row in rows):
+            return False
+    return True
