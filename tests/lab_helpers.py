@@ -33,14 +33,15 @@ TINY_PROFILE = [
 ]
 DATA = Path(__file__).parent / "data"
 GPU_TRACE = DATA / "padded_gpu_trace.json.gz"
+H100_TRACES = {name: DATA / f"{name}_h100_trace.json.gz" for name in ("padded", "packed")}  # make_fixture.py trimmed
 GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 QUIET = Noise(cores=16, load_before=0.02, load_during=0.05, load_after=0.01, timed_spread=0.01)
 BUSY = Noise(cores=2, load_before=1.9, load_during=1.95, load_after=1.9, timed_spread=0.3)  # two busy loops beside
 
 
 @cache
-def _fixture_json() -> str:
-    return gzip.decompress(GPU_TRACE.read_bytes()).decode()
+def _fixture_json(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode()
 
 
 def make_run(
@@ -53,12 +54,14 @@ def make_run(
     noise: Noise | None = QUIET,
     batch_size: int = 1024,
     timed_spread: float = 0.01,
+    recorded: Path = GPU_TRACE,
+    device: str = "NVIDIA H200",
 ) -> Path:
     """``profile_dir/<strategy>[-forward]/<stamp>/`` with trace/, summary.json and extract.json.gz, as `make
-    profile` writes them, from the recorded padded trace: ``scale`` multiplies every time (0.5: a run twice as
-    fast); ``gpu=False`` drops the GPU events (a CPU-only trace); ``noise`` is what the run recorded of the
-    machine's load. Returns the run folder."""
-    trace = json.loads(_fixture_json())
+    profile` writes them, from a recorded trace (``recorded`` on ``device``; by default the padded strategy's on an
+    H200): ``scale`` multiplies every time (0.5: a run twice as fast); ``gpu=False`` drops the GPU events (a CPU-only
+    trace); ``noise`` is what the run recorded of the machine's load. Returns the run folder."""
+    trace = json.loads(_fixture_json(recorded))
     if scale != 1.0:
         for e in trace["traceEvents"]:
             if e.get("ph") == "X":
@@ -75,7 +78,7 @@ def make_run(
     record = ProfileRecord(
         strategy=strategy,
         mode=mode,
-        device="NVIDIA H200" if gpu else "cpu",
+        device=device if gpu else "cpu",
         torch="2.11.0+cu130",
         batch_size=batch_size,
         image_size=256,

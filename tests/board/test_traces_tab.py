@@ -10,7 +10,7 @@ import time
 
 import pytest
 from browser_helpers import CHROMIUM, keep, serve
-from lab_helpers import TINY_PROFILE, edit_summary, make_run, rank_runs
+from lab_helpers import H100_TRACES, TINY_PROFILE, edit_summary, make_run, rank_runs
 
 from detector.config import load_config
 from detector.lab.measure.analysis import measure_steps, summarise
@@ -102,7 +102,7 @@ def test_the_traces_tab_draws_five_runs_and_explains_what_the_pointer_is_on(trac
     in_traces(browser, POINT_AT % ("click", "regions", 0.3, "click"))
     why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
     assert "why, in the steps shown" in why and "synthetic_2x" in why and "launches" in why
-    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces.png"))
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-five.png"))
 
 
 def loop_like_trace(images: int = 1024, per_image: int = 28) -> dict:
@@ -465,7 +465,7 @@ def test_a_clicked_region_is_highlighted_and_keeps_its_why_numbers(gpu_memory, b
     pointer(browser, "mouseup", (c0 + c1) / 2, y)
     pointer(browser, "click", (c0 + c1) / 2, y)
     assert in_traces(browser, "(doc) => doc.getElementById('why').textContent").startswith("forward: why")
-    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-tab.png"))
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-picked.png"))
 
 
 def test_the_axis_keeps_one_precision_and_the_button_fits_its_text(gpu_memory, browser):
@@ -484,3 +484,24 @@ def test_the_axis_keeps_one_precision_and_the_button_fits_its_text(gpu_memory, b
     assert len({decimals(label) for label in zoomed}) == 1 and zoomed != whole, zoomed
     width = in_traces(browser, "(doc) => doc.getElementById('reset').getBoundingClientRect().width")
     assert width < 150, width
+
+
+def test_two_recorded_strategies_on_one_axis_with_a_region_picked(tmp_path, browser):
+    """padded and packed as `make profile` recorded them on an H100 (tests/data, three steps each): each one's median
+    step on one axis, backward picked: outlined in both, its why numbers side by side. The README's picture
+    (TENSORBOARD_SCREENSHOTS=docs)."""
+    logdir = tmp_path / "runs"
+    for stamp, (strategy, trace) in zip(("20261127-170600", "20261127-170800"), H100_TRACES.items(), strict=True):
+        make_run(logdir / "profile", strategy, stamp, recorded=trace, device="NVIDIA H100 80GB HBM3")
+    url, stop = serve(logdir, [])
+    try:
+        browser.show(f"{url}/#traces", ["padded · train · step", "packed · train · step"])
+        wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+        x0, x1 = in_traces(browser, SPAN % ("regions", 0, BACKWARD, "regions", 0, BACKWARD))
+        pointer(browser, "click", (x0 + x1) / 2, in_traces(browser, LANE_TOP % ("regions", 0)) + 9)
+        why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
+        assert why.startswith("backward: why, in the steps shown") and "packed" in why, why
+        assert all(n > 0 for n in in_traces(browser, EDGES))
+        keep(browser.screenshot(browser.profile.parent / "tensorboard-traces.png"))
+    finally:
+        stop()
