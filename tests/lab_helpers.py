@@ -2,11 +2,14 @@
 (tests/data), for the tests of compare, report, TensorBoard's events and the Traces tab."""
 
 import gzip
+import html
 import json
+import re
 import shutil
 from functools import cache
 from pathlib import Path
 
+import markdown
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from detector.lab.measure import extract
@@ -30,14 +33,15 @@ TINY_PROFILE = [
 ]
 DATA = Path(__file__).parent / "data"
 GPU_TRACE = DATA / "padded_gpu_trace.json.gz"
+H100_TRACES = {name: DATA / f"{name}_h100_trace.json.gz" for name in ("padded", "packed")}  # make_fixture.py trimmed
 GPU_EVENTS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 QUIET = Noise(cores=16, load_before=0.02, load_during=0.05, load_after=0.01, timed_spread=0.01)
 BUSY = Noise(cores=2, load_before=1.9, load_during=1.95, load_after=1.9, timed_spread=0.3)  # two busy loops beside
 
 
 @cache
-def _fixture_json() -> str:
-    return gzip.decompress(GPU_TRACE.read_bytes()).decode()
+def _fixture_json(path: Path) -> str:
+    return gzip.decompress(path.read_bytes()).decode()
 
 
 def make_run(
@@ -50,12 +54,14 @@ def make_run(
     noise: Noise | None = QUIET,
     batch_size: int = 1024,
     timed_spread: float = 0.01,
+    recorded: Path = GPU_TRACE,
+    device: str = "NVIDIA H200",
 ) -> Path:
     """``profile_dir/<strategy>[-forward]/<stamp>/`` with trace/, summary.json and extract.json.gz, as `make
-    profile` writes them, from the recorded padded trace: ``scale`` multiplies every time (0.5: a run twice as
-    fast); ``gpu=False`` drops the GPU events (a CPU-only trace); ``noise`` is what the run recorded of the
-    machine's load. Returns the run folder."""
-    trace = json.loads(_fixture_json())
+    profile` writes them, from a recorded trace (``recorded`` on ``device``; by default the padded strategy's on an
+    H200): ``scale`` multiplies every time (0.5: a run twice as fast); ``gpu=False`` drops the GPU events (a CPU-only
+    trace); ``noise`` is what the run recorded of the machine's load. Returns the run folder."""
+    trace = json.loads(_fixture_json(recorded))
     if scale != 1.0:
         for e in trace["traceEvents"]:
             if e.get("ph") == "X":
@@ -72,7 +78,7 @@ def make_run(
     record = ProfileRecord(
         strategy=strategy,
         mode=mode,
-        device="NVIDIA H200" if gpu else "cpu",
+        device=device if gpu else "cpu",
         torch="2.11.0+cu130",
         batch_size=batch_size,
         image_size=256,
@@ -122,3 +128,25 @@ def rank_runs(root: Path, stamp: str, starts: list[float]) -> Path:
         made.rename(group / f"rank{rank}")
     shutil.rmtree(root / "made")
     return group
+
+
+# A name from a file (a strategy's, a run's, a device's: a summary holds any text) with a tag, a pipe and an escaped
+# pipe: every markdown document the lab writes shows it as written, no tag and no cell of its own.
+MARKUP_NAME = "<script>alert(1)</script>|x\\|y"
+SHOWN = html.escape(MARKUP_NAME, quote=False)  # the name as rendered HTML shows it: as text
+
+
+def rendered(text: str) -> str:
+    """The HTML that markdown makes of ``text`` as GitHub and TensorBoard's Text tab read it (tables, fenced code),
+    before any sanitiser: what a name would do to the page if it were not escaped."""
+    return markdown.markdown(text, extensions=["tables", "fenced_code"])
+
+
+def tables_whole(page: str) -> bool:
+    """Whether every row of each table in the HTML ``page`` has as many cells as its header."""
+    for table in re.findall(r"<table>.*?</table>", page, flags=re.DOTALL):
+        head, _, body = table.partition("</thead>")
+        rows = re.findall(r"<tr>(.*?)</tr>", body, flags=re.DOTALL)
+        if any(len(re.findall(r"<td[ >]", row)) != len(re.findall(r"<th[ >]", head)) for row in rows):
+            return False
+    return True

@@ -1,4 +1,4 @@
-"""New output folders (detector/train/folders.py ``new_run_dir``), the one way every command makes one: made
+"""New output folders (detector/folders.py ``new_run_dir``), the one way every command makes one: made
 atomically, so that commands started in the same second each get their own, under a race too."""
 
 import os

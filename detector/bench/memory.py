@@ -42,7 +42,7 @@ from detector.bench.crowd import write_crowd
 from detector.config import device_name, load_config, resolve_device
 from detector.folders import new_run_dir, prepare_work
 from detector.lab.measure.allocator import EXPANDABLE
-from detector.lab.present.tables import markdown_table
+from detector.lab.present.tables import cell_text, code_block, markdown_table
 from detector.lab.record.measures import memory_text
 from detector.lab.record.provenance import machine_line, now, quote, run_info
 from detector.lab.record.run import SUMMARY
@@ -236,7 +236,7 @@ def document(cfg: DictConfig, device, work: Path, results: dict) -> str:
     lines = [
         f"# Memory on {device_name(device)}",
         "",
-        machine_line(device),
+        cell_text(machine_line(device)),
         "",
         f"Written by `python -m detector bench memory` on {now()[:10]}, at most {TOTAL_SECONDS} s in all; its parts:",
         "",
@@ -248,9 +248,7 @@ def document(cfg: DictConfig, device, work: Path, results: dict) -> str:
         "",
         "Its commands:",
         "",
-        "```",
-        *(p["command"] for p in results["parts"] if p["command"]),
-        "```",
+        *code_block([p["command"] for p in results["parts"] if p["command"]]),
     ]
     compare = work / "compare" / "compare.md"
     if compare.exists():
@@ -290,7 +288,7 @@ def ceiling_lines(child: dict | None, cfg: DictConfig) -> list[str]:
         return ["Not measured: its child left no result (its part above says why)."]
     reasons = {job.get("error") for job in jobs}
     if len(reasons) == 1 and None not in reasons:  # one reason for all (the CPU's): said once
-        return [f"None: {reasons.pop()}."]
+        return [f"None: {cell_text(reasons.pop())}."]
     rows = []
     for job in jobs:
         source, name, _ = job["job"]

@@ -42,7 +42,7 @@ from detector.bench.link import summary_lines
 from detector.checked import RecordError
 from detector.config import TrainConfig, device_name, load_config, resolve_device
 from detector.errors import UserError, refuse
-from detector.lab.present.tables import cell_text, markdown_table, ms
+from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.sharing import WAYS, of_kind
 from detector.train import summary
@@ -269,9 +269,11 @@ def document(
     """The markdown of the scaling document; ``link``: ``measure_link``'s (times, why not); ``warnings``: what could
     not be read of the runs' summaries."""
     most = max(r.processes for r in runs) if runs else 1
-    lines = [f"# Scaling on {most} × {device_name(device)}", "", machine_line(device), ""]
-    lines += [f"Written by `{written_by}` on {now()[:10]}, from these runs (`python` from the repository root):", ""]
-    lines += ["```", *commands, "```", "", table(runs), ""]
+    lines = [f"# Scaling on {most} × {device_name(device)}", "", cell_text(machine_line(device)), ""]
+    lines += [
+        f"Written by {code_text(written_by)} on {now()[:10]}, from these runs (`python` from the repository root):"
+    ]
+    lines += ["", *code_block(commands), "", table(runs), ""]
     lines += [
         "`× one process`: images/s (by the wall clock, data waits included) against one process's, each process "
         "with the same batch; `per process`: that divided by the processes. `lived`: the images/s of a run of the "
@@ -283,7 +285,7 @@ def document(
         "",
     ]
     lines += [f"- {line}" for line in verdicts(runs)]
-    lines += [f"- `{name}` failed: {why}." for name, why in failed.items()]
+    lines += [f"- `{name}` failed: {cell_text(why)}." for name, why in failed.items()]
     lines += [f"- warning: {cell_text(warning)}" for warning in warnings]
     times, why = link
     lines += ["", *summary_lines(times)] if times else ["", f"The link alone was not measured: {why}."] if why else []

@@ -8,16 +8,28 @@
   compare. TensorBoard sorts its groups and cards by name, numbers first: the numbers put the comparison's
   charts first (``1 compare``), then each measure in the order of detector/lab/record/measures.py, and in each the
   whole step first.
-- Text ``summary/tables``: the run's card (detector/lab/present/text.py).
+- Text ``summary/tables``: the run's card (detector/lab/present/text.py), its tables' headers set for the Text tab
+  (``text_tab``).
 - Images ``<n> each run/timeline of the median step`` (detector/lab/present/timeline.py, from the run's extract)
   and ``<n> each run/ms per region`` (detector/lab/present/charts.py).
 
 ``write_compare_events`` puts a comparison's tables (Text ``compare/<mode>``) and charts (Images ``1
 compare/<n> <chart>, <mode>``) into its ``runs/compare/<time>/`` folder: the first cards of the landing page.
+
+The Text tab sets its cards in ``word-break: break-word``: a table wider than its card is squeezed to columns one
+letter wide, every word broken anywhere ("operat/ors"). Its renderer takes no style and no ``<wbr>`` or ``<nobr>``
+(TensorBoard's plugin_util: Markdown, then bleach with a short list of tags), and no character inside a word stops
+that break (a word joiner, a zero-width joiner, a zero-width no-break space: each tried in Chromium). A ``<pre>``
+does: it does not wrap. So each
+header cell is a ``<pre>``, its words on lines no wider than the column's longest word: no column is then narrower than
+a word in it, and a table wider than its card scrolls instead.
 """
 
 from __future__ import annotations
 
+import html
+import math
+import re
 import tempfile
 from pathlib import Path
 
@@ -33,6 +45,12 @@ from detector.regions import REGIONS, STEP
 
 COMPARE_GROUP = "1 compare"  # the comparison's charts: the landing page's first cards
 RUN_GROUP = "99 each run"  # a run's own pictures, after its measures (whose tags stay below 99)
+# a <pre>'s characters (monospace, 13/16 of the text's size) against a cell's: room for the widest word of a column
+PRE_CHARACTER = 1.25
+WIDEST = 40  # characters: a column's header is not padded wider than this (a word longer than it may still break)
+ROW = re.compile(r"\|.*\|")
+RULE = re.compile(r"\|(?::?-+:?\|)+")  # a table's line under its header
+ESCAPED = re.compile(r"\\(.)")
 
 
 def scalar_tag(measure: str, region: str) -> str:
@@ -65,7 +83,7 @@ def write_profile_events(run_dir, record: ProfileRecord, extract: Extract | None
     with SummaryWriter(log_dir=str(run_dir)) as writer, tempfile.TemporaryDirectory() as tmp:
         for tag, value, step in scalars(record):
             writer.add_scalar(tag, value, step)
-        writer.add_text("summary/tables", run_card(record))
+        writer.add_text("summary/tables", text_tab(run_card(record)))
         if extract is not None:
             model = StepModel(extract)
             png = draw_step(model, Path(tmp) / "timeline.png", title=f"{record.title()}: step {model.number}")
@@ -81,9 +99,62 @@ def write_compare_events(out: Path, texts: dict[str, str], images: dict[str, Pat
 
     with SummaryWriter(log_dir=str(out)) as writer:
         for mode, text in texts.items():
-            writer.add_text(f"compare/{mode}", text)
+            writer.add_text(f"compare/{mode}", text_tab(text))
         for name, png in images.items():
             writer.add_image(f"{COMPARE_GROUP}/{name}", read_png(png), dataformats="HWC")
+
+
+def text_tab(markdown: str) -> str:
+    """``markdown`` for TensorBoard's Text tab: each table's header cells a ``<pre>`` as wide as its column's longest
+    word (see the module's docstring), the rest as it is."""
+    lines = markdown.split("\n")
+    for i in range(len(lines) - 1):
+        if ROW.fullmatch(lines[i]) and RULE.fullmatch(lines[i + 1]):
+            end = next((j for j in range(i + 2, len(lines)) if not ROW.fullmatch(lines[j])), len(lines))
+            lines[i] = pre_headers(cells(lines[i]), [cells(row) for row in lines[i + 2 : end]])
+    return "\n".join(lines)
+
+
+def pre_headers(headers: list[str], rows: list[list[str]]) -> str:
+    """A table's header row, each cell a ``<pre>`` as wide as the longest word of its column."""
+    columns = [[row[k] for row in rows if k < len(row)] for k in range(len(headers))]
+    return "| " + " | ".join(map(pre_header, headers, map(column_width, headers, columns))) + " |"
+
+
+def cells(row: str) -> list[str]:
+    """A table row's cells as written (escapes kept), split at its unescaped ``|``."""
+    found, cell, escaped = [], "", False
+    for char in row.strip()[1:-1]:
+        if char == "|" and not escaped:
+            found.append(cell.strip())
+            cell = ""
+            continue
+        cell += char
+        escaped = char == "\\" and not escaped
+    return found + [cell.strip()]
+
+
+def shown(cell: str) -> list[str]:
+    """The words of a cell as the tab shows them, near enough: markdown's marks and escapes, and entities, undone."""
+    text = ESCAPED.sub(r"\1", cell.replace("**", "").replace("`", ""))
+    return html.unescape(text).split()
+
+
+def column_width(header: str, column: list[str]) -> int:
+    """Characters of a column's ``<pre>``: its header's longest word, or room for its cells' longest in a wider font."""
+    words = [len(w) for w in shown(header)] + [math.ceil(PRE_CHARACTER * len(w)) for c in column for w in shown(c)]
+    return min(WIDEST, max(words, default=1))
+
+
+def pre_header(header: str, width: int) -> str:
+    """A header cell as a ``<pre>`` of ``width`` characters: its words on lines no wider, each line centred."""
+    lines = [""]
+    for word in header.split():
+        if lines[-1] and len(lines[-1]) + 1 + len(word) > width:
+            lines.append(word)
+        else:
+            lines[-1] = f"{lines[-1]} {word}".strip()
+    return "<pre>" + "&#10;".join(line.center(max(width, len(line))) for line in lines) + "</pre>"
 
 
 def read_png(path) -> np.ndarray:

@@ -42,7 +42,16 @@ from detector.checked import RecordError
 from detector.config import device_name, resolve_device
 from detector.errors import UserError
 from detector.folders import new_run_dir, prepare_work
-from detector.lab.present.tables import WHICH_HEADING, cell_text, markdown_table, ms, spread_cell, times
+from detector.lab.present.tables import (
+    WHICH_HEADING,
+    cell_text,
+    code_block,
+    code_text,
+    markdown_table,
+    ms,
+    spread_cell,
+    times,
+)
 from detector.lab.present.verdicts import profiler_note
 from detector.lab.record.comparison import ComparisonRecord, ModeComparison, read_comparison
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
@@ -139,7 +148,7 @@ def load_line(work: Path) -> str:
     if not noises:
         return "The load of other processes was not recorded."
     during = [n.load_during for n in noises if n.load_during is not None]
-    noisy = [r.strategy for r in records if r.noisy]
+    noisy = [cell_text(r.strategy) for r in records if r.noisy]
     load = f"at most {max(during):.2f} of {noises[0].cores} cores" if during else "unknown"
     verdict = f"the noise check flags {', '.join(noisy)}" if noisy else "no run was flagged as noisy"
     return f"Other processes' load during the profiles: {load}; {verdict} (each run's noise: compare below)."
@@ -235,11 +244,11 @@ def write_document(
     lines = [
         f"# Results on {device_name(device)}",
         "",
-        machine_line(device),
+        cell_text(machine_line(device)),
         "",
-        f"Written by `make report{' ARGS=' + quote(' '.join(overrides)) if overrides else ''}` on {now()[:10]}; "
-        f"each section names its commands (`python -m detector ...`, run from the repository root). "
-        f"The runs themselves are in `{work.parent}/<time>/`.",
+        f"Written by {code_text('make report' + (' ARGS=' + quote(' '.join(overrides)) if overrides else ''))} on "
+        f"{now()[:10]}; each section names its commands (`python -m detector ...`, run from the repository root). "
+        f"The runs themselves are in {code_text(f'{work.parent}/<time>/')}.",
         "",
         load_line(work),
         "",
@@ -252,24 +261,24 @@ def write_document(
         "",
         "## The training step of each strategy",
         "",
-        "```",
-        *(p.command() for p in parts if p.args[0] in ("profile", "compare") and p.done.parent.name != "synced"),
-        "```",
+        *code_block(
+            [p.command() for p in parts if p.args[0] in ("profile", "compare") and p.done.parent.name != "synced"]
+        ),
         "",
     ]
     if skipped:
-        lines += ["Not profiled here:", "", *(f"- {n}: {why}" for n, why in skipped.items()), ""]
+        lines += ["Not profiled here:", "", *(f"- {cell_text(n)}: {cell_text(why)}" for n, why in skipped.items()), ""]
     lines += [f"![{c}]({slug}/{c})" for c in CHARTS if (work / "compare" / c).exists()]
     lines += ["", demote(section(work / "compare" / "compare.md", "## mode=train")), *warned(unread)]
-    lines += ["", "## The profile against training", "", "```"]
-    lines += [p.command() for p in parts if p.args[0] == "train"] + ["```", ""]
+    commands = code_block([p.command() for p in parts if p.args[0] == "train"])
+    lines += ["", "## The profile against training", "", *commands, ""]
     lines += [profile_vs_training(work, compare, cfg.report.train_strategies)]
     synced = [p for p in parts if "profile.sync_regions=true" in p.args]
     if synced:
-        lines += ["", "## The article's protocol: a synchronize after each region", "", "```", synced[0].command()]
-        lines += ["```", "", synced_section(work, compare)]
+        lines += ["", "## The article's protocol: a synchronize after each region", ""]
+        lines += [*code_block([synced[0].command()]), "", synced_section(work, compare)]
     for part in (p for p in parts if p.args[0] == "bench"):
-        lines += ["", f"## {part.title}", "", "```", part.command(), "```", "", demote(part.done.read_text().strip())]
+        lines += ["", f"## {part.title}", "", *code_block([part.command()]), "", demote(part.done.read_text().strip())]
     scaling = sorted((work / "scaling").glob(f"{slug}-x*.md"))  # the scaling part's document, copied beside
     if scaling:
         lines += ["", "## Several GPUs", "", "Each train.shard_optimizer against one GPU, with its commands:"]
@@ -384,8 +393,9 @@ def profile_vs_training(work: Path, compare: ComparisonRecord, names: list[str])
             verdict = mode.step_verdicts.get(other) if base == first else None
             text += [
                 "",
-                f"{other} against {first}: training's steps give {trained[first] / trained[other]:.3f}× "
-                f"({first}'s step / {other}'s); the profile's verdict on the step is {times(verdict)} "
+                f"{cell_text(other)} against {cell_text(first)}: training's steps give "
+                f"{trained[first] / trained[other]:.3f}× ({cell_text(first)}'s step / {cell_text(other)}'s); the "
+                f"profile's verdict on the step is {times(verdict)} "
                 "(≈ where the interquartile ranges of the profiled steps overlap).",
             ]
     return "\n".join(text + warned(warnings))

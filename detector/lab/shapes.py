@@ -36,7 +36,7 @@ from detector.data import FaceSampler
 from detector.data.annotations import SYNTHETIC, read_annotations
 from detector.folders import new_run_dir
 from detector.lab.measure import costs as costing
-from detector.lab.present.tables import markdown_table, significant, speedup, times
+from detector.lab.present.tables import cell_text, code_text, markdown_table, significant, speedup, times
 from detector.lab.record.measures import memory_text
 from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.spread import Spread
@@ -246,7 +246,7 @@ def shapes_markdown(report: dict, out: Path) -> str:
     """shapes.md: the counts, the padding, the images over the slots, the prediction and the check."""
     slots, batch = report["max_boxes"], report["batch_size"]
     lines = [
-        f"# Shapes of {report['source']}",
+        f"# Shapes of {cell_text(report['source'])}",
         "",
         f"{report['images']:,} images, {report['boxes']:,} boxes ({report['boxes'] / report['images']:.2f} an image); "
         f"{slots:,} slots an image (data.max_boxes), batch {batch:,} (data.batch_size).",
@@ -270,7 +270,7 @@ def shapes_markdown(report: dict, out: Path) -> str:
         "",
         "## The strategy predicted fastest",
         "",
-        f"Costs from {report['costs']['source']}.",
+        f"Costs from {cell_text(report['costs']['source'])}.",
         "",
     ]
     lines += prediction_lines(report)
@@ -290,7 +290,7 @@ def memory_lines(report: dict) -> list[str]:
         profiled, predicted = row["profiled"], row["predicted"]
         ratio = profiled / predicted if profiled and predicted else None
         if ratio is not None and not 1 / MEMORY_AGREES <= ratio <= MEMORY_AGREES:
-            off.append(f"{row['strategy']} ({ratio:.2f}×)")
+            off.append(f"{cell_text(row['strategy'])} ({ratio:.2f}×)")
         rows.append(
             [
                 row["strategy"],
@@ -303,7 +303,8 @@ def memory_lines(report: dict) -> list[str]:
     headers = ["strategy", "B a slot", "B a box", "predicted peak rise", "profiled (calc loss)", "profiled / predicted"]
     lines = [
         f"The peak each strategy's loss forward rises to in calc loss, as training runs it: bytes a slot × {slots:,} "
-        f"slots + bytes a box × {boxes:,.0f} boxes, measured here ({memory['strategies'][0]['measured']}), against the "
+        f"slots + bytes a box × {boxes:,.0f} boxes, measured here ({cell_text(memory['strategies'][0]['measured'])}), "
+        "against the "
         "calc loss of the profiles over this source (the median peak rise).",
         "",
         markdown_table(headers, rows, "lrrrrr"),
@@ -316,7 +317,8 @@ def memory_lines(report: dict) -> list[str]:
         )
         lines += ["", f"**The memory prediction** is {verdict}."]
     if memory.get("not_measured"):
-        lines += ["", f"Not measured here: {', '.join(memory['not_measured'])} (compiled, emulated or unavailable)."]
+        names = ", ".join(map(cell_text, memory["not_measured"]))
+        lines += ["", f"Not measured here: {names} (compiled, emulated or unavailable)."]
     return lines
 
 
@@ -344,9 +346,9 @@ def prediction_lines(report: dict) -> list[str]:
         for name, ms, bound in predicted["ranking"]
     ]
     headers = ["strategy", "µs a slot", "µs a box", "predicted loss ms", "pays mostly for", "measured on"]
-    ties = f" ({', '.join(predicted['ties'])} within {TIE - 1:.0%})" if predicted.get("ties") else ""
+    ties = f" ({', '.join(map(cell_text, predicted['ties']))} within {TIE - 1:.0%})" if predicted.get("ties") else ""
     return [
-        f"**{predicted['strategy']}**{ties}, because {predicted['reason']}.",
+        f"**{cell_text(predicted['strategy'])}**{ties}, because {cell_text(predicted['reason'])}.",
         "",
         markdown_table(headers, rows, "lrrrll"),
     ]
@@ -357,30 +359,34 @@ def check_lines(report: dict) -> list[str]:
     runs = check["runs"]
     if not runs:
         example = (predicted or {}).get("strategy", "padded")
+        command = code_text(f"make profile STRATEGY={example} BOXES={report['source']}")
         return [
             f"No profile run over this source at {report['max_boxes']} slots, batch {report['batch_size']} on "
-            f"{report['device']} in {check['profile_dir']}: `make profile STRATEGY={example} BOXES={report['source']}` "
-            "(and padded) checks the prediction; `make shapes` then says where they disagree."
+            f"{cell_text(report['device'])} in {cell_text(check['profile_dir'])}: {command} (and padded) checks the "
+            "prediction; `make shapes` then says where they disagree."
         ]
     noisy = check.get("noisy", {})
     rows = [
-        [name, stats_text(Spread(**spread)), "; ".join(noisy[name]) if name in noisy else "quiet", f"`{folder}`"]
+        [name, stats_text(Spread(**spread)), "; ".join(noisy[name]) if name in noisy else "quiet", code_text(folder)]
         for name, (spread, folder) in runs.items()
     ]
     lines = [markdown_table(["strategy", "step ms as training runs it", "noise", "run"], rows, "lrll"), ""]
     if noisy:
-        lines += [f"Noisy runs ({', '.join(noisy)}): their times may not hold on a quiet machine.", ""]
-    fastest = check["fastest"]
+        lines += [f"Noisy runs ({', '.join(map(cell_text, noisy))}): their times may not hold on a quiet machine.", ""]
+    fastest = [cell_text(name) for name in check["fastest"]]
     shown = fastest[0] + (f" (≈ {', '.join(fastest[1:])})" if fastest[1:] else "")
+    name = cell_text(predicted["strategy"]) if predicted else None
     if predicted and predicted["strategy"] not in runs:
-        lines.append(f"Measured fastest: {shown}; the predicted {predicted['strategy']} has no profile here yet.")
-    elif predicted and (predicted["strategy"] in fastest or fastest[0] in predicted.get("ties", [])):
-        lines.append(f"**The prediction holds**: measured fastest {shown}, predicted {predicted['strategy']}.")
+        lines.append(f"Measured fastest: {shown}; the predicted {name} has no profile here yet.")
+    elif predicted and (predicted["strategy"] in check["fastest"] or check["fastest"][0] in predicted.get("ties", [])):
+        lines.append(f"**The prediction holds**: measured fastest {shown}, predicted {name}.")
     elif predicted:
-        lines.append(f"**The prediction disagrees**: measured fastest {shown}, predicted {predicted['strategy']}.")
+        lines.append(f"**The prediction disagrees**: measured fastest {shown}, predicted {name}.")
     for a, b, x in check["disagreements"]:
-        lines.append(f"- predicted {a} faster than {b}; measured {b} {times(x)} faster")
-    missing = [n for n, _, _ in (predicted or {}).get("ranking", [])[:3] if n not in runs]
+        lines.append(
+            f"- predicted {cell_text(a)} faster than {cell_text(b)}; measured {cell_text(b)} {times(x)} faster"
+        )
+    missing = [cell_text(n) for n, _, _ in (predicted or {}).get("ranking", [])[:3] if n not in runs]
     if missing:
         lines.append(f"\nNot profiled over this source among the three predicted fastest: {', '.join(missing)}.")
     return lines

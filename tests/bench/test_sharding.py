@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 from conftest import ROOT
+from lab_helpers import MARKUP_NAME, SHOWN, rendered
 from train_helpers import TINY
 
 from detector import cli
@@ -231,6 +232,18 @@ def test_a_link_that_could_not_be_measured_is_named_in_the_document():
     why = (None, "exit 1, its output in l.log")
     text = sharding.document(runs, {}, torch.device("cpu"), ["python -m detector train"], "w", why)
     assert text.endswith("\nThe link alone was not measured: exit 1, its output in l.log.\n")
+
+
+def test_overrides_and_failures_holding_markup_come_out_escaped_in_the_document(monkeypatch):
+    """A command line, a failure's reason and the commit named with a tag and pipes: shown as written, as text."""
+    monkeypatch.setenv("DETECTOR_COMMIT", MARKUP_NAME)
+    runs = {Run(1, None): summary(1, 100, [1.0]), Run(2, "blocks"): summary(2, 100, [1.0])}
+    command = f"python -m detector train data.boxes='{MARKUP_NAME}'"
+    failed = {"2x-off": f"exit 1: no file {MARKUP_NAME}"}
+    text = sharding.document(runs, failed, torch.device("cpu"), [command], f"{command} ```", (None, None))
+    page = rendered(text)
+    assert "<script" not in page and page.count(SHOWN) == 4  # the commit, who wrote it, its command, the failure
+    assert f"<code>{command.replace(MARKUP_NAME, SHOWN)} ```</code>" in page
 
 
 def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, monkeypatch):

@@ -1,8 +1,11 @@
 """TensorBoard events of a profile run (detector/board/events.py) read back with TensorBoard's own reader, the
 run's text card, and the `make tensorboard` launcher (detector/board/launcher.py)."""
 
+import re
+
 import pytest
 from lab_helpers import make_run, read_events
+from tensorboard.plugin_util import markdown_to_safe_html
 
 from detector.board import events as board
 from detector.board.launcher import main as launch
@@ -46,6 +49,7 @@ def test_profile_events_scalars_text_images(tmp_path):
     assert tags["tensors"] == ["summary/tables/text_summary"]
     text = events.Tensors("summary/tables/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "padded, train, NVIDIA H200" in text and "| calc loss |" in text and "launches" in text
+    assert text == board.text_tab(run_card(summary))  # its tables' headers set for the Text tab
     assert "As training runs it (no profiler, no regions; 5 steps): step 101 [100–101] ms" in text
     assert "Noise: quiet (other processes' load, in cores of 16: 0.02 before, 0.05 during, 0.01 after)." in text
     assert "need a GPU" not in text and "**warning**" not in text
@@ -71,6 +75,34 @@ def test_profile_events_of_a_cpu_trace(tmp_path):
     text = run_card(summary)
     assert text.count("need a GPU") == 1 and "| GPU ms |" not in text and "launches" in text.split("need a GPU")[0]
     assert f"{board.RUN_GROUP}/timeline of the median step" in tags["images"]
+
+
+TABLE = """Before.
+
+| region | strategy | operators | step ms as training runs it |
+|---|---|---:|---:|
+| optimizer step | my\\|strategy | 12 | 101 [100–101] |
+
+After: | not a table |"""
+
+
+def test_the_text_tabs_tables_have_their_headers_in_pre_as_wide_as_their_columns_words():
+    """TensorBoard's Text tab breaks a squeezed table's words anywhere, but not a <pre>'s: each header is one, as wide
+    as its column's longest word (in a <pre>'s narrower characters), its words whole on lines no wider."""
+    text = board.text_tab(TABLE)
+    lines = text.split("\n")
+    assert lines[:2] + lines[3:] == TABLE.split("\n")[:2] + TABLE.split("\n")[3:]  # all but the header row kept
+    headers = re.findall(r"<pre>(.*?)</pre>", lines[2])
+    assert len(headers) == 4 and lines[2].startswith("| <pre>") and lines[2].endswith("</pre> |")
+    shown = [header.split("&#10;") for header in headers]
+    # the widths: 1.25 × "optimizer", × "my|strategy", "operators" itself, 1.25 × "[100–101]"
+    words = {"region": 12, "strategy": 14, "operators": 9, "step ms as training runs it": 12}
+    for (header, width), header_lines in zip(words.items(), shown, strict=True):
+        assert {len(line) for line in header_lines} == {width}, header_lines
+        assert " ".join(line.strip() for line in header_lines) == header  # broken between words only
+    assert [line.strip() for line in shown[3]] == ["step ms as", "training", "runs it"]
+    html = markdown_to_safe_html(text)  # what the Text tab gets: the <pre> kept by its sanitiser
+    assert "<th><pre>   region   </pre></th>" in html and "<td>my|strategy</td>" in html
 
 
 def test_a_summary_with_warnings_shows_them(tmp_path):

@@ -5,12 +5,14 @@ outputs and TensorBoard events, and what it says about broken or missing runs.""
 import json
 
 import pytest
-from lab_helpers import edit_summary, make_run, read_events
+from lab_helpers import BUSY, MARKUP_NAME, SHOWN, edit_summary, make_run, read_events, rendered, tables_whole
 
-from detector.board.events import write_compare_events
+from detector.board.events import text_tab, write_compare_events
 from detector.errors import UserError
 from detector.lab.compare import read_run, run_compare
+from detector.lab.present.text import run_card
 from detector.lab.record.comparison import read_comparison
+from detector.lab.record.run import read_summary
 from detector.lab.record.steps import EXTRACT, read_extract, write_extract
 
 
@@ -257,3 +259,33 @@ def test_a_damaged_extract_step_is_one_warning_and_the_timeline_still_drawn(tmp_
         for n in others
     ]
     assert (tmp_path / "out" / "timeline-train.png").exists()
+
+
+def test_names_from_summaries_come_out_escaped_in_compare_and_the_cards(tmp_path):
+    """A strategy, run, preset and emulation note named with a tag and pipes (a noisy run: its label is among the
+    verdict's reasons), and a device so named (no padded run on it: not judged): compare.md, the Text tab's tables and
+    the runs' cards show each as written, as text, and every table keeps its columns."""
+    root = tmp_path / "profile"
+    make_run(root, "padded", "20261122-031500")
+    named = make_run(root, "fast", "20261122-031600", scale=0.5, noise=BUSY)
+    edit_summary(named, lambda s: s.update(strategy=MARKUP_NAME, run=MARKUP_NAME, preset=MARKUP_NAME))
+    edit_summary(named, lambda s: s.update(emulated=f"emulated {MARKUP_NAME}"))
+    elsewhere = make_run(root, "packed", "20261122-031700")
+    edit_summary(elsewhere, lambda s: s.update(device=f"NVIDIA H200 {MARKUP_NAME}"))
+    comparison = run_compare(root, out_dir=tmp_path / "compare")
+    verdicts = comparison.record.modes["train"].verdicts
+    assert len(verdicts) == 1 and "not judged" in verdicts[0] and "'s run: other processes" in verdicts[0]
+    documents = {
+        "compare.md": (tmp_path / "compare" / "compare.md").read_text(),
+        "the Text tab's comparison": text_tab(comparison.texts["train"]),
+        "compare.json's verdicts": "\n".join(verdicts),
+        "the named run's card": run_card(read_summary(named)),
+        "the card of the run elsewhere": run_card(read_summary(elsewhere)),
+    }
+    for name, document in documents.items():
+        page = rendered(document)
+        assert "<script" not in page and tables_whole(page), name
+        assert SHOWN in page, name  # as written
+    compared = rendered(documents["compare.md"])
+    assert f"{SHOWN}'s run: other processes" in compared and f"emulated {SHOWN} here" in compared
+    assert f"on NVIDIA H200 {SHOWN}: not judged" in compared

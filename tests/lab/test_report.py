@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lab_helpers import BUSY, QUIET, make_run
+from lab_helpers import BUSY, MARKUP_NAME, QUIET, SHOWN, edit_summary, make_run, rendered
 
 from detector import cli
 from detector.config import load_config
@@ -254,6 +254,26 @@ def test_a_noisy_report_does_not_replace_the_document_unless_told_to(tmp_path, c
         assert path.parent.parent == tmp_path / "work" / "cpu" and path.name == "cpu.md"
         assert "the noise check flags 1 of its profiles (padded: other processes kept 1.9 of 2 cores busy" in out
         assert "make report ARGS=report.force=true" in out
+
+
+def test_names_holding_markup_come_out_escaped_in_the_document(tmp_path, monkeypatch):
+    """A noisy profile's strategy, a strategy not profiled, the overrides and the commit named with a tag and pipes:
+    the document shows each as written, as text."""
+    monkeypatch.setenv("DETECTOR_COMMIT", MARKUP_NAME)
+    docs, work = tmp_path / "docs", tmp_path / "work" / "cpu" / "current"
+    run = make_run(work / "profile", "padded", "20261122-031500", gpu=False, noise=BUSY)
+    edit_summary(run, lambda summary: summary.update(strategy=MARKUP_NAME))
+    (work / "compare").mkdir()
+    (work / "compare" / "compare.json").write_text(json.dumps({"modes": {}}))
+    (work / "compare" / "compare.md").write_text("# compared\n\n## mode=train\n\nverdicts\n")
+    (work / "bench").mkdir()
+    (work / "bench" / "losses.md").write_text("### Which strategy should I use?\n\n| a table |\n")
+    overrides = [f"data.boxes={MARKUP_NAME}"]
+    cfg = load_config(["device=cpu", "preset=cpu", f"report.out_dir={docs}", f"report.work_dir={tmp_path / 'work'}"])
+    path = report.finish(cfg, torch.device("cpu"), work, [], {MARKUP_NAME: f"not here: {MARKUP_NAME}"}, overrides)
+    page = rendered(path.read_text())
+    assert "<script" not in page and page.count(SHOWN) == 5  # the commit, the overrides, the noisy run, the skipped
+    assert f"the noise check flags {SHOWN} (each run" in page and f"<li>{SHOWN}: not here: {SHOWN}</li>" in page
 
 
 @pytest.mark.parametrize(

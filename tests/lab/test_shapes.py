@@ -10,7 +10,7 @@ import pytest
 import torch
 from annotation_helpers import widerface_counts, write_widerface
 from conftest import ROOT
-from lab_helpers import BUSY, QUIET, edit_summary, make_run
+from lab_helpers import BUSY, MARKUP_NAME, QUIET, SHOWN, edit_summary, make_run, rendered, tables_whole
 from omegaconf import OmegaConf
 
 from detector import cli
@@ -18,7 +18,7 @@ from detector.config import load_config
 from detector.lab.measure import costs
 from detector.lab.measure.cases import sample_counts
 from detector.lab.profile import run_profile
-from detector.lab.shapes import MEMORY_AGREES, histogram, predict, run_shapes
+from detector.lab.shapes import MEMORY_AGREES, check_lines, histogram, predict, prediction_lines, run_shapes
 
 SLOTS, BATCH = 32, 16
 # Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
@@ -246,3 +246,40 @@ def test_the_loss_memory_predicted_from_the_counts_agrees_with_a_profile_over_th
     assert 1 / MEMORY_AGREES <= padded["profiled"] / padded["predicted"] <= MEMORY_AGREES, padded
     markdown = next((tmp_path / "runs" / "shapes").rglob("shapes.md")).read_text()
     assert f"**The memory prediction** is within {MEMORY_AGREES}× for every one profiled." in markdown
+
+
+def test_names_from_files_come_out_escaped_in_the_shape_report():
+    """A profile's strategy and folder, a bench file's strategy and device, named with a tag and pipes: shown as
+    written, as text, in the prediction and the check."""
+    spread = {"median": 10.0, "q1": 9.9, "q3": 10.1}
+    report = {
+        "max_boxes": SLOTS,
+        "batch_size": BATCH,
+        "device": f"cpu {MARKUP_NAME}",
+        "source": f"widerface:{MARKUP_NAME}",
+        "predicted": {
+            "strategy": MARKUP_NAME,
+            "ties": ["padded"],
+            "reason": f"{MARKUP_NAME} pays mostly for the slots",
+            "ranking": [[MARKUP_NAME, 1.0, "slots"], ["padded", 1.01, "slots"]],
+        },
+        "costs": {"strategies": [{"strategy": MARKUP_NAME, "per_slot_ms": 1e-3, "per_box_ms": 0.0, "measured": "x"}]}
+        | {"source": MARKUP_NAME},
+        "measured": {
+            "runs": {MARKUP_NAME: [spread, f"runs/profile/{MARKUP_NAME}"], "padded": [spread, "runs/profile/padded"]},
+            "noisy": {MARKUP_NAME: ["other processes kept 1.9 of 2 cores busy"]},
+            "fastest": [MARKUP_NAME, "padded"],
+            "disagreements": [["padded", MARKUP_NAME, 1.5]],
+            "profile_dir": f"runs/{MARKUP_NAME}",
+        },
+    }
+    report["costs"]["strategies"].append(
+        {"strategy": "padded", "per_slot_ms": 1e-3, "per_box_ms": 0.0, "measured": "x"}
+    )
+    for lines in (prediction_lines(report), check_lines(report)):
+        page = rendered("\n".join(lines))
+        assert "<script" not in page and tables_whole(page) and SHOWN in page, page
+    assert f"measured {SHOWN} 1.5× faster" in rendered("\n".join(check_lines(report)))
+    report["measured"]["runs"] = {}  # no profile over this source: the command to make one
+    page = rendered("\n".join(check_lines(report)))
+    assert "<script" not in page and f"<code>make profile STRATEGY={SHOWN} BOXES=widerface:{SHOWN}</code>" in page

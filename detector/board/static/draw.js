@@ -3,14 +3,15 @@
 // The memory lanes share one scale, from the lowest to the highest level of any run shown, so that heights compare.
 
 import {COPY_EDGE} from './lanes.js';
-import {memoryText} from './panels.js';
 import {LABELS, h, setStatus} from './page.js';
-import {drawLegend, showWhy} from './panels.js';
-import {ms, offset, rankReference, shown, state} from './state.js';
+import {drawLegend, memoryText, showWhy} from './panels.js';
+import {offset, rankReference, shown, state} from './state.js';
 
 const LANE = 18; // px per lane
 const HEADER = 22; // px of a run's title lane
 const AXIS = 26; // px of the time axis
+const PICKED_EDGE = '#212121'; // the outline of the region clicked, whose why numbers show
+const PICKED_BAND = 'rgba(255, 193, 7, 0.16)'; // its span behind the run's lanes
 
 function fullView(entries) {
   let start = 0;
@@ -55,7 +56,8 @@ export function draw() {
     for (const lane of data.lanes) {
       const height = lane.height || LANE;
       state.lanes.push({...lane, run, data, y, h: height, offset: o});
-      labels.append(laneLabel(laneText(lane), y, height, lane.kind));
+      const label = lane.kind === 'memory' ? memoryLabel(lane, y, height) : laneLabel(lane.label, y, height, lane.kind);
+      labels.append(label);
       y += height;
     }
     y += 6;
@@ -70,20 +72,24 @@ export function draw() {
   const ctx = canvas.getContext('2d');
   ctx.setTransform(ratio, 0, 0, ratio, 0, 0);
   ctx.clearRect(0, 0, width, y);
-  drawAxis(ctx, width);
+  const decimals = drawAxis(ctx, width);
+  const picked = state.why ? pickedRegions(width) : [];
+  for (const region of picked) drawBand(ctx, region);
   const drawnPerRun = {};
   for (const lane of state.lanes) {
     if (!lane.events.length) continue;
     lane.drawn = drawLane(ctx, lane, width);
     drawnPerRun[lane.run] = (drawnPerRun[lane.run] || 0) + lane.drawn.length;
   }
+  for (const region of picked) drawOutline(ctx, region);
   canvas.dataset.drawn = JSON.stringify(drawnPerRun);
-  const [a, b] = state.view;
+  // the window's ends one decimal finer than the axis's labels, both ends alike
+  const [a, b] = state.view.map((t) => (t / 1e3).toFixed(decimals + 1));
   const where = state.align === 'step' ? "the step's start" : `the start of ${state.align}`;
   const aligned = entries.filter((e) => ![null, e].includes(rankReference(e))).length;
   const ranks = aligned ? `; ${aligned} rank(s) placed against their run's lowest rank on the host's clock` : '';
-  setStatus(`showing ${ms(a)} to ${ms(b)} ms from ${where}; ${entries.length} run(s)${ranks}`);
-  document.getElementById('range').textContent = `${ms(a)}–${ms(b)} ms`;
+  setStatus(`showing ${a} to ${b} ms from ${where}; ${entries.length} run(s)${ranks}`);
+  document.getElementById('range').textContent = `${a}–${b} ms`;
   if (state.why) showWhy(state.why);
   document.body.dataset.drawMs = (performance.now() - began).toFixed(1); // for the tests: responsiveness
 }
@@ -97,10 +103,15 @@ function memoryScale(entries) {
   return {low, high: Math.max(high, low + 1)};
 }
 
-function laneText(lane) {
-  if (lane.kind !== 'memory' || !state.memoryScale) return lane.label;
+// A memory lane's label: what it draws, beside the shared scale's highest level at the lane's top and its lowest at
+// its foot, level with the bars' reach.
+function memoryLabel(lane, y, height) {
   const {low, high} = state.memoryScale;
-  return `${lane.label}, ${memoryText(low)} to ${memoryText(high)}`;
+  const label = laneLabel('', y, height, 'memory');
+  label.title = `${lane.label}: ${memoryText(low)} at the foot to ${memoryText(high)} at the top, one scale for all`;
+  const top = h('span', {className: 'scale top'}, memoryText(high));
+  label.append(h('span', {className: 'name'}, lane.label), top, h('span', {className: 'scale foot'}, memoryText(low)));
+  return label;
 }
 
 function laneLabel(text, y, height, kind) {
@@ -115,20 +126,56 @@ function toX(t, width) {
   return ((t - a) / (b - a)) * width;
 }
 
+// The time axis: a label every nice step, each with the decimals the step needs (5 ms steps: "5 ms", "10 ms"; 0.2 ms
+// steps: "0.2 ms", "10.4 ms"). Returns those decimals.
 function drawAxis(ctx, width) {
   const [a, b] = state.view;
   const step = niceStep((b - a) / 8);
+  const decimals = Math.max(0, -Math.floor(Math.log10(step / 1e3) + 1e-9));
   ctx.fillStyle = '#444';
   ctx.strokeStyle = '#ddd';
   ctx.font = '11px sans-serif';
-  for (let t = Math.ceil(a / step) * step; t <= b; t += step) {
-    const x = toX(t, width);
+  const labels = [];
+  for (let k = Math.ceil(a / step); k * step <= b; k++) {
+    const x = toX(k * step, width);
     ctx.beginPath();
     ctx.moveTo(x, AXIS - 6);
     ctx.lineTo(x, ctx.canvas.height);
     ctx.stroke();
-    ctx.fillText(`${ms(t)} ms`, x + 2, AXIS - 10);
+    labels.push(`${((k * step) / 1e3).toFixed(decimals)} ms`);
+    ctx.fillText(labels[labels.length - 1], x + 2, AXIS - 10);
   }
+  ctx.canvas.dataset.axis = JSON.stringify(labels); // for the tests: what the axis says
+  return decimals;
+}
+
+// The region whose why numbers are shown, in every run that has it: its regions lane, its span in x, and the bottom
+// of the run's lanes.
+function pickedRegions(width) {
+  const picked = [];
+  for (const lane of state.lanes.filter((l) => l.kind === 'regions')) {
+    const event = lane.events.find(([, , , what]) => what.region === state.why);
+    if (!event) continue;
+    const own = state.lanes.filter((l) => l.run === lane.run && l.kind !== 'header');
+    const bottom = Math.max(...own.map((l) => l.y + l.h));
+    const o = lane.offset || 0;
+    picked.push({lane, x0: toX(event[0] - o, width), x1: toX(event[0] + event[1] - o, width), bottom});
+  }
+  return picked;
+}
+
+// Behind the run's lanes: the picked region's span, so that its GPU work and memory read against it.
+function drawBand(ctx, {lane, x0, x1, bottom}) {
+  ctx.fillStyle = PICKED_BAND;
+  ctx.fillRect(x0, lane.y, Math.max(1, x1 - x0), bottom - lane.y);
+}
+
+// Over the regions lane: the picked region's bar outlined.
+function drawOutline(ctx, {lane, x0, x1}) {
+  ctx.strokeStyle = PICKED_EDGE;
+  ctx.lineWidth = 2;
+  ctx.strokeRect(x0 + 1, lane.y + 1, Math.max(1, x1 - x0 - 2), lane.h - 2);
+  ctx.lineWidth = 1;
 }
 
 function niceStep(raw) {
@@ -250,10 +297,16 @@ function drawMemory(ctx, lane, width) {
     }
   }
   flush();
+  // the foot, and a fainter line where the scale's highest level reaches: its label's two ends
   ctx.strokeStyle = '#bbb';
   ctx.beginPath();
   ctx.moveTo(0, foot + 0.5);
   ctx.lineTo(width, foot + 0.5);
+  ctx.stroke();
+  ctx.strokeStyle = '#e4e4e4';
+  ctx.beginPath();
+  ctx.moveTo(0, lane.y + 1.5);
+  ctx.lineTo(width, lane.y + 1.5);
   ctx.stroke();
   return drawn;
 }

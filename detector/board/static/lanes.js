@@ -59,7 +59,8 @@ export function prepare(step, colors, collectives = []) {
 }
 
 // The allocator's events as a lane: each level holds from its event to the next (the last to the step's end), in the
-// colour of the region it fell in; low and high bound the levels, the step's start included.
+// colour of the region it fell in; low and high bound the levels, the step's start included. Each level also keeps
+// the step's last allocation up to it (`allocation`), so that a level a free set still names what allocated.
 function memoryLane(step, colors) {
   const {rows, start, device, events} = step.memory;
   const name = (i) => (i >= 0 ? step.names[i] : '');
@@ -74,10 +75,12 @@ function memoryLane(step, colors) {
   };
   // the level at the step's start holds until the first event
   const points = [[0, start, 0, -1, true], ...rows];
+  let allocation = null; // {t, bytes, op} of the last allocation so far
   points.forEach(([t, allocated, bytes, op, first], k) => {
     const next = k + 1 < points.length ? points[k + 1][0] : Math.max(step.dur, t);
     const region = regionAt(step, t);
-    const what = {allocated, bytes, op: name(op), region, first: Boolean(first)};
+    if (bytes > 0) allocation = {t, bytes, op: name(op)};
+    const what = {allocated, bytes, op: name(op), region, first: Boolean(first), allocation};
     lane.events.push([t, next - t, colors.regions[region] || '#999', what]);
   });
   lane.low = points.reduce((m, [, a]) => Math.min(m, a), Infinity);

@@ -45,6 +45,7 @@ body { font: 13px Roboto, sans-serif; margin: 8px; color: #212121; }
 .skipped { color: #999; font-size: 12px; }
 .warning { color: #b26a00; font-size: 12px; }
 #tools { display: flex; flex-direction: column; gap: 4px; }
+#reset { align-self: flex-start; }
 #status, .help { color: #666; font-size: 12px; }
 #range { font-weight: 500; }
 #plot { position: relative; display: flex; }
@@ -52,6 +53,12 @@ body { font: 13px Roboto, sans-serif; margin: 8px; color: #212121; }
 .lane-label { position: absolute; left: 0; width: ${LABELS - 8}px; font-size: 11px; line-height: 18px;
   white-space: nowrap; overflow: hidden; text-overflow: ellipsis; color: #555; }
 .lane-label.header { font-weight: 600; color: #212121; line-height: 22px; border-top: 1px solid #ccc; }
+.lane-label.memory { overflow: visible; }
+.lane-label.memory .name { position: absolute; left: 0; top: 2px; width: ${LABELS - 86}px; white-space: normal;
+  line-height: 13px; }
+.lane-label.memory .scale { position: absolute; right: 2px; line-height: 13px; color: #777; }
+.lane-label.memory .top { top: -4px; }
+.lane-label.memory .foot { bottom: -4px; }
 #canvas { cursor: grab; flex: none; }
 #tooltip { position: fixed; display: none; background: #fff; border: 1px solid #bbb; padding: 6px 8px;
   box-shadow: 0 2px 6px rgba(0,0,0,.2); max-width: 480px; font-size: 12px; pointer-events: none; z-index: 10; }

@@ -44,8 +44,9 @@ export function drawLegend(entries) {
 }
 
 // The tooltip's lines for the event (or merged events) under the pointer: a list of nodes and strings.
-export function describe({lane, first, last}) {
-  if (lane.kind === 'memory') return describeMemory(lane, first, last);
+export function describe(hit) {
+  const {lane, first, last} = hit;
+  if (lane.kind === 'memory') return describeMemory(hit);
   const [start, dur, , what] = lane.events[first];
   const data = lane.data;
   const o = lane.offset || 0;
@@ -75,35 +76,37 @@ export function describe({lane, first, last}) {
   ];
 }
 
-// A memory lane's event: what was allocated or freed, by which operator, and what was allocated after it; merged
-// events: their highest level and the operator of it.
-function describeMemory(lane, first, last) {
+// A memory lane at the pointer's time: the bytes allocated then, the event that set that level, and the step's last
+// allocation up to it with its operator (a free sets most levels); where the pixel column merges several levels,
+// also their highest.
+function describeMemory({lane, first, last, level, t}) {
   const o = lane.offset || 0;
-  const [start] = lane.events[first];
+  const [start, , , what] = lane.events[level];
+  const at = ` at ${ms(t - o)} ms, in ${regionAt(lane.data, t)}`;
+  const lines = [h('b', {}, `${memoryText(what.allocated)} allocated`), at];
+  const since = what.first ? 'the step began (tensors live from before it)' : `${change(what)} at ${ms(start - o)} ms`;
+  lines.push(h('br'), `since ${since}`);
+  const allocation = what.allocation;
+  if (allocation && (what.bytes <= 0 || allocation.t !== start)) {
+    const by = allocation.op || 'no operator';
+    lines.push(h('br'), `allocated last by ${by}: ${memoryText(allocation.bytes)} at ${ms(allocation.t - o)} ms`);
+  }
   if (last > first) {
-    const events = lane.events.slice(first, last + 1);
-    const top = events.reduce((a, b) => (b[3].allocated > a[3].allocated ? b : a));
-    const [end, d] = [events[events.length - 1][0], events[events.length - 1][1]];
-    return [
-      h('b', {}, `${events.length} allocator events`),
-      `, merged at this zoom: ${ms(start - o)}–${ms(end + d - o)} ms`,
-      h('br'),
-      `highest: ${memoryText(top[3].allocated)} allocated, after ${top[3].op || 'an event outside any operator'} ` +
-        `in ${top[3].region}. Zoom in.`,
-    ];
+    const top = lane.events.slice(first, last + 1).reduce((a, b) => (b[3].allocated > a[3].allocated ? b : a))[3];
+    const after = top.first ? "at the step's start" : `after ${top.op || 'an event outside any operator'}`;
+    const levels = `${last - first + 1} levels in this pixel column`;
+    lines.push(h('br'), `${levels}, the highest ${memoryText(top.allocated)} ${after}. Zoom in.`);
   }
-  const what = lane.events[first][3];
-  if (what.first) {
-    return [h('b', {}, memoryText(what.allocated)), ' allocated when the step began (tensors live from before it)'];
+  if (lane.kept < lane.total) {
+    lines.push(h('br'), h('small', {}, `${lane.kept} of the step's ${lane.total} events kept`));
   }
-  const verb = what.bytes >= 0 ? 'allocated' : 'freed';
-  return [
-    h('b', {}, what.op || 'no operator'),
-    ` ${verb} ${memoryText(Math.abs(what.bytes))} at ${ms(start - o)} ms, in ${what.region}`,
-    h('br'),
-    `${memoryText(what.allocated)} allocated after it`,
-    ...(lane.kept < lane.total ? [h('br'), h('small', {}, `${lane.kept} of the step's ${lane.total} events kept`)] : []),
-  ];
+  return lines;
+}
+
+// An allocator's event in words: ``aten::empty allocated 64 MiB``, ``a free of 2 MiB outside any operator``.
+function change({bytes, op}) {
+  if (bytes >= 0) return `${op || 'an allocation outside any operator'} allocated ${memoryText(bytes)}`;
+  return op ? `${op} freed ${memoryText(-bytes)}` : `a free of ${memoryText(-bytes)} outside any operator`;
 }
 
 // Bytes held, in binary units as the lab writes them (detector/lab/record/measures.py memory_text).

@@ -72,13 +72,38 @@ def speedup_cell(base, new) -> str:
 
 
 TAG = re.compile(r"<(?=[A-Za-z/!?])")  # the start of an HTML tag: `<script>`, `</b>`, `<!--`
+ENTITY = re.compile(r"&(?=#?\w+;)")  # the start of an HTML entity: `&lt;`, `&#60;`
+BACKTICKS = re.compile(r"`+")
+
+
+def one_line(value: object) -> str:
+    """``value`` as text with its line breaks as spaces."""
+    return " ".join(str(value).replace("\r", "\n").split("\n"))
 
 
 def cell_text(value: object) -> str:
-    """Text that cannot break a markdown table or carry HTML: ``|`` escaped, line breaks as spaces, a tag's
-    ``<`` as ``&lt;`` (values from files a user or another program wrote: a strategy's name, a warning)."""
-    text = " ".join(str(value).split("\n"))
-    return TAG.sub("&lt;", text.replace("\r", " ").replace("|", "\\|"))
+    """Text from a file a user or another program wrote (a strategy's name, a run folder's, a device's, a warning) as
+    markdown that shows it as written, in a table's cell or in a sentence: it cannot end the cell or the line (``|`` and
+    the ``\\`` that would undo that escape are escaped, line breaks are spaces), nor start an HTML tag or entity (their
+    ``<`` and ``&`` as ``&lt;`` and ``&amp;``)."""
+    text = one_line(value).replace("\\", "\\\\").replace("|", "\\|")
+    return TAG.sub("&lt;", ENTITY.sub("&amp;", text))
+
+
+def code_text(value: object) -> str:
+    """``value`` as a markdown code span, shown as written (a path, a command, a run's name): on one line, between more
+    backticks than it holds in a row. In a table's cell it still goes through ``cell_text``: a ``|`` ends the cell."""
+    text = one_line(value)
+    fence = "`" * (max(map(len, BACKTICKS.findall(text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""  # a span's own backtick next to the fence
+    return f"{fence}{pad}{text}{pad}{fence}"
+
+
+def code_block(lines: Sequence[str]) -> list[str]:
+    """``lines`` (commands) as a fenced markdown block: each on one line, fenced by more backticks than they hold."""
+    lines = [one_line(line) for line in lines]
+    fence = "`" * max([3] + [len(run) + 1 for line in lines for run in BACKTICKS.findall(line)])
+    return [fence, *lines, fence]
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:

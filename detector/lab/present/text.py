@@ -7,7 +7,7 @@ is not written, and a CPU run says once which measures need a GPU. The memory ta
 
 from __future__ import annotations
 
-from detector.lab.present.tables import cell_text, markdown_table, speedup, times
+from detector.lab.present.tables import cell_text, code_text, markdown_table, speedup, times
 from detector.lab.present.verdicts import BASELINE, host_speedup, loader_note, noise_note, paced_unlike, profiler_note
 from detector.lab.record.measures import (
     MEASURES,
@@ -47,11 +47,11 @@ def run_card(record: ProfileRecord) -> str:
     """The run's Text card: what ran, its table, the step as training runs it, the loader, the noise and the
     warnings."""
     analysis = record.analysis
-    size = f"{record.image_size or '?'} px, {record.max_boxes or '?'} box slots, boxes: {boxes_of(record)}"
+    size = f"{record.image_size or '?'} px, {record.max_boxes or '?'} box slots, boxes: {cell_text(boxes_of(record))}"
     protocol = "regions synchronised (profile.sync_regions)" if record.sync_regions else "regions unsynchronised"
     lines = [
-        f"**{cell_text(record.title())}** ({size}, preset {record.preset or '?'}, {protocol}), "
-        f"run `{cell_text(record.run or '?')}`",
+        f"**{cell_text(record.title())}** ({size}, preset {cell_text(record.preset or '?')}, {protocol}), "
+        f"run {code_text(record.run or '?')}",
         "",
         f"Median [q1–q3] over {analysis.steps} active steps (ProfilerStep {analysis.step_numbers}); "
         f"the timeline shows step {analysis.representative_step} (median wall time).",
@@ -120,7 +120,7 @@ def memory_table(runs: list[tuple[str, ProfileRecord]]) -> str:
 
 def boxes_of(record: ProfileRecord) -> str:
     """Where a run's boxes came from and what its slots cut (a summary from before data.boxes: synthetic)."""
-    return cell_text(record.data.describe() if record.data else "synthetic")
+    return record.data.describe() if record.data else "synthetic"
 
 
 def data_note(runs: list[tuple[str, ProfileRecord]]) -> str | None:
@@ -128,7 +128,7 @@ def data_note(runs: list[tuple[str, ProfileRecord]]) -> str | None:
     sources = {label: boxes_of(r) for label, r in runs}
     if len(set(sources.values())) < 2:
         return None
-    listed = "; ".join(f"{cell_text(label)}: {source}" for label, source in sources.items())
+    listed = "; ".join(f"{cell_text(label)}: {cell_text(source)}" for label, source in sources.items())
     return f"**Runs over different boxes** (their times are of different work): {listed}."
 
 
@@ -148,7 +148,7 @@ def runs_table(runs: list[tuple[str, ProfileRecord]]) -> str:
         protocol = "synchronised" if r.sync_regions else "as training"
         noise = "unknown" if r.noise is None else ("noisy" if r.noisy else "quiet")
         rows.append([r.strategy, r.mode, r.device, r.torch, r.batch_size, r.image_size or "?", protocol])
-        rows[-1] += [r.analysis.steps, noise, f"`{r.folder}`", r.max_boxes or "?", boxes_of(r)]
+        rows[-1] += [r.analysis.steps, noise, code_text(r.folder), r.max_boxes or "?", boxes_of(r)]
     return markdown_table(headers + ["slots", "boxes"], rows, "lllllrlrllrl")
 
 

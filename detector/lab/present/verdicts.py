@@ -282,7 +282,7 @@ class Verdict:
         return self.trained or self.profiled
 
     def line(self) -> str:
-        """The verdict as one markdown bullet (its label escaped: it comes from a file)."""
+        """The verdict as one markdown bullet (its label, and each text naming it, escaped: it comes from a file)."""
         label = cell_text(self.label)
         memory = f"{counts_text(self.memory, per_region=2)}. " if self.memory else ""
         counts = counts_text(self.counts)
@@ -295,7 +295,7 @@ class Verdict:
         elif not self.trained:
             parts.append("(Not timed without the profiler: the profiled step is all there is.)")
         if self.emulated:
-            parts.append(f"Its times are not its kernels': {self.emulated} here.")
+            parts.append(f"Its times are not its kernels': {cell_text(self.emulated)} here.")
         if self.region:
             parts.append(f"Traces tab: align on *{self.region}*.")
         return " ".join(parts)
@@ -303,9 +303,9 @@ class Verdict:
     def time_sentence(self, label: str) -> str:
         timing = self.leading()
         how = "as training runs it" if self.trained else "profiled"
-        noise = "; ".join(timing.noise)
+        noise = cell_text("; ".join(timing.noise))  # the runs' labels among the reasons
         if timing.pacing:
-            return f"Times {how} not judged: {timing.pacing} ({timing.spreads(label)})."
+            return f"Times {how} not judged: {cell_text(timing.pacing)} ({timing.spreads(label)})."
         if not timing.judged:
             return f"Times {how} not judged, the noise check flags them — {noise} ({timing.spreads(label)})."
         if timing.x is None:
@@ -358,7 +358,8 @@ def verdict_lines(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | N
         if setting(record) != setting(base):
             device, batch, side = setting(record)
             lines.append(
-                f"- **{cell_text(label)}** — no {BASELINE} run at batch {batch}, {side} px on {device}: not judged."
+                f"- **{cell_text(label)}** — no {BASELINE} run at batch {batch}, {side} px on {cell_text(device)}: "
+                "not judged."
             )
         else:
             lines.append(judge(base, record, label).line())

@@ -5,9 +5,12 @@ import json
 
 import pytest
 import torch
+from lab_helpers import MARKUP_NAME, SHOWN, rendered, tables_whole
 
 from detector.lab.present.tables import (
     cell_text,
+    code_block,
+    code_text,
     markdown_table,
     ms,
     significant,
@@ -87,3 +90,38 @@ def test_a_cell_from_a_file_cannot_break_its_table_or_carry_html():
     table = markdown_table(["strategy", "ms"], [[name, 1]])
     assert len(table.splitlines()) == 3 and table.splitlines()[2].count(" | ") == 1
     assert "<script>" not in table
+
+
+def test_a_name_with_an_escaped_pipe_or_an_entity_is_shown_as_written():
+    """A backslash before a pipe cannot undo the pipe's escape (a cell of its own), and ``&lt;`` is not a ``<``."""
+    assert cell_text("x\\|y &lt;b&gt; & co") == "x\\\\\\|y &amp;lt;b&amp;gt; & co"
+    page = rendered(markdown_table(["strategy", "ms"], [[MARKUP_NAME, 1], ["&lt;b&gt;", 2]]))
+    assert tables_whole(page) and "<script" not in page
+    assert f"<td>{SHOWN}</td>" in page and "<td>&amp;lt;b&amp;gt;</td>" in page
+
+
+@pytest.mark.parametrize(
+    "value, span",
+    [
+        ("runs/profile/padded", "`runs/profile/padded`"),
+        ("a`b", "``a`b``"),
+        ("`x``", "``` `x`` ```"),  # its own backtick beside the fence: a space between
+        ("two\nlines", "`two lines`"),
+    ],
+)
+def test_a_code_span_shows_its_value_as_written(value, span):
+    assert code_text(value) == span
+    one_line = value.replace("\n", " ")
+    assert rendered(f"run {span}") == f"<p>run <code>{one_line}</code></p>"
+
+
+def test_a_code_block_is_fenced_past_the_backticks_its_commands_hold():
+    assert code_block(["python -m detector train", "make profile ARGS='a```b'"]) == [
+        "````",
+        "python -m detector train",
+        "make profile ARGS='a```b'",
+        "````",
+    ]
+    assert code_block(["one\ntwo"]) == ["```", "one two", "```"]
+    page = rendered("\n".join(code_block([f"make profile STRATEGY='{MARKUP_NAME}'", "```", "<b>"])))
+    assert "<script" not in page and "<b>" not in page and page.count("<pre>") == 1
