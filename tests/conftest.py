@@ -93,7 +93,9 @@ def pytest_configure(config):
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
     """The folder a user runs from, first on sys.path (their own strategy module goes there); the strategies a test
-    registers and the modules it imports are removed after it."""
+    registers and the modules imported from its folder are removed after it (only those: a module of torch's
+    imported for the first time during the test, and removed, would run again on its next import, and some of
+    torch's register themselves once per process)."""
     from detector.losses import STRATEGIES
 
     monkeypatch.chdir(tmp_path)
@@ -103,7 +105,8 @@ def user_dir(tmp_path, monkeypatch):
     for name in set(STRATEGIES) - before:
         del STRATEGIES[name]
     for name in set(sys.modules) - modules:
-        del sys.modules[name]
+        if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
+            del sys.modules[name]
 
 
 @pytest.fixture

@@ -356,10 +356,11 @@ def load_checkpoint(run_dir: Path, step_fn, expected: dict, global_batch: int, g
     check_meta(meta, name, expected, global_batch, step_fn.world_size)
     planner = RowsLoadPlanner(state_pieces(step_fn), name)
     files.quiet_dcp()
+    reader = files.Reader(folder)
     try:
-        dcp.load({}, storage_reader=files.Reader(folder), planner=planner, process_group=group, no_dist=group is None)
+        dcp.load({}, storage_reader=reader, planner=planner, process_group=group, no_dist=group is None)
     except (Exception, CheckpointException) as err:  # ours or DCP's own checks, raised on any process
-        found = files.root(err)
+        found = reader.refused or files.root(err)
         if isinstance(found, CheckpointError):
             raise found from err
         raise CheckpointError(f"checkpoint {folder} could not be read ({one_line(found)}): {files.FIX}") from err

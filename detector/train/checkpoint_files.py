@@ -237,7 +237,10 @@ class MetadataUnpickler(pickle.Unpickler):
 
 class Reader(FileSystemReader):
     """DCP's reader of a save folder whose .metadata is unpickled by ``MetadataUnpickler`` (the caller has checked its
-    checksum first)."""
+    checksum first). ``refused``: why it refused the .metadata, kept because DCP's load catches what read_metadata
+    raises and, in some torch versions, says only "metadata is None"."""
+
+    refused: CheckpointError | None = None
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = Path(self.path) / DCP_METADATA
@@ -245,9 +248,11 @@ class Reader(FileSystemReader):
             with open(path, "rb") as f:
                 metadata = MetadataUnpickler(f).load()
         except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
-            raise CheckpointError(f"{path} is not DCP's metadata ({err}): {FIX}") from None
+            self.refused = CheckpointError(f"{path} is not DCP's metadata ({err}): {FIX}")
+            raise self.refused from None
         if not isinstance(metadata, Metadata):
-            raise CheckpointError(f"{path} is not DCP's metadata (a {type(metadata).__name__}): {FIX}")
+            self.refused = CheckpointError(f"{path} is not DCP's metadata (a {type(metadata).__name__}): {FIX}")
+            raise self.refused
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id

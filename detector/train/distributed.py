@@ -24,8 +24,10 @@ batch. ``n`` comes from one all-reduce of ``[n_r, S_r]`` on the device; the host
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,21 +79,53 @@ def teardown(env: DistEnv) -> None:
 
 
 def release_dtensor_caches() -> None:
-    """Empty torch's DTensor caches (sharding propagation, redistribute plans, mesh topology): they keep FSDP2's device
-    mesh, and with it the process group and gloo's threads, alive past destroy_process_group. Each is torch's own,
-    private: cleared where this torch has it."""
+    """Empty torch's DTensor caches: they keep FSDP2's device mesh, and with it the process group and gloo's threads,
+    alive past destroy_process_group. Which caches hold a mesh differs between torch versions (sharding propagation,
+    in Python and in the C++ dispatch's fast path, which some versions' debug helper leaves; redistribute plans;
+    mesh topology), all private: so the known ones are emptied by name where this torch has them, and every other
+    functools cache of torch's DTensor modules loaded by now too. A cache only saves work: the run is over."""
     # imported here: their debug module brings inductor's runtime estimator with it, a second of every run's start-up
-    from torch.distributed.tensor import _collective_utils, _redistribute, debug
+    from torch.distributed.tensor import _redistribute, debug
 
-    topology = getattr(_collective_utils, "MeshTopoInfo", None)
     for clear in (
         getattr(debug, "_clear_sharding_prop_cache", None),
+        getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),  # the C++ dispatch's: no gc can see it
         getattr(_redistribute, "clear_redistribute_planner_cache", None),
-        getattr(getattr(_redistribute, "_gen_transform_infos", None), "cache_clear", None),
-        getattr(getattr(topology, "build_from_mesh", None), "cache_clear", None),
     ):
         if clear is not None:
             clear()
+    for name, module in list(sys.modules.items()):
+        if module is not None and name.startswith(DTENSOR):
+            clear_caches(vars(module).values(), depth=4)
+
+
+DTENSOR = "torch.distributed.tensor"
+
+
+def clear_caches(values, depth: int) -> None:
+    """Empty every cache of DTensor's among ``values`` (a functools cache, an object with ``cache_clear``), and
+    among the attributes of DTensor's classes and objects there, ``depth`` levels down (a class's cached
+    staticmethods, the op dispatcher's sharding propagator). Other objects are not asked anything: some answer any
+    attribute (torch.ops' namespaces)."""
+    for value in list(values):
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if not dtensors(value):
+            continue
+        if not isinstance(value, type) and callable(getattr(value, "cache_clear", None)):
+            value.cache_clear()
+        if depth > 1 and hasattr(value, "__dict__"):
+            clear_caches(vars(value).values(), depth - 1)
+
+
+def dtensors(value) -> bool:
+    """Whether ``value`` is DTensor's: a function (cached or not) of its modules, one of its classes, or an instance of
+    one."""
+    if isinstance(value, functools._lru_cache_wrapper) or callable(value) and not isinstance(value, type):
+        module = getattr(value, "__module__", None)
+    else:
+        module = getattr(value if isinstance(value, type) else type(value), "__module__", None)
+    return isinstance(module, str) and module.startswith(DTENSOR)
 
 
 LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they
