@@ -415,11 +415,11 @@ def profile(cfg):
     from detector.board.events import write_profile_events
     from detector.lab.profile import run_profile
 
-    run_dir, record, extract = run_profile(cfg)
-    write_profile_events(run_dir, record, extract)
-    print(f"\ntrace, summary.json and TensorBoard events in {run_dir}/")
+    profiled = run_profile(cfg)
+    write_profile_events(*profiled)
+    print(f"\ntrace, summary.json and TensorBoard events in {profiled.run_dir}/")
     print("compare: make compare; view: make tensorboard")
-    return run_dir, record
+    return profiled.run_dir, profiled.record
 
 
 def check_sections(command: str, overrides: list[str]) -> None:

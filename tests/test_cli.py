@@ -154,7 +154,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
 
     calls = {}
     for module, name, result in [
-        (detector.lab.profile, "run_profile", (tmp_path, None, None)),
+        (detector.lab.profile, "run_profile", detector.lab.profile.Profiled(tmp_path, None, None, "card")),
         (detector.board.events, "write_profile_events", None),
         (detector.train.loop, "run_training", None),
         (detector.bench, "run", None),
@@ -167,7 +167,8 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     assert cli.main(["profile", "profile.strategy=concat", "profile.mode=forward", "data.batch_size=2"]) == 0
     (cfg,) = calls["run_profile"][0]
     assert (cfg.profile.strategy, cfg.profile.mode, cfg.data.batch_size) == ("concat", "forward", 2)
-    assert calls["write_profile_events"] == [(tmp_path, None, None)]  # the run's TensorBoard events, after it
+    # the run's TensorBoard events, after it, with the card it printed
+    assert calls["write_profile_events"] == [(tmp_path, None, None, "card")]
 
     assert cli.main(["train", "--experiment", "cpu_smoke", "train.steps=3"]) == 0
     cfg, experiment = calls["run_training"][0]

@@ -75,15 +75,16 @@ def scalars(record: ProfileRecord) -> list[tuple[str, float, int]]:
     ]
 
 
-def write_profile_events(run_dir, record: ProfileRecord, extract: Extract | None) -> None:
-    """TensorBoard event files in ``run_dir``: scalars per step and region, the run's card as Text, its median
-    step's timeline (where ``extract`` is given) and a per-region chart as Images."""
+def write_profile_events(run_dir, record: ProfileRecord, extract: Extract | None, card: str | None = None) -> None:
+    """TensorBoard event files in ``run_dir``: scalars per step and region, the run's card as Text (``card``, as the
+    profile printed it; built from ``record`` where not given), its median step's timeline (where ``extract`` is
+    given) and a per-region chart as Images."""
     from torch.utils.tensorboard import SummaryWriter
 
     with SummaryWriter(log_dir=str(run_dir)) as writer, tempfile.TemporaryDirectory() as tmp:
         for tag, value, step in scalars(record):
             writer.add_scalar(tag, value, step)
-        writer.add_text("summary/tables", text_tab(run_card(record)))
+        writer.add_text("summary/tables", text_tab(card if card is not None else run_card(record)))
         if extract is not None:
             model = StepModel(extract)
             png = draw_step(model, Path(tmp) / "timeline.png", title=f"{record.title()}: step {model.number}")

@@ -42,6 +42,7 @@ import time
 from datetime import datetime, timezone
 from itertools import pairwise
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -73,9 +74,19 @@ from detector.train.step import TrainStep
 FILL_SECONDS = 30.0
 
 
-def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
-    """Profile the config's training step; returns the run folder, its record and its step extract (this rank's,
-    under torchrun)."""
+class Profiled(NamedTuple):
+    """A profile run: its folder, record, step extract (this rank's, under torchrun) and card (the markdown printed at
+    its end, and the Text tab's: built once)."""
+
+    run_dir: Path
+    record: ProfileRecord
+    extract: Extract
+    card: str
+
+
+def run_profile(cfg: DictConfig) -> Profiled:
+    """Profile the config's training step, into a new run folder; its TensorBoard events are the profile command's
+    (detector/cli.py ``profile``: detector/board/ draws on the lab, not the other way round)."""
     cfg = OmegaConf.merge(cfg, {"train": {"strategy": cfg.profile.strategy}})
     env, device = distributed.setup(cfg)  # one process: no group, the config's device
     try:
@@ -84,7 +95,7 @@ def run_profile(cfg: DictConfig) -> tuple[Path, ProfileRecord, Extract]:
         distributed.teardown(env)
 
 
-def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[Path, ProfileRecord, Extract]:
+def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> Profiled:
     pcfg = cfg.profile
     check_command_memory(cfg, device, "profile", batches=pcfg.wait + pcfg.warmup + pcfg.active + pcfg.timed)
     step = TrainStep(cfg, device, env.world_size)  # the training step of this config; refuses what cannot run here
@@ -110,8 +121,9 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> tuple[P
             with contextlib.suppress(OSError):
                 run_dir.parent.rmdir()  # the run's folder, once no rank's is left in it
         raise
-    print(run_card(record))
-    return run_dir, record, steps_extract
+    card = run_card(record)
+    print(card)
+    return Profiled(run_dir, record, steps_extract, card)
 
 
 def rank_run_dir(parent: Path, env: DistEnv) -> Path:

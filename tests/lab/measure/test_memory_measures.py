@@ -205,7 +205,7 @@ def profile_on(tmp_path_factory, device: str):
     cfg = load_config(
         TINY_PROFILE + [f"device={device}", "profile.strategy=padded", f"profile.out_dir={out}", "profile.timed=2"]
     )
-    run_dir, _, _ = run_profile(cfg)
+    run_dir = run_profile(cfg).run_dir
     return run_dir
 
 
