@@ -1,11 +1,15 @@
 """New output folders (detector/folders.py ``new_run_dir``), the one way every command makes one: made
 atomically, so that commands started in the same second each get their own, under a race too."""
 
+import json
 import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from detector import folders
+from detector.checked import RecordError
 
 
 def test_commands_in_the_same_second_each_get_their_own_folder(tmp_path, monkeypatch):
@@ -41,5 +45,30 @@ def test_a_resumable_work_folder_is_resumed_with_the_same_overrides_only(tmp_pat
     assert folders.prepare_work(tmp_path, ["a=1"]) == work and (work / "part").exists()
     fresh = folders.prepare_work(tmp_path, ["a=2"])
     assert fresh == work and not (work / "part").exists()
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("unfinished-")]
+    assert len(aside) == 1 and (aside[0] / "part").read_text() == "done"
+
+
+def test_a_work_folders_state_is_one_record_written_and_read_again(tmp_path):
+    work = folders.prepare_work(tmp_path, ["a=1", "b=x y"])
+    state = folders.WorkState.read(work / folders.STATE)
+    assert state.overrides == ["a=1", "b=x y"] and state.version == folders.STATE_VERSION
+    assert not [p for p in work.iterdir() if p.name.startswith(".")]  # written atomically: no temporary left
+    # version 1, written before the record had a version: read as it is
+    (work / folders.STATE).write_text(json.dumps({"overrides": ["a=1"], "started": "2026-01-01T00:00:00+00:00"}))
+    assert folders.WorkState.read(work / folders.STATE).overrides == ["a=1"]
+
+
+def test_a_damaged_work_state_is_one_line_naming_the_file_and_field_and_the_folder_kept_aside(tmp_path, capsys):
+    work = folders.prepare_work(tmp_path, ["a=1"])
+    (work / "part").write_text("done")
+    state = work / folders.STATE
+    state.write_text(json.dumps({"overrides": ["a=1", 2], "started": "2026-01-01T00:00:00+00:00", "version": 2}))
+    with pytest.raises(RecordError) as err:
+        folders.WorkState.read(state)
+    assert str(err.value) == f"{state}.overrides[1] is int 2, expected a string"
+    assert folders.prepare_work(tmp_path, ["a=1"]) == work and not (work / "part").exists()
+    out = capsys.readouterr().out
+    assert f"an unfinished report ({state}.overrides[1] is int 2, expected a string) is kept in " in out
     aside = [p for p in tmp_path.iterdir() if p.name.startswith("unfinished-")]
     assert len(aside) == 1 and (aside[0] / "part").read_text() == "done"

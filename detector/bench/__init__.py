@@ -11,10 +11,10 @@
   (detector/bench/memory.py, which writes a folder of its own)
 
 Each target prints medians with their interquartile range and writes ``<dir of bench.out>/<target>.json``
-with the device, the torch version and the ``bench`` configuration, and ``<target>.md`` with the tables it
-printed (`make report` includes them). Targets are imported when run, so that importing this package loads
-neither triton nor the extension. Their timing and their random cases are the lab's (detector/lab/measure/timing.py,
-cases.py), which the shape report times with too.
+(detector/lab/record/bench.py ``BenchResult``) with the device, the torch version and the ``bench`` configuration,
+and ``<target>.md`` with the tables it printed (`make report` includes them). Targets are imported when run, so that
+importing this package loads neither triton nor the extension. Their timing and their random cases are the lab's
+(detector/lab/measure/timing.py, cases.py), which the shape report times with too.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.config import resolve_device
 from detector.errors import UserError
-from detector.lab.present.tables import write_json
+from detector.lab.record.bench import BenchResult
 from detector.lab.record.provenance import run_info
 
 TARGETS = {
@@ -48,8 +48,11 @@ def save(cfg: DictConfig, target: str, device, results, markdown: str) -> Path:
     """Print ``markdown`` (the target's tables); write ``results``, the device, torch and the ``bench`` config
     to ``<dir of bench.out>/<target>.json`` and the tables to ``<target>.md`` beside it."""
     print(markdown)
-    payload = {**run_info(device), "target": target, "config": OmegaConf.to_container(cfg.bench), "results": results}
-    path = write_json(Path(cfg.bench.out).parent / f"{target}.json", payload)
+    path = Path(cfg.bench.out).parent / f"{target}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    BenchResult(target=target, config=OmegaConf.to_container(cfg.bench), results=results, **run_info(device)).write(
+        path
+    )
     path.with_suffix(".md").write_text(markdown + "\n")
     print(f"results: {path} and {path.with_suffix('.md').name}")
     return path

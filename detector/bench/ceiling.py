@@ -21,6 +21,8 @@ source from its sampler (detector/data/), straight into memory: the loader's wor
   that fitted ("time-limited").
 
 Results are written after each job, so that a child stopped at its time limit, or killed, leaves what it measured.
+Both files are records (``Jobs``, written by the parent and read here; ``ChildResults``, written here and read by the
+parent), written atomically and read with their fields checked: a damaged one is one line naming the file and field.
 """
 
 from __future__ import annotations
@@ -32,13 +34,14 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
+from detector.checked import RecordError, need, optional, read_json, versioned, write_atomically
 from detector.config import load_config, resolve_device
 from detector.data import build_sampler
 from detector.data.targets import make_targets
@@ -55,6 +58,9 @@ GRANULE = 32  # ceiling: batches are multiples of this
 GROWTH = 8  # ceiling: the most a probe's batch exceeds the largest that fitted, where the estimate is unsure
 PROBE_OVERHEAD = 5.0  # ceiling: seconds a probe takes beyond its steps (its batch drawn and copied, cuDNN's benchmark)
 OOM_TEXT = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED")
+VERSION = 2  # of the jobs and the results files; 1: no "version" key (the jobs file a bare list)
+PARTS = ("allocator", "ceiling")
+RECORD_BYTES = 16 * 2**20  # a few jobs and their rows are kB; a larger file is not one of these
 
 
 def source_overrides(source: str) -> list[str]:
@@ -237,23 +243,101 @@ class Prober:
         return int(room / ((found.peak - found.base) / found.batch))
 
 
+# ----------------------------------------------------------------------------- the records
+
+
+def job_of(data, where: str) -> list[str]:
+    """``[source, strategy, part]``; RecordError naming ``where`` for another shape."""
+    job = need(data, list, where)
+    if len(job) != 3:
+        raise RecordError(f"{where} has {len(job)} items, expected [source, strategy, part]")
+    source, name, part = (need(v, str, f"{where}[{i}]") for i, v in enumerate(job))
+    if source != "synthetic" and not source.startswith("crowd:"):
+        raise RecordError(f"{where}[0] is {source!r}, expected synthetic or crowd:<file>")
+    if part not in PARTS:
+        raise RecordError(f"{where}[2] is {part!r}, expected one of {', '.join(PARTS)}")
+    return [source, name, part]
+
+
+@dataclass
+class Jobs:
+    """The jobs file (``--jobs``): what the parent asks a child to measure, ``[source, strategy, part]`` each."""
+
+    jobs: list[list[str]]
+    version: int = VERSION
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, json.dumps(asdict(self)).encode())
+
+    @classmethod
+    def parse(cls, data, where: str) -> Jobs:
+        data = {"jobs": data} if isinstance(data, list) else data  # version 1: the bare list
+        versioned(data, where, VERSION)
+        return cls(
+            [job_of(j, f"{where}.jobs[{i}]") for i, j in enumerate(need(data.get("jobs"), list, f"{where}.jobs"))]
+        )
+
+
+def read_jobs(path: Path) -> list[list[str]]:
+    """The jobs in ``path``; a UserError, one line naming the file and the field, where it is not a jobs file."""
+    try:
+        return Jobs.parse(read_json(path, RECORD_BYTES), str(path)).jobs
+    except RecordError as err:
+        raise UserError(str(err)) from None
+
+
+@dataclass
+class ChildResults:
+    """A child's results file (``--out``): its allocator setting, its device and per job done so far its row:
+    ``{"job": [source, strategy, part], "slots": n}`` and ``"allocator"``, ``"ceiling"`` or ``"error"``."""
+
+    setting: str
+    device: str | None = None
+    jobs: list[dict] = field(default_factory=list)
+    version: int = VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, json.dumps(self.to_json(), indent=1).encode())
+
+    @classmethod
+    def parse(cls, data, where: str) -> ChildResults:
+        versioned(data, where, VERSION)
+        jobs = need(data.get("jobs"), list, f"{where}.jobs")
+        for i, job in enumerate(jobs):
+            at = f"{where}.jobs[{i}]"
+            job_of(need(job, dict, at).get("job"), f"{at}.job")
+            optional(job, "slots", int, at)
+            if not any(isinstance(job.get(k), dict) for k in PARTS) and not isinstance(job.get("error"), str):
+                raise RecordError(f"{at} has no allocator, ceiling or error")
+        setting = need(data.get("setting"), str, f"{where}.setting")
+        return cls(setting, optional(data, "device", str, where), jobs)
+
+    @classmethod
+    def read(cls, path: Path) -> ChildResults:
+        """The results in ``path``; RecordError, one line naming the file and the field, otherwise."""
+        return cls.parse(read_json(path, RECORD_BYTES), str(path))
+
+
 # ----------------------------------------------------------------------------- the child process
 
 
-def run_jobs(overrides: list[str], jobs: list[list[str]], out: Path, seconds: float) -> dict:
+def run_jobs(overrides: list[str], jobs: list[list[str]], out: Path, seconds: float) -> ChildResults:
     """Every job (see the module docstring), one source's at a time; the results written to ``out`` after each."""
     began = time.perf_counter()
-    results = {"setting": allocator_setting(), "jobs": [], "device": None}
+    results = ChildResults(allocator_setting())
     for source in dict.fromkeys(source for source, _, _ in jobs):
         cfg = load_config(overrides + source_overrides(source), announce=None)
         device = resolve_device(cfg)
-        results["device"] = str(device)
+        results.device = str(device)
         step, pool = TrainStep(cfg, device), Pool(cfg)
         for _, name, part in (job for job in jobs if job[0] == source):
-            left = [j for j in jobs if not any(r["job"] == j for r in results["jobs"])]
+            left = [j for j in jobs if not any(r["job"] == j for r in results.jobs)]
             share = (seconds - (time.perf_counter() - began)) / max(1, len(left))
-            results["jobs"].append({"job": [source, name, part]} | run_job(step, pool, cfg, name, part, share))
-            out.write_text(json.dumps(results, indent=1))
+            results.jobs.append({"job": [source, name, part]} | run_job(step, pool, cfg, name, part, share))
+            results.write(out)
         del step, pool
         gc.collect()
         if device.type == "cuda":
@@ -293,7 +377,7 @@ def main(argv: list[str]) -> int:
         unknown = set(options) - {"out", "jobs", "seconds"}
         if unknown or not {"out", "jobs"} <= set(options):
             raise UserError("usage: python -m detector.bench.ceiling --out=F --jobs=F [--seconds=S] [key=value ...]")
-        jobs = json.loads(Path(options["jobs"]).read_text())
+        jobs = read_jobs(Path(options["jobs"]))
         overrides = [a for a in argv if not a.startswith("--")]
         seconds = float(options.get("seconds", math.inf))
         run_jobs(overrides, jobs, Path(options["out"]), seconds)

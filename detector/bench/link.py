@@ -14,7 +14,8 @@ ways of sharing that send them (``Way.sends``, detector/sharing.py):
     all-reduce   every fp32 gradient, summed on every rank
 
 Each is timed ``bench.repeats`` times after ``bench.warmup`` untimed calls (CUDA events on a GPU; on the CPU the
-wall clock between barriers). Rank 0 writes the JSON: per collective its times and the bytes each process sends.
+wall clock between barriers). Rank 0 writes the JSON: per collective its times and the bytes each process sends
+(``LinkTimes``, the record the scaling table reads again through ``read_link``).
 """
 
 from __future__ import annotations
@@ -24,17 +25,74 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from detector import checked
+from detector.checked import RecordError, need, read_json, versioned, write_atomically
 from detector.config import device_name, load_config
 from detector.errors import UserError, refuse
 from detector.lab.present.tables import markdown_table, significant
 from detector.sharing import WAYS
 from detector.train import distributed
 from detector.train.sharding.blocks import all_gather_single, reduce_onto_owners
+
+VERSION = 2  # of the link's JSON; 1: no "version" key
+LINK_BYTES = 2**20  # three collectives' times: a few kB; a larger file is not one
+
+
+@dataclass
+class LinkTimes:
+    """The link alone on ``processes`` processes of ``device``, the head's ``shape``: per collective its ``name``, the
+    ``role`` of what the step sends with it, the ``bytes`` each process sends and the ``ms`` of each call."""
+
+    processes: int
+    device: str
+    shape: list[int]
+    collectives: list[dict]
+    version: int = VERSION
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def write(self, path: Path) -> None:
+        write_atomically(path, json.dumps(self.to_json()).encode())
+
+    @classmethod
+    def parse(cls, data, where: str) -> LinkTimes:
+        """The record of parsed JSON; RecordError naming ``where`` and the first field of the wrong shape."""
+        versioned(data, where, VERSION)
+        shape = need(data.get("shape"), list, f"{where}.shape")
+        if len(shape) != 2:
+            raise RecordError(f"{where}.shape has {len(shape)} items, expected [rows, columns]")
+        collectives = need(data.get("collectives"), list, f"{where}.collectives")
+        if not collectives:
+            raise RecordError(f"{where}.collectives is empty: no collective timed")
+        for i, c in enumerate(collectives):
+            at = f"{where}.collectives[{i}]"
+            need(c, dict, at)
+            need(c.get("name"), str, f"{at}.name")
+            need(c.get("role"), str, f"{at}.role")
+            checked.measure(c.get("bytes"), f"{at}.bytes", kind=int)
+            times = need(c.get("ms"), list, f"{at}.ms")
+            if not times:
+                raise RecordError(f"{at}.ms is empty: no call timed")
+            for j, ms in enumerate(times):
+                checked.measure(ms, f"{at}.ms[{j}]")
+        return cls(
+            processes=checked.measure(data.get("processes"), f"{where}.processes", low=2, kind=int),
+            device=need(data.get("device"), str, f"{where}.device"),
+            shape=[checked.measure(n, f"{where}.shape[{i}]", low=1, kind=int) for i, n in enumerate(shape)],
+            collectives=collectives,
+        )
+
+
+def read_link(path: Path) -> LinkTimes:
+    """The link's times in ``path``; RecordError, one line naming the file and the field, otherwise."""
+    return LinkTimes.parse(read_json(path, LINK_BYTES), str(path))
 
 
 def head_shape(cfg) -> tuple[int, int]:

@@ -37,8 +37,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from detector.bench.ceiling import MEASURED, PROBE_STEPS, RESOLUTION, WARMUP
+from detector.bench.ceiling import MEASURED, PROBE_STEPS, RESOLUTION, WARMUP, ChildResults, Jobs
 from detector.bench.crowd import write_crowd
+from detector.checked import RecordError
 from detector.config import device_name, load_config, resolve_device
 from detector.folders import new_run_dir, prepare_work
 from detector.lab.measure.allocator import EXPANDABLE
@@ -115,7 +116,7 @@ def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path
         children["expandable"] = (allocator["crowd"] + allocator["synthetic"], EXPANDABLE)
     for name, (jobs, conf) in children.items():
         jobs_file = work / f"jobs-{name}.json"
-        jobs_file.write_text(json.dumps(jobs))
+        Jobs(jobs).write(jobs_file)
         child = ["-m", "detector.bench.ceiling", f"--out={work / f'{name}.json'}", f"--jobs={jobs_file}", *args]
         title = "allocator and ceiling, default allocator" if name == "default" else f"allocator, {EXPANDABLE}"
         parts.append(Part(title, child, PART_SECONDS[name], {"PYTORCH_CUDA_ALLOC_CONF": conf}, work / f"{name}.done"))
@@ -213,9 +214,14 @@ def finish(cfg: DictConfig, device, work: Path, root: Path, strategies: list[str
 
 
 def read_child(path: Path) -> dict | None:
+    """A child's results (``ChildResults``), None where it wrote none; one that cannot be read is a warning naming the
+    file and the field, and none."""
+    if not path.exists():
+        return None
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        return ChildResults.read(path).to_json()
+    except RecordError as err:
+        print(f"warning: {err}: left out", file=sys.stderr)
         return None
 
 

@@ -26,7 +26,6 @@ is one warning naming the file and the field, under the table (stderr for ``<fol
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -38,7 +37,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from detector.bench.link import summary_lines
+from detector.bench.link import read_link, summary_lines
 from detector.checked import RecordError
 from detector.config import TrainConfig, device_name, load_config, resolve_device
 from detector.errors import UserError, refuse
@@ -138,7 +137,10 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
             code = run.returncode
         if code or not path.exists():
             return None, f"exit {code}, its output in {log}"
-    return json.loads(path.read_text()), None
+    try:
+        return read_link(path).to_json(), None
+    except RecordError as err:
+        return None, str(err)
 
 
 def summary_of(folder: Path) -> TrainingSummary | None:

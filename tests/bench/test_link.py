@@ -60,3 +60,29 @@ def test_a_wrong_call_is_refused_in_one_line(argv, message, capsys, monkeypatch,
     assert link.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1 and not (tmp_path / "x.json").exists()
+
+
+def link_times() -> link.LinkTimes:
+    collectives = [{"name": "reduce", "role": "blocks: the fp32 gradients", "bytes": 4096, "ms": [0.5, 0.75, 1.0]}]
+    return link.LinkTimes(processes=2, device="cpu", shape=[64, 512], collectives=collectives)
+
+
+def test_the_links_times_are_one_record_written_and_read_again(tmp_path):
+    link_times().write(tmp_path / "link.json")
+    assert link.read_link(tmp_path / "link.json") == link_times()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically: no temporary left
+    old = link_times().to_json()
+    del old["version"]  # version 1, as link.main writes it: read as it is
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert link.read_link(tmp_path / "old.json") == link_times()
+
+
+def test_a_damaged_links_times_are_refused_in_one_line_naming_the_file_and_field(tmp_path):
+    data = link_times().to_json()
+    data["collectives"][0]["ms"][1] = "fast"
+    (tmp_path / "link.json").write_text(json.dumps(data))
+    with pytest.raises(link.RecordError) as err:
+        link.read_link(tmp_path / "link.json")
+    assert (
+        str(err.value) == f"{tmp_path}/link.json.collectives[0].ms[1] is 'fast', expected a finite number in [0, 1e15]"
+    )

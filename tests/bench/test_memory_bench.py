@@ -13,7 +13,8 @@ import torch
 from detector.bench import ceiling
 from detector.bench.ceiling import GRANULE, RESOLUTION, Probe, next_batch, search
 from detector.bench.crowd import CROWD_FEWEST, CROWD_MOST, crowd_counts, write_crowd
-from detector.bench.memory import allocator_lines, ceiling_lines, config_args, run_bench
+from detector.bench.memory import allocator_lines, ceiling_lines, config_args, read_child, run_bench
+from detector.checked import RecordError
 from detector.config import load_config
 from detector.data.annotations import read_annotations, slots_for
 from detector.lab.measure.allocator import EXPANDABLE
@@ -167,6 +168,43 @@ def test_on_the_cpu_the_allocator_says_none_and_why():
 
 
 # ----------------------------------------------------------------------------- the command on the CPU
+
+
+# ----------------------------------------------------------------------------- the records between parent and child
+
+
+def test_the_jobs_and_the_results_are_records_written_and_read_again(tmp_path):
+    jobs = [["crowd:/w/crowd_bbx_gt.txt", "padded", "allocator"], ["synthetic", "loop", "ceiling"]]
+    ceiling.Jobs(jobs).write(tmp_path / "jobs.json")
+    assert ceiling.read_jobs(tmp_path / "jobs.json") == jobs
+    (tmp_path / "old.json").write_text(json.dumps(jobs))  # version 1: the bare list
+    assert ceiling.read_jobs(tmp_path / "old.json") == jobs
+    found = child("default", {(CROWD, "padded", 1024): row(0, 3)}, {("synthetic", "loop", 64): {"largest": 96}})
+    ceiling.ChildResults(**found).write(tmp_path / "default.json")
+    assert read_child(tmp_path / "default.json") == found | {"version": ceiling.VERSION}
+    (tmp_path / "v1.json").write_text(json.dumps(found))  # written before the record had a version
+    assert read_child(tmp_path / "v1.json") == found | {"version": ceiling.VERSION}
+    assert read_child(tmp_path / "none.json") is None  # a child that wrote nothing: no warning
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically: no temporary left
+
+
+def test_a_damaged_jobs_file_is_refused_in_one_line_naming_the_file_and_field(tmp_path, capsys):
+    path = tmp_path / "jobs.json"
+    path.write_text(json.dumps({"version": 2, "jobs": [["synthetic", "padded", "allocator"], ["synthetic", "x", 3]]}))
+    assert ceiling.main([f"--out={tmp_path / 'out.json'}", f"--jobs={path}", "device=cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err == f"error: {path}.jobs[1][2] is int 3, expected a string\n" and not (tmp_path / "out.json").exists()
+
+
+def test_a_damaged_childs_results_are_one_warning_naming_the_file_and_field(tmp_path, capsys):
+    found = child("default", {(CROWD, "padded", 1024): row(0, 3)})
+    found["jobs"][0]["slots"] = "many"
+    (tmp_path / "default.json").write_text(json.dumps(found))
+    assert read_child(tmp_path / "default.json") is None
+    expected = f"warning: {tmp_path / 'default.json'}.jobs[0].slots is str 'many', expected an integer: left out\n"
+    assert capsys.readouterr().err == expected
+    with pytest.raises(RecordError, match=r"default.json.jobs\[0\].slots is str"):
+        ceiling.ChildResults.read(tmp_path / "default.json")
 
 
 def test_bench_memory_writes_its_proof_folder_on_the_cpu(tmp_path):

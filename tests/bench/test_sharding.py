@@ -246,6 +246,14 @@ def test_overrides_and_failures_holding_markup_come_out_escaped_in_the_document(
     assert f"<code>{command.replace(MARKUP_NAME, SHOWN)} ```</code>" in page
 
 
+def test_a_damaged_link_file_is_named_in_one_line_and_not_shown(tmp_path):
+    (tmp_path / "link-x2.json").write_text(
+        json.dumps({"processes": 2, "device": "cpu", "shape": [64], "collectives": []})
+    )
+    times, why = sharding.measure_link(tmp_path, 2, ["device=cpu"])  # kept from a stopped table: not measured again
+    assert times is None and why == f"{tmp_path}/link-x2.json.shape has 1 items, expected [rows, columns]"
+
+
 def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, monkeypatch):
     def hangs(*args, **kwargs):
         raise sharding.subprocess.TimeoutExpired(args[0], kwargs["timeout"])

@@ -18,6 +18,7 @@ from detector.config import load_config
 from detector.lab.measure import costs
 from detector.lab.measure.cases import sample_counts
 from detector.lab.profile import run_profile
+from detector.lab.record import bench as bench_record
 from detector.lab.shapes import MEMORY_AGREES, check_lines, histogram, predict, prediction_lines, run_shapes
 
 SLOTS, BATCH = 32, 16
@@ -151,6 +152,37 @@ def test_a_bench_files_slots_are_those_it_records_or_that_its_cases_tell(tmp_pat
     )
     recorded = costs.from_bench(bench_file(tmp_path, slots=256, batch=64, record_slots=True), "cpu", 64, 64)[0]
     assert "x 256 slots" in recorded.source
+
+
+def test_a_bench_result_is_one_record_written_and_read_again(tmp_path):
+    path = bench_file(tmp_path)  # version 1: no "version" key, as files were written before the record
+    old = bench_record.read(path)
+    assert old.target == "losses" and old.version == bench_record.VERSION and old.max_boxes is None
+    again = tmp_path / "again.json"
+    old.write(again)
+    assert bench_record.read(again) == old and json.loads(again.read_text())["version"] == bench_record.VERSION
+    assert costs.from_bench(again, "cpu", BATCH, SLOTS)[0].costs == costs.from_bench(path, "cpu", BATCH, SLOTS)[0].costs
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # written atomically: no temporary left
+
+
+def test_a_bench_file_that_cannot_be_used_is_none_and_one_line_naming_the_file_and_field(tmp_path):
+    path = bench_file(tmp_path)
+    data = json.loads(path.read_text())
+    data["results"][1]["valid_boxes"] = -3
+    path.write_text(json.dumps(data))
+    assert costs.from_bench(path, "cpu", BATCH, SLOTS) == (
+        None,
+        f"{path}.results[1].valid_boxes is -3, expected an integer in [0, 1e15]",
+    )
+    path.write_text(json.dumps(data | {"version": 7}))
+    refused = f"{path}: version 7, this detector reads versions 1 and 2"
+    assert costs.from_bench(path, "cpu", BATCH, SLOTS) == (None, refused)
+    path.write_text(json.dumps(data | {"results": [], "device": "NVIDIA H200"}))
+    assert costs.from_bench(path, "cpu", BATCH, SLOTS) == (None, f"{path} is of NVIDIA H200, and this run is on cpu")
+    path.write_text(json.dumps(data | {"target": "step"}))
+    assert costs.from_bench(path, "cpu", BATCH, SLOTS) == (None, f"{path} is not a bench losses result")
+    missing = tmp_path / "none.json"
+    assert costs.from_bench(missing, "cpu", BATCH, SLOTS) == (None, f"no {missing} (make bench)")
 
 
 def profiled(root, strategy, stamp, source, scale, slots=SLOTS, batch=BATCH, noise=QUIET):

@@ -24,7 +24,6 @@ on the shapes alone, so the model holds at other batches as long as the strategy
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from dataclasses import dataclass
@@ -33,11 +32,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from detector.checked import RecordError
 from detector.config import device_name
 from detector.data.targets import make_targets
 from detector.lab.measure.cases import random_boxes, sample_counts
 from detector.lab.measure.timing import event_ms, loss_closures
 from detector.lab.measure.trace import peak_rise, read_events
+from detector.lab.record import bench as bench_record
+from detector.lab.record.bench import LossCase
 from detector.losses import STRATEGIES, get_strategy
 
 DISTRIBUTIONS = ("seed", "tail")  # bench losses' cases with the same slots and different boxes
@@ -78,38 +80,36 @@ class Costs:
 def from_bench(path: Path, device: str, batch: int, slots: int) -> tuple[Costs | None, str]:
     """The costs in bench losses' result file at ``path`` if it is of ``device``; else None and why not. Its cases
     at the batch nearest ``batch``; its slots as recorded, else as its cases tell (``slots`` where they fit it)."""
-    try:
-        payload = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         return None, f"no {path} (make bench)"
-    except (OSError, ValueError) as err:
-        return None, f"{path} cannot be read ({type(err).__name__})"
-    results = payload.get("results") if isinstance(payload, dict) else None
-    if payload.get("target") != "losses" or not isinstance(results, list):
-        return None, f"{path} is not a bench losses result"
-    if payload.get("device") != device:
-        return None, f"{path} is of {payload.get('device')}, and this run is on {device}"
-    records = [r for r in results if isinstance(r, dict) and r.get("distribution") in DISTRIBUTIONS]
-    sizes = sorted({r.get("batch_size") for r in records if isinstance(r.get("batch_size"), int)})
+    try:
+        found = bench_record.read(path)
+        if found.target != "losses":
+            return None, f"{path} is not a bench losses result"
+        if found.device != device:
+            return None, f"{path} is of {found.device}, and this run is on {device}"
+        records = [c for c in found.loss_cases(str(path)) if c.distribution in DISTRIBUTIONS]
+    except RecordError as err:
+        return None, str(err)
+    sizes = sorted({c.batch_size for c in records})
     if not sizes:
         return None, f"{path} has no seed and tail cases"
     at = min(sizes, key=lambda b: (abs(np.log(b / batch)), -b))  # the batch nearest the run's
-    cases = {(r["strategy"], r["distribution"]): r for r in records if r["batch_size"] == at}
-    fits = [payload["max_boxes"]] if isinstance(payload.get("max_boxes"), int) else bench_slots(cases, at)
+    cases = {(c.strategy, c.distribution): c for c in records if c.batch_size == at}
+    fits = [found.max_boxes] if found.max_boxes is not None else bench_slots(cases, at)
     if len(fits) != 1 and slots not in fits:
         return None, f"{path} does not say its slots; its cases fit {len(fits)} slot counts ({fits[:4]}), not {slots}"
     slots = slots if slots in fits else fits[0]
     costs = [c for c in (bench_cost(name, cases, at, slots) for name in dict.fromkeys(n for n, _ in cases)) if c]
-    torch_version = payload.get("torch", "?")
-    source = f"{path} ({device}, torch {torch_version}; bench losses at batch {at} x {slots} slots)"
+    source = f"{path} ({device}, torch {found.torch}; bench losses at batch {at} x {slots} slots)"
     return Costs(source, costs, str(path)), ""
 
 
-def bench_slots(cases: dict, batch: int) -> list[int]:
+def bench_slots(cases: dict[tuple[str, str], LossCase], batch: int) -> list[int]:
     """The slot counts at which bench losses' cases draw the boxes it timed at ``batch`` (random_case draws the
     counts first, from a generator seeded with the batch): one at a batch of hundreds, maybe a few at tens."""
-    boxes = {d: r.get("valid_boxes") for (_, d), r in cases.items()}
-    if not all(isinstance(boxes.get(d), int) for d in DISTRIBUTIONS):
+    boxes = {d: c.valid_boxes for (_, d), c in cases.items()}
+    if not all(d in boxes for d in DISTRIBUTIONS):
         return []
     return [
         slots
@@ -121,13 +121,13 @@ def bench_slots(cases: dict, batch: int) -> list[int]:
     ]
 
 
-def bench_cost(name: str, cases: dict, batch: int, slots: int) -> Cost | None:
+def bench_cost(name: str, cases: dict[tuple[str, str], LossCase], batch: int, slots: int) -> Cost | None:
     """A strategy's cost from its seed and tail cases at one batch: the boxes' difference, the slots' rest."""
     seed, tail = cases.get((name, "seed")), cases.get((name, "tail"))
-    if not seed or not tail or not seed.get("forward_backward_ms") or not tail.get("forward_backward_ms"):
+    if not seed or not tail or not seed.forward_backward_ms or not tail.forward_backward_ms:
         return None
-    t_seed, t_tail = seed["forward_backward_ms"]["median"], tail["forward_backward_ms"]["median"]
-    n_seed, n_tail = seed["valid_boxes"], tail["valid_boxes"]
+    t_seed, t_tail = seed.forward_backward_ms, tail.forward_backward_ms
+    n_seed, n_tail = seed.valid_boxes, tail.valid_boxes
     per_box = max(0.0, (t_tail - t_seed) / (n_tail - n_seed)) if n_tail > n_seed else 0.0
     per_slot = max(0.0, t_seed - per_box * n_seed) / (batch * slots)
     return Cost(name, per_slot, per_box, f"batch {batch} x {slots} slots, {n_seed:,} and {n_tail:,} boxes")
