@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import signal
 import socket
@@ -94,6 +95,29 @@ COMMANDS = {
             "profile": "where the profiles over this source are (profile.out_dir), which check the prediction",
         },
     ),
+    "scaling": (
+        "the scaling table: each train.shard_optimizer on 2, 4 ... processes against one (run), or the table of the "
+        "runs in FOLDER (default runs/sharding)",
+        {
+            "report": "how many processes, which modes, the steps of each run, the work and output folders",
+            "data": "passed to the training runs and the link",
+            "model": "passed to the training runs and the link",
+            "train": "passed to the training runs and the link",
+        },
+    ),
+    "link": (
+        "the link alone, under torchrun: each collective the ways of sharing send, timed by itself into --out",
+        {
+            "bench": "warmup and repeats",
+            "data": "the image size (the head's shape)",
+            "model": "the head's shape",
+        },
+    ),
+    "ceiling": (
+        "bench memory's child process: the allocator and the largest batch that trains, for the jobs in --jobs",
+        {"data": "the batches", "model": "the detector", "train": "the training step"},
+    ),
+    "triton-host": ("where the eager time of the triton strategy goes, on a GPU: printed, nothing written", None),
     "tensorboard": ("TensorBoard on runs/: Scalars, Text and Images of profile runs and comparisons", None),
     "export": ("the model a run trained, as FaceDetector's state_dict in one file torch.load reads", None),
     "predict": ("a picture of the predicted boxes of a run (or an export) on images by index or of files", None),
@@ -103,6 +127,10 @@ COMMANDS = {
         {"data": "", "model": "", "train": "", "profile": "", "bench": "", "report": ""},
     ),
 }
+HIDDEN = ("ceiling",)  # another command's child process (bench memory's): left out of the list of commands
+# commands that load their configuration from their key=value themselves (a bench's, passed on to its children):
+# no --experiment, and no check of the sections (make report passes the scaling table all of its overrides)
+OWN_CONFIG = ("scaling", "link", "ceiling")
 
 
 class Parser(argparse.ArgumentParser):
@@ -134,8 +162,11 @@ def command_parser(command: str) -> Parser:
             parser.usage = f"%(prog)s [-h] [--debug] [--experiment NAME] [{targets}] [key=value ...]"
         if command == "shapes":
             parser.usage = "%(prog)s [-h] [--debug] [--experiment NAME] [SOURCE] [key=value ...]"
+        if command == "scaling":
+            parser.usage = "%(prog)s [-h] [--debug] [--work FOLDER] [--out FILE] [run|FOLDER] [key=value ...]"
         parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
-        parser.add_argument("--experiment", metavar="NAME", help="merge experiments/NAME.yaml (or a path) first")
+        if command not in OWN_CONFIG:
+            parser.add_argument("--experiment", metavar="NAME", help="merge experiments/NAME.yaml (or a path) first")
     if command == "compare":
         parser.add_argument("runs", nargs="*", metavar="RUN", help="profile run folders (default: the latest of each)")
         parser.add_argument("--dir", default="runs/profile", help="folder of profile runs (default: runs/profile)")
@@ -155,6 +186,19 @@ def command_parser(command: str) -> Parser:
         )
     elif command == "strategies":
         parser.add_argument("--names", action="store_true", help="names only, one per line")
+    elif command == "scaling":
+        parser.add_argument(
+            "--work", metavar="FOLDER", help="run: the runs' folder (default: <report.work_dir>/<device>/scaling)"
+        )
+        parser.add_argument(
+            "--out", metavar="FILE", help="run: the document (default: <report.out_dir>/<device>-x<N>.md)"
+        )
+    elif command == "link":
+        parser.add_argument("--out", metavar="FILE.json", help="the times, written by rank 0")
+    elif command == "ceiling":
+        parser.add_argument("--out", required=True, help="the results, written after each job")
+        parser.add_argument("--jobs", required=True, help="the jobs: a JSON list of [source, strategy, part]")
+        parser.add_argument("--seconds", type=float, default=math.inf, help="the time the jobs share")
     elif command == "export":
         parser.add_argument("run", metavar="RUN", help="a training run folder: runs/train/<experiment>/<run>")
         parser.add_argument("--out", help="the file (default: <run>/export/model.pt)")
@@ -181,8 +225,9 @@ def command_parser(command: str) -> Parser:
 
 
 def top_parser() -> Parser:
-    width = max(map(len, COMMANDS))
-    listing = "\n".join(f"  {name:<{width}}  {summary}" for name, (summary, _) in COMMANDS.items())
+    shown = {name: summary for name, (summary, _) in COMMANDS.items() if name not in HIDDEN}
+    width = max(map(len, shown))
+    listing = "\n".join(f"  {name:<{width}}  {summary}" for name, summary in shown.items())
     parser = Parser(
         prog="python -m detector",
         description=__doc__.split("\n\n")[0] + "\n\ncommands:\n" + listing,
@@ -207,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             top = top_parser().parse_args(argv[: at + 1])
             # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
             args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
-            run(top.command, args)
+            status = run(top.command, args)
         except PeerLost as err:  # under detector.launch, the launcher names the process that stopped
             if debug:
                 raise
@@ -237,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                 raise
             traceback.print_exc()
             return alone(1, err)
-    return 0
+    return status
 
 
 def writing() -> bool:
@@ -320,7 +365,10 @@ def port_problem(port: int, host: str = "127.0.0.1") -> int | None:
     return None
 
 
-def run(command: str, args: argparse.Namespace) -> None:
+def run(command: str, args: argparse.Namespace) -> int:
+    """Run ``command``; its exit status (0, or 1 where the scaling table has runs that failed)."""
+    if command == "scaling":
+        return scaling(args)
     if command == "compare":
         load_strategies()  # the registry's order of columns, with the interpreter switched on first
         from detector.board.events import write_compare_events
@@ -354,8 +402,40 @@ def run(command: str, args: argparse.Namespace) -> None:
         from detector.train.predict import run_predict
 
         print(f"wrote {run_predict(Path(args.run), args.indices, args.images, args.faces, args.out)}")
+    elif command == "link":
+        from detector.bench.link import run_link
+
+        if args.out is None:
+            raise UserError("python -m detector link: give --out=<file.json> for the times")
+        run_link(args.overrides, Path(args.out))
+    elif command == "ceiling":
+        from detector.bench.ceiling import run_file
+
+        run_file(args.overrides, Path(args.jobs), Path(args.out), args.seconds)
+    elif command == "triton-host":
+        from detector.bench.triton_host import run_diagnostic
+
+        run_diagnostic()
     else:
         run_with_config(command, args)
+    return 0
+
+
+def scaling(args: argparse.Namespace) -> int:
+    """``scaling run``: the runs and the document (exit status 1 where some of its runs failed); ``scaling FOLDER``:
+    the table of the runs in it."""
+    from detector.bench.sharding import run_table, show_table
+
+    if args.overrides[:1] == ["run"]:
+        work, out = (Path(path) if path else None for path in (args.work, args.out))
+        return 1 if run_table(args.overrides[1:], work, out) else 0
+    if args.work or args.out or len(args.overrides) > 1:
+        raise UserError(
+            "python -m detector scaling FOLDER takes no options and no key=value: they are run's "
+            "(python -m detector scaling run [key=value ...])"
+        )
+    show_table(Path(args.overrides[0] if args.overrides else "runs/sharding"))
+    return 0
 
 
 def run_with_config(command: str, args: argparse.Namespace) -> None:

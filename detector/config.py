@@ -206,7 +206,7 @@ class TrainConfig:
     float8: bool = False
     # how several processes share the model, one of the ways of detector/sharing.py: blocks, ours, keeps AdamW's state
     # of the head's blocks, and updates them, on their owner only; true/false: blocks/off.
-    # `python -m detector.bench.sharding` measures them against each other
+    # `python -m detector scaling` measures them against each other
     shard_optimizer: str = ranged("blocks", choices=tuple(WAYS))
     # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
     # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,

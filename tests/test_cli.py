@@ -106,6 +106,10 @@ SECTIONS = {
     "shapes": ["data", "bench", "profile", "[SOURCE]", "coco:FILE or widerface:FILE"],
     "export": ["Reads no configuration", "RUN", "--out", "<run>/export/model.pt"],
     "predict": ["Reads no configuration", "RUN", "INDEX", "--images", "--faces", "--out"],
+    "scaling": ["report", "data", "model", "train", "--work", "--out", "[run|FOLDER]"],
+    "link": ["bench", "data", "model", "--out"],
+    "ceiling": ["data", "model", "train", "--out", "--jobs", "--seconds"],
+    "triton-host": ["Reads no configuration"],
 }
 
 
@@ -124,7 +128,22 @@ def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert all(command in out for command in cli.COMMANDS)
+    assert all((command in out) != (command in cli.HIDDEN) for command in cli.COMMANDS)
+    assert "ceiling" in cli.HIDDEN  # bench memory's child: it runs, unlisted
+    assert all("--experiment" not in cli.command_parser(c).format_help() for c in cli.OWN_CONFIG)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["ceiling", "--out=r.json"], "python -m detector ceiling: the following arguments are required: --jobs"),
+        (["scaling", "runs/x", "device=cpu"], "python -m detector scaling FOLDER takes no options and no key=value"),
+        (["scaling", "runs/x", "--out=t.md"], "python -m detector scaling FOLDER takes no options and no key=value"),
+        (["link", "--out=l.json", "--processes=2"], "python -m detector link: unrecognized arguments: --processes=2"),
+    ],
+)
+def test_the_benches_commands_refuse_a_wrong_call_in_one_line(capsys, argv, message):
+    fails_with_one_line(capsys, argv, message)
 
 
 def test_strategies_names_prints_names_only(capsys):

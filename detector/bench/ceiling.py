@@ -1,7 +1,7 @@
 """What fits: the caching allocator under the training step's dynamic shapes, and the largest batch that trains. The
 child process of `bench memory` (detector/bench/memory.py), one per allocator setting:
 
-    python -m detector.bench.ceiling --out RESULTS.json --jobs JOBS.json --seconds S [key=value ...]
+    python -m detector ceiling --out RESULTS.json --jobs JOBS.json --seconds S [key=value ...]
 
 ``JOBS.json`` lists ``[source, strategy, part]``: source ``synthetic`` or ``crowd:<file>`` (data.max_boxes from the
 file, data.over_max_boxes=fit), part ``allocator`` or ``ceiling``. One training step (detector/train/step.py) a source
@@ -32,7 +32,6 @@ import json
 import math
 import os
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,7 +44,7 @@ from detector.checked import RecordError, need, optional, read_json, versioned, 
 from detector.config import load_config, resolve_device
 from detector.data import build_sampler
 from detector.data.targets import make_targets
-from detector.errors import UserError, refuse
+from detector.errors import UserError
 from detector.lab.measure.allocator import StepMeter
 from detector.losses import get_strategy
 from detector.train.speed import speed_option_refusal
@@ -371,20 +370,7 @@ def allocator_setting() -> str:
     return os.environ.get("PYTORCH_CUDA_ALLOC_CONF") or "default"
 
 
-def main(argv: list[str]) -> int:
-    try:
-        options = dict(a[2:].partition("=")[::2] for a in argv if a.startswith("--"))
-        unknown = set(options) - {"out", "jobs", "seconds"}
-        if unknown or not {"out", "jobs"} <= set(options):
-            raise UserError("usage: python -m detector.bench.ceiling --out=F --jobs=F [--seconds=S] [key=value ...]")
-        jobs = read_jobs(Path(options["jobs"]))
-        overrides = [a for a in argv if not a.startswith("--")]
-        seconds = float(options.get("seconds", math.inf))
-        run_jobs(overrides, jobs, Path(options["out"]), seconds)
-        return 0
-    except UserError as err:
-        return refuse(err)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def run_file(overrides: list[str], jobs_file: Path, out: Path, seconds: float = math.inf) -> dict:
+    """``run_jobs`` of the jobs listed in ``jobs_file``: ``python -m detector ceiling`` (detector/cli.py)."""
+    jobs = read_jobs(jobs_file)
+    return run_jobs(overrides, jobs, out, seconds)

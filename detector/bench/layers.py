@@ -5,7 +5,7 @@ box counts (fixed here; compare strategies with ``bench losses``). For each: the
 path torch.compile traces, no autograd), the strategy's forward while autograd records, forward +
 backward, and forward + backward replayed from a CUDA graph (the device time without the host); then,
 for the ``seed`` case, each kernel's device time from the profiler and the autotuned configurations of
-both kernels. ``python -m detector.bench.triton_host`` breaks the eager host path down further. Timing
+both kernels. ``python -m detector triton-host`` breaks the eager host path down further. Timing
 budget: ``bench.warmup``, ``bench.repeats``, ``bench.max_seconds``. CUDA only: on a machine without one
 it says so in one line and returns (the Triton interpreter would time numpy, not the kernel).
 """

@@ -3,7 +3,7 @@ scale, timed by itself with nothing computing beside it. It is the floor for the
 ``bench step`` measures the floor for its compute. The scaling table (detector/bench/sharding.py) measures it in
 the same run as its training runs:
 
-    python -m torch.distributed.run --standalone --nproc_per_node=N -m detector.bench.link --out=l.json [key=value]
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m detector link --out=l.json [key=value]
 
 The collectives, on the head's first Linear (65536 × 16384 at seed scale; its bias and the trunk add ~1 %), and the
 ways of sharing that send them (``Way.sends``, detector/sharing.py):
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -34,7 +33,7 @@ import torch.distributed as dist
 from detector import checked
 from detector.checked import RecordError, need, read_json, versioned, write_atomically
 from detector.config import device_name, load_config
-from detector.errors import UserError, refuse
+from detector.errors import UserError
 from detector.lab.present.tables import markdown_table, significant
 from detector.sharing import WAYS
 from detector.train import distributed
@@ -160,7 +159,7 @@ def measure(cfg) -> dict:
     """Every collective's times on this process group (every rank calls it); the same dict on every rank."""
     env, device = distributed.setup(cfg)
     if env.world_size < 2:
-        raise UserError("python -m detector.bench.link needs 2 processes or more: run it under torchrun")
+        raise UserError("python -m detector link needs 2 processes or more: run it under torchrun")
     rows, columns = head_shape(cfg)
     if rows % env.world_size:
         raise UserError(f"model.hidden={rows} is not a multiple of the {env.world_size} processes")
@@ -187,7 +186,7 @@ def summary_lines(link: dict) -> list[str]:
     sent = "; ".join(step_sends(way, medians) for way in WAYS.values() if way.sends and set(way.sends) <= set(medians))
     return [
         f"The link alone on {link['processes']} processes, the head's {rows_} × {columns} weight, nothing computing "
-        f"beside it (median [min–max] of {len(link['collectives'][0]['ms'])}; `python -m detector.bench.link`):",
+        f"beside it (median [min–max] of {len(link['collectives'][0]['ms'])}; `python -m detector link`):",
         "",
         table,
         "",
@@ -203,23 +202,15 @@ def step_sends(way, medians: dict[str, float]) -> str:
     return f"a step of `{way.name}` sends {' and '.join(f'the {c}' for c in way.sends)}, {ms} ms of the link by {alone}"
 
 
-def main(argv: list[str]) -> int:
-    out = next((Path(a.partition("=")[2]) for a in argv if a.startswith("--out=")), None)
-    try:
-        if out is None:
-            raise UserError("python -m detector.bench.link: give --out=<file.json> for the times")
-        cfg = load_config([a for a in argv if not a.startswith("--")], announce=None)
-        link = measure(cfg)
-        if dist.get_rank() == 0:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(link))
-            print("\n".join(summary_lines(link)))
-        dist.barrier()
-        dist.destroy_process_group()
-        return 0
-    except UserError as err:
-        return refuse(err)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def run_link(overrides: list[str], out: Path) -> dict:
+    """``measure`` on every rank, rank 0 writing the times to ``out`` and printing their table:
+    ``python -m detector link`` (detector/cli.py)."""
+    cfg = load_config(overrides, announce=None)
+    link = measure(cfg)
+    if dist.get_rank() == 0:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        LinkTimes(**link).write(out)
+        print("\n".join(summary_lines(link)))
+    dist.barrier()
+    dist.destroy_process_group()
+    return link

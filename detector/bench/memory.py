@@ -117,7 +117,7 @@ def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path
     for name, (jobs, conf) in children.items():
         jobs_file = work / f"jobs-{name}.json"
         Jobs(jobs).write(jobs_file)
-        child = ["-m", "detector.bench.ceiling", f"--out={work / f'{name}.json'}", f"--jobs={jobs_file}", *args]
+        child = ["-m", "detector", "ceiling", f"--out={work / f'{name}.json'}", f"--jobs={jobs_file}", *args]
         title = "allocator and ceiling, default allocator" if name == "default" else f"allocator, {EXPANDABLE}"
         parts.append(Part(title, child, PART_SECONDS[name], {"PYTORCH_CUDA_ALLOC_CONF": conf}, work / f"{name}.done"))
     return parts
@@ -129,8 +129,8 @@ def run_part(part: Part, log, seconds: float) -> dict:
     for key, value in part.env.items():
         env.pop(key, None) if value is None else env.__setitem__(key, value)
     args = part.args
-    if "detector.bench.ceiling" in args:  # the child shares its time among its jobs: it is told how much it has
-        args = args[:4] + [f"--seconds={max(10.0, seconds - 30):.0f}"] + args[4:]  # its last write within the limit
+    if args[:3] == ["-m", "detector", "ceiling"]:  # the child shares its time among its jobs: it is told how much
+        args = args[:5] + [f"--seconds={max(10.0, seconds - 30):.0f}"] + args[5:]  # its last write within the limit
     log.write(f"\n===== {part.title}: python {' '.join(quote(a) for a in args)} (at most {seconds:.0f} s)\n")
     log.flush()
     began = time.perf_counter()

@@ -1,8 +1,8 @@
 """The scaling table: one process, then each way of sharing the model (train.shard_optimizer) on 2 and, where there
 are GPUs for them, 4 (8, ...) processes, from `make train` runs launched with torchrun:
 
-    python -m detector.bench.sharding run [key=value ...]   # the runs, then <report.out_dir>/<device>-x<N>.md
-    python -m detector.bench.sharding <folder>              # the table of the runs in <folder> (a run's work folder)
+    python -m detector scaling run [key=value ...]   # the runs, then <report.out_dir>/<device>-x<N>.md
+    python -m detector scaling <folder>              # the table of the runs in <folder> (a run's work folder)
 
 ``run`` first times the link alone: each collective the ways of sharing send, by itself, on as many processes
 (detector/bench/link.py, kept in ``<folder>/link-x<N>.json``). Then it trains ``report.train_steps`` steps of each
@@ -40,7 +40,7 @@ from omegaconf import DictConfig
 from detector.bench.link import read_link, summary_lines
 from detector.checked import RecordError
 from detector.config import TrainConfig, device_name, load_config, resolve_device
-from detector.errors import UserError, refuse
+from detector.errors import UserError
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.sharing import WAYS, of_kind
@@ -124,7 +124,7 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
         (work / "logs").mkdir(parents=True, exist_ok=True)
         log = work / "logs" / f"link-x{processes}.log"
         command = ["-m", "detector.launch", "--standalone", f"--nproc_per_node={processes}"]
-        command += ["-m", "detector.bench.link", f"--out={path}", *overrides]
+        command += ["-m", "detector", "link", f"--out={path}", *overrides]
         print(f"the link alone: python {' '.join(quote(a) for a in command)}", flush=True)
         with open(log, "w") as out:
             env = os.environ | {"PYTHONUNBUFFERED": "1"}
@@ -314,7 +314,7 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
     link = measure_link(work, most, passed)
     failed = run_all(runs, work, cfg.report.train_steps, passed)
     commands = ["python " + " ".join(quote(a) for a in r.command(work, cfg.report.train_steps, passed)) for r in runs]
-    written_by = " ".join(["python -m detector.bench.sharding run", *map(quote, overrides)])
+    written_by = " ".join(["python -m detector scaling run", *map(quote, overrides)])
     out = out or Path(cfg.report.out_dir) / f"{slug}-x{max(r.processes for r in runs)}.md"
     if len(failed) == len(runs):
         name, why = next(iter(failed.items()))
@@ -330,30 +330,12 @@ def run_table(overrides: list[str], work: Path | None = None, out: Path | None =
     return failed
 
 
-def main(argv: list[str]) -> int:
-    try:
-        if argv[:1] == ["run"]:
-            options = [a for a in argv[1:] if a.startswith("--")]
-            paths = {key: Path(value) for key, _, value in (o[2:].partition("=") for o in options)}
-            unknown = set(paths) - {"work", "out"}
-            if unknown:
-                raise UserError(f"python -m detector.bench.sharding run: unknown option --{sorted(unknown)[0]}")
-            failed = run_table([a for a in argv[1:] if not a.startswith("--")], paths.get("work"), paths.get("out"))
-            return 1 if failed else 0
-        folder = Path(argv[0] if argv else "runs/sharding")
-        runs, warnings = read_runs(folder)
-        for warning in warnings:
-            print(f"warning: {warning}", file=sys.stderr)
-        if not runs:
-            raise UserError(
-                f"no runs in {folder}: expected folders named <n>x-<mode> (python -m detector.bench.sharding run)"
-            )
-        print(table(runs))
-        print("\n".join(verdicts(runs)))
-        return 0
-    except UserError as err:
-        return refuse(err)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+def show_table(folder: Path) -> None:
+    """The table and verdicts of the runs already in ``folder``: ``python -m detector scaling <folder>``."""
+    runs, warnings = read_runs(folder)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    if not runs:
+        raise UserError(f"no runs in {folder}: expected folders named <n>x-<mode> (python -m detector scaling run)")
+    print(table(runs))
+    print("\n".join(verdicts(runs)))

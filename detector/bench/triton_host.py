@@ -1,4 +1,4 @@
-"""Where the eager time of the ``triton`` strategy goes, on a GPU: ``python -m detector.bench.triton_host``.
+"""Where the eager time of the ``triton`` strategy goes, on a GPU: ``python -m detector triton-host``.
 
 1. Host path, batch 1024 x 256 slots, bf16 predictions, uint8 targets, seed boxes: median [quartiles]
    wall ms of calls each followed by a synchronize (host clock, launch overhead included), from the
@@ -101,7 +101,7 @@ def byte_floors() -> list[list[str]]:
     return rows
 
 
-def main() -> None:
+def run_diagnostic() -> None:
     if not torch.cuda.is_available() or jit.triton is None:
         print("triton_host: needs a CUDA device and triton (nothing to do)")
         return
@@ -114,7 +114,3 @@ def main() -> None:
     tuned = {"forward": triton_giou._giou_loss_forward_kernel, "backward": triton_giou._giou_loss_backward_kernel}
     for name, kernel in tuned.items():
         print(f"autotuned {name}: " + "; ".join(f"{key}: {config}" for key, config in kernel.cache.items()))
-
-
-if __name__ == "__main__":
-    main()

@@ -68,16 +68,15 @@ CHARTS = ("ms-per-step-train.png", "counts-train.png", "timeline-train.png", "me
 
 @dataclass
 class Part:
-    """One command of the report: what it is, its arguments after ``python -m <module>``, and the file
+    """One command of the report: what it is, its arguments after ``python -m detector``, and the file
     that exists once it has run."""
 
     title: str
     args: list[str]
     done: Path
-    module: str = "detector"
 
     def command(self) -> str:
-        return f"python -m {self.module} " + " ".join(quote(a) for a in self.args)
+        return "python -m detector " + " ".join(quote(a) for a in self.args)
 
 
 def run_report(cfg: DictConfig, overrides: list[str], sections: dict[str, set[str]]) -> Path:
@@ -202,8 +201,8 @@ def plan(cfg, device, work: Path, strategies: list[str], overrides: list[str], s
         parts.append(Part(f"bench {target}", args, work / "bench" / f"{target}.md"))
     if rcfg.processes > 1 or (not rcfg.processes and device.type == "cuda" and torch.cuda.device_count() > 1):
         # its runs and its document in the report's folder; write_document copies the document out
-        args = ["run", f"--work={work / 'scaling'}", *overrides, f"report.out_dir={work / 'scaling'}"]
-        parts.append(Part("scaling", args, work / "scaling" / "done", module="detector.bench.sharding"))
+        args = ["scaling", "run", f"--work={work / 'scaling'}", *overrides, f"report.out_dir={work / 'scaling'}"]
+        parts.append(Part("scaling", args, work / "scaling" / "done"))
     return parts
 
 
@@ -211,7 +210,7 @@ def run_part(part: Part, log: Path) -> None:
     """Run one part, its output shown and kept in ``log``; a failure stops the report in one line."""
     with open(log, "w") as out:
         process = subprocess.Popen(
-            [sys.executable, "-m", part.module, *part.args],
+            [sys.executable, "-m", "detector", *part.args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -8,6 +8,7 @@ import socket
 import pytest
 from train_helpers import spawn_two
 
+from detector import cli
 from detector.bench import link
 
 SMALL = ["device=cpu", "preset=cpu", "data.image_size=32", "model.hidden=64", "model.channels=[4,8]"]
@@ -16,7 +17,7 @@ SMALL = ["device=cpu", "preset=cpu", "data.image_size=32", "model.hidden=64", "m
 def _two_processes(rank: int, out: str) -> None:
     os.environ |= {"RANK": str(rank), "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "LOCAL_RANK": str(rank)}
     os.environ["MASTER_PORT"] = open(f"{out}/port").read()
-    assert link.main([f"--out={out}/link.json", *SMALL, "bench.warmup=1", "bench.repeats=3"]) == 0
+    assert cli.main(["link", f"--out={out}/link.json", *SMALL, "bench.warmup=1", "bench.repeats=3"]) == 0
 
 
 def test_each_collective_is_timed_with_the_bytes_each_process_sends(tmp_path):
@@ -49,15 +50,15 @@ def test_the_document_table_names_each_collective_and_what_each_way_sends():
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["device=cpu"], "error: python -m detector.bench.link: give --out=<file.json> for the times\n"),
-        (["--out=x.json", "device=cpu"], "error: python -m detector.bench.link needs 2 processes or more"),
+        (["device=cpu"], "error: python -m detector link: give --out=<file.json> for the times\n"),
+        (["--out=x.json", "device=cpu"], "error: python -m detector link needs 2 processes or more"),
     ],
 )
 def test_a_wrong_call_is_refused_in_one_line(argv, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     for key in ("WORLD_SIZE", "RANK"):
         monkeypatch.delenv(key, raising=False)
-    assert link.main(argv) == 2
+    assert cli.main(["link", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith(message) and err.count("\n") == 1 and not (tmp_path / "x.json").exists()
 

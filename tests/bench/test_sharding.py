@@ -81,7 +81,7 @@ def test_a_summary_that_cannot_be_read_is_one_line_and_the_readable_rows_are_sho
     for name, text in (("2x-off", json.dumps({"steps": 3})), ("2x-zero", "{")):
         (tmp_path / name / "x").mkdir(parents=True)
         (tmp_path / name / "x" / "summary.json").write_text(text)
-    assert sharding.main([str(tmp_path)]) == 0
+    assert cli.main(["scaling", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     assert "| 1 | – | 100 | 10,240 | 1.00× | 100.0% | — | 30.0 | — |" in out and "| 2 |" not in out
     assert err.splitlines() == [
@@ -91,9 +91,9 @@ def test_a_summary_that_cannot_be_read_is_one_line_and_the_readable_rows_are_sho
         "double quotes: line 1 co): not in the table",
     ]
     (tmp_path / "1x" / "seed_scale" / "padded" / "summary.json").write_text("[]")  # none left: one line
-    assert sharding.main([str(tmp_path)]) == 2
+    assert cli.main(["scaling", str(tmp_path)]) == 2
     assert capsys.readouterr().err.endswith(
-        f"error: no runs in {tmp_path}: expected folders named <n>x-<mode> (python -m detector.bench.sharding run)\n"
+        f"error: no runs in {tmp_path}: expected folders named <n>x-<mode> (python -m detector scaling run)\n"
     )
 
 
@@ -114,7 +114,7 @@ def test_damaged_times_are_left_out_of_the_table_with_one_warning_each(tmp_path,
     one = spoil("1x", lambda d: d.update(step_ms=value, images_per_s=value))
     zero = spoil("2x-zero", lambda d: d["checkpoints"]["saves"][0].update(blocked_s=value))
     off = spoil("2x-off", lambda d: d["wall_clock"].update(seconds=d["wall_clock"]["seconds"] | {"steps": value}))
-    assert sharding.main([str(tmp_path)]) == 0
+    assert cli.main(["scaling", str(tmp_path)]) == 0
     out, err = capsys.readouterr()
     shown = json.dumps(value) if not isinstance(value, str) else repr(value)
     expected = f"{shown}, expected a finite number in [0, 1e15]"
@@ -154,7 +154,7 @@ def test_the_plan_and_its_commands():
 
 
 def test_fewer_than_two_processes_is_refused_in_one_line(tmp_path, capsys):
-    assert sharding.main(["run", "device=cpu", "report.processes=1", f"report.work_dir={tmp_path}"]) == 2
+    assert cli.main(["scaling", "run", "device=cpu", "report.processes=1", f"report.work_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
     assert (
         err.startswith("error: report.processes=1: the scaling table needs 2 processes or more")
@@ -172,7 +172,7 @@ def test_a_table_whose_every_run_failed_leaves_the_earlier_document_and_says_so_
     monkeypatch.setattr(sharding, "run_all", lambda runs, *_: {r.name: "exit 1, its output in x.log" for r in runs})
     monkeypatch.setattr(sharding, "measure_link", lambda *_: (None, "exit 1, its output in link.log"))
     args = ["run", "device=cpu", "report.processes=2", f"report.work_dir={tmp_path}", f"report.out_dir={docs}"]
-    assert sharding.main(args) == 2
+    assert cli.main(["scaling", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: every run of the scaling table failed (1x: exit 1, its output in x.log)")
     assert err.count("\n") == 1 and (docs / "cpu-x2.md").read_text() == "the committed table"
@@ -186,7 +186,7 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("DETECTOR_COMMIT", "abc1234")
     args = ["run", *TINY, "device=cpu", "data.num_workers=0", "report.processes=2", "report.train_steps=11"]
     args += [f"report.work_dir={tmp_path / 'work'}", f"report.out_dir={tmp_path / 'docs'}"]
-    assert sharding.main(args) == 0
+    assert cli.main(["scaling", *args]) == 0
     doc = (tmp_path / "docs" / "cpu-x2.md").read_text()
     assert doc.startswith("# Scaling on 2 × cpu\n") and "commit abc1234 (a copy of its tree)" in doc
     assert "python -m detector.launch --standalone --nproc_per_node=2 -m detector train train.steps=11" in doc
@@ -209,7 +209,7 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
     assert [p.name for p in (tmp_path / "work").rglob("link-x*.json")] == ["link-x2.json"]
     # again: every run has its summary, none runs twice
     capsys.readouterr()
-    assert sharding.main(args) == 0
+    assert cli.main(["scaling", *args]) == 0
     again = capsys.readouterr().out
     assert "[1/5]" not in again and "the link alone:" not in again
 
@@ -222,7 +222,7 @@ def test_make_report_runs_the_scaling_part_where_there_are_several_processes(tmp
         parts = report.plan(cfg, cpu, tmp_path, ["padded"], overrides, sections)
         assert (parts[-1].title == "scaling") == scaling
     # its runs and its document in the report's folder, which the report copies out and links
-    command = f"python -m detector.bench.sharding run --work={tmp_path / 'scaling'} device=cpu report.processes=2"
+    command = f"python -m detector scaling run --work={tmp_path / 'scaling'} device=cpu report.processes=2"
     assert parts[-1].command() == f"{command} report.out_dir={tmp_path / 'scaling'}"
     assert parts[-1].done == tmp_path / "scaling" / "done"
 
@@ -265,8 +265,8 @@ def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, mo
 
 
 def test_the_scaling_tables_modes_take_off_as_a_word(capsys):
-    """`python -m detector.bench.sharding run "report.sharding_modes=[off,blocks]"` gets past the configuration (here
+    """`python -m detector scaling run "report.sharding_modes=[off,blocks]"` gets past the configuration (here
     to the table's own refusal: no GPUs to share), where off was once refused as 'False'."""
-    assert sharding.main(["run", "report.sharding_modes=[off,blocks]", "device=cpu"]) == 2
+    assert cli.main(["scaling", "run", "report.sharding_modes=[off,blocks]", "device=cpu"]) == 2
     err = capsys.readouterr().err
     assert "needs 2 processes or more" in err and "out of range" not in err

@@ -8,7 +8,7 @@ use any of them alike.
     ZeroOverDDP        zero.py           torch's ZeroRedundancyOptimizer over DDP
 
 One process is ``Replicated``: the model as it is. docs/training.md ("Several GPUs") says what each way sends and
-when; ``python -m detector.bench.sharding`` measures them against each other.
+when; ``python -m detector scaling`` measures them against each other.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why: an all-reduce of every block's gradient, then every rank running AdamW over all 1.1 B parameters at seed
 scale, does the optimizer's work (~38 bytes per parameter) twice over; the reduce and the all-gather together
-move the same bytes as that all-reduce. ``python -m detector.bench.sharding run`` measures it against plain DDP
+move the same bytes as that all-reduce. ``python -m detector scaling run`` measures it against plain DDP
 and torch's engines.
 
 Clipping needs the global gradient norm: the trunk's (the same on every rank) and the sum over the ranks of
