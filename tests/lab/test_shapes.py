@@ -4,6 +4,7 @@ a timing here; the check against profile runs over the same boxes, and where the
 
 import json
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +18,24 @@ from detector import cli
 from detector.config import load_config
 from detector.lab.measure import costs
 from detector.lab.measure.cases import sample_counts
+from detector.lab.present.shapes import MEMORY_AGREES, check_lines, memory_lines, prediction_lines, shapes_markdown
 from detector.lab.profile import run_profile
 from detector.lab.record import bench as bench_record
-from detector.lab.shapes import MEMORY_AGREES, check_lines, histogram, predict, prediction_lines, run_shapes
+from detector.lab.record.shapes import (
+    Batch,
+    Check,
+    Cost,
+    Costs,
+    Memory,
+    Over,
+    PredictedMemory,
+    Prediction,
+    ProfiledStep,
+    ShapesRecord,
+    read_shapes,
+)
+from detector.lab.record.spread import Spread
+from detector.lab.shapes import histogram, predict, run_shapes
 
 SLOTS, BATCH = 32, 16
 # Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
@@ -65,32 +81,32 @@ def shapes_config(tmp_path, source, *overrides):
 def test_histogram_bins_split_at_the_slots():
     counts = np.array([0, 0, 1, 2, 3, 5, 9, 33, 40, 600])
     assert histogram(counts, 32) == [
-        [0, 0, 2],
-        [1, 1, 1],
-        [2, 3, 2],
-        [4, 7, 1],
-        [8, 15, 1],
-        [16, 31, 0],
-        [32, 32, 0],
-        [33, 63, 2],
-        [64, 127, 0],
-        [128, 255, 0],
-        [256, 511, 0],
-        [512, 600, 1],
+        (0, 0, 2),
+        (1, 1, 1),
+        (2, 3, 2),
+        (4, 7, 1),
+        (8, 15, 1),
+        (16, 31, 0),
+        (32, 32, 0),
+        (33, 63, 2),
+        (64, 127, 0),
+        (128, 255, 0),
+        (256, 511, 0),
+        (512, 600, 1),
     ]
-    assert histogram(np.zeros(4, int), 8) == [[0, 0, 4]]
+    assert histogram(np.zeros(4, int), 8) == [(0, 0, 4)]
 
 
 def test_a_prediction_where_every_strategy_pays_for_the_slots_names_the_next_its_ties_and_padded():
     found = [
-        costs.Cost("padded", 2e-3, 0.0, "-"),
-        costs.Cost("packed", 1.00e-3, 1e-6, "-"),
-        costs.Cost("cuda_conditional", 1.02e-3, 0.0, "-"),
+        Cost("padded", 2e-3, 0.0, "-"),
+        Cost("packed", 1.00e-3, 1e-6, "-"),
+        Cost("cuda_conditional", 1.02e-3, 0.0, "-"),
     ]
     predicted = predict(found, slots=1000, boxes=100)  # packed 1.0001 ms, cuda_conditional 1.02, padded 2
-    assert predicted["strategy"] == "packed" and predicted["ties"] == ["cuda_conditional"]
-    assert [n for n, _, _ in predicted["ranking"]] == ["packed", "cuda_conditional", "padded"]
-    assert predicted["reason"] == (
+    assert predicted.strategy == "packed" and predicted.ties == ["cuda_conditional"]
+    assert [n for n, _, _ in predicted.ranking] == ["packed", "cuda_conditional", "padded"]
+    assert predicted.reason == (
         "packed pays mostly for the slots: 1.00 µs a slot × 1,000 slots + 0.00100 µs a box × 100 boxes = 1.00 ms; "
         "every strategy pays mostly for the slots here; the next, cuda_conditional: 1.02 µs a slot × 1,000 slots "
         "+ 0 µs a box × 100 boxes = 1.02 ms; padded: 2.00 µs a slot × 1,000 slots + 0 µs a box × 100 boxes = 2.00 ms"
@@ -103,41 +119,42 @@ def test_the_shape_report_of_a_file_and_its_prediction_from_bench_losses(tmp_pat
     path = bench_file(tmp_path)
     report = run_shapes(shapes_config(tmp_path, source))
     kept = np.minimum(counts, SLOTS)
-    assert report["images"] == 300 and report["boxes"] == counts.sum() and report["max_boxes"] == SLOTS
-    assert sum(n for _, _, n in report["histogram"]) == 300
-    assert report["padding"] == pytest.approx(1 - kept.sum() / (300 * SLOTS))
-    assert report["over"] == {"images": 3, "dropped": int((counts - kept).sum())}
-    assert report["costs"]["file"] == str(path) and "cpu, torch 2.13.0" in report["costs"]["source"]
-    found = {c["strategy"]: c for c in report["costs"]["strategies"]}
+    assert report.images == 300 and report.boxes == counts.sum() and report.max_boxes == SLOTS
+    assert sum(n for _, _, n in report.histogram) == 300
+    assert report.padding == pytest.approx(1 - kept.sum() / (300 * SLOTS))
+    assert (report.over.images, report.over.dropped) == (3, int((counts - kept).sum()))
+    assert report.costs.file == str(path) and "cpu, torch 2.13.0" in report.costs.source
+    found = {c.strategy: c for c in report.costs.costs}
     for name in PER_SLOT:
-        assert found[name]["per_slot_ms"] == pytest.approx(PER_SLOT[name]) and found[name]["per_box_ms"] == (
-            pytest.approx(PER_BOX[name], abs=1e-12)
-        )
+        assert found[name].per_slot_ms == pytest.approx(PER_SLOT[name])
+        assert found[name].per_box_ms == pytest.approx(PER_BOX[name], abs=1e-12)
     slots, boxes = BATCH * SLOTS, BATCH * kept.mean()
-    predicted = report["predicted"]
+    predicted = report.predicted
     expected = {n: PER_SLOT[n] * slots + PER_BOX[n] * boxes for n in PER_SLOT}
-    assert predicted["strategy"] == min(expected, key=expected.get) == "packed"  # ~90 % of the slots are padding
-    assert [n for n, _, _ in predicted["ranking"]] == ["packed", "padded"]
-    assert predicted["reason"].startswith("packed pays mostly for the boxes: 0.100 µs a slot × 512 slots + 2.00 µs")
-    assert "; the fastest that pays mostly for the slots, padded: 1.00 µs a slot × 512 slots" in predicted["reason"]
-    assert predicted["ties"] == []
+    assert predicted.strategy == min(expected, key=expected.get) == "packed"  # ~90 % of the slots are padding
+    assert [n for n, _, _ in predicted.ranking] == ["packed", "padded"]
+    assert predicted.reason.startswith("packed pays mostly for the boxes: 0.100 µs a slot × 512 slots + 2.00 µs")
+    assert "; the fastest that pays mostly for the slots, padded: 1.00 µs a slot × 512 slots" in predicted.reason
+    assert predicted.ties == []
     out = capsys.readouterr().out
     assert "**Images over the slots**: 3 (1.00 %) hold more than 32 boxes: data.over_max_boxes=truncate drops" in out
     assert "No profile run over this source at 32 slots, batch 16 on cpu" in out
     (folder,) = (tmp_path / "runs" / "shapes" / "widerface-wider_like").iterdir()
     assert {p.name for p in folder.iterdir()} == {"shapes.md", "shapes.json", "counts.png"}
     assert (folder / "counts.png").read_bytes()[:4] == b"\x89PNG"
+    assert read_shapes(folder) == report  # shapes.json holds what the command returned
+    assert json.loads((folder / "shapes.json").read_text())["version"] == 2
 
 
 def test_a_bench_file_of_another_device_is_not_used_and_the_timing_here_says_so(tmp_path, dataset):
     _, source = dataset
     bench_file(tmp_path, device="NVIDIA H100 80GB HBM3")
     report = run_shapes(shapes_config(tmp_path, source, "bench.strategies=[padded,packed]"))
-    assert report["costs"]["file"] is None
-    assert report["costs"]["source"].startswith("timed here on cpu, torch ")
-    assert "is of NVIDIA H100 80GB HBM3, and this run is on cpu" in report["costs"]["source"]
-    assert [c["strategy"] for c in report["costs"]["strategies"]] == ["padded", "packed"]
-    assert all(c["per_slot_ms"] > 0 and c["per_box_ms"] >= 0 for c in report["costs"]["strategies"])
+    assert report.costs.file is None
+    assert report.costs.source.startswith("timed here on cpu, torch ")
+    assert "is of NVIDIA H100 80GB HBM3, and this run is on cpu" in report.costs.source
+    assert [c.strategy for c in report.costs.costs] == ["padded", "packed"]
+    assert all(c.per_slot_ms > 0 and c.per_box_ms >= 0 for c in report.costs.costs)
 
 
 def test_a_bench_files_slots_are_those_it_records_or_that_its_cases_tell(tmp_path):
@@ -208,10 +225,10 @@ def test_the_check_against_profiles_over_the_same_boxes(tmp_path, dataset, monke
     monkeypatch.chdir(tmp_path)  # the same file, named by a relative path
     relative = f"widerface:{source.partition(':')[2].removeprefix(str(tmp_path) + '/')}"
     report = run_shapes(shapes_config(tmp_path, relative))
-    check = report["measured"]
-    assert set(check["runs"]) == {"padded", "packed"} and check["fastest"] == ["padded"]
-    assert check["runs"]["padded"][1].endswith("padded/20261122-030000")
-    assert check["disagreements"] == [["packed", "padded", pytest.approx(2.0)]]
+    check = report.measured
+    assert set(check.runs) == {"padded", "packed"} and check.fastest == ["padded"]
+    assert check.runs["padded"].folder.endswith("padded/20261122-030000")
+    assert check.disagreements == [("packed", "padded", pytest.approx(2.0))]
     markdown = next((tmp_path / "runs" / "shapes").rglob("shapes.md")).read_text()
     assert "**The prediction disagrees**: measured fastest padded, predicted packed." in markdown
     assert "- predicted packed faster than padded; measured padded 2× faster" in markdown
@@ -220,7 +237,7 @@ def test_the_check_against_profiles_over_the_same_boxes(tmp_path, dataset, monke
 
     profiled(root, "packed", "20261122-050000", source, scale=0.5)  # a newer packed run: now it agrees
     again = run_shapes(shapes_config(tmp_path, relative))
-    assert again["measured"]["fastest"] == ["packed"] and again["measured"]["disagreements"] == []
+    assert again.measured.fastest == ["packed"] and again.measured.disagreements == []
 
 
 def test_the_shapes_command_and_its_make_target(tmp_path, dataset, capsys):
@@ -245,9 +262,9 @@ def test_the_shapes_command_and_its_make_target(tmp_path, dataset, capsys):
 
 def test_the_synthetic_faces_have_a_shape_too(tmp_path):
     report = run_shapes(shapes_config(tmp_path, "synthetic", "bench.strategies=[padded]", "data.tail_fraction=0"))
-    assert report["images"] == 20_000 and report["over"]["images"] == 0
-    assert 1.7 < report["boxes"] / report["images"] < 2.1  # floor(|N(0, 3)|): ~1.9 an image
-    assert report["predicted"]["strategy"] == "padded"
+    assert report.images == 20_000 and report.over.images == 0
+    assert 1.7 < report.boxes / report.images < 2.1  # floor(|N(0, 3)|): ~1.9 an image
+    assert report.predicted.strategy == "padded"
 
 
 def test_each_strategys_loss_memory_grows_with_what_its_layout_holds():
@@ -272,46 +289,59 @@ def test_the_loss_memory_predicted_from_the_counts_agrees_with_a_profile_over_th
     tiny += ["profile.wait=1", "profile.warmup=1", "profile.active=2", "profile.strategy=padded"]
     run_profile(OmegaConf.merge(cfg, OmegaConf.from_dotlist(tiny)))
     report = run_shapes(cfg)
-    rows = {row["strategy"]: row for row in report["memory"]["strategies"]}
-    assert rows["concat"]["profiled"] is None  # not profiled over these boxes
+    rows = {row.strategy: row for row in report.memory.strategies}
+    assert rows["concat"].profiled is None  # not profiled over these boxes
     padded = rows["padded"]
-    assert 1 / MEMORY_AGREES <= padded["profiled"] / padded["predicted"] <= MEMORY_AGREES, padded
+    assert 1 / MEMORY_AGREES <= padded.profiled / padded.predicted <= MEMORY_AGREES, padded
     markdown = next((tmp_path / "runs" / "shapes").rglob("shapes.md")).read_text()
     assert f"**The memory prediction** is within {MEMORY_AGREES}× for every one profiled." in markdown
 
 
 def test_names_from_files_come_out_escaped_in_the_shape_report():
     """A profile's strategy and folder, a bench file's strategy and device, named with a tag and pipes: shown as
-    written, as text, in the prediction and the check."""
-    spread = {"median": 10.0, "q1": 9.9, "q3": 10.1}
-    report = {
-        "max_boxes": SLOTS,
-        "batch_size": BATCH,
-        "device": f"cpu {MARKUP_NAME}",
-        "source": f"widerface:{MARKUP_NAME}",
-        "predicted": {
-            "strategy": MARKUP_NAME,
-            "ties": ["padded"],
-            "reason": f"{MARKUP_NAME} pays mostly for the slots",
-            "ranking": [[MARKUP_NAME, 1.0, "slots"], ["padded", 1.01, "slots"]],
-        },
-        "costs": {"strategies": [{"strategy": MARKUP_NAME, "per_slot_ms": 1e-3, "per_box_ms": 0.0, "measured": "x"}]}
-        | {"source": MARKUP_NAME},
-        "measured": {
-            "runs": {MARKUP_NAME: [spread, f"runs/profile/{MARKUP_NAME}"], "padded": [spread, "runs/profile/padded"]},
-            "noisy": {MARKUP_NAME: ["other processes kept 1.9 of 2 cores busy"]},
-            "fastest": [MARKUP_NAME, "padded"],
-            "disagreements": [["padded", MARKUP_NAME, 1.5]],
-            "profile_dir": f"runs/{MARKUP_NAME}",
-        },
-    }
-    report["costs"]["strategies"].append(
-        {"strategy": "padded", "per_slot_ms": 1e-3, "per_box_ms": 0.0, "measured": "x"}
+    written, as text, in the prediction, the check, the memory and the whole document."""
+    spread = Spread(median=10.0, q1=9.9, q3=10.1, min=9.8, max=10.2, n=5)
+    report = ShapesRecord(
+        source=f"widerface:{MARKUP_NAME}",
+        device=f"cpu {MARKUP_NAME}",
+        images=10,
+        boxes=20,
+        max_boxes=SLOTS,
+        over_max_boxes="truncate",
+        batch_size=BATCH,
+        histogram=[(0, 1, 4), (2, 3, 6)],
+        padding=0.9,
+        over=Over(images=0, dropped=0),
+        batch=Batch(slots=BATCH * SLOTS, boxes=32.0),
+        costs=Costs(MARKUP_NAME, [Cost(MARKUP_NAME, 1e-3, 0.0, "x"), Cost("padded", 1e-3, 0.0, "x")]),
+        predicted=Prediction(
+            strategy=MARKUP_NAME,
+            ties=["padded"],
+            reason=f"{MARKUP_NAME} pays mostly for the slots",
+            ranking=[(MARKUP_NAME, 1.0, "slots"), ("padded", 1.01, "slots")],
+        ),
+        measured=Check(
+            profile_dir=f"runs/{MARKUP_NAME}",
+            runs={
+                MARKUP_NAME: ProfiledStep(spread, f"runs/profile/{MARKUP_NAME}"),
+                "padded": ProfiledStep(spread, "runs/profile/padded"),
+            },
+            noisy={MARKUP_NAME: ["other processes kept 1.9 of 2 cores busy"]},
+            fastest=[MARKUP_NAME, "padded"],
+            disagreements=[("padded", MARKUP_NAME, 1.5)],
+        ),
+        memory=Memory(
+            [PredictedMemory(MARKUP_NAME, 8.0, 64.0, f"batch of {MARKUP_NAME}", predicted=4096.0, profiled=9000.0)],
+            not_measured=[MARKUP_NAME],
+        ),
     )
-    for lines in (prediction_lines(report), check_lines(report)):
+    for lines in (prediction_lines(report), check_lines(report), memory_lines(report)):
         page = rendered("\n".join(lines))
         assert "<script" not in page and tables_whole(page) and SHOWN in page, page
     assert f"measured {SHOWN} 1.5× faster" in rendered("\n".join(check_lines(report)))
-    report["measured"]["runs"] = {}  # no profile over this source: the command to make one
+    assert f"off by more than {MEMORY_AGREES}× for {SHOWN} (2.20×)" in rendered("\n".join(memory_lines(report)))
+    page = rendered(shapes_markdown(report, Path("counts.png")))
+    assert "<script" not in page and tables_whole(page) and f"Shapes of widerface:{SHOWN}" in page
+    report.measured = Check(profile_dir=f"runs/{MARKUP_NAME}")  # no profile over this source: the command to make one
     page = rendered("\n".join(check_lines(report)))
     assert "<script" not in page and f"<code>make profile STRATEGY={SHOWN} BOXES=widerface:{SHOWN}</code>" in page

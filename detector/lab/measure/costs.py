@@ -15,18 +15,18 @@ Two sources, the first that applies:
 - otherwise a cheap timing here: each strategy's forward+backward on a batch of the run's shape with no box,
   then with the data's counts of boxes.
 
-Memory is modelled the same way, ``per_slot × slots + per_box × boxes`` bytes (``MemoryCost``), from each strategy's
-loss forward as the training step runs it in "calc loss" (its predictions requiring a gradient, so that autograd
-keeps what the backward will need), measured here on the same two batches: the peak it rises to above what was
-allocated before it (on a GPU the caching allocator's peak, on the CPU the profiler's memory events). Bytes depend
-on the shapes alone, so the model holds at other batches as long as the strategy allocates per slot and per box.
+Memory is modelled the same way, ``per_slot × slots + per_box × boxes`` bytes (``MemoryCost``; it and ``Cost`` are
+records of detector/lab/record/shapes.py, which shapes.json holds), from each strategy's loss forward as the training
+step runs it in "calc loss" (its predictions requiring a gradient, so that autograd keeps what the backward will
+need), measured here on the same two batches: the peak it rises to above what was allocated before it (on a GPU the
+caching allocator's peak, on the CPU the profiler's memory events). Bytes depend on the shapes alone, so the model
+holds at other batches as long as the strategy allocates per slot and per box.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,38 +40,12 @@ from detector.lab.measure.timing import event_ms, loss_closures
 from detector.lab.measure.trace import peak_rise, read_events
 from detector.lab.record import bench as bench_record
 from detector.lab.record.bench import LossCase
+from detector.lab.record.shapes import Cost, Costs, MemoryCost
 from detector.losses import STRATEGIES, get_strategy
 
 DISTRIBUTIONS = ("seed", "tail")  # bench losses' cases with the same slots and different boxes
 LARGEST_SLOTS = 4096  # the slot counts tried when telling a bench file's slots from its tail case
 QUICK = {"warmup": 2, "repeats": 7, "max_seconds": 1.0}  # the cheap timing: a few calls, at most ~1 s a case
-
-
-@dataclass
-class Cost:
-    """One strategy's forward+backward: ms per slot and per box, and what they were measured on."""
-
-    strategy: str
-    per_slot_ms: float
-    per_box_ms: float
-    measured: str  # "batch 1024 x 256 slots, 1,940 and 5,321 boxes"
-
-    def at(self, slots: int, boxes: float) -> float:
-        """The predicted ms of a batch of ``slots`` slots holding ``boxes`` boxes."""
-        return self.per_slot_ms * slots + self.per_box_ms * boxes
-
-    def bound(self, slots: int, boxes: float) -> str:
-        """``slots`` or ``boxes``: which of the two its time at that shape mostly pays for."""
-        return "slots" if self.per_slot_ms * slots >= self.per_box_ms * boxes else "boxes"
-
-
-@dataclass
-class Costs:
-    """Every strategy's cost and where it comes from (a file and its device, or a timing here), said in one line."""
-
-    source: str
-    costs: list[Cost]
-    file: str | None = None  # the bench result file read, if one was
 
 
 # ----------------------------------------------------------------------------- from bench losses' result file
@@ -173,20 +147,6 @@ def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> 
 
 
 # ----------------------------------------------------------------------------- memory
-
-
-@dataclass
-class MemoryCost:
-    """One strategy's loss forward in bytes: its peak rise per slot and per box, and what they were measured on."""
-
-    strategy: str
-    per_slot_bytes: float
-    per_box_bytes: float
-    measured: str
-
-    def at(self, slots: int, boxes: float) -> float:
-        """The predicted peak rise, in bytes, of the loss over ``slots`` slots holding ``boxes`` boxes."""
-        return self.per_slot_bytes * slots + self.per_box_bytes * boxes
 
 
 def memory_here(names: list[str], counts: np.ndarray, slots: int, device: torch.device) -> list[MemoryCost]:
