@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from detector import cli
 from detector.bench import ceiling
 from detector.bench.ceiling import GRANULE, RESOLUTION, Probe, next_batch, search
 from detector.bench.crowd import CROWD_FEWEST, CROWD_MOST, crowd_counts, write_crowd
@@ -191,7 +192,7 @@ def test_the_jobs_and_the_results_are_records_written_and_read_again(tmp_path):
 def test_a_damaged_jobs_file_is_refused_in_one_line_naming_the_file_and_field(tmp_path, capsys):
     path = tmp_path / "jobs.json"
     path.write_text(json.dumps({"version": 2, "jobs": [["synthetic", "padded", "allocator"], ["synthetic", "x", 3]]}))
-    assert ceiling.main([f"--out={tmp_path / 'out.json'}", f"--jobs={path}", "device=cpu"]) == 2
+    assert cli.main(["ceiling", f"--out={tmp_path / 'out.json'}", f"--jobs={path}", "device=cpu"]) == 2
     err = capsys.readouterr().err
     assert err == f"error: {path}.jobs[1][2] is int 3, expected a string\n" and not (tmp_path / "out.json").exists()
 
