@@ -85,6 +85,14 @@ def children(pid: int) -> list[int]:
     return [int(p) for p in path.read_text().split()] if path.exists() else []
 
 
+def data_workers(pid: int, training: int) -> tuple[list[int], list[int]]:
+    """The run's ``training`` loader workers, started at start-up, and the held-out set's one (TINY's
+    train.eval_batches=1), started after the first step: the later pids."""
+    found = sorted(children(pid))
+    assert len(found) == training + 1, found
+    return found[:training], found[training:]
+
+
 def start_training(tmp_path, *overrides) -> subprocess.Popen:
     """`python -m detector train` of the tiny detector, in a session of its own (a process group for Ctrl-C)."""
     args = [*TINY, "train.steps=100000", f"train.out_dir={tmp_path}", "data.num_workers=2", *overrides]
@@ -112,17 +120,17 @@ def test_kill_9_of_a_data_worker_during_make_train_ends_it_within_seconds(tmp_pa
     """The issue's trial: kill -9 of one data worker of a running `train` (it blocked the run for good in 2 of 3)."""
     process = start_training(tmp_path, "data.batch_size=32", "data.max_boxes=256", "data.tail_fraction=1.0")
     wait_for_step(process, 4)  # past the checkpoint of step 3: the line names it
-    workers = children(process.pid)
-    assert len(workers) == 2
-    os.kill(workers[1], signal.SIGKILL)
+    training, held_out = data_workers(process.pid, 2)
+    workers = training + held_out
+    os.kill(training[1], signal.SIGKILL)
     start = time.monotonic()
     _, err = process.communicate(timeout=30)  # reads both pipes: a full one would block the run's last lines
     assert time.monotonic() - start < 10 and process.returncode == 2
     line = one_error_line(err)
-    assert f"(pid {workers[1]}) was killed by SIGKILL, exit code -9" in line and "train.resume=true" in line
+    assert f"(pid {training[1]}) was killed by SIGKILL, exit code -9" in line and "train.resume=true" in line
     deadline = time.monotonic() + 10
     while any(Path(f"/proc/{pid}").exists() for pid in workers) and time.monotonic() < deadline:
-        time.sleep(0.1)  # a zombie shows until its parent has gone: the other worker ends with it
+        time.sleep(0.1)  # a zombie shows until its parent has gone: the other workers end with it
     assert not [pid for pid in workers if Path(f"/proc/{pid}/status").exists() and alive(pid)]
 
 
@@ -168,7 +176,7 @@ def test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_time
     batch, and no process left behind (the stopped worker is killed)."""
     process = start_training(tmp_path, "data.num_workers=1", "data.worker_timeout=2")
     wait_for_step(process, 2)
-    (worker,) = children(process.pid)
+    (worker,), held_out = data_workers(process.pid, 1)
     os.kill(worker, signal.SIGSTOP)
     start = time.monotonic()
     _, err = process.communicate(timeout=60)
@@ -182,9 +190,9 @@ def test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_time
     named = re.fullmatch(pattern, one_error_line(err))  # stopped as it drew a batch, or as it waited for one
     assert named and int(named[4]) == int(named[5]) and named[3] in (None, named[4]), err
     deadline = time.monotonic() + 10
-    while alive(worker) and time.monotonic() < deadline:
+    while any(map(alive, [worker, *held_out])) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not alive(worker)
+    assert not alive(worker) and not any(map(alive, held_out))
 
 
 # ----------------------------------------------------------------------------- Ctrl-C and SIGTERM

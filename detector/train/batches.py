@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from detector.data import build_dataset, build_loader, loader_for
-from detector.data.loader import BatchLoader
+from detector.data.loader import BatchLoader, Batches
 from detector.train.distributed import DistEnv
 
 
@@ -58,8 +58,9 @@ def training_batches(cfg: DictConfig, layout: str, device: torch.device, env: Di
 
 class HeldOut:
     """train.eval_batches global batches from train.eval_start: the same images whatever the number of processes.
-    Drawn at the first evaluation, by a worker a batch into a ring of that many slots (nothing of it at start-up,
-    where nothing needs it), and kept on the device for the next ones."""
+    Drawn by a worker a batch into a ring of that many slots, from ``start()`` (the loop calls it once the first step
+    is done: nothing of it at start-up, where nothing needs it, and the workers draw while the steps run, not at the
+    first evaluation), and kept on the device for the next evaluations."""
 
     def __init__(self, cfg: DictConfig, device: torch.device, global_batch: int):
         loader = build_loader(
@@ -67,9 +68,23 @@ class HeldOut:
         )
         self.loader = dataclasses.replace(loader, workers=min(loader.workers, loader.batches), slots=loader.batches)
         self.taken: list | None = None
+        self.drawing: Batches | None = None
+
+    def start(self) -> None:
+        """Start the workers drawing the held-out batches (where they are not drawn or being drawn already)."""
+        if self.taken is None and self.drawing is None:
+            self.drawing = iter(self.loader)
+            self.drawing.started()
 
     @property
     def batches(self) -> list:
         if self.taken is None:
-            self.taken = list(self.loader)
+            self.taken = list(self.drawing if self.drawing is not None else self.loader)
+            self.drawing = None
         return self.taken
+
+    def close(self) -> None:
+        """Stop workers still drawing (a run that ends before its first evaluation)."""
+        drawing, self.drawing = self.drawing, None
+        if drawing is not None:
+            drawing.close()

@@ -68,3 +68,9 @@ class Evaluation:
         if self.drawing is not None:
             self.drawing.join()
             self.drawing = None
+
+    def end(self) -> None:
+        """The run's end: the last picture drawn, and the held-out workers stopped where they still draw."""
+        self.close()
+        if self.held_out is not None:
+            self.held_out.close()

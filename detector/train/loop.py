@@ -159,7 +159,7 @@ class Run:
             return self.finish()
         finally:
             self.control.close()
-            self.steps.evaluation.close()  # its last picture, before the writer closes
+            self.steps.evaluation.end()  # its last picture, before the writer closes
             if self.steps.writer:
                 self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
 
@@ -349,6 +349,8 @@ class Steps:
                     self.say(f"compiled: step {self.step + 1} took {self.first_done - step_started:.1f} s", flush=True)
                     if run.env.is_main:
                         save_compile_cache(self.compile_cache)
+            if first and self.evaluation.held_out is not None:
+                self.evaluation.held_out.start()  # drawn while the steps run, ready for the first evaluation
             self.log.add(loss, data_seconds)
             self.step += 1
             if profiler:

@@ -21,7 +21,7 @@ from detector.lab.measure.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
 from detector.train import distributed
-from detector.train.batches import RankBlocks, rank_loader
+from detector.train.batches import HeldOut, RankBlocks, rank_loader
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training
@@ -337,3 +337,23 @@ def test_profiler_window_has_the_regions_of_make_profile(tmp_path):
     assert len(steps) == 2
     regions = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]
     assert all(list(s.regions) == regions for s in steps)
+
+
+def test_the_held_out_set_drawn_ahead_by_its_workers_is_the_one_drawn_at_the_evaluation(tmp_path):
+    """HeldOut.start(), as the loop calls it after the first step: its workers draw while the steps run; the batches
+    then taken are those a held-out set drawn at the evaluation gets, and close() stops workers not yet read."""
+    cfg = tiny_cfg(tmp_path, "device=cpu", "data.num_workers=2", "train.eval_batches=3")
+    ahead, at_eval = HeldOut(cfg, torch.device("cpu"), 4), HeldOut(cfg, torch.device("cpu"), 4)
+    ahead.start()
+    assert ahead.drawing is not None and ahead.drawing.ring is not None  # its workers started
+    ahead.start()  # once only
+    taken = ahead.batches
+    assert ahead.drawing is None and len(taken) == 3 and taken is ahead.batches
+    for (images, targets), (again, again_targets) in zip(taken, at_eval.batches, strict=True):
+        assert torch.equal(images, again) and torch.equal(targets.boxes, again_targets.boxes)
+    unread = HeldOut(cfg, torch.device("cpu"), 4)
+    unread.start()
+    ring = unread.drawing.ring
+    assert ring.workers is not None
+    unread.close()
+    assert unread.drawing is None and ring.workers is None
