@@ -10,7 +10,7 @@ import torch
 from omegaconf import DictConfig
 
 from detector.data import build_dataset, build_loader, loader_for
-from detector.data.loader import BatchLoader, Batches
+from detector.data.loader import Batches, BatchLoader
 from detector.train.distributed import DistEnv
 
 
