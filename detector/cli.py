@@ -25,7 +25,7 @@ from pathlib import Path
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import UserError, refuse
 from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID, PeerLost
-from detector.train.interrupt import CommandSignals, Handlers, Terminated
+from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
 # bench's targets, for its help and its errors (the same keys as detector.bench.TARGETS; a test checks it)
@@ -245,9 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     debug = os.environ.get("DETECTOR_DEBUG", "") not in ("", "0") or "--debug" in argv
     at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command
-    if os.environ.get(LAUNCHED):
-        tie_to_launcher()
     with CommandSignals(keep=command_line):
+        if os.environ.get(LAUNCHED):
+            tie_to_launcher()  # once the handlers are in place: LAUNCHER_LOST's default action is death
         try:
             top = top_parser().parse_args(argv[: at + 1])
             # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
@@ -323,12 +323,13 @@ def last_line(err: BaseException) -> str:
 
 
 def tie_to_launcher() -> None:
-    """A rank of detector.launch ends with it: SIGTERM (a checkpoint, then ``terminated``) when the launcher dies,
-    even by kill -9, which leaves it no way to stop us (Linux's parent-death signal; elsewhere torchrun's own)."""
+    """A rank of detector.launch ends with it: SIGTERM's stop (a checkpoint, then ``terminated``) when the launcher
+    dies, even by kill -9, which leaves it no way to stop us (Linux's parent-death signal, LAUNCHER_LOST, which may
+    come more than once: detector/train/interrupt.py; elsewhere torchrun's own)."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, LAUNCHER_LOST)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return
     if os.environ.get(LAUNCHER_PID) and os.getppid() != int(os.environ[LAUNCHER_PID]):

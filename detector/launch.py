@@ -16,7 +16,7 @@ same launch ends as the project's commands end:
 The other ranks learn of a failed rank at their next collective (``distributed.Control``, a step's gloo collective)
 and stop without a line of their own (``distributed.LAUNCHED``); none outlives torchrun's grace of 30 s (an NCCL
 collective the host waits on, which only that SIGKILL ends). A rank never outlives the launcher: killed (even by
-kill -9), it sends every rank SIGTERM (Linux's parent-death signal), which checkpoint and end.
+kill -9), every rank stops as on SIGTERM (Linux's parent-death signal), checkpoints and ends.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from detector.data.host_memory import GIB, MemoryRefusal
 from detector.data.loader import DataWorkerFailed, WorkerTraceback
 from detector.train import checkpoint_files
 from detector.train.checkpoint import read_checkpoint
-from detector.train.interrupt import DeferredInterrupt, Terminated
+from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, DeferredInterrupt, Terminated
 from detector.train.memory import check_command_memory, check_run_memory, run_memory
 
 # the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps
@@ -231,6 +231,35 @@ def test_a_signal_within_the_loop_asks_for_a_stop_between_steps_and_a_second_sto
         assert type(err.value) is expected
         os.kill(os.getpid(), signum)  # the stop is under way: ignored
         time.sleep(0.01)
+    assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_the_launchers_death_is_one_stop_however_often_linux_signals_it():
+    """kill -9 of detector.launch: Linux sends the rank's parent-death signal (LAUNCHER_LOST) each time the rank's
+    parent thread ends, two or three times as the launcher's threads end. In the loop that is one stop asked for, as
+    SIGTERM's, never the second signal that abandons the stop's checkpoint; a user's SIGTERM after it still is; and
+    it asks nothing where a stop is already asked for. Outside the loop the first raises SIGTERM's stop, once."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, LAUNCHER_LOST)}
+    with CommandSignals():
+        with DeferredInterrupt() as interrupt:
+            for _ in range(3):
+                os.kill(os.getpid(), LAUNCHER_LOST)
+                time.sleep(0.01)
+            assert interrupt.requested == signal.SIGTERM
+            with pytest.raises(Terminated):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(1)
+    with CommandSignals():
+        with DeferredInterrupt() as interrupt:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.01)
+            os.kill(os.getpid(), LAUNCHER_LOST)
+            time.sleep(0.01)
+            assert interrupt.requested == signal.SIGINT  # Ctrl-C's stop, not escalated
+    with pytest.raises(Terminated):
+        with CommandSignals():
+            os.kill(os.getpid(), LAUNCHER_LOST)
+            time.sleep(1)
     assert {s: signal.getsignal(s) for s in before} == before
 
 

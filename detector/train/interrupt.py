@@ -7,6 +7,12 @@ steps, after a checkpoint (``DeferredInterrupt``); a second stops it at once. On
 every later signal is ignored, so that nothing interrupts the wind-down (closing the data workers and
 TensorBoard's writer, the interpreter's exit) and nothing is printed after the one line.
 
+A rank of detector.launch learns of its launcher's death by ``LAUNCHER_LOST``, its parent-death signal
+(detector/cli.py ``tie_to_launcher``): a stop as SIGTERM's, however often it comes. Linux sends it each time the
+rank's parent thread exits, and a launcher killed with kill -9 passes the rank from thread to thread of its own as
+they end: two or three signals, milliseconds apart, which as SIGTERMs would read as a second signal and abandon
+the stop's checkpoint.
+
 Handlers are installed on the main thread only: Python delivers signals there.
 """
 
@@ -16,6 +22,7 @@ import signal
 import threading
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+LAUNCHER_LOST = signal.SIGUSR1  # a rank's parent-death signal: its launcher is gone
 
 
 class Terminated(KeyboardInterrupt):
@@ -30,6 +37,7 @@ class Handlers:
     """The SIGINT and SIGTERM handlers within a block, restored after it (``keep``: left in place)."""
 
     stopping = False  # shared by every block: once a stop is under way, later signals are ignored
+    launcher_lost = False  # LAUNCHER_LOST came: the stop it asks for is SIGTERM's, asked once
 
     def __init__(self, keep: bool = False):
         self.keep, self.previous = keep, {}
@@ -38,6 +46,7 @@ class Handlers:
         Handlers.stopping = False
         if threading.current_thread() is threading.main_thread():
             self.previous = {signum: signal.signal(signum, self.handle) for signum in STOP_SIGNALS}
+            self.previous[LAUNCHER_LOST] = signal.signal(LAUNCHER_LOST, self.lost)
         return self
 
     def __exit__(self, *exc):
@@ -51,18 +60,32 @@ class Handlers:
         Handlers.stopping = True
         raise stop_exception(signum)
 
+    def lost(self, signum, frame):
+        """LAUNCHER_LOST: SIGTERM's stop, the first time only, and not where a stop is already asked for (the launcher's
+        death is no second signal of a user's)."""
+        if Handlers.launcher_lost or getattr(self, "requested", None) is not None:
+            return
+        Handlers.launcher_lost = True
+        self.handle(signal.SIGTERM, frame)
+
 
 class CommandSignals(Handlers):
     """A command's handlers: the first SIGINT or SIGTERM raises where it lands (as Python's own SIGINT
     handler does), later ones are ignored. ``keep`` for the command line: the interpreter's exit runs after
     the block, where a signal would print a traceback after the command's last line; once a stop is under
     way the signals are then left ignored by the kernel (SIG_IGN), which the interpreter's finalization keeps,
-    whereas it puts back the default action, death by the signal, in place of a Python handler."""
+    whereas it puts back the default action, death by the signal, in place of a Python handler (for
+    LAUNCHER_LOST, whose default is death too, always: a command that ended has nothing to stop)."""
+
+    def __enter__(self):
+        Handlers.launcher_lost = False
+        return super().__enter__()
 
     def __exit__(self, *exc):
-        if self.keep and Handlers.stopping:
+        if self.keep:
             for signum in self.previous:
-                signal.signal(signum, signal.SIG_IGN)
+                if Handlers.stopping or signum == LAUNCHER_LOST:
+                    signal.signal(signum, signal.SIG_IGN)
         super().__exit__(*exc)
 
 
