@@ -56,8 +56,8 @@ class Evaluation:
 
         def picture() -> None:
             titles = [f"held-out {i}" for i in range(len(images))]
-            fig = prediction_figure(images, pred, counts, truth, titles)
-            fig.suptitle(f"step {step}: true boxes green, predicted red", fontsize=10)
+            title = f"step {step}: true boxes green, predicted red"
+            fig = prediction_figure(images, pred, counts, truth, titles, title)
             writer.add_image("eval/predictions", pixels(fig), step, dataformats="HWC")
 
         self.drawing = threading.Thread(target=picture, name="eval-picture", daemon=True)

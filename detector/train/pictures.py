@@ -23,9 +23,12 @@ TRUE, PREDICTED = "#2ca02c", "#d62728"  # green and red: the true boxes and the 
 SHOWN = 8  # images in an evaluation's picture
 
 
-def prediction_figure(images: Tensor, pred: Tensor, counts: Tensor, truth: Tensor | None, titles=None) -> Figure:
+def prediction_figure(
+    images: Tensor, pred: Tensor, counts: Tensor, truth: Tensor | None, titles=None, title: str | None = None
+) -> Figure:
     """A grid of ``images`` [N, 1, S, S] uint8, each with its first ``counts[i]`` predicted boxes (``pred`` [N, M, 4]
-    xyxy) in red and, where ``truth`` [N, M, 4] is given, its true boxes in green, titled with their mean IoU."""
+    xyxy) in red and, where ``truth`` [N, M, 4] is given, its true boxes in green, titled with their mean IoU;
+    ``title`` above the grid, in a band of its own (a suptitle alone would overlap the images' titles)."""
     n = len(images)
     cols = min(4, n)
     rows = math.ceil(n / cols)
@@ -39,22 +42,26 @@ def prediction_figure(images: Tensor, pred: Tensor, counts: Tensor, truth: Tenso
         ax.imshow(images[i, 0].cpu().numpy(), cmap="gray", vmin=0, vmax=255, extent=(0, size, size, 0))
         k = int(counts[i])
         boxes = pred[i, :k].float().cpu()
-        title = titles[i] if titles else f"image {i}"
+        label = titles[i] if titles else f"image {i}"
         if truth is not None:
             true = truth[i, :k].float().cpu()
             for box in true:
                 ax.add_patch(rectangle(box, TRUE, "-"))
-            title += f": {k} face{'' if k == 1 else 's'}" + (
+            label += f": {k} face{'' if k == 1 else 's'}" + (
                 f", mean IoU {box_iou(boxes, true).mean():.2f}" if k else ""
             )
         for box in boxes:
             ax.add_patch(rectangle(box, PREDICTED, "--"))
-        ax.set_title(title, fontsize=9)
+        ax.set_title(label, fontsize=9)
     legend = [Rectangle((0, 0), 1, 1, fill=False, edgecolor=PREDICTED, linestyle="--", label="predicted")]
     if truth is not None:
         legend.insert(0, Rectangle((0, 0), 1, 1, fill=False, edgecolor=TRUE, label="true"))
     fig.legend(handles=legend, loc="lower center", ncol=2, frameon=False)
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    top = 1.0
+    if title:
+        top -= 0.35 / fig.get_figheight()  # a line of 10-point text, in inches of the figure's height
+        fig.suptitle(title, fontsize=10, y=0.995, va="top")
+    fig.tight_layout(rect=(0, 0.04, 1, top))
     return fig
 
 

@@ -93,3 +93,21 @@ def test_bad_arguments_are_one_line(trained, capsys, argv, expected):
     assert cli.main([a.format(run=trained) for a in argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and expected in err and err.count("\n") == 1, err
+
+
+def test_the_evaluations_picture_shows_in_tensorboards_images_tab(trained, browser):
+    """What a user opens: TensorBoard's Images tab over the run, the evaluation's held-out images with their true and
+    predicted boxes, one picture a step it evaluated (TENSORBOARD_SCREENSHOTS=docs keeps the README's
+    docs/tensorboard-eval.png)."""
+    from browser_helpers import CLICK_ACTUAL_SIZE, keep, serve
+
+    url, stop = serve(trained.parent.parent, ["default/padded"])
+    try:
+        text = browser.show(f"{url}/#images&tagFilter=eval", ["eval/predictions", "default/padded"], images=1)
+        assert "No image data was found" not in text
+        assert browser.evaluate(CLICK_ACTUAL_SIZE), "no 'Show actual image size' checkbox"
+        shot = browser.screenshot(browser.profile.parent / "tensorboard-eval.png")
+        assert shot.stat().st_size > 20_000
+        keep(shot)
+    finally:
+        stop()
