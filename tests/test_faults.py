@@ -86,8 +86,8 @@ def children(pid: int) -> list[int]:
 
 
 def data_workers(pid: int, training: int) -> tuple[list[int], list[int]]:
-    """The run's ``training`` loader workers, started at start-up, and the held-out set's one (TINY's
-    train.eval_batches=1), started after the first step: the later pids."""
+    """The run's ``training`` loader workers and the held-out set's one (TINY's train.eval_batches=1), started after
+    them: the later pid."""
     found = sorted(children(pid))
     assert len(found) == training + 1, found
     return found[:training], found[training:]

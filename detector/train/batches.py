@@ -58,9 +58,9 @@ def training_batches(cfg: DictConfig, layout: str, device: torch.device, env: Di
 
 class HeldOut:
     """train.eval_batches global batches from train.eval_start: the same images whatever the number of processes.
-    Drawn by a worker a batch into a ring of that many slots, from ``start()`` (the loop calls it once the first step
-    is done: nothing of it at start-up, where nothing needs it, and the workers draw while the steps run, not at the
-    first evaluation), and kept on the device for the next evaluations."""
+    Drawn by a worker a batch into a ring of that many slots, from ``start()`` (the loop calls it as it starts the
+    training loader: the workers draw while the start-up and the steps run, not at the first evaluation), and kept on
+    the device for the next evaluations."""
 
     def __init__(self, cfg: DictConfig, device: torch.device, global_batch: int):
         loader = build_loader(

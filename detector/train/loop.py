@@ -306,12 +306,16 @@ class Steps:
 
     def start_loader(self):
         """The training batches from where the run stands, their workers started now: they draw the first batches
-        while the rest of the start-up runs."""
+        while the rest of the start-up runs; the held-out set's workers with them."""
         run = self.run
         with run.wall.startup("loader"):
             loader = training_batches(self.cfg, run.step_fn.strategy.layout, run.device, run.env, self.step)
             batches = iter(loader)
             batches.started()
+            if self.evaluation.held_out is not None:
+                # its workers forked now too, before the run starts threads of its own (TensorBoard's writer, the
+                # checkpoints'), which a fork copies mid-lock; they draw while the start-up and the steps run
+                self.evaluation.held_out.start()
         return batches
 
     def cadence_note(self) -> str:
@@ -349,8 +353,6 @@ class Steps:
                     self.say(f"compiled: step {self.step + 1} took {self.first_done - step_started:.1f} s", flush=True)
                     if run.env.is_main:
                         save_compile_cache(self.compile_cache)
-            if first and self.evaluation.held_out is not None:
-                self.evaluation.held_out.start()  # drawn while the steps run, ready for the first evaluation
             self.log.add(loss, data_seconds)
             self.step += 1
             if profiler:

@@ -340,7 +340,7 @@ def test_profiler_window_has_the_regions_of_make_profile(tmp_path):
 
 
 def test_the_held_out_set_drawn_ahead_by_its_workers_is_the_one_drawn_at_the_evaluation(tmp_path):
-    """HeldOut.start(), as the loop calls it after the first step: its workers draw while the steps run; the batches
+    """HeldOut.start(), as the loop calls it with the training loader: its workers draw while the steps run; the batches
     then taken are those a held-out set drawn at the evaluation gets, and close() stops workers not yet read."""
     cfg = tiny_cfg(tmp_path, "device=cpu", "data.num_workers=2", "train.eval_batches=3")
     ahead, at_eval = HeldOut(cfg, torch.device("cpu"), 4), HeldOut(cfg, torch.device("cpu"), 4)
