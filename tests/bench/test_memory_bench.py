@@ -240,9 +240,13 @@ def test_a_real_probe_past_the_devices_memory_is_a_result_and_the_next_still_tra
     ceiling.use_strategy(step, cfg, "padded")
     prober = ceiling.Prober(step, ceiling.Pool(cfg), cfg)
     assert prober(64).fits
-    free, _ = torch.cuda.mem_get_info()
-    ballast = torch.empty(free - 128 * 2**20, dtype=torch.uint8, device="cuda")  # 128 MiB left: 4096 images need more
-    huge = prober(4096)
-    del ballast
+    # 128 MiB more than this process holds: 4096 images need more. A cap on this process's allocator, not ballast
+    # on the card, which would starve the GPU tests of the other workers sharing it (make gpu-check's -n 12)
+    allowed = torch.cuda.memory_reserved() + 128 * 2**20
+    torch.cuda.set_per_process_memory_fraction(allowed / torch.cuda.get_device_properties(0).total_memory)
+    try:
+        huge = prober(4096)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
     assert not huge.fits and huge.error.startswith("out of memory"), huge
     assert prober(64).fits  # its tensors freed: the search goes on
