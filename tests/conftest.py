@@ -90,6 +90,16 @@ def pytest_configure(config):
             raise pytest.UsageError(f"--strategy {name}: {err.args[0]}") from None
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    """A failure named on stderr the moment its report comes in, not only in the summary at the end: a run cut by a
+    time limit (a GPU machine's lease, a CI job's) still says which tests failed. With pytest-xdist the controller
+    prints it (the workers' own output is not shown)."""
+    if report.failed and not os.environ.get("PYTEST_XDIST_WORKER"):
+        where = f" ({report.when})" if report.when != "call" else ""
+        print(f"\nFAILED {report.nodeid}{where} after {report.duration:.1f} s", file=sys.stderr, flush=True)
+
+
 @pytest.fixture
 def user_dir(tmp_path, monkeypatch):
     """The folder a user runs from, first on sys.path (their own strategy module goes there); the strategies a test
