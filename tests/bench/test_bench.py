@@ -1,5 +1,6 @@
 """``detector.bench.run(cfg, target)`` on the CPU: the losses target, GPU-only targets, unknown targets."""
 
+import dataclasses
 import json
 
 import pytest
@@ -9,6 +10,8 @@ from detector import bench
 from detector.bench import losses
 from detector.config import load_config
 from detector.lab.measure.timing import Stats
+from detector.lab.record import bench as bench_record
+from detector.lab.record.spread import Spread
 from detector.losses import STRATEGIES
 
 
@@ -223,3 +226,16 @@ def test_losses_stops_timing_a_strategy_past_max_call_ms(tmp_path, capsys):
     assert [(r["strategy"], r["batch_size"]) for r in records] == [("loop", 2), ("padded", 2)]
     out = capsys.readouterr().out
     assert "loop              batch 16     seed   not timed:" in out and "over bench.max_call_ms=1e-06" in out
+
+
+def test_a_bench_result_writes_dataclasses_as_objects():
+    @dataclasses.dataclass
+    class Timed:
+        median: float
+        n: int
+
+    text = json.dumps({"t": Timed(1.0, 3), "s": Spread(1.0, 0.5, 2.0)}, default=bench_record.plain)
+    assert json.loads(text) == {
+        "t": {"median": 1.0, "n": 3},
+        "s": {"median": 1.0, "q1": 0.5, "q3": 2.0, "min": None, "max": None, "n": 0},
+    }

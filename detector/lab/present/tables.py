@@ -10,12 +10,9 @@ noise (``≈``); otherwise the speed-up is the ratio of their medians.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import math
 import re
 from collections.abc import Sequence
-from pathlib import Path
 
 MISSING = "—"  # a cell without a value (not measured, not applicable)
 WHICH_HEADING = "### Which strategy should I use?"  # bench losses writes it; make report opens its document with it
@@ -119,17 +116,3 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], ali
     lines += ["|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
     lines += ["| " + " | ".join(MISSING if c is None else cell_text(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
-
-
-def _jsonable(value):
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
-
-
-def write_json(path: str | Path, payload: dict) -> Path:
-    """``payload`` as indented JSON at ``path`` (parents created); dataclasses such as Stats become objects."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(payload, indent=2, default=_jsonable))
-    return path

@@ -1,8 +1,5 @@
 """detector/lab/present/tables.py: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
 
-import dataclasses
-import json
-
 import pytest
 import torch
 from lab_helpers import MARKUP_NAME, SHOWN, rendered, tables_whole
@@ -16,7 +13,6 @@ from detector.lab.present.tables import (
     significant,
     speedup_cell,
     spread_cell,
-    write_json,
 )
 from detector.lab.record.provenance import run_header
 from detector.lab.record.spread import Spread
@@ -68,19 +64,6 @@ def test_markdown_table_rejects_ragged_rows_and_bad_alignment():
 
 def test_run_header_names_device_and_torch():
     assert run_header(torch.device("cpu")) == f"cpu, torch {torch.__version__}"
-
-
-def test_write_json_turns_dataclasses_into_objects(tmp_path):
-    @dataclasses.dataclass
-    class Timed:
-        median: float
-        n: int
-
-    path = write_json(tmp_path / "deep" / "x.json", {"t": Timed(1.0, 3), "s": Spread(1.0, 0.5, 2.0)})
-    assert json.loads(path.read_text()) == {
-        "t": {"median": 1.0, "n": 3},
-        "s": {"median": 1.0, "q1": 0.5, "q3": 2.0, "min": None, "max": None, "n": 0},
-    }
 
 
 def test_a_cell_from_a_file_cannot_break_its_table_or_carry_html():
