@@ -24,7 +24,6 @@ batch. ``n`` comes from one all-reduce of ``[n_r, S_r]`` on the device; the host
 
 from __future__ import annotations
 
-import functools
 import gc
 import os
 import sys
@@ -33,6 +32,14 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
+# torch's functions that take ``group=group.WORLD`` as a default argument bind it when their module is first imported:
+# imported after init_process_group, they hold the default group for the life of the process, and
+# destroy_process_group cannot end it (gloo's threads run on; see teardown). torch._dynamo imports the first, so
+# torch.compile's first import would bind it. Imported here, before any group exists, their default is None.
+import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401, E402  isort: skip
+import torch.distributed.nn  # noqa: F401, E402  isort: skip
+import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401, E402  isort: skip
 from torch import Tensor
 
 from detector.config import resolve_device
@@ -70,7 +77,7 @@ def teardown(env: DistEnv) -> None:
     if env.owns_group:
         # a DDP reducer left in a reference cycle holds the group: freed after its destruction, with the GIL
         # held, it would destroy the gloo group while a gloo thread waits for the GIL. Free it while it lives.
-        release_dtensor_caches()
+        release_meshes()
         gc.collect()
         # NCCL's barrier on this process's device (the one it computes on; torch warns where it has to guess)
         nccl = dist.get_backend() == dist.Backend.NCCL
@@ -78,54 +85,22 @@ def teardown(env: DistEnv) -> None:
         dist.destroy_process_group()
 
 
-def release_dtensor_caches() -> None:
-    """Empty torch's DTensor caches: they keep FSDP2's device mesh, and with it the process group and gloo's threads,
-    alive past destroy_process_group. Which caches hold a mesh differs between torch versions (sharding propagation,
-    in Python and in the C++ dispatch's fast path, which some versions' debug helper leaves; redistribute plans;
-    mesh topology), all private: so the known ones are emptied by name where this torch has them, and every other
-    functools cache of torch's DTensor modules loaded by now too. A cache only saves work: the run is over."""
-    # imported here: their debug module brings inductor's runtime estimator with it, a second of every run's start-up
-    from torch.distributed.tensor import _redistribute, debug
+def release_meshes() -> None:
+    """Make every DeviceMesh still alive let go of its process groups (``_pg_registry``, torch's private map from a
+    group's name to the group).
 
-    for clear in (
-        getattr(debug, "_clear_sharding_prop_cache", None),
-        getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None),  # the C++ dispatch's: no gc can see it
-        getattr(_redistribute, "clear_redistribute_planner_cache", None),
-    ):
-        if clear is not None:
-            clear()
-    for name, module in list(sys.modules.items()):
-        if module is not None and name.startswith(DTENSOR):
-            clear_caches(vars(module).values(), depth=4)
-
-
-DTENSOR = "torch.distributed.tensor"
-
-
-def clear_caches(values, depth: int) -> None:
-    """Empty every cache of DTensor's among ``values`` (a functools cache, an object with ``cache_clear``), and
-    among the attributes of DTensor's classes and objects there, ``depth`` levels down (a class's cached
-    staticmethods, the op dispatcher's sharding propagator). Other objects are not asked anything: some answer any
-    attribute (torch.ops' namespaces)."""
-    for value in list(values):
-        if isinstance(value, (staticmethod, classmethod)):
-            value = value.__func__
-        if not dtensors(value):
-            continue
-        if not isinstance(value, type) and callable(getattr(value, "cache_clear", None)):
-            value.cache_clear()
-        if depth > 1 and hasattr(value, "__dict__"):
-            clear_caches(vars(value).values(), depth - 1)
-
-
-def dtensors(value) -> bool:
-    """Whether ``value`` is DTensor's: a function (cached or not) of its modules, one of its classes, or an instance of
-    one."""
-    if isinstance(value, functools._lru_cache_wrapper) or callable(value) and not isinstance(value, type):
-        module = getattr(value, "__module__", None)
-    else:
-        module = getattr(value if isinstance(value, type) else type(value), "__module__", None)
-    return isinstance(module, str) and module.startswith(DTENSOR)
+    Why: a mesh outlives the model that made it. DTensor's sharding caches keep it, and so do references from
+    torch's C++ dispatch that no cache clearing releases (torch 2.11). The mesh keeps the group alive, and the
+    group keeps gloo's threads running past destroy_process_group. Emptying the map releases the group whatever
+    holds the mesh; no mesh is used after its group is destroyed."""
+    device_mesh = sys.modules.get("torch.distributed.device_mesh")
+    if device_mesh is None:  # no mesh was ever made
+        return
+    for obj in gc.get_objects():
+        # the class's own MRO, not isinstance: DeviceMesh's metaclass would ask every object of the process for
+        # attributes, deprecated ones of torch's included (each a warning)
+        if device_mesh.DeviceMesh in type(obj).__mro__:
+            getattr(obj, "_pg_registry", {}).clear()
 
 
 LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they

@@ -1,0 +1,43 @@
+"""distributed.teardown ends the process group, gloo's threads with it, whatever else in the process still refers to
+the group: a device mesh kept alive (DTensor's caches, torch's C++ dispatch), and torch's functions whose default
+argument is the default group, bound when their module is first imported after init_process_group."""
+
+import subprocess
+import sys
+
+import pytest
+from conftest import child_env
+
+# One process, a gloo group of 1; after teardown, the names of the gloo threads left (there must be none).
+SCRIPT = """
+import sys, tempfile
+sys.path.insert(0, "tests")
+from detector.train import distributed  # what make train imports before any group exists
+import torch.distributed as dist
+from train_helpers import gloo_threads
+
+with tempfile.TemporaryDirectory() as out:
+    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=0, world_size=1)
+    assert gloo_threads(), "gloo started no threads: this test would prove nothing"
+    held = []
+    if "mesh" in sys.argv:  # a mesh that outlives the run, as the caches keep FSDP2's
+        from torch.distributed.device_mesh import DeviceMesh
+        held.append(DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+    if "dynamo" in sys.argv:  # first imported now, as torch.compile's first compile imports it
+        import torch._dynamo
+    distributed.teardown(distributed.DistEnv(owns_group=True))
+    print(gloo_threads())
+"""
+
+
+@pytest.mark.parametrize("holder", ["nothing", "mesh", "dynamo"])
+def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it(holder):
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT, holder],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"),
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
