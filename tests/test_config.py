@@ -245,3 +245,16 @@ def test_a_speed_option_the_user_gave_is_kept_and_refused_where_the_model_is_bui
     assert load_config(experiment=str(experiment), announce=None).train.fused_blocks == 2
     with pytest.raises(UserError, match=r"^train.fused_blocks=2 cannot run here: a 4 -> 8 block"):
         build_trained_model(cfg, torch.device("cuda" if torch.cuda.is_available() else "cpu"), 1)
+
+
+def test_preset_auto_is_the_cpus_for_a_run_on_the_cpu_and_says_why(monkeypatch):
+    # device=cpu on a machine with a GPU: the CPU's preset (seed scale would compile 1024-image steps on the CPU)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    said = []
+    cfg = load_config(["device=cpu"], announce=said.append)
+    assert cfg.preset == "cpu" and not cfg.train.compile and said[0] == "preset: cpu (device=cpu)"
+    assert load_config(["device=cuda"], announce=None).preset == "seed_scale"
+    assert load_config(["device=cpu", "preset=seed_scale"], announce=None).preset == "seed_scale"  # asked: kept
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    said.clear()
+    assert load_config([], announce=said.append).preset == "cpu" and said[0] == "preset: cpu (no GPU found)"

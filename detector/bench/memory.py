@@ -58,7 +58,7 @@ SHORT_PROFILE = ["profile.wait=1", "profile.warmup=1", "profile.active=2", "prof
 PART_SECONDS = {"profile": 150, "profile loop": 200, "compare": 90, "default": 330, "expandable": 150}
 TOTAL_SECONDS = 570
 LAST_PART_SECONDS = 60  # kept for each part still to come when one starts
-TOP_LEVEL = ("preset", "device", "autocast")  # the config's keys outside its sections
+TOP_LEVEL = ("device", "autocast")  # the config's keys outside its sections (preset: always passed)
 SECTIONS = ("data", "model", "train")  # what the profiles and the children take of this command's configuration
 
 
@@ -74,10 +74,11 @@ class Part:
 
 
 def config_args(cfg: DictConfig) -> list[str]:
-    """``key=value`` of each value of SECTIONS and the top-level keys that differs from this machine's defaults: a
-    child given them runs exactly this configuration."""
-    default = load_config([], announce=None)
-    args = [f"{key}={dotvalue(cfg[key])}" for key in TOP_LEVEL if cfg[key] != default[key]]
+    """``preset=`` this configuration's, and ``key=value`` of each value of SECTIONS and the top-level keys that
+    differs from that preset's defaults on this machine: a child given them runs exactly this configuration."""
+    default = load_config([f"preset={cfg.preset}"], announce=None)
+    args = [f"preset={cfg.preset}"]
+    args += [f"{key}={dotvalue(cfg[key])}" for key in TOP_LEVEL if cfg[key] != default[key]]
     for name in SECTIONS:
         values, defaults = (OmegaConf.to_container(c[name], resolve=True) for c in (cfg, default))
         args += [f"{name}.{key}={dotvalue(v)}" for key, v in values.items() if v != defaults.get(key)]

@@ -111,6 +111,9 @@ def test_the_children_get_the_configuration_that_differs_from_this_machines():
     assert {f"data.batch_size={batch}", "model.channels=[4,16]", f"train.compile={compile}"} <= set(args)
     assert f"train.lr={default.train.lr}" not in args  # what this machine's default already is is not passed
     assert load_config(args, announce=None) == cfg
+    # a CPU run on any machine (the CPU's preset), with a value that preset would change: the child runs it too
+    cpu = load_config(["device=cpu", "train.compile=true"], announce=None)
+    assert config_args(cpu)[0] == "preset=cpu" and load_config(config_args(cpu), announce=None) == cpu
 
 
 # ----------------------------------------------------------------------------- the document, from a GPU's results
