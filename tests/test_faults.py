@@ -312,6 +312,7 @@ def test_ctrl_c_twice_prints_the_one_line_and_nothing_after(tmp_path, apart):
         assert read_checkpoint(Path(kept[2]).parent)["step"] == int(kept[1]), line
     else:
         assert "no checkpoint was written" in line and not list(tmp_path.rglob("checkpoint.json")), line
+        assert "train.checkpoint_every" not in line, line  # checkpoints were on: the line says what became of them
 
 
 def test_sigterm_of_any_command_is_one_line_and_exit_143(monkeypatch, capsys):

@@ -195,10 +195,15 @@ class Run:
     def kept(self) -> str:
         """Where the run can continue from: its last checkpoint (the one the manifest names: a save under way is
         abandoned or waited for by now), and the setting that continues it."""
-        step = self.steps.checkpointer.abandon() if self.steps.checkpointer else -1
-        if step < 1:
+        checkpointer = self.steps.checkpointer
+        step = checkpointer.abandon() if checkpointer else -1
+        if step >= 1:
+            return f"its last checkpoint is step {step} in {self.checkpoint_path}: continue with train.resume=true"
+        if checkpointer is None or not self.tcfg.checkpoint_every:
             return "no checkpoint was written (train.checkpoint_every)"
-        return f"its last checkpoint is step {step} in {self.checkpoint_path}: continue with train.resume=true"
+        if checkpointer.started_step > 0:  # a second signal abandoned the stop's save
+            return f"no checkpoint was written (the save of step {checkpointer.started_step} was abandoned)"
+        return "no checkpoint was written yet"
 
     def resume(self) -> dict:
         """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's. train.resume=auto
@@ -387,8 +392,9 @@ class Steps:
             self.cadence.due(step) or step == tcfg.steps or step == tcfg.stop_after
         )
         if log_due or eval_due or checkpoint_due:
+            # a user's backward first (read where the host waits anyway): its NaN gradient makes the next losses NaN
+            step_fn.strategy.nonfinite_gradient()
             self.check_finite(self.log.flush(step))
-            step_fn.strategy.nonfinite_gradient()  # a user's backward: read where the host waits anyway
         if log_due:
             self.log_line()
             if self.checkpointer is not None and self.cadence.undecided:
