@@ -505,3 +505,32 @@ def test_two_recorded_strategies_on_one_axis_with_a_region_picked(tmp_path, brow
         keep(browser.screenshot(browser.profile.parent / "tensorboard-traces.png"))
     finally:
         stop()
+
+
+MERGED_ORANGE = "179,89,10"  # calc loss's colour as a bar of merged events draws it (0.7 of each channel)
+
+
+def test_a_cpu_run_keeps_a_wide_region_in_its_colour_and_its_why_names_no_gpu(tmp_path, browser):
+    """A CPU run (no GPU events) whose calc loss takes 5 µs, well under a pixel at the whole step's zoom, just before
+    backward's 52 ms: backward is drawn alone in its own colour, not merged into the sub-pixel bar before it (which
+    drew it in calc loss's colour, darkened); the why panel of a CPU run explains no GPU column."""
+    run = make_run(tmp_path / "runs" / "profile", "padded", "20261122-031500", gpu=False)
+    path = run / "extract.json.gz"
+    data = json.loads(gzip.decompress(path.read_bytes()))
+    for step in data["steps"].values():
+        regions = {name: [name, start, dur] for name, start, dur in step["regions"]}
+        regions["calc loss"][1:] = [regions["backward"][1] - 5.0, 5.0]
+        step["regions"] = list(regions.values())
+    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    url, stop = serve(tmp_path / "runs", [])
+    try:
+        browser.show(f"{url}/#traces", ["padded · train · cpu"])
+        wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+        x0, x1 = in_traces(browser, SPAN % ("regions", 0, BACKWARD, "regions", 0, BACKWARD))
+        assert x1 - x0 > 100, (x0, x1)  # 52 ms of a 109 ms step
+        assert in_traces(browser, SPAN % ("regions", 0, MERGED_ORANGE, "regions", 0, MERGED_ORANGE)) is None
+        pointer(browser, "click", (x0 + x1) / 2, in_traces(browser, LANE_TOP % ("regions", 0)) + 9)
+        why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
+        assert why.startswith("backward: why, in the steps shown") and "GPU" not in why, why
+    finally:
+        stop()

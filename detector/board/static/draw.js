@@ -219,8 +219,9 @@ function drawLane(ctx, lane, width) {
     if (x1 < 0) continue;
     if (x0 > width) break;
     const sync = lane.kind === 'calls' && events[i][3].sync;
-    // a sub-pixel event joins its neighbour when less than a pixel lies between them; wide ones stand alone
-    const tiny = current && (x1 - x0 < 1 || current[1] - current[0] < 1);
+    // sub-pixel events less than a pixel apart are drawn as one (darker) bar; a wide one stands alone, never
+    // darkened by a sub-pixel neighbour, which gets a pixel of its own
+    const tiny = current && x1 - x0 < 1 && current[1] - current[0] < 1;
     if (current && tiny && !sync && !events[current[2]][3].sync && x0 - current[1] < 1) {
       current[1] = Math.max(current[1], x1);
       current[3] = i;

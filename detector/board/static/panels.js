@@ -132,10 +132,11 @@ export function showWhy(region) {
       ...entries.map(({data}) => h('td', {}, format(value(data, m), measures[m].unit))),
     ),
   );
+  const gpu = rows.includes('gpu_ms') ? ' GPU ms: the device time of the work the region launched.' : '';
   document.getElementById('why').replaceChildren(
     h('h3', {}, `${region}: why, in the steps shown`),
     h('table', {}, h('thead', {}, h('tr', {}, h('th'), ...head)), h('tbody', {}, ...body)),
-    h('p', {className: 'note'}, 'Hover a measure for its meaning. GPU ms: the device time of the work the region launched.'),
+    h('p', {className: 'note'}, `Hover a measure for its meaning.${gpu}`),
   );
 }
 
