@@ -26,6 +26,7 @@ import functools
 import json
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,6 @@ import numpy as np
 from detector.errors import UserError
 
 SYNTHETIC = "synthetic"  # data.boxes of the synthetic faces (detector/data/synthetic.py's FaceSampler)
-FORMATS = {"coco": "<instances.json>", "widerface": "<wider_face_*_bbx_gt.txt>"}
 WIDER_SIDE = 1024  # WIDER FACE's images are 1024 px wide; their height is not in the ground-truth file
 OVER_MAX_BOXES = ("truncate", "fit", "refuse")  # data.over_max_boxes
 MAX_SIDE = 65_535  # px: JPEG's largest image side; an image or a box beyond it is a mistake in the file
@@ -67,11 +67,19 @@ class Annotations:
         return int((excess > 0).sum()), int(excess.sum())
 
 
+@dataclass(frozen=True)
+class Format:
+    """An annotation file's format, as ``data.boxes`` names it: ``<prefix>:<path>``."""
+
+    usage: str  # what follows the prefix, for messages
+    read: Callable[[Path, str], Annotations]  # (the file, data.boxes as given) -> its boxes; AnnotationError if not
+
+
 def parse_source(source: str) -> tuple[str, Path]:
     """``coco:<path>`` or ``widerface:<path>`` as (format, path); AnnotationError otherwise."""
     kind, sep, path = str(source).partition(":")
     if not sep or kind not in FORMATS or not path:
-        allowed = ", ".join(f"{k}:{v}" for k, v in FORMATS.items())
+        allowed = ", ".join(f"{name}:{form.usage}" for name, form in FORMATS.items())
         raise AnnotationError(f"data.boxes={source!r} is out of range: allowed {SYNTHETIC}, {allowed}")
     return kind, Path(path)
 
@@ -90,8 +98,7 @@ def read_annotations(source: str) -> Annotations:
 
 @functools.lru_cache(maxsize=4)
 def _read(kind: str, path: str, source: str, mtime_ns: int, size: int) -> Annotations:
-    reader = read_coco if kind == "coco" else read_widerface
-    return reader(Path(path), source)
+    return FORMATS[kind].read(Path(path), source)
 
 
 # ----------------------------------------------------------------------------- WIDER FACE
@@ -383,3 +390,10 @@ def counted(n, noun: str) -> str:
     """``1 image``, ``3 images``, ``12,880 boxes``."""
     n = int(n)
     return f"{n:,} {noun}" if n == 1 else f"{n:,} {noun}{'es' if noun.endswith('x') else 's'}"
+
+
+# data.boxes's formats, each named once: a new format is its reader above and a line here
+FORMATS = {
+    "coco": Format("<instances.json>", read_coco),
+    "widerface": Format("<wider_face_*_bbx_gt.txt>", read_widerface),
+}

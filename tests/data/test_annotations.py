@@ -7,9 +7,12 @@ import numpy as np
 import pytest
 from annotation_helpers import coco_json, widerface_counts, widerface_text, write_coco, write_widerface
 
+from detector.data import annotations
 from detector.data.annotations import (
     WIDER_SIDE,
     AnnotationError,
+    Annotations,
+    Format,
     describe,
     fit_boxes,
     parse_source,
@@ -290,3 +293,19 @@ def test_the_generated_widerface_shaped_file(tmp_path):
     assert np.mean(counts <= 20) > 0.99 and np.sum(counts > 500) == 4 and 4 < np.mean(counts[counts <= 20]) < 8
     found = read_annotations(f"widerface:{write_widerface(tmp_path / 'wf.txt', counts, seed=3)}")
     assert found.counts.tolist() == counts.tolist()
+
+
+def test_a_new_format_is_its_reader_and_one_entry_in_formats(tmp_path, monkeypatch):
+    """data.boxes's prefixes, the refusal's list of them and the reader each picks come from FORMATS alone."""
+
+    def read_lines(path, source):  # one image of 10 x 10 px per line, holding the line's one box
+        rows = [[float(v) for v in line.split()] for line in path.read_text().splitlines()]
+        sizes, counts = np.full((len(rows), 2), 10.0), np.ones(len(rows), dtype=np.int64)
+        return Annotations(source, [f"line {i + 1}" for i in range(len(rows))], sizes, np.array(rows), counts)
+
+    monkeypatch.setitem(annotations.FORMATS, "lines", Format("<boxes.txt>", read_lines))
+    (tmp_path / "boxes.txt").write_text("1 2 3 4\n0 0 5 5\n")
+    found = read_annotations(f"lines:{tmp_path / 'boxes.txt'}")
+    assert found.images == 2 and found.boxes.tolist() == [[1, 2, 3, 4], [0, 0, 5, 5]]
+    with pytest.raises(AnnotationError, match=r"allowed synthetic, coco:<instances.json>, .*, lines:<boxes.txt>$"):
+        parse_source("voc:x.xml")
