@@ -246,9 +246,10 @@ class StepModel:
 
     def __init__(self, extract: Extract, number: int | None = None):
         number = extract.representative_step if number is None else number
+        if not extract.steps:
+            raise RecordError("the extract has no step left to draw (each was damaged, or none was recorded)")
         if str(number) not in extract.steps:
-            found = ", ".join(extract.steps)
-            raise RecordError(f"the extract has no step {number} (its steps: {found})")
+            raise RecordError(f"the extract has no step {number} (its steps: {', '.join(extract.steps)})")
         self.number, self.gpu = number, extract.gpu
         self.step, self.names = extract.steps[str(number)], extract.names
         self.dur = self.step.dur

@@ -387,8 +387,11 @@ def test_draw_step_renders_a_png(tmp_path, cpu_trace):
     png_size(draw_step(StepModel(gpu, 12), tmp_path / "step12.png"))
     cpu = draw_step(StepModel(build(cpu_trace)), tmp_path / "cpu.png")
     assert png_size(cpu)[1] < height  # no GPU rows to draw
-    with pytest.raises(RecordError, match="no step 99"):
+    with pytest.raises(RecordError, match=r"no step 99 \(its steps: 10, 11, 12\)$"):
         StepModel(gpu, 99)
+    gpu.steps.clear()  # every step left out as damaged where the extract was read
+    with pytest.raises(RecordError, match=r"^the extract has no step left to draw \(each was damaged"):
+        StepModel(gpu)
 
 
 def test_a_step_model_places_the_gpu_work_the_step_launched():
