@@ -199,12 +199,15 @@ def mode_report(runs: list[Run]) -> ModeComparison:
     base = baseline(runs)
     records = dict(runs)
     regions = text.regions_of(list(records.values()))
+    base_label = next((label for label, r in runs if r is base), None)
     verdicts = {
-        label: judge(base, r, label) for label, r in runs if base and r is not base and setting(r) == setting(base)
+        label: judge(base, r, label, base_label)
+        for label, r in runs
+        if base and r is not base and setting(r) == setting(base)
     }
     return ModeComparison(
         labels=list(records),
-        baseline=next((label for label, r in runs if r is base), None),
+        baseline=base_label,
         regions={region: {label: dict(r.analysis.regions.get(region, {})) for label, r in runs} for region in regions},
         timed={label: r.timed_step() for label, r in runs},
         speedups_vs_padded={

@@ -238,6 +238,8 @@ def test_runs_that_share_a_name_get_distinct_labels_everywhere(tmp_path, capsys)
     assert list(mode.step_verdicts) == [labels[1]] and mode.step_verdicts[labels[1]] == pytest.approx(2.0)
     md = (tmp_path / "out" / "compare.md").read_text()
     assert f"- **{labels[1]}** — " in md and f"| {labels[0]} | {labels[1]} |" in md
+    (verdict,) = [line for line in md.splitlines() if line.startswith(f"- **{labels[1]}** — ")]
+    assert f"against {labels[0]}'s " in verdict and "against padded's" not in verdict, verdict  # which padded
     again = run_compare(runs=[first, first], out_dir=tmp_path / "again")  # one folder named twice
     assert again.record.modes["train"].labels == ["padded 20261122-031500 #1", "padded 20261122-031500 #2"]
 

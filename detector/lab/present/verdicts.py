@@ -130,6 +130,7 @@ class Timing:
     x: float | None
     noise: tuple[str, ...] = ()
     pacing: str | None = None  # why the two are paced unlike (one by its loader): not judged, whatever their gap
+    base_label: str = BASELINE  # the baseline run's label in compare (padded with its run where two share it)
 
     @property
     def judged(self) -> bool:
@@ -151,7 +152,7 @@ class Timing:
         return f"{times(ratio)} {way}"
 
     def spreads(self, label: str) -> str:
-        return f"{label} {spread_text(self.run)} ms against {BASELINE}'s {spread_text(self.base)}"
+        return f"{label} {spread_text(self.run)} ms against {cell_text(self.base_label)}'s {spread_text(self.base)}"
 
 
 def spread_text(s: Spread) -> str:
@@ -159,10 +160,10 @@ def spread_text(s: Spread) -> str:
     return f"{format_value('wall_ms', s.median)} [{format_value('wall_ms', s.q1)}–{format_value('wall_ms', s.q3)}]"
 
 
-def noise_reasons(base: ProfileRecord, run: ProfileRecord, label: str) -> tuple[str, ...]:
+def noise_reasons(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str) -> tuple[str, ...]:
     """``padded's run: <why>, <why>`` for each of the two runs whose noise check flags it."""
     found = []
-    for record, name in ((base, BASELINE), (run, label)):
+    for record, name in ((base, base_label), (run, label)):
         reasons = record.noise_reasons()
         if reasons:
             found.append(f"{name}'s run: {', '.join(reasons)}")
@@ -174,33 +175,34 @@ def paced_unlike(a: ProfileRecord, b: ProfileRecord) -> bool:
     return (a.loader_paced() is None) != (b.loader_paced() is None)
 
 
-def pacing_reason(base: ProfileRecord, run: ProfileRecord, label: str) -> str | None:
+def pacing_reason(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str) -> str | None:
     """``padded's run is loader-paced (<why>), packed's is not: ...`` where exactly one of the two is; else None."""
     if not paced_unlike(base, run):
         return None
-    (name, record), other = ((BASELINE, base), label) if base.loader_paced() else ((label, run), BASELINE)
+    (name, record), other = ((base_label, base), label) if base.loader_paced() else ((label, run), base_label)
     why = record.loader_paced()
     return f"{name}'s run is loader-paced ({why}), {other}'s is not: the loader, not the loss, set its time"
 
 
-def trained(base: ProfileRecord, run: ProfileRecord, label: str) -> Timing | None:
+def trained(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str) -> Timing | None:
     """The steps timed without the profiler, as training runs them."""
     a, b = base.timed_step(), run.timed_step()
     if not (a and b):
         return None
-    return Timing(a, b, speedup(a, b), noise_reasons(base, run, label), pacing_reason(base, run, label))
+    noise, pacing = noise_reasons(base, run, label, base_label), pacing_reason(base, run, label, base_label)
+    return Timing(a, b, speedup(a, b), noise, pacing, base_label)
 
 
-def profiled(base: ProfileRecord, run: ProfileRecord, label: str) -> Timing:
+def profiled(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str) -> Timing:
     """The profiled step: on a GPU the device's step (the host, running ahead, paces its steps by the launch
     queue); on the CPU the host's, which must also differ without the data wait (the loader is not the
     strategy)."""
-    noise, pacing = noise_reasons(base, run, label), pacing_reason(base, run, label)
+    noise, pacing = noise_reasons(base, run, label, base_label), pacing_reason(base, run, label, base_label)
     a, b = base.stats(STEP, "device_step_ms"), run.stats(STEP, "device_step_ms")
     if a and b:
-        return Timing(a, b, speedup(a, b), noise, pacing)
+        return Timing(a, b, speedup(a, b), noise, pacing, base_label)
     a, b = base.stats(STEP), run.stats(STEP)
-    return Timing(a, b, host_speedup(base, run), noise, pacing)
+    return Timing(a, b, host_speedup(base, run), noise, pacing, base_label)
 
 
 def host_speedup(base: ProfileRecord, run: ProfileRecord) -> float | None:
@@ -327,14 +329,16 @@ class Verdict:
         base, run = (f"{100 * c:+.0f} %" if c is not None else "an unknown share" for c in self.costs)
         return (
             f"Profiled: {self.profiled.relation()}, because the profiler added {run} to {label}'s step and {base} "
-            f"to {BASELINE}'s (its cost grows with the operators dispatched); the training verdict stands."
+            f"to {cell_text(self.profiled.base_label)}'s (its cost grows with the operators dispatched); the training "
+            "verdict stands."
         )
 
 
-def judge(base: ProfileRecord, run: ProfileRecord, label: str) -> Verdict:
-    """The verdict on ``run`` against ``base`` (see the module docstring)."""
+def judge(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str = BASELINE) -> Verdict:
+    """The verdict on ``run`` against ``base`` (see the module docstring); ``base_label``: the baseline's label in
+    the comparison, which names it in the verdict's sentences."""
     counts = count_diffs(base, run)
-    train, prof = trained(base, run, label), profiled(base, run, label)
+    train, prof = trained(base, run, label, base_label), profiled(base, run, label, base_label)
     lead = train or prof
     region, moved = None, None
     if lead.judged and lead.x is not None and not (train and disagree(train, prof)):
@@ -351,7 +355,7 @@ def verdict_lines(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | N
     """One line per run after the baseline (``runs``: [(label, record)], the baseline among them)."""
     if base is None:
         return [f"(no {BASELINE} run in this setting: no verdicts)"]
-    lines = []
+    lines, base_label = [], next(label for label, record in runs if record is base)
     for label, record in runs:
         if record is base:
             continue
@@ -362,7 +366,7 @@ def verdict_lines(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | N
                 "not judged."
             )
         else:
-            lines.append(judge(base, record, label).line())
+            lines.append(judge(base, record, label, base_label).line())
     return lines
 
 
