@@ -515,13 +515,11 @@ def test_a_cpu_run_keeps_a_wide_region_in_its_colour_and_its_why_names_no_gpu(tm
     backward's 52 ms: backward is drawn alone in its own colour, not merged into the sub-pixel bar before it (which
     drew it in calc loss's colour, darkened); the why panel of a CPU run explains no GPU column."""
     run = make_run(tmp_path / "runs" / "profile", "padded", "20261122-031500", gpu=False)
-    path = run / "extract.json.gz"
-    data = json.loads(gzip.decompress(path.read_bytes()))
-    for step in data["steps"].values():
-        regions = {name: [name, start, dur] for name, start, dur in step["regions"]}
+    extract = read_extract(run / EXTRACT)
+    for step in extract.steps.values():
+        regions = {row[0]: row for row in step.regions}
         regions["calc loss"][1:] = [regions["backward"][1] - 5.0, 5.0]
-        step["regions"] = list(regions.values())
-    path.write_bytes(gzip.compress(json.dumps(data).encode()))
+    write_extract(run, extract)
     url, stop = serve(tmp_path / "runs", [])
     try:
         browser.show(f"{url}/#traces", ["padded · train · cpu"])
