@@ -275,8 +275,8 @@ def load_config(
     cli = parse_overrides(list(overrides or []), path_keys(schema))
     exp_file = experiment_path(experiment) if experiment else None
     exp = load_yaml(exp_file) if exp_file else OmegaConf.create()
-    device = cli.get("device", exp.get("device", "auto"))
-    preset = resolve_preset(cli.get("preset", exp.get("preset", "auto")), device)
+    asked, device = (cli.get(key, exp.get(key, "auto")) for key in ("preset", "device"))
+    preset = resolve_preset(asked, device)
     preset_file = EXPERIMENTS_DIR / "presets" / f"{preset}.yaml"
     if not preset_file.exists():
         known = sorted(p.stem for p in (EXPERIMENTS_DIR / "presets").glob("*.yaml"))
@@ -297,9 +297,11 @@ def load_config(
     data = fit_slots(cfg.data) if schema is Config and cfg.data.boxes != SYNTHETIC else None
     aside = step_aside(cfg, dotted_keys(exp) | dotted_keys(cli)) if schema is Config else []
     if announce:
-        auto = cli.get("preset", exp.get("preset", "auto")) == "auto"
-        why = "" if preset != "cpu" else " (no GPU found)" if not torch.cuda.is_available() else ""
-        why = why or (f" (device={device})" if preset == "cpu" and auto else "")
+        why = ""
+        if preset == "cpu" and not torch.cuda.is_available():
+            why = " (no GPU found)"
+        elif preset == "cpu" and asked == "auto":  # picked for device=cpu on a machine with a GPU
+            why = f" (device={device})"
         announce(f"preset: {preset}{why}" + (f", experiment: {experiment}" if experiment else ""))
         for line in ([data] if data else []) + aside:
             announce(line)
