@@ -30,7 +30,7 @@ from detector.lab.measure.extract import load
 from detector.lab.present import charts, text
 from detector.lab.present.tables import speedup
 from detector.lab.present.timeline import draw_memory, draw_steps
-from detector.lab.present.verdicts import BASELINE, growth, judge, setting, verdict_lines
+from detector.lab.present.verdicts import BASELINE, Verdict, growth, judge_all, setting, verdict_lines
 from detector.lab.record.comparison import COMPARISON, ComparedRun, ComparisonRecord, ModeComparison, write_comparison
 from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.steps import StepModel
@@ -64,9 +64,10 @@ def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> Comparis
     markdown = [f"# Profile runs compared ({created})", "", text.runs_table([r for g in groups.values() for r in g])]
     result = Comparison(ComparisonRecord(created, str(out)), out)
     for mode, group in groups.items():
-        result.record.modes[mode] = mode_report(group)
         base = baseline(group)
-        lines = verdict_lines(group, base)
+        verdicts = judge_all(group, base)
+        result.record.modes[mode] = mode_report(group, base, verdicts)
+        lines = verdict_lines(group, base, verdicts)
         result.texts[mode] = text.mode_markdown(mode, group, base, lines, growth(group))
         markdown += ["", result.texts[mode]]
         result.images |= draw_charts(group, mode, out)
@@ -194,20 +195,13 @@ def describe(label: str, record: ProfileRecord) -> ComparedRun:
     )
 
 
-def mode_report(runs: list[Run]) -> ModeComparison:
-    """compare.json's part for one mode: the runs' labels, every measure's spread, the verdicts."""
-    base = baseline(runs)
+def mode_report(runs: list[Run], base: ProfileRecord | None, verdicts: dict[str, Verdict]) -> ModeComparison:
+    """compare.json's part for one mode: the runs' labels, every measure's spread, the verdicts (judge_all's)."""
     records = dict(runs)
     regions = text.regions_of(list(records.values()))
-    base_label = next((label for label, r in runs if r is base), None)
-    verdicts = {
-        label: judge(base, r, label, base_label)
-        for label, r in runs
-        if base and r is not base and setting(r) == setting(base)
-    }
     return ModeComparison(
         labels=list(records),
-        baseline=base_label,
+        baseline=next((label for label, r in runs if r is base), None),
         regions={region: {label: dict(r.analysis.regions.get(region, {})) for label, r in runs} for region in regions},
         timed={label: r.timed_step() for label, r in runs},
         speedups_vs_padded={

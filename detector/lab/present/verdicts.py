@@ -351,22 +351,37 @@ def judge(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str =
     return Verdict(label, counts, train, prof, region, moved, costs, run.emulated, memory_diffs(base, run))
 
 
-def verdict_lines(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None) -> list[str]:
-    """One line per run after the baseline (``runs``: [(label, record)], the baseline among them)."""
+def judge_all(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None) -> dict[str, Verdict]:
+    """The verdict on each run of ``base``'s setting against it, by label (``runs``: [(label, record)], the baseline
+    among them); none without a baseline."""
+    if base is None:
+        return {}
+    base_label = next(label for label, record in runs if record is base)
+    return {
+        label: judge(base, record, label, base_label)
+        for label, record in runs
+        if record is not base and setting(record) == setting(base)
+    }
+
+
+def verdict_lines(
+    runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None, verdicts: dict[str, Verdict]
+) -> list[str]:
+    """One line per run after the baseline: its verdict (``verdicts``, judge_all's), or why it has none."""
     if base is None:
         return [f"(no {BASELINE} run in this setting: no verdicts)"]
-    lines, base_label = [], next(label for label, record in runs if record is base)
+    lines = []
     for label, record in runs:
         if record is base:
             continue
-        if setting(record) != setting(base):
+        if label in verdicts:
+            lines.append(verdicts[label].line())
+        else:
             device, batch, side = setting(record)
             lines.append(
                 f"- **{cell_text(label)}** — no {BASELINE} run at batch {batch}, {side} px on {cell_text(device)}: "
                 "not judged."
             )
-        else:
-            lines.append(judge(base, record, label, base_label).line())
     return lines
 
 

@@ -4,7 +4,15 @@ what the profiler added to each side."""
 
 import pytest
 
-from detector.lab.present.verdicts import count_diffs, growth, judge, moved_most, profiler_note, verdict_lines
+from detector.lab.present.verdicts import (
+    count_diffs,
+    growth,
+    judge,
+    judge_all,
+    moved_most,
+    profiler_note,
+    verdict_lines,
+)
 from detector.lab.record.noise import Noise
 from detector.lab.record.run import Analysis, ProfileRecord, StepMeasures, Timed
 from detector.lab.record.spread import Spread
@@ -167,7 +175,9 @@ def test_a_busy_device_is_explained_by_its_gpu_time_in_the_verdicts_direction():
 def test_runs_of_another_setting_are_not_judged_against_padded():
     base = record("padded", PADDED, 10.0)
     other = record("concat", CONCAT, 12.0, batch=256)
-    (line,) = verdict_lines([("padded", base), ("concat", other)], base)
+    runs = [("padded", base), ("concat", other)]
+    assert judge_all(runs, base) == {}
+    (line,) = verdict_lines(runs, base, judge_all(runs, base))
     assert line == "- **concat** — no padded run at batch 256, 16 px on cpu: not judged."
 
 
