@@ -10,7 +10,7 @@ from conftest import child_env
 
 # One process, a gloo group of 1; after teardown, the names of the gloo threads left (there must be none).
 SCRIPT = """
-import sys, tempfile
+import sys, tempfile, time
 sys.path.insert(0, "tests")
 from detector.train import distributed  # what make train imports before any group exists
 import torch.distributed as dist
@@ -18,7 +18,11 @@ from train_helpers import gloo_threads
 
 with tempfile.TemporaryDirectory() as out:
     dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=0, world_size=1)
-    assert gloo_threads(), "gloo started no threads: this test would prove nothing"
+    # gloo's threads name themselves once running, so under load the names come a moment after the group does
+    deadline = time.monotonic() + 10
+    while not gloo_threads() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gloo_threads(), "gloo started no threads in 10 s: this test would prove nothing"
     held = []
     if "mesh" in sys.argv:  # a mesh that outlives the run, as the caches keep FSDP2's
         from torch.distributed.device_mesh import DeviceMesh
