@@ -78,7 +78,7 @@ from detector.train.evaluation import Evaluation
 from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.memory import check_run_memory
 from detector.train.profile_window import make_profiler
-from detector.train.progress import TIMING_SKIP, Log, format_eta, log_scalars, step_times, throughput
+from detector.train.progress import ETA_STEPS, TIMING_SKIP, Log, format_eta, log_scalars, step_times, throughput
 from detector.train.speed import compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep
 from detector.train.wallclock import WallClock
@@ -429,12 +429,12 @@ class Steps:
     def log_line(self) -> None:
         tcfg, step, log, device = self.tcfg, self.step, self.log, self.run.device
         loss = log.window_mean(step, tcfg.log_every)
-        recent = [t for t in log.timings if t["step"] > step - tcfg.log_every]  # this window's steps
+        recent = log.since(step - tcfg.log_every)  # this window's steps
         rate = throughput(recent, self.run.global_batch, skip_until=0)
         lr = float(self.run.step_fn.scheduler.get_last_lr()[0])
-        # the median step since the first window (which holds the compilation): an evaluation or a save's wait, which
-        # stretches one window, says nothing of the steps to come
-        steady = [t for t in log.timings if t["step"] > self.first_log] if self.first_log is not None else []
+        # the median of the recent steps since the first window (which holds the compilation): an evaluation or a
+        # save's wait, which stretches one window, says nothing of the steps to come
+        steady = log.since(self.first_log, ETA_STEPS) if self.first_log is not None else []
         if steady:
             eta = throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3 * (tcfg.steps - step)
         else:  # the first window: its steps after the first
@@ -456,7 +456,7 @@ class Steps:
         the first, which holds the compilation) and a save's write time (its disk probe done), the same on every
         process (cadence.py); one line says it. Until then, no save is due."""
         saver, figures = self.checkpointer, None
-        steady = [t for t in self.log.timings if t["step"] > max(self.first_log, self.resumed_at + TIMING_SKIP)]
+        steady = self.log.since(max(self.first_log, self.resumed_at + TIMING_SKIP))
         if self.run.env.is_main and steady and saver.write_estimate(wait=False) is not None:
             figures = (throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3, saver.write_estimate())
         figures = self.run.control.broadcast(figures)

@@ -15,6 +15,7 @@ import time
 import torch
 
 TIMING_SKIP = 5  # first steps of a run left out of its step times: compilation, autotuning, graph capture
+ETA_STEPS = 2000  # the ETA's median is of the last steps this many at most: a log line's work may not grow with the run
 
 
 def format_eta(seconds: float) -> str:
@@ -90,6 +91,15 @@ class Log:
         self.pending, self.window_data, self.window_start = [], [], time.perf_counter()
         return [first + i for i, v in enumerate(values) if not math.isfinite(v)]
 
+    def since(self, step: int, most: int | None = None) -> list[dict]:
+        """The timings of the steps after ``step``, the last ``most`` of them at most: found from the end, so a log
+        line's cost is its window's, not the run's (a scan of every step so far grew each window with the run)."""
+        first = len(self.timings)
+        floor = 0 if most is None else max(0, first - most)
+        while first > floor and self.timings[first - 1]["step"] > step:
+            first -= 1
+        return self.timings[first:]
+
     def exclude(self, seconds: float) -> None:
         """Leave ``seconds`` out of the window's wall time: an evaluation or a checkpoint's wait, timed on its own."""
         self.window_start += seconds
@@ -105,7 +115,8 @@ class Log:
 
 
 def throughput(timings: list[dict], global_batch: int, skip_until: int) -> dict:
-    """Median step times and images/s, by the wall clock and by the device, past the first steps."""
+    """Median step times and images/s, by the wall clock and by the device, and the device's mean idle time between
+    steps, past the first steps."""
     timed = [t for t in timings if t["step"] > skip_until] or timings
     if not timed:
         keys = ("step_ms", "device_step_ms", "device_idle_ms", "data_wait_ms", "images_per_s", "device_images_per_s")
@@ -118,7 +129,9 @@ def throughput(timings: list[dict], global_batch: int, skip_until: int) -> dict:
     return {
         "step_ms": wall,  # wall clock per step, data wait included
         "device_step_ms": device,
-        "device_idle_ms": median("idle_ms"),  # between steps: what data and host cost the GPU
+        # between steps: what data and host cost the GPU, as a mean: the host waits for the device at each log line
+        # and the GPU idles once a window then, which a median of the window's steps would never show
+        "device_idle_ms": statistics.fmean(t["idle_ms"] for t in timed),
         "data_wait_ms": median("data_ms"),  # the host's wait; overlapped when the host is ahead
         "images_per_s": global_batch / wall * 1e3,
         "device_images_per_s": global_batch / device * 1e3,

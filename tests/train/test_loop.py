@@ -26,6 +26,7 @@ from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.loop import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
+from detector.train.progress import Log
 from detector.train.sharding import shard_refusal
 from detector.train.step import lr_factor, speed_option_refusal
 
@@ -55,6 +56,36 @@ def test_the_summary_keeps_every_steps_loss_whatever_the_log_lines(tmp_path):
     assert len(every.losses) == 6 and windows.losses == every.losses == losses([every.to_json()])
     assert [s for s, _ in windows.history] == [3, 6]
     assert windows.history[1][1] == pytest.approx(sum(every.losses[3:]) / 3)
+
+
+def test_a_log_line_reads_its_own_window_not_every_step_so_far(tmp_path, monkeypatch):
+    """A log line's work is its window's: one that scanned every step's timing made each step of a long run slower
+    than the last (the 8,000th CPU step 3.5x the first). Counted in timings read, which no load changes."""
+    reads = []
+
+    class Counted(list):
+        def __iter__(self):
+            reads.append(len(self))
+            return super().__iter__()
+
+    made = Log.__init__
+
+    def counted(self, *args):
+        made(self, *args)
+        self.timings = Counted()
+
+    monkeypatch.setattr(Log, "__init__", counted)
+    steps = 40
+    summary = run_training(tiny_cfg(tmp_path, f"train.steps={steps}", "train.checkpoint_every=0"))[0]
+    assert len(summary.history) == steps  # TINY logs every step
+    # the summary's medians read every step once; the 40 log lines read their own windows (read from the end)
+    assert sum(reads) <= 2 * steps, reads
+
+    log = Log(torch.device("cpu"), [])
+    log.timings = [{"step": s} for s in range(11, 101)]  # a run resumed at step 10
+    assert [t["step"] for t in log.since(95)] == [96, 97, 98, 99, 100]
+    assert [t["step"] for t in log.since(20, most=30)] == list(range(71, 101))  # the ETA's last steps only
+    assert log.since(100) == [] and len(log.since(0)) == len(log.since(10)) == 90
 
 
 def test_checkpoint_of_another_config_is_refused(tmp_path):
