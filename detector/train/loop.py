@@ -391,7 +391,10 @@ class Steps:
         checkpoint_due = self.checkpointer is not None and (
             self.cadence.due(step) or step == tcfg.steps or step == tcfg.stop_after
         )
-        if log_due or eval_due or checkpoint_due:
+        # the first step's losses and time read at once (the host waited for it already): its window is its own, and
+        # the first log line's step time is the steps' after it, not the compilation's share of the window
+        first = step == self.resumed_at + 1
+        if log_due or eval_due or checkpoint_due or first:
             # a user's backward first (read where the host waits anyway): its NaN gradient makes the next losses NaN
             step_fn.strategy.nonfinite_gradient()
             self.check_finite(self.log.flush(step))

@@ -336,8 +336,9 @@ def test_another_configuration_or_resume_false_moves_the_unfinished_run_aside_an
         assert summary.resumed_at == 0
 
 
-def test_the_eta_comes_from_the_steps_after_the_first(tmp_path, monkeypatch, capsys):
-    """A first step of 3 s (a cold compile) must not make the ETA of 30 steps of milliseconds read a minute."""
+def test_the_eta_and_the_first_log_lines_step_come_from_the_steps_after_the_first(tmp_path, monkeypatch, capsys):
+    """A first step of 3 s (a cold compile) must not make the ETA of 30 steps of milliseconds read a minute, nor the
+    first log line's step time read its share of the window (600 ms): the first step is timed apart."""
     from detector.train.step import TrainStep
 
     real, calls = TrainStep.__call__, []
@@ -354,6 +355,7 @@ def test_the_eta_comes_from_the_steps_after_the_first(tmp_path, monkeypatch, cap
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step      5/30"))
     minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
     assert int(minutes) * 60 + int(seconds) < 3, line  # 25 steps of a few ms, not 25 x (3 s / 5)
+    assert float(re.search(r"step +([\d.]+) ms", line).group(1)) < 300, line  # the steps 2-5, not 3 s / 5
 
 
 def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys):
