@@ -140,6 +140,78 @@ class Parser(argparse.ArgumentParser):
         raise UserError(f"{self.prog}: {message}")
 
 
+def port_number(text: str) -> int:
+    port = int(text) if text.isdigit() else -1
+    if not 1 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
+    return port
+
+
+def option(*names: str, **settings) -> tuple[tuple[str, ...], dict]:
+    """One argument of a command, as argparse's add_argument takes it."""
+    return names, settings
+
+
+# each command's own arguments, beside --debug and, where it reads a configuration, key=value and --experiment
+ARGUMENTS = {
+    "compare": (
+        option("runs", nargs="*", metavar="RUN", help="profile run folders (default: the latest of each)"),
+        option("--dir", default="runs/profile", help="folder of profile runs (default: runs/profile)"),
+        option("--out", help="output folder (default: a new runs/compare/<time>/)"),
+    ),
+    "curves": (option("runs", nargs="+", metavar="RUN", help="training run folders: runs/train/<experiment>/<run>"),),
+    "tensorboard": (
+        option("--logdir", default="runs", help="folder to serve (default: runs)"),
+        option("--port", type=port_number, default=6006, help="port (default: 6006)"),
+        option(
+            "--host",
+            default="127.0.0.1",
+            help="the interface to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 serves the runs' "
+            "traces, tables and configurations to the network)",
+        ),
+    ),
+    "strategies": (option("--names", action="store_true", help="names only, one per line"),),
+    "scaling": (
+        option("--work", metavar="FOLDER", help="run: the runs' folder (default: <report.work_dir>/<device>/scaling)"),
+        option("--out", metavar="FILE", help="run: the document (default: <report.out_dir>/<device>-x<N>.md)"),
+    ),
+    "link": (option("--out", metavar="FILE.json", help="the times, written by rank 0"),),
+    "ceiling": (
+        option("--out", required=True, help="the results, written after each job"),
+        option("--jobs", required=True, help="the jobs: a JSON list of [source, strategy, part]"),
+        option("--seconds", type=float, default=math.inf, help="the time the jobs share"),
+    ),
+    "export": (
+        option("run", metavar="RUN", help="a training run folder: runs/train/<experiment>/<run>"),
+        option("--out", help="the file (default: <run>/export/model.pt)"),
+    ),
+    "predict": (
+        option("run", metavar="RUN", help="a training run folder, or an export of one (model.pt)"),
+        option(
+            "indices",
+            nargs="*",
+            type=int,
+            metavar="INDEX",
+            help="samples of the run's data by index, with their true boxes",
+        ),
+        option("--images", nargs="+", default=[], metavar="FILE", help="image files (PNG, JPEG) of your own"),
+        option(
+            "--faces",
+            type=int,
+            default=1,
+            help="how many boxes to draw on an image file (the model predicts one a face and no score; default 1)",
+        ),
+        option("--out", help="the picture (default: <run>/predictions.png)"),
+    ),
+}
+# the usage of a command whose first key=value may be a word of its own
+USAGE = {
+    "bench": f"%(prog)s [-h] [--debug] [--experiment NAME] [{'|'.join(BENCH_TARGETS)}] [key=value ...]",
+    "shapes": "%(prog)s [-h] [--debug] [--experiment NAME] [SOURCE] [key=value ...]",
+    "scaling": "%(prog)s [-h] [--debug] [--work FOLDER] [--out FILE] [run|FOLDER] [key=value ...]",
+}
+
+
 def command_parser(command: str) -> Parser:
     summary, sections = COMMANDS[command]
     description = summary + "." + ("\n\nReads no configuration." if sections is None else "")
@@ -154,73 +226,15 @@ def command_parser(command: str) -> Parser:
         prog=f"python -m detector {command}",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        usage=USAGE.get(command),
     )
     parser.add_argument("--debug", action="store_true", help="show the traceback of an error")
     if sections is not None:
-        if command == "bench":
-            targets = "|".join(BENCH_TARGETS)
-            parser.usage = f"%(prog)s [-h] [--debug] [--experiment NAME] [{targets}] [key=value ...]"
-        if command == "shapes":
-            parser.usage = "%(prog)s [-h] [--debug] [--experiment NAME] [SOURCE] [key=value ...]"
-        if command == "scaling":
-            parser.usage = "%(prog)s [-h] [--debug] [--work FOLDER] [--out FILE] [run|FOLDER] [key=value ...]"
         parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides (OmegaConf dotlist)")
         if command not in OWN_CONFIG:
             parser.add_argument("--experiment", metavar="NAME", help="merge experiments/NAME.yaml (or a path) first")
-    if command == "compare":
-        parser.add_argument("runs", nargs="*", metavar="RUN", help="profile run folders (default: the latest of each)")
-        parser.add_argument("--dir", default="runs/profile", help="folder of profile runs (default: runs/profile)")
-        parser.add_argument("--out", help="output folder (default: a new runs/compare/<time>/)")
-    elif command == "curves":
-        parser.add_argument(
-            "runs", nargs="+", metavar="RUN", help="training run folders: runs/train/<experiment>/<run>"
-        )
-    elif command == "tensorboard":
-        parser.add_argument("--logdir", default="runs", help="folder to serve (default: runs)")
-        parser.add_argument("--port", type=port_number, default=6006, help="port (default: 6006)")
-        parser.add_argument(
-            "--host",
-            default="127.0.0.1",
-            help="the interface to listen on (default: 127.0.0.1, this machine only; 0.0.0.0 serves the runs' "
-            "traces, tables and configurations to the network)",
-        )
-    elif command == "strategies":
-        parser.add_argument("--names", action="store_true", help="names only, one per line")
-    elif command == "scaling":
-        parser.add_argument(
-            "--work", metavar="FOLDER", help="run: the runs' folder (default: <report.work_dir>/<device>/scaling)"
-        )
-        parser.add_argument(
-            "--out", metavar="FILE", help="run: the document (default: <report.out_dir>/<device>-x<N>.md)"
-        )
-    elif command == "link":
-        parser.add_argument("--out", metavar="FILE.json", help="the times, written by rank 0")
-    elif command == "ceiling":
-        parser.add_argument("--out", required=True, help="the results, written after each job")
-        parser.add_argument("--jobs", required=True, help="the jobs: a JSON list of [source, strategy, part]")
-        parser.add_argument("--seconds", type=float, default=math.inf, help="the time the jobs share")
-    elif command == "export":
-        parser.add_argument("run", metavar="RUN", help="a training run folder: runs/train/<experiment>/<run>")
-        parser.add_argument("--out", help="the file (default: <run>/export/model.pt)")
-    elif command == "predict":
-        parser.add_argument("run", metavar="RUN", help="a training run folder, or an export of one (model.pt)")
-        parser.add_argument(
-            "indices",
-            nargs="*",
-            type=int,
-            metavar="INDEX",
-            help="samples of the run's data by index, with their true boxes",
-        )
-        parser.add_argument(
-            "--images", nargs="+", default=[], metavar="FILE", help="image files (PNG, JPEG) of your own"
-        )
-        parser.add_argument(
-            "--faces",
-            type=int,
-            default=1,
-            help="how many boxes to draw on an image file (the model predicts one a face and no score; default 1)",
-        )
-        parser.add_argument("--out", help="the picture (default: <run>/predictions.png)")
+    for names, settings in ARGUMENTS.get(command, ()):
+        parser.add_argument(*names, **settings)
     return parser
 
 
@@ -334,13 +348,6 @@ def tie_to_launcher() -> None:
         return
     if os.environ.get(LAUNCHER_PID) and os.getppid() != int(os.environ[LAUNCHER_PID]):
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher died before the signal was set: it will not come
-
-
-def port_number(text: str) -> int:
-    port = int(text) if text.isdigit() else -1
-    if not 1 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (1-65535)")
-    return port
 
 
 def check_port(port: int, host: str = "127.0.0.1") -> None:
