@@ -326,9 +326,8 @@ def step_aside(cfg: DictConfig, given: set[str]) -> list[str]:
     from detector.model.bias_pool_kernel import bias_pool_unavailable
 
     try:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu") if cfg.device == "auto" else None
-        device = device or torch.device(cfg.device)
-    except RuntimeError:
+        device = resolve_device(cfg)
+    except ConfigError:  # device=cuda without a GPU: the run refuses it in its own line
         return []
     lines, tcfg = [], cfg.train
     if "train.fused_blocks" not in given and tcfg.fused_blocks:
@@ -472,9 +471,11 @@ def check_values(
                 raise ConfigError(f"{name}={shown!r} is out of range: allowed {allowed}")
     if schema is Config and cfg.device != "auto":
         try:
-            torch.device(cfg.device)
+            kind = torch.device(cfg.device).type
         except RuntimeError:
-            raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N") from None
+            kind = None
+        if kind not in ("cpu", "cuda"):  # torch names more (mps, xpu, meta), which none of our steps runs on
+            raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N")
     if schema is Config and cfg.data.boxes != SYNTHETIC:
         try:
             parse_source(cfg.data.boxes)
@@ -508,11 +509,20 @@ def out_of_range(value, low, high, choices, strategies) -> str | None:
 
 
 def resolve_device(cfg: DictConfig) -> torch.device:
+    """The device of ``cfg.device`` (auto: the GPU where there is one); a GPU this machine lacks is the user's mistake,
+    refused in one line."""
     if cfg.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(cfg.device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device={cfg.device} but no CUDA device is available (torch {torch.__version__})")
+        raise ConfigError(
+            f"device={cfg.device}: no CUDA device is available here (torch {torch.__version__}); use device=cpu or auto"
+        )
+    count = torch.cuda.device_count() if device.type == "cuda" else 0
+    if device.type == "cuda" and (device.index or 0) >= count:
+        raise ConfigError(
+            f"device={cfg.device}: no such GPU here (this machine has {count}: cuda:0 to cuda:{count - 1})"
+        )
     return device
 
 

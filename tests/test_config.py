@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from detector.config import EXPERIMENTS_DIR, ConfigError, load_config
+from detector.config import EXPERIMENTS_DIR, ConfigError, load_config, resolve_device
 from detector.errors import UserError
 from detector.losses import STRATEGIES
 from detector.model import build_model
@@ -46,6 +46,7 @@ OUT_OF_RANGE = [
     ("profile.mode=fwd", "one of train, forward"),
     ("bench.pred_dtype=int8", "one of float32, bfloat16, float16"),
     ("device=gpu", "auto, cpu, cuda or cuda:N"),
+    ("device=mps", "auto, cpu, cuda or cuda:N"),  # a device torch names that none of our steps runs on
     ("model.head_blocks=-1", ">= 0"),
 ]
 
@@ -258,3 +259,25 @@ def test_preset_auto_is_the_cpus_for_a_run_on_the_cpu_and_says_why(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     said.clear()
     assert load_config([], announce=said.append).preset == "cpu" and said[0] == "preset: cpu (no GPU found)"
+
+
+def test_a_gpu_this_machine_lacks_is_refused_in_one_line_by_every_command(monkeypatch, capsys):
+    from detector.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ConfigError, match=r"^device=cuda: no CUDA device is available here .*; use device=cpu or auto$"
+    ):
+        resolve_device(load_config(["device=cuda"], announce=None))
+    for command in (["train", "train.steps=1"], ["profile"], ["bench", "losses"]):
+        capsys.readouterr()
+        assert main([*command, "device=cuda"]) == 2, command
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith("error: device=cuda: no CUDA device is available here") and "Traceback" not in err[0]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device(load_config(["device=cuda:1"], announce=None)) == torch.device("cuda", 1)
+    with pytest.raises(
+        ConfigError, match=r"^device=cuda:2: no such GPU here \(this machine has 2: cuda:0 to cuda:1\)$"
+    ):
+        resolve_device(load_config(["device=cuda:2"], announce=None))
