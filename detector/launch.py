@@ -48,6 +48,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="detector-launch-") as failures:
         os.environ[FAILURES] = failures  # where a rank that fails on its own leaves its error's line (detector/cli.py)
+        if args.log_dir is None and args.redirects == args.tee == "0":
+            # torchrun makes a log folder in /tmp at every launch even where it logs nothing, and leaves it: this one
+            # goes with the launcher's (a user who redirects the ranks' output keeps torchrun's, or names --log-dir)
+            args.log_dir = os.path.join(failures, "torchrun")
         try:
             run(args)
         except ChildFailedError as err:

@@ -75,16 +75,17 @@ def test_a_process_that_dies_stops_the_others_at_their_next_step(tmp_path):
 
 
 def launch(out: Path, *overrides: str) -> subprocess.Popen:
-    """`make train NPROC=2`'s command, in a session of its own, its ranks on gloo."""
+    """`make train NPROC=2`'s command, in a session of its own, its ranks on gloo; its temporary files in out/tmp."""
     args = ["-m", "detector.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
     args += [*RUN, f"train.out_dir={out}", *overrides]
+    (out / "tmp").mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
         [sys.executable, *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
-        env=child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"),
+        env=child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", TMPDIR=str(out / "tmp")),
         start_new_session=True,
     )
 
@@ -123,6 +124,8 @@ def test_a_rank_killed_is_one_line_naming_it_and_the_checkpoint_and_the_resume_c
     straight = launch(tmp_path / "straight", "train.steps=12")
     out, err = straight.communicate(timeout=300)
     assert straight.returncode == 0, err
+    # the launcher's folder and torchrun's log folder (which torchrun itself leaves at every launch) are gone
+    assert not list((tmp_path / "straight" / "tmp").iterdir())
 
     process = launch(tmp_path / "split", "train.steps=12")
     wait_for_line(process, "checkpoint step 6:")  # committed
