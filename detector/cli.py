@@ -147,6 +147,20 @@ def port_number(text: str) -> int:
     return port
 
 
+def output_file(text: str) -> str:
+    """export's and predict's --out: a file in a folder that exists or can be made (a folder: the file in it); its
+    first existing folder must be one, and writable."""
+    path = Path(text)
+    for folder in (path, *path.parents) if path.is_dir() else path.parents:  # an existing file is replaced
+        if folder.exists():
+            if not folder.is_dir():
+                raise argparse.ArgumentTypeError(f"{text!r}: {folder} is a file, not a folder")
+            if not os.access(folder, os.W_OK):
+                raise argparse.ArgumentTypeError(f"{text!r}: the folder {folder} is not writable here")
+            break
+    return text
+
+
 def option(*names: str, **settings) -> tuple[tuple[str, ...], dict]:
     """One argument of a command, as argparse's add_argument takes it."""
     return names, settings
@@ -183,7 +197,7 @@ ARGUMENTS = {
     ),
     "export": (
         option("run", metavar="RUN", help="a training run folder: runs/train/<experiment>/<run>"),
-        option("--out", help="the file (default: <run>/export/model.pt)"),
+        option("--out", type=output_file, help="the file, or a folder for model.pt (default: <run>/export/model.pt)"),
     ),
     "predict": (
         option("run", metavar="RUN", help="a training run folder, or an export of one (model.pt)"),
@@ -201,7 +215,7 @@ ARGUMENTS = {
             default=1,
             help="how many boxes to draw on an image file (the model predicts one a face and no score; default 1)",
         ),
-        option("--out", help="the picture (default: <run>/predictions.png)"),
+        option("--out", type=output_file, help="the picture, or a folder for it (default: <run>/predictions.png)"),
     ),
 }
 # the usage of a command whose first key=value may be a word of its own

@@ -60,9 +60,11 @@ def trained_state(run_dir: Path) -> tuple[dict, dict]:
 
 
 def export(run_dir: Path, out: Path | None = None) -> Path:
-    """Write ``out`` (default ``<run>/export/model.pt``) from ``run_dir``'s last checkpoint; returns where."""
+    """Write ``out`` (default ``<run>/export/model.pt``; a folder: model.pt in it) from ``run_dir``'s last checkpoint;
+    returns where."""
     state, saved = trained_state(run_dir)
     out = out or run_dir / EXPORT
+    out = out / EXPORT.name if out.is_dir() else out
     out.parent.mkdir(parents=True, exist_ok=True)
     partial = out.with_name(f".{out.name}.partial")
     body = {"format": FORMAT, "version": VERSION, "arguments": model_arguments(saved["config"]), "state_dict": state}

@@ -50,6 +50,8 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
     shown = torch.stack(truth) if indices else None
     fig = prediction_figure(batch, pred, torch.tensor(counts), shown, titles)
     path = Path(out) if out else (run if run.is_dir() else run.parent) / "predictions.png"
+    path = path / "predictions.png" if path.is_dir() else path  # a folder: the picture in it
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     return path
 

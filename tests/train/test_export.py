@@ -79,6 +79,14 @@ def test_detector_predict_writes_the_picture_of_images_by_index_and_of_files(tra
     assert cli.main(["predict", str(export(trained)), "--images", str(png), "--faces", "2", "--out", str(out)]) == 0
 
 
+def test_an_out_that_is_a_folder_gets_the_file_in_it_and_a_new_folder_is_made(trained, tmp_path, capsys):
+    assert cli.main(["export", str(trained), "--out", str(tmp_path)]) == 0
+    assert torch.load(tmp_path / "model.pt", weights_only=True)["state_dict"]
+    assert cli.main(["predict", str(trained), "3", "--out", str(tmp_path)]) == 0
+    assert cli.main(["predict", str(trained), "3", "--out", str(tmp_path / "new" / "p.png")]) == 0
+    assert (tmp_path / "predictions.png").stat().st_size > 10_000 and (tmp_path / "new" / "p.png").is_file()
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [
@@ -87,6 +95,8 @@ def test_detector_predict_writes_the_picture_of_images_by_index_and_of_files(tra
         (["predict", "{run}", "-1"], "sample indices are >= 0, got -1"),
         (["predict", "{run}", "--images", "/nowhere.png"], "/nowhere.png: cannot read it as an image"),
         (["predict", "{run}", "--faces", "0", "--images", "{run}/config.yaml"], "--faces 0: expected 1 to 16"),
+        (["export", "{run}", "--out", "{run}/config.yaml/model.pt"], "config.yaml is a file, not a folder"),
+        (["predict", "{run}", "3", "--out", "{run}/config.yaml/a/p.png"], "config.yaml is a file, not a folder"),
     ],
 )
 def test_bad_arguments_are_one_line(trained, capsys, argv, expected):
