@@ -39,8 +39,9 @@ BENCH_HELP = {
     "memory": "each strategy's memory: profiles and their verdicts, the allocator under dynamic shapes with and "
     "without expandable segments, the largest batch that trains (GPU; the CPU's where it has one)",
 }
-# errors of the machine's files rather than of the code: a command ends on them in one line naming the file
-ENVIRONMENT = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+# errors of the machine's files rather than of the code: a command ends on them in one line naming the file (a folder
+# not writable, a full disk, a file where a folder was asked for: train.out_dir=notes.txt)
+ENVIRONMENT = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST)
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
 TERMINATED = 143  # and by SIGTERM (128 + 15)
 

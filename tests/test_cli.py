@@ -289,3 +289,21 @@ def test_the_set_up_says_what_it_builds_and_installs_numpy_before_torch(tmp_path
     assert "minutes" in build and "pip is silent meanwhile" in build
     assert "detector._C built and the project installed in" in out
     assert "tensorboard --port 7000" in make_dry_run("tensorboard", "PY=python3", "ARGS=--port 7000")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "train.steps=1", "train.out_dir={file}"],
+        ["train", "train.steps=1", "train.out_dir={file}/runs"],
+        ["profile", "profile.out_dir={file}/runs"],
+    ],
+)
+def test_an_output_folder_where_a_file_stands_is_one_line(tmp_path, capsys, argv):
+    """A file where a folder was asked for (train.out_dir=notes.txt) is the user's, said in one line naming it."""
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine")
+    assert cli.main([a.format(file=notes) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "notes.txt" in err, err
+    assert notes.read_text() == "mine"
