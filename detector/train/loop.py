@@ -78,7 +78,7 @@ from detector.train.evaluation import Evaluation
 from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.memory import check_run_memory
 from detector.train.profile_window import make_profiler
-from detector.train.progress import ETA_STEPS, TIMING_SKIP, Log, format_eta, log_scalars, step_times, throughput
+from detector.train.progress import TIMING_SKIP, Log, throughput
 from detector.train.speed import compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep
 from detector.train.wallclock import WallClock
@@ -276,8 +276,6 @@ class Steps:
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints: its steps
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.stopping = False  # a stop that every process agreed on is under way
-        self.first_done = time.perf_counter()  # when the first step of this process ended (the ETA's origin)
-        self.first_log: int | None = None  # the first log line's step: its window holds the first step
 
     def loop(self, interrupt: DeferredInterrupt) -> None:
         tcfg, cfg, run, wall = self.tcfg, self.cfg, self.run, self.run.wall
@@ -352,10 +350,11 @@ class Steps:
             self.log.clock.stop()
             if first:  # compilation and the first launches: waited for, so that the first step is all of it
                 loss.item()
-                self.first_done = time.perf_counter()
-                run.wall.add("first step", self.first_done - step_started)
+                self.log.first_done = time.perf_counter()
+                run.wall.add("first step", self.log.first_done - step_started)
                 if compiling:
-                    self.say(f"compiled: step {self.step + 1} took {self.first_done - step_started:.1f} s", flush=True)
+                    took = self.log.first_done - step_started
+                    self.say(f"compiled: step {self.step + 1} took {took:.1f} s", flush=True)
                     if run.env.is_main:
                         save_compile_cache(self.compile_cache)
             self.log.add(loss, data_seconds)
@@ -430,36 +429,20 @@ class Steps:
         )
 
     def log_line(self) -> None:
-        tcfg, step, log, device = self.tcfg, self.step, self.log, self.run.device
-        loss = log.window_mean(step, tcfg.log_every)
-        recent = log.since(step - tcfg.log_every)  # this window's steps
-        rate = throughput(recent, self.run.global_batch, skip_until=0)
         lr = float(self.run.step_fn.scheduler.get_last_lr()[0])
-        # the median of the recent steps since the first window (which holds the compilation): an evaluation or a
-        # save's wait, which stretches one window, says nothing of the steps to come
-        steady = log.since(self.first_log, ETA_STEPS) if self.first_log is not None else []
-        if steady:
-            eta = throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3 * (tcfg.steps - step)
-        else:  # the first window: its steps after the first
-            done = step - self.resumed_at - 1
-            eta = (time.perf_counter() - self.first_done) / done * (tcfg.steps - step) if done else None
-        if self.first_log is None:
-            self.first_log = step
-        self.say(
-            f"step {step:6d}/{tcfg.steps}  loss {loss:.4f}  lr {lr:.2e}  {step_times(rate, device.type == 'cuda')}  "
-            f"{rate['images_per_s']:9.0f} img/s  eta {format_eta(eta) if eta is not None else '(after step 2)'}",
-            flush=True,
-        )
+        tcfg = self.tcfg
+        line, scalars = self.log.line(self.step, tcfg.steps, tcfg.log_every, self.resumed_at, lr, self.run.global_batch)
+        self.say(line, flush=True)
         if self.writer:
-            for tag, value in log_scalars(rate, loss, lr, device).items():
-                self.writer.add_scalar(tag, value, step)
+            for tag, value in scalars.items():
+                self.writer.add_scalar(tag, value, self.step)
 
     def decide_cadence(self, step: int) -> None:
         """train.checkpoint_every=auto: the steps between saves, from process 0's step time (the log windows after
         the first, which holds the compilation) and a save's write time (its disk probe done), the same on every
         process (cadence.py); one line says it. Until then, no save is due."""
         saver, figures = self.checkpointer, None
-        steady = self.log.since(max(self.first_log, self.resumed_at + TIMING_SKIP))
+        steady = self.log.since(max(self.log.first_line, self.resumed_at + TIMING_SKIP))
         if self.run.env.is_main and steady and saver.write_estimate(wait=False) is not None:
             figures = (throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3, saver.write_estimate())
         figures = self.run.control.broadcast(figures)

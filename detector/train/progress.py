@@ -66,11 +66,13 @@ class Log:
     """Every step's loss and time; flushed (one host wait) at log lines, checkpoints and evaluations."""
 
     def __init__(self, device: torch.device, losses: list[float]):
-        self.clock = StepClock(device)
+        self.device, self.clock = device, StepClock(device)
         self.losses = losses  # loss of step s at index s - 1, restored on resume
         self.pending: list[torch.Tensor] = []
         self.timings: list[dict] = []  # per step: step, wall_ms, device_ms, idle_ms, data_ms
         self.window_start, self.window_data = time.perf_counter(), []
+        self.first_done = time.perf_counter()  # when this process's first step ended: the ETA's origin until a line
+        self.first_line: int | None = None  # the first log line's step: its window holds the first step
 
     def add(self, loss: torch.Tensor, data_seconds: float) -> None:
         self.pending.append(loss.detach())
@@ -108,6 +110,26 @@ class Log:
         """Mean loss of the log window ending at ``step``: (step - log_every, step], the same on resume."""
         window = self.losses[max(0, step - log_every) : step]
         return sum(window) / len(window)
+
+    def line(self, step: int, steps: int, log_every: int, resumed_at: int, lr: float, batch: int) -> tuple[str, dict]:
+        """The log line of the window ending at ``step`` (of ``steps``; ``batch`` images a step, on every process), and
+        its TensorBoard scalars. The ETA is the median of the recent steps since the first window, which holds the
+        compilation: an evaluation or a save's wait, which stretches one window, says nothing of the steps to come."""
+        loss = self.window_mean(step, log_every)
+        rate = throughput(self.since(step - log_every), batch, skip_until=0)  # this window's steps
+        steady = self.since(self.first_line, ETA_STEPS) if self.first_line is not None else []
+        if steady:
+            eta = throughput(steady, batch, skip_until=0)["step_ms"] / 1e3 * (steps - step)
+        else:  # the first window: its steps after the first
+            done = step - resumed_at - 1
+            eta = (time.perf_counter() - self.first_done) / done * (steps - step) if done else None
+        if self.first_line is None:
+            self.first_line = step
+        line = (
+            f"step {step:6d}/{steps}  loss {loss:.4f}  lr {lr:.2e}  {step_times(rate, self.device.type == 'cuda')}  "
+            f"{rate['images_per_s']:9.0f} img/s  eta {format_eta(eta) if eta is not None else '(after step 2)'}"
+        )
+        return line, log_scalars(rate, loss, lr, self.device)
 
     def history(self, log_every: int, last: int) -> list[tuple[int, float]]:
         steps = [s for s in range(log_every, last + 1, log_every)] + ([last] if last % log_every else [])
