@@ -32,6 +32,34 @@ torch._dynamo.config.recompile_limit = 64
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# pytest's own, which names the test and its phase; the profiler window's, set for the process on purpose (it keeps
+# Kineto's log lines out of ours and of every run's); TensorBoard's, which its program sets as it starts in the process
+ENVIRONMENT_SET_ON_PURPOSE = ("PYTEST_CURRENT_TEST", "KINETO_LOG_LEVEL", "GCS_READ_CACHE_DISABLED")
+
+
+@pytest.fixture(autouse=True)
+def _environment_left_as_found():
+    """A test leaves the process's environment as it found it: what it sets reaches every test after it in this
+    worker and their subprocesses. The CLI called in a test's process with CUDA patched away set TRITON_INTERPRET=1,
+    and on a GPU machine the kernels of the tests after it ran in Triton's interpreter."""
+    before = dict(os.environ)
+    yield
+    changed = sorted(
+        name
+        for name in before.keys() | os.environ.keys()
+        if before.get(name) != os.environ.get(name)
+        and name not in ENVIRONMENT_SET_ON_PURPOSE
+        and not name.startswith("_")  # a library's private state (inductor's _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR)
+    )
+    if changed:
+        for name in changed:  # put back, for the tests after it
+            if name in before:
+                os.environ[name] = before[name]
+            else:
+                del os.environ[name]
+        pytest.fail(f"the test changed the environment of the tests after it: {changed} (use monkeypatch.setenv)")
+
+
 # `make test` leaves these to `make test-all` (CI runs both; `make gpu-check` runs all on a GPU): a browser,
 # several processes, a command end to end, or minutes of training. What stays covers every strategy against the
 # reference, the analysis, the record, the verdicts and the training step.
