@@ -514,12 +514,14 @@ def resolve_device(cfg: DictConfig) -> torch.device:
     if cfg.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(cfg.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
+    if device.type != "cuda":
+        return device
+    if not torch.cuda.is_available():
         raise ConfigError(
             f"device={cfg.device}: no CUDA device is available here (torch {torch.__version__}); use device=cpu or auto"
         )
-    count = torch.cuda.device_count() if device.type == "cuda" else 0
-    if device.type == "cuda" and (device.index or 0) >= count:
+    count = torch.cuda.device_count()
+    if (device.index or 0) >= count:
         raise ConfigError(
             f"device={cfg.device}: no such GPU here (this machine has {count}: cuda:0 to cuda:{count - 1})"
         )

@@ -351,9 +351,9 @@ class Steps:
             if first:  # compilation and the first launches: waited for, so that the first step is all of it
                 loss.item()
                 self.log.first_done = time.perf_counter()
-                run.wall.add("first step", self.log.first_done - step_started)
+                took = self.log.first_done - step_started
+                run.wall.add("first step", took)
                 if compiling:
-                    took = self.log.first_done - step_started
                     self.say(f"compiled: step {self.step + 1} took {took:.1f} s", flush=True)
                     if run.env.is_main:
                         save_compile_cache(self.compile_cache)
