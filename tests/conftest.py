@@ -35,6 +35,18 @@ ROOT = Path(__file__).resolve().parents[1]
 # pytest's own, which names the test and its phase; the profiler window's, set for the process on purpose (it keeps
 # Kineto's log lines out of ours and of every run's); TensorBoard's, which its program sets as it starts in the process
 ENVIRONMENT_SET_ON_PURPOSE = ("PYTEST_CURRENT_TEST", "KINETO_LOG_LEVEL", "GCS_READ_CACHE_DISABLED")
+# inductor's, which it sets for the whole process as it first compiles: where it keeps its and Triton's caches, the
+# ptxas and libdevice it found, the CUDA it builds with (a GPU's first compile sets the Triton ones)
+INDUCTOR_SETS_FOR_THE_PROCESS = (
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR",
+    "TRITON_PTXAS_PATH",
+    "TRITON_LIBDEVICE_PATH",
+    "CUDA_HOME",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "KMP_DUPLICATE_LIB_OK",
+    "TORCH_WARM_POOL",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +61,7 @@ def _environment_left_as_found():
         for name in before.keys() | os.environ.keys()
         if before.get(name) != os.environ.get(name)
         and name not in ENVIRONMENT_SET_ON_PURPOSE
+        and not (name in INDUCTOR_SETS_FOR_THE_PROCESS and name not in before)
         and not name.startswith("_")  # a library's private state (inductor's _TORCHINDUCTOR_PYOBJECT_TENSOR_DATA_PTR)
     )
     if changed:
