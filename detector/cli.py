@@ -495,9 +495,13 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
 
             run_sweep(cfg, args.experiment)
         else:
-            from detector.train.loop import run_training
+            from detector.train.run_folder import early_check
 
-            run_training(cfg, args.experiment)
+            # the checkpoint this command will likely continue is read and checked while the compiler is imported
+            with early_check(cfg, args.experiment) as checks:
+                from detector.train.loop import run_training
+
+                run_training(cfg, args.experiment, checks)
     elif command == "bench":
         from detector.bench import run as run_bench
 

@@ -132,12 +132,11 @@ def training_run(argv: list[str]) -> tuple[Path, str, list[str]]:
     only: the launcher itself starts in a moment)."""
     from detector.cli import command_parser
     from detector.config import load_config
-    from detector.train.loop import experiment_name, run_name
+    from detector.train.run_folder import run_path
 
     parsed = command_parser("train").parse_intermixed_args(argv)
     cfg = load_config(parsed.overrides, parsed.experiment, announce=None)
-    experiment = experiment_name(parsed.experiment)
-    return Path(cfg.train.out_dir) / experiment / run_name(cfg.train), parsed.experiment or "", parsed.overrides
+    return run_path(cfg, parsed.experiment), parsed.experiment or "", parsed.overrides
 
 
 if __name__ == "__main__":

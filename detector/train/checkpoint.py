@@ -343,15 +343,19 @@ def read_meta(path: Path) -> dict:
 # ----------------------------------------------------------------------------- resume
 
 
-def load_checkpoint(run_dir: Path, step_fn, expected: dict, global_batch: int, group=None) -> dict:
+def load_checkpoint(
+    run_dir: Path, step_fn, expected: dict, global_batch: int, group=None, checked: files.Verification | None = None
+) -> dict:
     """Restore model, optimizer, schedule and RNG of ``step_fn`` (a TrainStep) from ``run_dir``'s checkpoint, with any
     number of processes and way of sharing, each process reading the rows it holds (every file it reads checked
     first, in parallel); return the saved meta (step, losses, evaluations). Refuses a checkpoint of another
-    configuration or another global batch. ``group``: the processes' gloo group of DCP's plans (None: one process)."""
+    configuration or another global batch. ``group``: the processes' gloo group of DCP's plans (None: one process).
+    ``checked``: the checks begun before the model was built, taken where they were of this manifest."""
     manifest = files.read_manifest(run_dir)
     folder, name = run_dir / manifest.folder, run_dir / files.MANIFEST
-    with concurrent.futures.ThreadPoolExecutor(files.HASHERS) as pool:
-        files.verify(folder, manifest, manifest.files, pool)
+    if checked is None or not checked.result(manifest):
+        with concurrent.futures.ThreadPoolExecutor(files.HASHERS) as pool:
+            files.verify(folder, manifest, manifest.files, pool)
     meta = read_meta(folder / files.META)
     check_meta(meta, name, expected, global_batch, step_fn.world_size)
     planner = RowsLoadPlanner(state_pieces(step_fn), name)

@@ -196,9 +196,22 @@ def chunk_digest(path: Path, start: int, size: int) -> str:
     return digest.hexdigest()
 
 
-def verify(folder: Path, manifest: Manifest, names, pool: concurrent.futures.Executor) -> None:
+class Cancelled(Exception):
+    """The checks were stopped: the run did not continue the checkpoint (``Verification.cancel``)."""
+
+
+def verify(
+    folder: Path, manifest: Manifest, names, pool: concurrent.futures.Executor, stopped: threading.Event | None = None
+) -> None:
     """Every chunk of the files ``names`` of a committed save against the manifest; one line naming a file that is
-    missing, of another size or whose bytes do not match."""
+    missing, of another size or whose bytes do not match. ``stopped``: once set, the chunks left raise Cancelled."""
+
+    def check(job) -> tuple[Path, int, bool]:
+        path, i, expected, size = job
+        if stopped is not None and stopped.is_set():
+            raise Cancelled
+        return path, i, chunk_digest(path, i * CHUNK, size) == expected
+
     jobs = []
     for name in names:
         entry, path = manifest.files[name], folder / name
@@ -208,11 +221,59 @@ def verify(folder: Path, manifest: Manifest, names, pool: concurrent.futures.Exe
         if size != entry.bytes:
             raise CheckpointError(f"{path} is truncated or overwritten ({size} of {entry.bytes} bytes): {FIX}")
         jobs += [(path, i, entry.chunks[i], min(CHUNK, size - i * CHUNK)) for i in range(len(entry.chunks))]
-    for path, i, ok in pool.map(
-        lambda job: (job[0], job[1], chunk_digest(job[0], job[1] * CHUNK, job[3]) == job[2]), jobs
-    ):
+    for path, i, ok in pool.map(check, jobs):
         if not ok:
             raise CheckpointError(f"{path} is corrupt (bytes {i * CHUNK}.. do not match their checksum): {FIX}")
+
+
+class Verification:
+    """``verify`` of every file of a committed checkpoint, begun in the background by the command that will likely
+    continue it (detector/train/run_folder.py, ``early_check``): the files are read while the interpreter imports
+    the compiler and the model and optimizer are built, so that the resume waits only for what is left of the
+    read, and DCP's load then reads the same bytes from the page cache. The resume takes its outcome where the
+    manifest it reads is the one checked (``result``), and checks again otherwise."""
+
+    def __init__(self, run_dir: Path, manifest: Manifest):
+        self.manifest, self.folder = manifest, run_dir / manifest.folder
+        self.stopped = threading.Event()
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self.check, name="checkpoint-verify", daemon=True)
+        self.thread.start()
+
+    @classmethod
+    def start(cls, run_dir: Path, steps: int) -> Verification | None:
+        """The checks of ``run_dir``'s checkpoint, begun; None where there is none a run of ``steps`` steps would
+        continue: no manifest, one that cannot be read (the resume says what is wrong with it), a complete run."""
+        if not regular_file(run_dir / MANIFEST):
+            return None
+        try:
+            manifest = read_manifest(run_dir)
+        except (CheckpointError, OSError):
+            return None
+        return cls(run_dir, manifest) if manifest.step < steps else None
+
+    def check(self) -> None:
+        try:
+            with concurrent.futures.ThreadPoolExecutor(HASHERS) as pool:
+                verify(self.folder, self.manifest, self.manifest.files, pool, self.stopped)
+        except BaseException as err:  # raised by ``result``, in the resume's thread, as ``verify`` would have there
+            self.error = err
+
+    def result(self, manifest: Manifest) -> bool:
+        """Whether these checks were of ``manifest``, once they are done (raising what they found); False: of
+        another (the checkpoint changed since they began), check it again."""
+        if manifest != self.manifest:
+            self.cancel()
+            return False
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+        return True
+
+    def cancel(self) -> None:
+        """Stop the checks (the chunks being hashed finish) and wait for their thread."""
+        self.stopped.set()
+        self.thread.join()
 
 
 # ----------------------------------------------------------------------------- DCP's files, read safely

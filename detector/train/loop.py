@@ -92,13 +92,15 @@ class NonFiniteLoss(UserError):
     pass
 
 
-def run_name(tcfg) -> str:
-    options = [name for name in ("compile", "cuda_graphs", "float8") if tcfg[name]]
-    return "+".join([tcfg.strategy, *options])
-
-
-def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) -> summary.TrainingSummary:
-    """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json)."""
+def train(
+    cfg: DictConfig,
+    experiment: str,
+    env: DistEnv,
+    device: torch.device,
+    checks: checkpoint_files.Verification | None = None,
+) -> summary.TrainingSummary:
+    """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json). ``checks``:
+    those of the checkpoint it will likely continue, begun already (run_folder.early_check)."""
     tcfg = cfg.train
     global_batch = cfg.data.batch_size * env.world_size
     if tcfg.steps * global_batch > tcfg.eval_start:
@@ -107,20 +109,28 @@ def train(cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device) 
             "training would see held-out images"
         )
     check_run_memory(cfg, env.world_size, device)
-    run_dir = Path(tcfg.out_dir) / experiment / run_name(tcfg)
+    run_dir = Path(tcfg.out_dir) / experiment / run_folder.run_name(tcfg)
     with run_folder.locked(run_dir) if env.is_main else contextlib.nullcontext():
         if env.is_main:
             run_folder.reveal_hidden(run_dir)
-        return Run(cfg, experiment, env, device, run_dir).go()
+        return Run(cfg, experiment, env, device, run_dir, checks).go()
 
 
 class Run:
     """A training run: its folder, its step function, where it resumes and how it ends; ``go`` reads straight
     down. Its progress through the steps is ``Steps``'s."""
 
-    def __init__(self, cfg: DictConfig, experiment: str, env: DistEnv, device: torch.device, run_dir: Path):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        experiment: str,
+        env: DistEnv,
+        device: torch.device,
+        run_dir: Path,
+        checks: checkpoint_files.Verification | None = None,
+    ):
         self.cfg, self.tcfg, self.experiment, self.env, self.device = cfg, cfg.train, experiment, env, device
-        self.run_dir, self.checkpoint_path = run_dir, run_dir / checkpoint_files.MANIFEST
+        self.run_dir, self.checkpoint_path, self.checks = run_dir, run_dir / checkpoint_files.MANIFEST, checks
         self.say = print if env.is_main else (lambda *args, **kwargs: None)
         self.global_batch = cfg.data.batch_size * env.world_size
         self.expected = fingerprint(cfg, env.world_size)
@@ -217,12 +227,15 @@ class Run:
             step = same_run(self.run_dir, self.expected, self.global_batch)
             found = 0 < step < self.tcfg.steps  # another configuration's, or a complete run: a fresh one starts
         if not found or mode == "false":
+            if self.checks is not None:
+                self.checks.cancel()
             if mode == "true":
                 self.say(f"train.resume=true but {self.run_dir} holds no checkpoint: starting from step 0")
             return {"step": 0, "losses": [], "evals": []}
         group = self.control.group
         try:
-            state, error = load_checkpoint(self.run_dir, self.step_fn, self.expected, self.global_batch, group), None
+            state = load_checkpoint(self.run_dir, self.step_fn, self.expected, self.global_batch, group, self.checks)
+            error = None
         except CheckpointError as err:
             state, error = None, str(err)
         # every process reads its own rows: one that finds them damaged stops every process, with its line
@@ -568,15 +581,12 @@ def training_processes(cfg: DictConfig):
     distributed.teardown(env)
 
 
-def experiment_name(experiment: str | None) -> str:
-    """The run folder's experiment: the YAML file's stem, ``default`` without one."""
-    return Path(experiment).stem if experiment else "default"
-
-
-def run_training(cfg: DictConfig, experiment: str | None = None) -> list[summary.TrainingSummary]:
+def run_training(cfg: DictConfig, experiment: str | None = None, checks=None) -> list[summary.TrainingSummary]:
     """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
-    the strategy sweep (detector/lab/sweep.py)."""
+    the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
+    the command before it imported this module; begun here otherwise."""
     if cfg.train.strategy == "all":
         raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
-    with training_processes(cfg) as (env, device):
-        return [train(cfg, experiment_name(experiment), env, device)]
+    with contextlib.nullcontext(checks) if checks else run_folder.early_check(cfg, experiment) as checks:
+        with training_processes(cfg) as (env, device):
+            return [train(cfg, run_folder.experiment_name(experiment), env, device, checks)]

@@ -24,6 +24,37 @@ from detector.errors import UserError
 from detector.train import checkpoint_files, summary
 
 
+def run_name(tcfg) -> str:
+    """The run folder's name: the strategy and the speed options that change what is measured."""
+    options = [name for name in ("compile", "cuda_graphs", "float8") if tcfg[name]]
+    return "+".join([tcfg.strategy, *options])
+
+
+def experiment_name(experiment: str | None) -> str:
+    """The run folder's experiment: the YAML file's stem, ``default`` without one."""
+    return Path(experiment).stem if experiment else "default"
+
+
+def run_path(cfg, experiment: str | None) -> Path:
+    """Where a training run of ``cfg`` under ``experiment`` (its YAML file; None: none) keeps its files."""
+    return Path(cfg.train.out_dir) / experiment_name(experiment) / run_name(cfg.train)
+
+
+@contextlib.contextmanager
+def early_check(cfg, experiment: str | None):
+    """The checks of the checkpoint a `train` command will likely continue (train.resume not false, a checkpoint of an
+    unfinished run in its folder), begun now in the background and stopped when the command ends; None where there
+    is none. The resume takes their outcome (detector/train/checkpoint_files.py, ``Verification``)."""
+    checks = None
+    if cfg.train.resume != "false":
+        checks = checkpoint_files.Verification.start(run_path(cfg, experiment), cfg.train.steps)
+    try:
+        yield checks
+    finally:
+        if checks is not None:
+            checks.cancel()
+
+
 @contextlib.contextmanager
 def locked(run_dir: Path):
     """Hold ``<run_dir>.lock`` for the duration, and remove it after; refuse if another process holds it."""

@@ -14,7 +14,7 @@ from detector.model import BlockedLinear
 from detector.train import speed
 from detector.train.checkpoint import RUN_CONTROL, differences, fingerprint
 from detector.train.float8 import float8_refusal, to_float8
-from detector.train.loop import run_name
+from detector.train.run_folder import run_name
 from detector.train.step import TrainStep
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None

@@ -1,8 +1,10 @@
 """Nothing lost, nothing silent: checkpoints that cannot be trusted, non-finite losses, resumes, collisions
 and honest throughput, each on a detector of a few thousand parameters (CPU, milliseconds a step)."""
 
+import dataclasses
 import json
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +81,73 @@ def test_an_intact_checkpoint_reads_back(tmp_path):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     state = read_checkpoint(run_dir(tmp_path))
     assert state["step"] == 3 and len(state["losses"]) == 3
+
+
+@pytest.fixture
+def verifying(monkeypatch):
+    """The threads that check a checkpoint's files, one name a call of checkpoint_files.verify."""
+    threads, verify = [], checkpoint_files.verify
+
+    def recorded(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return verify(*args, **kwargs)
+
+    monkeypatch.setattr(checkpoint_files, "verify", recorded)
+    return threads
+
+
+def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, verifying, capsys):
+    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    assert verifying == []  # a fresh run checks nothing
+    cfg = tiny_cfg(tmp_path, *RUN)
+    with run_folder.early_check(cfg, None) as checks:
+        assert checks is not None and checks.manifest.step == 3
+        again = run_training(cfg, None, checks)[0]
+    assert verifying == ["checkpoint-verify"], verifying  # once, in the background: the resume took its outcome
+    assert again.losses == straight.losses and again.resumed_at == 3
+    assert f"resuming {run_dir(tmp_path)} at step 3" in capsys.readouterr().out
+
+
+def test_checks_of_a_checkpoint_replaced_since_they_began_are_not_taken(tmp_path, verifying):
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    checks = checkpoint_files.Verification.start(run_dir(tmp_path), steps=6)
+    later = dataclasses.replace(checks.manifest, step=4)  # as if a save of step 4 had committed since
+    assert checks.result(later) is False and not checks.thread.is_alive()
+    assert checkpoint_files.Verification.start(run_dir(tmp_path), steps=3) is None  # a complete run continues nothing
+
+
+def test_no_checks_begin_where_the_run_will_not_continue_and_cancelled_ones_stop(tmp_path, verifying):
+    with run_folder.early_check(tiny_cfg(tmp_path, *RUN), None) as checks:
+        assert checks is None  # no checkpoint
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    with run_folder.early_check(tiny_cfg(tmp_path, *RUN, "train.resume=false"), None) as checks:
+        assert checks is None
+    (run_dir(tmp_path) / "checkpoint.json").write_text("{")  # unreadable: the resume says so, in its turn
+    with run_folder.early_check(tiny_cfg(tmp_path, *RUN), None) as checks:
+        assert checks is None
+
+
+def test_cancelled_checks_stop_at_the_next_chunk(tmp_path, monkeypatch):
+    monkeypatch.setattr(checkpoint_files, "CHUNK", 4096)  # a checkpoint of many chunks
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    hashed, release, digest = [], threading.Event(), checkpoint_files.chunk_digest
+
+    def slow(path, start, size):
+        hashed.append(start)
+        release.wait(10)
+        return digest(path, start, size)
+
+    monkeypatch.setattr(checkpoint_files, "chunk_digest", slow)
+    checks = checkpoint_files.Verification.start(run_dir(tmp_path), steps=6)
+    while not hashed:
+        time.sleep(0.01)
+    checks.stopped.set()
+    release.set()
+    checks.cancel()
+    chunks = sum(len(entry.chunks) for entry in checks.manifest.files.values())
+    assert len(hashed) <= checkpoint_files.HASHERS < chunks, (len(hashed), chunks)
+    assert isinstance(checks.error, checkpoint_files.Cancelled)
 
 
 # ----------------------------------------------------------------------------- non-finite losses
