@@ -24,7 +24,7 @@ from pathlib import Path
 
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import UserError, refuse
-from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID, PeerLost
+from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS, PeerLost
 from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
 
 TOP_LEVEL = ("preset", "device", "autocast")  # config keys outside the sections
@@ -301,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
             word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
             if os.environ.get("RANK", "0") == "0":  # one line for the run, whatever its number of processes
                 print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
+                folder = os.environ.get(FAILURES)
+                if folder and Path(folder).is_dir():  # the launcher's status is this word's, not its last signal's
+                    Path(folder, STOP_STATUS).write_text(str(status))
             if writing():  # a save the second signal abandoned: its threads must not meet the interpreter's exit
                 sys.stdout.flush()
                 sys.stderr.flush()

@@ -56,8 +56,9 @@ def main(argv: list[str]) -> int:
             run(args)
         except ChildFailedError as err:
             return failed(err, args, argv, Path(failures))
-        except SignalException as err:  # the ranks had it too, and each said how it stopped
-            return 128 + int(err.sigval)
+        except SignalException as err:  # the ranks had it too, and each said how it stopped: the status of the word
+            # rank 0's line said (its first signal's, where a second of another kind came: torchrun's is its last)
+            return stop_status(Path(failures), 128 + int(err.sigval))
     return 0
 
 
@@ -78,10 +79,19 @@ def failed(err, args, argv: list[str], failures: Path) -> int:
         return failure.exitcode if failure.exitcode in (1, 2) else 2
     died = [(rank, f) for rank, f in ordered if f.exitcode not in OWN_LINE]
     if not died:
-        return ordered[0][1].exitcode
+        return stop_status(failures, ordered[0][1].exitcode)
     rank, failure = died[0]
     print(f"failed: {how(rank, failure, args)}; {continuation(args, argv)}", file=sys.stderr)
     return 1
+
+
+def stop_status(failures: Path, otherwise: int) -> int:
+    """The exit status of the word rank 0's stop line said (130 interrupted, 143 terminated: its first signal's, where
+    a second of another kind came), else ``otherwise``."""
+    from detector.train.distributed import STOP_STATUS
+
+    said = failures / STOP_STATUS
+    return int(said.read_text()) if said.is_file() else otherwise
 
 
 def how(rank: int, failure, args) -> str:

@@ -105,6 +105,7 @@ def release_meshes() -> None:
 
 LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they
 FAILURES = "DETECTOR_FAILURES"  # detector.launch's folder where a rank that fails on its own leaves its error's line
+STOP_STATUS = "stop-status"  # and where rank 0 leaves the exit status of the word its stop's line said
 LAUNCHER_PID = "DETECTOR_LAUNCHER_PID"  # the launcher's pid: a rank that finds another parent has lost it
 
 

@@ -152,6 +152,24 @@ def test_a_rank_killed_is_one_line_naming_it_and_the_checkpoint_and_the_resume_c
     assert summaries[0]["losses"] == summaries[1]["losses"] and len(summaries[1]["losses"]) == 12  # gloo: to the bit
 
 
+@pytest.mark.parametrize("first, second", [(signal.SIGTERM, signal.SIGINT), (signal.SIGINT, signal.SIGTERM)])
+def test_two_signals_of_two_kinds_end_with_the_first_ones_word_and_its_status(tmp_path, first, second):
+    """A scheduler's SIGTERM, then a user's Ctrl-C (or the other way round), to the whole group: every process stops
+    on the first, and the line's word and the exit status are both the first's (torchrun's own is its last)."""
+    process = launch(tmp_path, "train.steps=100000")
+    wait_for_step(process, 7)
+    os.killpg(process.pid, first)
+    time.sleep(0.2)
+    os.killpg(process.pid, second)
+    _, err = process.communicate(timeout=60)
+    word = {signal.SIGTERM: "terminated: ", signal.SIGINT: "interrupted: "}[first]
+    line = one_line(err, word)
+    assert process.returncode == 128 + first, (process.returncode, line)
+    match = re.search(r"its last checkpoint is step (\d+) in (\S+):", line)
+    if match:  # the line names the checkpoint the manifest commits
+        assert read_checkpoint(Path(match[2]).parent)["step"] == int(match[1]), line
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the ranks through Linux's /proc")
 def test_sigterm_under_torchrun_checkpoints_every_rank_and_ends_in_one_line_with_143(tmp_path):
     """As a scheduler preempts a job: SIGTERM to torchrun, which sends it to every rank and kills them 30 s later.
