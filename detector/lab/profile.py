@@ -173,6 +173,11 @@ def profile_steps(
             if allocator:
                 allocator.stop(i)  # the step is ProfilerStep#i
             prof.step()
+            if i == 0 and i < pcfg.wait + pcfg.warmup:
+                # A user's backward of NaN stops here, before the traced steps run on NaN weights (whose frees of
+                # blocks made before the trace began make torch's profiler warn on stderr); a step the trace keeps
+                # is never waited for.
+                step.strategy.nonfinite_gradient()
             phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
             print(f"  step {i + 1:3d}/{total} [{phase:6s}] {(time.perf_counter() - start) * 1e3:9.1f} ms", flush=True)
         print("  writing the trace ...", flush=True)
