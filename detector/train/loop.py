@@ -576,7 +576,13 @@ def training_processes(cfg: DictConfig):
         # other failure is this process's alone: the others may wait for it inside a step's collective, where the
         # teardown's barrier would wait for them in turn; it ends at once instead (cli.py), and they with it
         if env.world_size == 1 or getattr(err, "agreed", False):
-            distributed.teardown(env)
+            try:
+                distributed.teardown(env)
+            except Exception as teardown_err:
+                # a peer gone before the teardown met it (a second signal ended it at once): the stop's own line
+                # says what happened; the barrier's error would hide it behind a traceback
+                if distributed.lost_peer(teardown_err) is None:
+                    raise
         raise
     distributed.teardown(env)
 

@@ -1,6 +1,7 @@
 """distributed.teardown ends the process group, gloo's threads with it, whatever else in the process still refers to
 the group: a device mesh kept alive (DTensor's caches, torch's C++ dispatch), and torch's functions whose default
-argument is the default group, bound when their module is first imported after init_process_group."""
+argument is the default group, bound when their module is first imported after init_process_group.""" And a stop every process agreed on ends with its own
+line where a peer has gone before the teardown met it.
 
 import subprocess
 import sys
@@ -45,3 +46,30 @@ def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it(holder):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
+
+
+@pytest.mark.parametrize(
+    "teardown_error,seen",
+    [
+        # a peer a second signal ended before the barrier met it: the stop's own error is what the user sees
+        (RuntimeError("[gloo] ... Connection closed by peer [127.0.0.1]:29500"), KeyboardInterrupt),
+        (RuntimeError("something else broke in the teardown"), RuntimeError),  # never hidden
+    ],
+)
+def test_an_agreed_stops_teardown_that_meets_a_gone_peer_leaves_the_stops_own_error(monkeypatch, teardown_error, seen):
+    import torch
+
+    from detector.train import distributed, loop
+
+    monkeypatch.setattr(distributed, "setup", lambda cfg: (distributed.DistEnv(1, 2, True), torch.device("cpu")))
+
+    def teardown(env):
+        raise teardown_error
+
+    monkeypatch.setattr(distributed, "teardown", teardown)
+    stop = KeyboardInterrupt("interrupted: the run stopped after step 12")
+    stop.agreed = True
+    with pytest.raises(seen) as caught:
+        with loop.training_processes(None):
+            raise stop
+    assert (caught.value is stop) == (seen is KeyboardInterrupt)
