@@ -1,7 +1,7 @@
 """distributed.teardown ends the process group, gloo's threads with it, whatever else in the process still refers to
 the group: a device mesh kept alive (DTensor's caches, torch's C++ dispatch), and torch's functions whose default
-argument is the default group, bound when their module is first imported after init_process_group.""" And a stop every process agreed on ends with its own
-line where a peer has gone before the teardown met it.
+argument is the default group, bound when their module is first imported after init_process_group. A stop every
+process agreed on ends with its own line where a peer had gone before the teardown met it."""
 
 import subprocess
 import sys
