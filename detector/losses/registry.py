@@ -232,7 +232,11 @@ class BackwardWatch:
     def failure(self, err: Exception) -> OutsideStrategyError | None:
         """``err`` as the user's, where it was raised between the loss and pred: in their backward."""
         if self.entered and not self.left:
-            return OutsideStrategyError(f"strategy {self.name!r}: its backward raised {failure(err, self.home)}")
+            # only a line of the user's file: autograd's own check of what their backward returned (a gradient of
+            # the wrong shape) rises in torch's graph.py, which would send them to the wrong file
+            return OutsideStrategyError(
+                f"strategy {self.name!r}: its backward raised {failure(err, self.home, home_only=True)}"
+            )
         return None
 
     def check(self) -> None:
@@ -327,19 +331,22 @@ def import_attribute(spec: str):
     return getattr(module, attribute)
 
 
-def failure(err: BaseException, home: str | None = None) -> str:
+def failure(err: BaseException, home: str | None = None, home_only: bool = False) -> str:
     """``NameError: name 'x' is not defined (my_ciou.py, line 5)``: an exception and where it rose (its last line in
-    the file ``home``, where it passed through it)."""
-    return f"{type(err).__name__}: {' '.join(str(err).split()) or '-'}{where(err, home)}"
+    the file ``home``, where it passed through it; only there with ``home_only``)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split()) or '-'}{where(err, home, home_only)}"
 
 
-def where(err: BaseException, home: str | None = None) -> str:
-    """`` (my_ciou.py, line 5)``: the last line of ``err``'s traceback, or of it in the file ``home``; or nothing."""
+def where(err: BaseException, home: str | None = None, home_only: bool = False) -> str:
+    """`` (my_ciou.py, line 5)``: the last line of ``err``'s traceback, or of it in the file ``home``; or nothing
+    (also where ``home_only`` and it never passed through ``home``)."""
     frames, frame = [], err.__traceback__
     while frame:
         frames.append(frame)
         frame = frame.tb_next
     own = [f for f in frames if f.tb_frame.f_code.co_filename == home]
+    if home_only and not own and not isinstance(err, SyntaxError):
+        return ""
     last = (own or frames or [None])[-1]
     if isinstance(err, SyntaxError):  # raised by the compiler, whose frames are not the file's
         filename, lineno = err.filename, err.lineno
