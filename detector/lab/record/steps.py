@@ -249,7 +249,7 @@ class StepModel:
         if not extract.steps:
             raise RecordError("the extract has no step left to draw (each was damaged, or none was recorded)")
         if str(number) not in extract.steps:
-            raise RecordError(f"the extract has no step {number} (its steps: {', '.join(extract.steps)})")
+            raise RecordError(f"the extract has no step {number} (its steps: {', '.join(extract.steps) or 'none'})")
         self.number, self.gpu = number, extract.gpu
         self.step, self.names = extract.steps[str(number)], extract.names
         self.dur = self.step.dur
