@@ -97,7 +97,8 @@ class TracesPlugin(base_plugin.TBPlugin):
             return json_response({"error": self.reason(err, run)}, 422)
         key = str(int(step))
         if key not in steps:
-            return json_response({"error": f"run {run!r} has no step {step!r} (its steps: {', '.join(steps) or 'none'})"}, 404)
+            known = ", ".join(steps) or "none"
+            return json_response({"error": f"run {run!r} has no step {step!r} (its steps: {known})"}, 404)
         return Response(steps[key], content_type="application/json", headers=NOSNIFF)
 
     # ------------------------------------------------------------------------- data
