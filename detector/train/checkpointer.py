@@ -45,6 +45,10 @@ from detector.train.checkpoint_files import CheckpointError, background_priority
 from detector.train.distributed import lost_peer
 
 PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pass any write cache of the page cache
+# A save's rows lie in chunks of at most this many bytes (each a chunk of DCP's metadata, its own staging buffer): a
+# resume reads them in parallel (checkpoint_files.Reader), where a tensor of one piece (the head's 4.3 GB weight at
+# seed scale, and its two AdamW moments) would be read, deserialised and copied by one thread.
+CHUNK_BYTES = 256 * 2**20
 PIN_LEAST = 2**20  # spans smaller than this stay pageable: they may share a page with another allocation
 SAVE_TIMEOUT = datetime.timedelta(
     seconds=600
@@ -52,7 +56,22 @@ SAVE_TIMEOUT = datetime.timedelta(
 
 
 def writes(pieces: list[Piece], rank: int, world_size: int) -> list[tuple[Piece, tuple[int, int]]]:
-    return [(p, rows) for p in pieces if (rows := written_rows(p, rank, world_size)) is not None]
+    """The rows of ``pieces`` that process ``rank`` writes, in chunks of at most CHUNK_BYTES."""
+    return [
+        (p, chunk)
+        for p in pieces
+        if (rows := written_rows(p, rank, world_size)) is not None
+        for chunk in row_chunks(p, rows)
+    ]
+
+
+def row_chunks(piece: Piece, rows: tuple[int, int]) -> list[tuple[int, int]]:
+    """``rows`` of ``piece`` cut into ranges of at most CHUNK_BYTES (at least one row each)."""
+    if not piece.tensor.dim():
+        return [rows]
+    row_bytes = max(piece.tensor[:1].nbytes, 1)
+    step = max(CHUNK_BYTES // row_bytes, 1)
+    return [(start, min(start + step, rows[1])) for start in range(rows[0], rows[1], step)]
 
 
 def span_source(piece: Piece, rows: tuple[int, int]) -> torch.Tensor:

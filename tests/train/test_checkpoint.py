@@ -5,6 +5,7 @@ import builtins
 import json
 import os
 import pickle
+import threading
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,61 @@ def test_a_run_folder_made_read_only_is_one_line(tmp_path, monkeypatch, capsys, 
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "Permission denied" in err and "\n" not in err, err
+
+
+# ----------------------------------------------------------------------------- chunks, read in parallel
+
+
+def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, monkeypatch):
+    """Each tensor lies in chunks of at most CHUNK_BYTES; the resume reads them in READERS threads, each a run of
+    them, into the very rows they came from: the losses are an uninterrupted run's."""
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from detector.train import checkpointer
+    from detector.train.checkpoint import RowsLoadPlanner
+
+    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
+    monkeypatch.setattr(checkpointer, "CHUNK_BYTES", 4096)  # the head's weight in rows of a few KiB
+    monkeypatch.setattr(files, "READERS", 3)
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    metadata = files.Reader(save_folder(run_dir(tmp_path))).read_metadata()
+    chunks = {
+        key: [(c.offsets[0], c.sizes[0]) for c in md.chunks]
+        for key, md in metadata.state_dict_metadata.items()
+        if isinstance(md, TensorStorageMetadata) and md.size.numel() * md.properties.dtype.itemsize > 4096
+    }
+    assert "model/head.1.weight" in chunks
+    for key, spans in chunks.items():  # several chunks, one after the other, covering every row once
+        rows = metadata.state_dict_metadata[key].size[0]
+        spans.sort()
+        assert len(spans) > 1 and spans[0][0] == 0 and sum(size for _, size in spans) == rows, (key, spans)
+        assert all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False)), (key, spans)
+    readers = set()
+    resolve = RowsLoadPlanner.resolve_tensor
+
+    def recorded(self, read_item):
+        readers.add(threading.current_thread().name)
+        return resolve(self, read_item)
+
+    monkeypatch.setattr(RowsLoadPlanner, "resolve_tensor", recorded)
+    again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
+    assert again.resumed_at == 3 and again.losses == straight.losses
+    assert len(readers) == 3 and all(name.startswith("checkpoint-read") for name in readers), readers
+
+
+def test_the_reads_are_cut_into_runs_of_a_file_of_about_equal_bytes():
+    from types import SimpleNamespace as Item
+
+    storage = {  # two files, items out of order; one item as large as the rest together
+        i: Item(relative_path=path, offset=offset, length=length)
+        for i, (path, offset, length) in enumerate(
+            [("b", 0, 10), ("a", 30, 10), ("a", 0, 30), ("b", 10, 10), ("a", 40, 60), ("b", 20, 10)]
+        )
+    }
+    items = [Item(storage_index=i) for i in storage]
+    groups = files.read_groups(items, storage, 3)
+    where = [[(storage[it.storage_index].relative_path, storage[it.storage_index].offset) for it in g] for g in groups]
+    assert where == [[("a", 0), ("a", 30)], [("a", 40)], [("b", 0), ("b", 10), ("b", 20)]]
+    assert [len(g) for g in files.read_groups(items, storage, 1)] == [6]
+    assert [len(g) for g in files.read_groups(items, storage, 9)] == [1] * 6  # never an empty run
+    assert files.read_groups([], storage, 4) == []

@@ -1,6 +1,6 @@
 """Every train.shard_optimizer (blocks, fsdp2, zero, off) on 2 processes (gloo): its losses against plain DDP's
 (off), and checkpoints that reshard: a run stopped on 2 processes resumes on 1 with the same global batch, and the
-other way round, with the losses of an uninterrupted run."""
+other way round, with the losses of an uninterrupted run, whatever chunks each side's rows lie in."""
 
 import json
 from pathlib import Path
@@ -11,6 +11,7 @@ import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
 from detector.sharing import WAYS
+from detector.train import checkpointer
 from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, read_checkpoint
 from detector.train.loop import run_training
 from detector.train.step import TrainStep
@@ -26,6 +27,9 @@ RTOL = 1e-4
 
 def _two_processes(rank: int, out: str) -> None:
     torch.set_num_threads(1)
+    # the saves of 2 processes in chunks of a few rows (a tensor's rows in many chunks, of both processes); those of
+    # 1 process in the test's own, one chunk a tensor: each direction reads the other's
+    checkpointer.CHUNK_BYTES = 4096
     dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=rank, world_size=2)
     results = {}
     for mode in MODES:
