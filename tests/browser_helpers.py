@@ -1,4 +1,5 @@
-"""Headless Chromium and TensorBoard for the browser tests (tests/board/test_browser.py, test_traces_tab.py).
+"""Headless Chromium and TensorBoard for the browser tests (tests/board/test_browser.py, test_traces_tab.py,
+test_traces_lanes.py).
 
 The browser runs offline (every host but 127.0.0.1 unresolvable) and is driven over the DevTools protocol on a pipe
 (no extra packages). TensorBoard (detector/board/launcher.py) serves a folder of runs on 127.0.0.1 in a process group
@@ -196,3 +197,34 @@ def serve(logdir: Path, runs: list[str]):
             stop()
             raise AssertionError((logdir.parent / "tensorboard.log").read_text()[-3000:])
         time.sleep(1)
+
+
+# ----------------------------------------------------------------------------- inside the Traces tab
+
+IN_TRACES = """((body) => {  // run body(doc, win) inside the Traces tab's iframe; JSON of its result
+  const find = (root) => {
+    for (const el of root.querySelectorAll('*')) {
+      if (el.tagName === 'IFRAME' && (el.src || '').includes('name=traces')) return el;
+      const inner = el.shadowRoot && find(el.shadowRoot);
+      if (inner) return inner;
+    }
+    return null;
+  };
+  const frame = find(document);
+  if (!frame || !frame.contentDocument) return JSON.stringify(null);
+  return JSON.stringify(body(frame.contentDocument, frame.contentWindow));
+})(%s)"""
+
+
+def in_traces(browser, body: str):
+    return json.loads(browser.evaluate(IN_TRACES % body) or "null")
+
+
+def wait_for(browser, body: str, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while True:
+        found = in_traces(browser, body)
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"the Traces tab did not show {body!r} within {timeout} s"
+        time.sleep(0.25)

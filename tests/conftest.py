@@ -79,6 +79,7 @@ def _environment_left_as_found():
 TEST_ALL = (
     "tests/board/test_browser.py",  # TensorBoard in headless Chromium
     "tests/board/test_traces_tab.py",
+    "tests/board/test_traces_lanes.py",
     "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
     "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
     "tests/test_faults.py::test_kill_9",

@@ -1,5 +1,5 @@
 """TensorBoard serving profile and compare runs, checked through its HTTP API and in headless Chromium (the Traces
-tab has tests/board/test_traces_tab.py).
+tab has tests/board/test_traces_tab.py and test_traces_lanes.py).
 
 A runs/ folder is built from the recorded H200 trace: padded, and ``synthetic_2x``, the same trace with every time
 halved (a made-up strategy, named so in the screenshots), with each run's events (detector/board/events.py) and a
