@@ -34,16 +34,13 @@ from detector.data.annotations import (
     read_annotations,
     slots_for,
 )
-from detector.errors import UserError
+from detector.device import resolve_device
+from detector.errors import ConfigError
 from detector.sharing import WAYS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 STRATEGY = "a registered strategy"  # choices entry: any name in detector.losses.STRATEGIES
 SHARD_ALIASES = {"True": "blocks", "False": "off"}  # train.shard_optimizer's earlier values, true and false
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration that cannot be loaded: unknown key, wrong type, value out of range, bad override."""
 
 
 class ConfigFileNotFound(ConfigError, FileNotFoundError):
@@ -506,29 +503,3 @@ def out_of_range(value, low, high, choices, strategies) -> str | None:
     if high is None:
         return f">= {low}"
     return f"in [{low}, {high}]"
-
-
-def resolve_device(cfg: DictConfig) -> torch.device:
-    """The device of ``cfg.device`` (auto: the GPU where there is one); a GPU this machine lacks is the user's mistake,
-    refused in one line."""
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(cfg.device)
-    if device.type != "cuda":
-        return device
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={cfg.device}: no CUDA device is available here (torch {torch.__version__}); use device=cpu or auto"
-        )
-    count = torch.cuda.device_count()
-    if (device.index or 0) >= count:
-        raise ConfigError(
-            f"device={cfg.device}: no such GPU here (this machine has {count}: cuda:0 to cuda:{count - 1})"
-        )
-    return device
-
-
-def device_name(device: torch.device | str) -> str:
-    """The GPU's name for a CUDA device (``NVIDIA H200``), else the device type (``cpu``)."""
-    device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
