@@ -7,24 +7,21 @@ experiment file ``experiments/<name>.yaml`` <- dotlist overrides from the comman
 
 Each field's allowed values sit next to its default (``ranged``); ``load_config`` checks them all, so a
 bad value fails at load, as one ``ConfigError`` line naming the field, the value and what is allowed,
-instead of mid-run. A path-valued field (``path``) takes an override's text after the ``=`` as written: a
-``#``, spaces and quotes inside a file's name are the name's, not YAML's. A field that takes words takes them as
-written, in a file, an override and a list alike (``WordsLoader``): ``train.shard_optimizer=off`` is the word off.
+instead of mid-run. How the files and overrides are read as text, and each value checked against its field's rule,
+is detector/config_reading.py's.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection
-from dataclasses import MISSING, dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import torch
-import yaml
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from detector.config_reading import STRATEGY, check_values, load_yaml, parse_overrides, path, path_keys, ranged
 from detector.data.annotations import (
     OVER_MAX_BOXES,
     SYNTHETIC,
@@ -34,33 +31,16 @@ from detector.data.annotations import (
     read_annotations,
     slots_for,
 )
-from detector.errors import UserError
+from detector.device import resolve_device
+from detector.errors import ConfigError
 from detector.sharing import WAYS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
-STRATEGY = "a registered strategy"  # choices entry: any name in detector.losses.STRATEGIES
 SHARD_ALIASES = {"True": "blocks", "False": "off"}  # train.shard_optimizer's earlier values, true and false
-
-
-class ConfigError(UserError, ValueError):
-    """A configuration that cannot be loaded: unknown key, wrong type, value out of range, bad override."""
 
 
 class ConfigFileNotFound(ConfigError, FileNotFoundError):
     """No such experiment or preset file (still a FileNotFoundError for callers that catch that)."""
-
-
-def path(default: str) -> Any:
-    """A dataclass field that names a file or folder: an override's value is taken as written, not as YAML."""
-    return field(default=default, metadata={"path": True})
-
-
-def ranged(default: Any, low: float | None = None, high: float | None = None, choices: tuple = ()) -> Any:
-    """A dataclass field with its allowed values, checked by load_config; for a list, each item's."""
-    metadata = {"low": low, "high": high, "choices": choices}
-    if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=metadata)
-    return field(default=default, metadata=metadata)
 
 
 @dataclass
@@ -294,6 +274,8 @@ def load_config(
         cfg.train.shard_optimizer = SHARD_ALIASES.get(cfg.train.shard_optimizer, cfg.train.shard_optimizer)
         cfg.train.resume = {"True": "true", "False": "false"}.get(cfg.train.resume, cfg.train.resume)
     check_values(cfg, schema, strategies)
+    if schema is Config:
+        check_config(cfg)
     data = fit_slots(cfg.data) if schema is Config and cfg.data.boxes != SYNTHETIC else None
     aside = step_aside(cfg, dotted_keys(exp) | dotted_keys(cli)) if schema is Config else []
     if announce:
@@ -306,6 +288,30 @@ def load_config(
         for line in ([data] if data else []) + aside:
             announce(line)
     return cfg
+
+
+def check_config(cfg: DictConfig) -> None:
+    """What no one field's rule states: a device our steps run on, an annotation source that parses, an image size the
+    model's blocks halve evenly, no more head blocks than outputs; raises ConfigError naming the first bad one."""
+    if cfg.device != "auto":
+        try:
+            kind = torch.device(cfg.device).type
+        except RuntimeError:
+            kind = None
+        if kind not in ("cpu", "cuda"):  # torch names more (mps, xpu, meta), which none of our steps runs on
+            raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N")
+    if cfg.data.boxes != SYNTHETIC:
+        try:
+            parse_source(cfg.data.boxes)
+        except AnnotationError as err:
+            raise ConfigError(str(err)) from None
+    if cfg.data.image_size % 2 ** len(cfg.model.channels):
+        blocks = len(cfg.model.channels)
+        allowed = f"multiples of {2**blocks}: each of the model's {blocks} conv blocks (model.channels) pools by 2"
+        raise ConfigError(f"data.image_size={cfg.data.image_size} is out of range: allowed {allowed}")
+    if cfg.model.head_blocks > cfg.model.hidden:  # 0 (auto) never is
+        allowed = f"1 to model.hidden ({cfg.model.hidden}), one output slice per block"
+        raise ConfigError(f"model.head_blocks={cfg.model.head_blocks} is out of range: allowed {allowed}")
 
 
 def dotted_keys(layer: DictConfig, prefix: str = "") -> set[str]:
@@ -349,186 +355,3 @@ def fit_slots(data: DictConfig) -> str:
     annotations = read_annotations(data.boxes)
     data.max_boxes = slots_for(annotations, data.max_boxes, data.over_max_boxes)
     return describe(annotations, data.max_boxes, data.over_max_boxes)
-
-
-class WordsLoader(yaml.SafeLoader):
-    """YAML as the configuration reads it, files and overrides alike: true and false are its only booleans (YAML
-    1.2), so that off, on, yes and no stay the words written where a field takes words (``train.shard_optimizer=off``,
-    ``report.sharding_modes=[off,blocks]``; YAML 1.1 made them booleans, and a text field then held "False"); a
-    boolean field still takes them (OmegaConf reads on as true there). As OmegaConf's own loader: 1e-3 is a number, a
-    date is text, and a key given twice is refused."""
-
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key, _ in node.value:
-            if key.tag == "tag:yaml.org,2002:str" and key.value in seen:
-                raise yaml.constructor.ConstructorError(
-                    "while constructing a mapping", node.start_mark, f"found duplicate key {key.value}", key.start_mark
-                )
-            seen.add(key.value)
-        return super().construct_mapping(node, deep=deep)
-
-
-BOOL, FLOAT = "tag:yaml.org,2002:bool", "tag:yaml.org,2002:float"
-WordsLoader.yaml_implicit_resolvers = {
-    first: [(tag, rule) for tag, rule in rules if tag not in (BOOL, "tag:yaml.org,2002:timestamp")]
-    for first, rules in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-WordsLoader.add_implicit_resolver(BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-WordsLoader.add_implicit_resolver(  # YAML 1.2's numbers: an exponent needs no dot
-    FLOAT, re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789")
-)
-
-
-def read_yaml(text: str):
-    return yaml.load(text, Loader=WordsLoader)
-
-
-DOTTED_KEY = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
-
-
-def parse_overrides(overrides: list[str], paths: Collection[str] = ()) -> DictConfig:
-    """Dotlist overrides ``key.sub=value``, each checked so a typo gets one clear line. A value is YAML
-    (``WordsLoader``), except for a key of ``paths``: its text is the path as written (``#`` and spaces included),
-    less quotes around it."""
-    cli, named = OmegaConf.create(), {}
-    for item in overrides:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise ConfigError(f"override {item!r} has no '=': write key=value, e.g. data.batch_size=256")
-        if not DOTTED_KEY.fullmatch(key):
-            raise ConfigError(f"override {item!r}: {key!r} is not a key such as data.batch_size")
-        if key in paths:
-            named[key] = unquoted(value)
-            if not named[key]:
-                raise ConfigError(f"override {item!r}: {key} names a file or folder, and the name is empty")
-            continue
-        try:
-            loaded = read_yaml(value)
-        except yaml.YAMLError as err:
-            raise ConfigError(f"override {item!r}: {value!r} is not a YAML value ({yaml_problem(err)})") from None
-        OmegaConf.update(cli, key, loaded, merge=True)
-    for key, value in named.items():  # in the order given: a later override of the same key wins
-        OmegaConf.update(cli, key, value.replace("${", "\\${"), merge=True)  # ${ is a name's, not OmegaConf's
-    return cli
-
-
-def unquoted(value: str) -> str:
-    """``value`` less the quotes around it where it is one quoted YAML string (``'my file.json'``), else as is."""
-    if len(value) > 1 and value[0] == value[-1] and value[0] in "'\"":
-        try:
-            loaded = yaml.safe_load(value)
-        except yaml.YAMLError:
-            return value
-        return loaded if isinstance(loaded, str) else value
-    return value
-
-
-def path_keys(schema: type, prefix: str = "") -> set[str]:
-    """The dotted keys of ``schema``'s path-valued fields (``path``)."""
-    keys = set()
-    for f in fields(schema):
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        if is_dataclass(default):
-            keys |= path_keys(type(default), f"{prefix}{f.name}.")
-        elif f.metadata.get("path"):
-            keys.add(prefix + f.name)
-    return keys
-
-
-def load_yaml(path: Path) -> DictConfig:
-    try:
-        layer = read_yaml(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {yaml_problem(err)}") from None
-    if layer is not None and not isinstance(layer, dict):
-        raise ConfigError(f"{path} must hold a mapping of config keys (e.g. train: {{steps: 10}}), got a list")
-    return OmegaConf.create(layer or {})
-
-
-def yaml_problem(err: yaml.YAMLError) -> str:
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    return f"{getattr(err, 'problem', None) or str(err).splitlines()[0]}{where}"
-
-
-def check_values(
-    cfg: DictConfig, schema: type = Config, strategies: Collection[str] | None = None, prefix: str = ""
-) -> None:
-    """Every field of ``schema`` against its ``ranged`` rule; raises ConfigError naming the first bad one."""
-    for f in fields(schema):
-        name, value = prefix + f.name, cfg[f.name]
-        default = f.default_factory() if f.default_factory is not MISSING else f.default
-        if is_dataclass(default):
-            check_values(value, type(default), strategies, name + ".")
-            continue
-        if "low" not in f.metadata:
-            continue
-        for item in value if isinstance(value, ListConfig) else [value]:
-            allowed = out_of_range(item, **f.metadata, strategies=strategies)
-            if allowed:
-                shown = OmegaConf.to_container(value) if isinstance(value, ListConfig) else value
-                raise ConfigError(f"{name}={shown!r} is out of range: allowed {allowed}")
-    if schema is Config and cfg.device != "auto":
-        try:
-            kind = torch.device(cfg.device).type
-        except RuntimeError:
-            kind = None
-        if kind not in ("cpu", "cuda"):  # torch names more (mps, xpu, meta), which none of our steps runs on
-            raise ConfigError(f"device={cfg.device!r} is out of range: allowed auto, cpu, cuda or cuda:N")
-    if schema is Config and cfg.data.boxes != SYNTHETIC:
-        try:
-            parse_source(cfg.data.boxes)
-        except AnnotationError as err:
-            raise ConfigError(str(err)) from None
-    if schema is Config and cfg.data.image_size % 2 ** len(cfg.model.channels):
-        blocks = len(cfg.model.channels)
-        allowed = f"multiples of {2**blocks}: each of the model's {blocks} conv blocks (model.channels) pools by 2"
-        raise ConfigError(f"data.image_size={cfg.data.image_size} is out of range: allowed {allowed}")
-    if schema is Config and cfg.model.head_blocks > cfg.model.hidden:  # 0 (auto) never is
-        allowed = f"1 to model.hidden ({cfg.model.hidden}), one output slice per block"
-        raise ConfigError(f"model.head_blocks={cfg.model.head_blocks} is out of range: allowed {allowed}")
-
-
-def out_of_range(value, low, high, choices, strategies) -> str | None:
-    """What is allowed, if ``value`` is not; None if it is."""
-    if choices:
-        names = [c for c in choices if c != STRATEGY]
-        if STRATEGY in choices and strategies is not None:
-            if value in strategies:  # the registry's collection, which resolves a strategy from outside (module:fn)
-                return None
-            names += list(strategies)
-        elif STRATEGY in choices:
-            return None  # no registry to check against
-        return None if value in names else f"one of {', '.join(names)}"
-    if (low is None or value >= low) and (high is None or value <= high):
-        return None
-    if high is None:
-        return f">= {low}"
-    return f"in [{low}, {high}]"
-
-
-def resolve_device(cfg: DictConfig) -> torch.device:
-    """The device of ``cfg.device`` (auto: the GPU where there is one); a GPU this machine lacks is the user's mistake,
-    refused in one line."""
-    if cfg.device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(cfg.device)
-    if device.type != "cuda":
-        return device
-    if not torch.cuda.is_available():
-        raise ConfigError(
-            f"device={cfg.device}: no CUDA device is available here (torch {torch.__version__}); use device=cpu or auto"
-        )
-    count = torch.cuda.device_count()
-    if (device.index or 0) >= count:
-        raise ConfigError(
-            f"device={cfg.device}: no such GPU here (this machine has {count}: cuda:0 to cuda:{count - 1})"
-        )
-    return device
-
-
-def device_name(device: torch.device | str) -> str:
-    """The GPU's name for a CUDA device (``NVIDIA H200``), else the device type (``cpu``)."""
-    device = torch.device(device)
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type

@@ -16,3 +16,8 @@ def refuse(err: Exception) -> int:
 
 class UserError(Exception):
     """A mistake the user can fix; its message is one line naming the bad thing."""
+
+
+class ConfigError(UserError, ValueError):
+    """A configuration that cannot be loaded: unknown key, wrong type, value out of range, bad override, a device this
+    machine lacks."""

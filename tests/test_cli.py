@@ -13,8 +13,8 @@ from conftest import ROOT, child_env
 
 from detector import cli
 from detector.bench import TARGETS as BENCH_TARGETS
-from detector.config import ConfigError, load_config
-from detector.errors import UserError
+from detector.config import load_config
+from detector.errors import ConfigError, UserError
 from detector.losses import STRATEGIES
 
 

@@ -9,8 +9,9 @@ import pytest
 import torch
 from conftest import child_env
 
-from detector.config import EXPERIMENTS_DIR, ConfigError, load_config, resolve_device
-from detector.errors import UserError
+from detector.config import EXPERIMENTS_DIR, load_config
+from detector.device import resolve_device
+from detector.errors import ConfigError, UserError
 from detector.losses import STRATEGIES
 from detector.model import build_model
 from detector.train.speed import build_trained_model

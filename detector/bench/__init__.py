@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from detector.config import resolve_device
+from detector.device import resolve_device
 from detector.errors import UserError
 from detector.lab.record.bench import BenchResult
 from detector.lab.record.provenance import run_info

@@ -41,9 +41,10 @@ import torch
 from omegaconf import DictConfig
 
 from detector.checked import RecordError, need, optional, read_json, versioned, write_atomically
-from detector.config import load_config, resolve_device
+from detector.config import load_config
 from detector.data import build_sampler
 from detector.data.targets import make_targets
+from detector.device import resolve_device
 from detector.errors import UserError
 from detector.lab.measure.allocator import StepMeter
 from detector.losses import get_strategy

@@ -32,7 +32,8 @@ import torch.distributed as dist
 
 from detector import checked
 from detector.checked import RecordError, need, read_json, versioned, write_atomically
-from detector.config import device_name, load_config
+from detector.config import load_config
+from detector.device import device_name
 from detector.errors import UserError
 from detector.lab.present.tables import markdown_table, significant
 from detector.sharing import WAYS

@@ -39,7 +39,8 @@ from omegaconf import DictConfig
 
 from detector.bench.link import read_link, summary_lines
 from detector.checked import RecordError
-from detector.config import TrainConfig, device_name, load_config, resolve_device
+from detector.config import TrainConfig, load_config
+from detector.device import device_name, resolve_device
 from detector.errors import UserError
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote

@@ -48,8 +48,8 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
-from detector.config import device_name
 from detector.data import build_loader
+from detector.device import device_name
 from detector.folders import new_run_dir
 from detector.lab.measure import analysis, extract
 from detector.lab.measure.allocator import StepMeter

@@ -39,7 +39,7 @@ import torch
 from omegaconf import DictConfig
 
 from detector.checked import RecordError
-from detector.config import device_name, resolve_device
+from detector.device import device_name, resolve_device
 from detector.errors import UserError
 from detector.folders import new_run_dir, prepare_work
 from detector.lab.present.tables import (

@@ -42,8 +42,8 @@ import torch.distributed.nn  # noqa: F401, E402  isort: skip
 import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401, E402  isort: skip
 from torch import Tensor
 
-from detector.config import resolve_device
 from detector.data import ListTargets, Targets
+from detector.device import resolve_device
 from detector.errors import UserError
 
 

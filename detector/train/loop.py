@@ -56,8 +56,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.tensorboard import SummaryWriter
 
 from detector.checked import RecordError
-from detector.config import device_name
 from detector.data.loader import DataWorkerDied
+from detector.device import device_name
 from detector.errors import UserError
 from detector.train import checkpoint_files, distributed, run_folder, summary
 from detector.train.batches import training_batches

@@ -12,10 +12,11 @@ from annotation_helpers import coco_json, widerface_text, write_coco
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-from detector.config import ConfigError, DataConfig, load_config
+from detector.config import DataConfig, load_config
 from detector.data import BoxFileSampler, FaceSampler, build_loader, build_sampler
 from detector.data.annotations import AnnotationError, fit_boxes, read_annotations
 from detector.data.targets import to_padded
+from detector.errors import ConfigError
 
 COUNTS = [3, 0, 9, 1, 0, 2, 5, 4]  # two empty images, one over 8 slots
 

@@ -43,7 +43,7 @@ def test_an_auto_run_says_its_cadence_and_saves_at_it(tmp_path, monkeypatch, cap
 
 @pytest.mark.parametrize("every", ["-2", "auto"])
 def test_a_cadence_that_is_not_one_is_refused(tmp_path, every):
-    from detector.config import ConfigError
+    from detector.errors import ConfigError
 
     with pytest.raises(ConfigError, match="train.checkpoint_every"):
         tiny_cfg(tmp_path, f"train.checkpoint_every={every}")
