@@ -15,7 +15,6 @@ import argparse
 import errno
 import os
 import signal
-import socket
 import sys
 import threading
 import traceback
@@ -134,29 +133,6 @@ def tie_to_launcher() -> None:
         os.kill(os.getpid(), signal.SIGTERM)  # the launcher died before the signal was set: it will not come
 
 
-def check_port(port: int, host: str = "127.0.0.1") -> None:
-    """Refuse a port another program listens on, before TensorBoard announces its address and then fails."""
-    problem = port_problem(port, host)
-    if problem == errno.EADDRINUSE:
-        free = next((p for p in range(port + 1, min(port + 100, 65536)) if port_problem(p, host) is None), None)
-        example = f', e.g. make tensorboard ARGS="--port {free}"' if free else ""
-        raise UserError(f"port {port} is already in use (another TensorBoard?): choose another with --port{example}")
-    if problem is not None:
-        why = os.strerror(problem) if problem > 0 else "no such interface on this machine"
-        raise UserError(f"{host}:{port} cannot be opened ({why}): choose another --host or --port")
-
-
-def port_problem(port: int, host: str = "127.0.0.1") -> int | None:
-    """The errno of binding ``host:port`` as TensorBoard will, or None if it is free."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server does: TIME_WAIT is no conflict
-        try:
-            probe.bind((host, port))
-        except OSError as err:
-            return err.errno
-    return None
-
-
 def run(command: str, args: argparse.Namespace) -> int:
     """Run ``command``; its exit status (0, or 1 where the scaling table has runs that failed)."""
     if command == "scaling":
@@ -175,6 +151,7 @@ def run(command: str, args: argparse.Namespace) -> int:
 
         run_curves(args.runs)
     elif command == "tensorboard":
+        from detector.board.launcher import check_port
         from detector.board.launcher import main as tensorboard
 
         check_port(args.port, args.host)
