@@ -140,7 +140,7 @@ def continuation(args, argv: list[str]) -> str:
 def training_run(argv: list[str]) -> tuple[Path, str, list[str]]:
     """The run folder, experiment and overrides of ``python -m detector train <argv>`` (imported here, on a failure
     only: the launcher itself starts in a moment)."""
-    from detector.cli import command_parser
+    from detector.arguments import command_parser
     from detector.config import load_config
     from detector.train.run_folder import run_path
 

@@ -11,7 +11,7 @@ import torch
 import yaml
 from conftest import ROOT, child_env
 
-from detector import cli
+from detector import arguments, cli
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.config import load_config
 from detector.errors import ConfigError, UserError
@@ -113,13 +113,13 @@ SECTIONS = {
 }
 
 
-@pytest.mark.parametrize("command", list(cli.COMMANDS))
+@pytest.mark.parametrize("command", list(arguments.COMMANDS))
 def test_help_describes_the_command_and_the_config_it_reads(capsys, command):
     with pytest.raises(SystemExit) as exit_:
         cli.main([command, "--help"])
     assert exit_.value.code == 0
     out = capsys.readouterr().out
-    assert f"python -m detector {command}" in out and cli.COMMANDS[command][0] in out
+    assert f"python -m detector {command}" in out and arguments.COMMANDS[command][0] in out
     for part in SECTIONS[command]:
         assert part in out
 
@@ -128,9 +128,9 @@ def test_top_level_help_lists_every_command(capsys):
     with pytest.raises(SystemExit):
         cli.main(["--help"])
     out = capsys.readouterr().out
-    assert all((command in out) != (command in cli.HIDDEN) for command in cli.COMMANDS)
-    assert "ceiling" in cli.HIDDEN  # bench memory's child: it runs, unlisted
-    assert all("--experiment" not in cli.command_parser(c).format_help() for c in cli.OWN_CONFIG)
+    assert all((command in out) != (command in arguments.HIDDEN) for command in arguments.COMMANDS)
+    assert "ceiling" in arguments.HIDDEN  # bench memory's child: it runs, unlisted
+    assert all("--experiment" not in arguments.command_parser(c).format_help() for c in arguments.OWN_CONFIG)
 
 
 @pytest.mark.parametrize(
@@ -246,7 +246,7 @@ def test_the_interpreter_note_comes_only_where_an_emulated_strategy_runs(capsys)
 
 
 def test_bench_lists_its_targets_in_its_help_and_its_errors(capsys):
-    assert set(cli.BENCH_HELP) == set(BENCH_TARGETS)
+    assert set(arguments.BENCH_HELP) == set(BENCH_TARGETS)
     fails_with_one_line(
         capsys, ["bench", "nope"], "unknown bench target 'nope'", "losses, kernels, layers, step, blocks"
     )
@@ -254,7 +254,7 @@ def test_bench_lists_its_targets_in_its_help_and_its_errors(capsys):
     with pytest.raises(SystemExit):
         cli.main(["bench", "--help"])
     out = capsys.readouterr().out
-    for target, why in cli.BENCH_HELP.items():
+    for target, why in arguments.BENCH_HELP.items():
         assert f"  {target}" in out and why in out
 
 

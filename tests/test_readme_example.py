@@ -13,7 +13,7 @@ from lab_helpers import TINY_PROFILE
 from tensorboard.plugins.base_plugin import TBContext
 from werkzeug.test import Client
 
-from detector import cli
+from detector import arguments, cli
 from detector.board.plugin import TracesPlugin
 from detector.config import load_config
 from detector.lab import report
@@ -67,7 +67,7 @@ def test_the_readme_example_through_profile_compare_bench_report_and_the_traces_
 
     cfg = load_config(["preset=cpu", f"report.strategies=[{NAME}]"], announce=None, strategies=KnownStrategies())
     names, skipped = report.runnable(cfg, torch.device("cpu"))
-    parts = report.plan(cfg, torch.device("cpu"), user_dir / "report", names, [], dict.fromkeys(cli.COMMANDS, []))
+    parts = report.plan(cfg, torch.device("cpu"), user_dir / "report", names, [], dict.fromkeys(arguments.COMMANDS, []))
     assert names == [NAME] and not skipped and parts[0].args[1] == f"profile.strategy={NAME}"
 
     plugin = TracesPlugin(TBContext(logdir=str(user_dir / "runs")))

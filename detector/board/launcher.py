@@ -2,10 +2,17 @@
 
 It listens on the loopback interface (127.0.0.1) unless told otherwise: TensorBoard serves the runs' traces,
 tables and configurations to whoever can reach its port, so ``--host 0.0.0.0`` (every interface) is for a
-machine whose network you trust.
+machine whose network you trust. A port another program holds, or an interface the machine lacks, is refused in one
+line before TensorBoard announces its address (``check_port``).
 """
 
 from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from detector.errors import UserError
 
 LOOPBACK = "127.0.0.1"
 
@@ -35,3 +42,26 @@ def main(logdir: str = "runs", port: int = 6006, host: str = LOOPBACK) -> None:
     main_lib.global_init()
     tensorboard = program.TensorBoard(plugins=plugins)
     app.run(tensorboard.main, argv=argv, flags_parser=tensorboard.configure)
+
+
+def check_port(port: int, host: str = LOOPBACK) -> None:
+    """Refuse a port another program listens on, before TensorBoard announces its address and then fails."""
+    problem = port_problem(port, host)
+    if problem == errno.EADDRINUSE:
+        free = next((p for p in range(port + 1, min(port + 100, 65536)) if port_problem(p, host) is None), None)
+        example = f', e.g. make tensorboard ARGS="--port {free}"' if free else ""
+        raise UserError(f"port {port} is already in use (another TensorBoard?): choose another with --port{example}")
+    if problem is not None:
+        why = os.strerror(problem) if problem > 0 else "no such interface on this machine"
+        raise UserError(f"{host}:{port} cannot be opened ({why}): choose another --host or --port")
+
+
+def port_problem(port: int, host: str = LOOPBACK) -> int | None:
+    """The errno of binding ``host:port`` as TensorBoard will, or None if it is free."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server does: TIME_WAIT is no conflict
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            return err.errno
+    return None

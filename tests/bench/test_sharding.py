@@ -12,7 +12,7 @@ from conftest import ROOT
 from lab_helpers import MARKUP_NAME, SHOWN, rendered
 from train_helpers import TINY
 
-from detector import cli
+from detector import arguments, cli
 from detector.bench import sharding
 from detector.bench.sharding import Run
 from detector.config import TrainConfig, load_config
@@ -215,7 +215,7 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
 
 
 def test_make_report_runs_the_scaling_part_where_there_are_several_processes(tmp_path):
-    sections = {name: set(spec[1] or ()) | set(cli.TOP_LEVEL) for name, spec in cli.COMMANDS.items()}
+    sections = {name: set(spec[1] or ()) | set(arguments.TOP_LEVEL) for name, spec in arguments.COMMANDS.items()}
     cpu = torch.device("cpu")
     for overrides, scaling in ((["device=cpu"], False), (["device=cpu", "report.processes=2"], True)):
         cfg = load_config(overrides, announce=None)
