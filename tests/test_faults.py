@@ -169,6 +169,29 @@ def test_a_worker_that_raises_stops_the_run_in_one_line_with_its_exception_and_t
     assert 'raise ValueError("sample 36 is broken")' in str(err.value.__cause__)
 
 
+def test_a_resumed_run_that_saves_nothing_names_the_checkpoint_it_resumed_from(tmp_path, monkeypatch, capsys):
+    """train.checkpoint_every=0 after a resume: the stop's line names the checkpoint the run continues from, the one
+    its summary names (RunCheckpoints.last_step), not 'no checkpoint was written'."""
+    run = [*TINY, "train.steps=12", "data.num_workers=2", f"train.out_dir={tmp_path}"]
+    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    draw = data.FaceSampler.draw_batch
+
+    def broken_at_batch_6(self, indices, out):
+        if indices[0] == 6 * 4 and multiprocessing.parent_process() is not None:  # in a worker only
+            raise ValueError("sample 24 is broken")
+        return draw(self, indices, out)
+
+    monkeypatch.setattr(data.FaceSampler, "draw_batch", broken_at_batch_6)  # the forked workers inherit it
+    capsys.readouterr()
+    assert cli.main(["train", *run, "train.resume=true", "train.checkpoint_every=0"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert re.search(
+        r"the run stopped after step [3-6]; its last checkpoint is step 3 in \S+checkpoint.json: continue with "
+        r"train.resume=true$",
+        line,
+    ), line
+
+
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers through Linux's /proc")
 def test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_timeout(tmp_path):
     """kill -STOP of the worker: it delivers nothing, and the run would wait for it for good. After
