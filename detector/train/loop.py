@@ -122,22 +122,31 @@ class Run:
         if complete:
             return self.finish_complete()
         try:
-            try:
-                with DeferredInterrupt() as interrupt:
-                    self.steps.loop(interrupt)
-            except BaseException as err:
-                ending = self.ending(err)
-                if ending is err:
-                    raise
-                raise ending from err.__cause__ or err  # --debug: the cause
-            finally:
-                self.wall.stop_loop()
+            self.run_steps()
             return self.finish()
         finally:
-            self.control.close()
-            self.steps.evaluation.end()  # its last picture, before the writer closes
-            if self.steps.writer:
-                self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+            self.close()
+
+    def run_steps(self) -> None:
+        """The loop, a signal only asking for a stop between two steps (``DeferredInterrupt``); whatever it raises
+        leaves as the run's ending (``ending``)."""
+        try:
+            with DeferredInterrupt() as interrupt:
+                self.steps.loop(interrupt)
+        except BaseException as err:
+            ending = self.ending(err)
+            if ending is err:
+                raise
+            raise ending from err.__cause__ or err  # --debug: the cause
+        finally:
+            self.wall.stop_loop()
+
+    def close(self) -> None:
+        """However the loop ended: the control group, the held-out set's workers, TensorBoard's writer."""
+        self.control.close()
+        self.steps.evaluation.end()  # its last picture, before the writer closes
+        if self.steps.writer:
+            self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
 
     def ending(self, err: BaseException) -> BaseException:
         """What a run ends with when its loop raised ``err``, its checkpoints seen to:
