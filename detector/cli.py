@@ -245,7 +245,7 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
 
             # the checkpoint this command will likely continue is read and checked while the compiler is imported
             with early_check(cfg, args.experiment) as checks:
-                from detector.train.loop import run_training
+                from detector.train.entry import run_training
 
                 run_training(cfg, args.experiment, checks)
     elif command == "bench":

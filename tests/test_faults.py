@@ -141,18 +141,23 @@ def alive(pid: int) -> bool:
         return False
 
 
+def break_batch(monkeypatch, batch: int) -> None:
+    """The data workers (not the main process) raise ValueError drawing the run's batch ``batch`` (of 4 images)."""
+    draw = data.FaceSampler.draw_batch
+
+    def broken(self, indices, out):
+        if indices[0] == batch * 4 and multiprocessing.parent_process() is not None:  # in a worker only
+            raise ValueError(f"sample {batch * 4} is broken")
+        return draw(self, indices, out)
+
+    monkeypatch.setattr(data.FaceSampler, "draw_batch", broken)  # the forked workers inherit it
+
+
 def test_a_worker_that_raises_stops_the_run_in_one_line_with_its_exception_and_the_last_checkpoint(
     tmp_path, monkeypatch, capsys
 ):
     """The exception in the line, exit status 2; with --debug the worker's own traceback, as the error's cause."""
-    draw = data.FaceSampler.draw_batch
-
-    def broken_at_batch_9(self, indices, out):
-        if indices[0] == 9 * 4 and multiprocessing.parent_process() is not None:  # in a worker only
-            raise ValueError("sample 36 is broken")
-        return draw(self, indices, out)
-
-    monkeypatch.setattr(data.FaceSampler, "draw_batch", broken_at_batch_9)  # the forked workers inherit it
+    break_batch(monkeypatch, 9)
     run = [*TINY, "train.steps=12", "data.num_workers=2", f"train.out_dir={tmp_path}"]
     assert cli.main(["train", *run]) == 2
     line = one_error_line(capsys.readouterr().err)
@@ -166,7 +171,23 @@ def test_a_worker_that_raises_stops_the_run_in_one_line_with_its_exception_and_t
     with pytest.raises(DataWorkerFailed) as err:
         cli.main(["train", "--debug", *run])
     assert isinstance(err.value.__cause__, WorkerTraceback)
-    assert 'raise ValueError("sample 36 is broken")' in str(err.value.__cause__)
+    assert 'raise ValueError(f"sample {batch * 4} is broken")' in str(err.value.__cause__)  # the worker's own line
+
+
+def test_a_resumed_run_that_saves_nothing_names_the_checkpoint_it_resumed_from(tmp_path, monkeypatch, capsys):
+    """train.checkpoint_every=0 after a resume: the stop's line names the checkpoint the run continues from, the one
+    its summary names (RunCheckpoints.last_step), not 'no checkpoint was written'."""
+    run = [*TINY, "train.steps=12", "data.num_workers=2", f"train.out_dir={tmp_path}"]
+    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    break_batch(monkeypatch, 6)
+    capsys.readouterr()
+    assert cli.main(["train", *run, "train.resume=true", "train.checkpoint_every=0"]) == 2
+    line = one_error_line(capsys.readouterr().err)
+    assert re.search(
+        r"the run stopped after step [3-6]; its last checkpoint is step 3 in \S+checkpoint.json: continue with "
+        r"train.resume=true$",
+        line,
+    ), line
 
 
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="finds the workers through Linux's /proc")

@@ -12,7 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.lab.present.tables import markdown_table
 from detector.losses import STRATEGIES
-from detector.train.loop import train, training_processes
+from detector.train.entry import train, training_processes
 from detector.train.run_folder import experiment_name
 from detector.train.step import speed_option_refusal
 from detector.train.summary import TrainingSummary

@@ -116,8 +116,8 @@ class Checkpointer:
         self.current: Save | None = None
         self.saves: list[Save] = []
         self.finished: list[Save] = []  # finished since the last ``poll``: each gets its line
-        # the run's one "last checkpoint": the step the manifest names (process 0's; a save commits it), and the step
-        # of the last save started (every process's alike)
+        # the step the manifest names (process 0's; a save commits it), the run's one "last checkpoint" as
+        # run_checkpoints.py reads it, and the step of the last save started (every process's alike)
         self.committed_step = resumed or -1
         self.started_step = resumed or -1
         self.lock, self.abandoned = threading.Lock(), False

@@ -1,7 +1,8 @@
-"""`make train EXPERIMENT=<name>`: train the detector with one GIoU loss strategy.
+"""A training run of the detector with one GIoU loss strategy (`make train EXPERIMENT=<name>`), from its start-up to
+its summary; entry.py enters it (the processes, the run folder's lock).
 
-``train`` reads top to bottom: the run folder, the step (detector/train/step.py, the same step that
-`make profile` times), the checkpoint to resume from, data, the loop, the summary. A run writes to
+``Run.go`` reads top to bottom: the step (detector/train/step.py, the same step that `make profile` times), the
+checkpoint to resume from, the run folder, the loop over the data (``Steps``), the summary. A run writes to
 ``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs][+float8]``, whatever the number
 of processes (a run resumes on another number of them, with the same global batch):
 
@@ -15,8 +16,9 @@ of processes (a run resumes on another number of them, with the same global batc
 
 Its parts, each a module here: the run folder and its lock (run_folder.py), what the run allocates (memory.py),
 the data it reads (batches.py), the step's losses and times and the log line (progress.py), the evaluations
-(evaluation.py), the checkpoints (checkpointer.py), Ctrl-C and SIGTERM (interrupt.py), where the wall clock went
-(wallclock.py), the summary (summary.py); this module holds the loop.
+(evaluation.py), the checkpoints (run_checkpoints.py: which steps save, a stop's save, the last checkpoint; the saves
+themselves: checkpointer.py), Ctrl-C and SIGTERM (interrupt.py), where the wall clock went (wallclock.py), the summary
+(summary.py); this module holds the run and its loop.
 
 Guarantees:
 - Resuming gives the weights, the logged curve and the summary of an uninterrupted run (the loss of
@@ -52,7 +54,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
 from detector.checked import RecordError
@@ -61,59 +63,23 @@ from detector.device import device_name
 from detector.errors import UserError
 from detector.train import checkpoint_files, distributed, run_folder, summary
 from detector.train.batches import training_batches
-from detector.train.cadence import Cadence
-from detector.train.checkpoint import (
-    CheckpointError,
-    fingerprint,
-    load_checkpoint,
-    param_groups,
-    rng_state,
-    same_run,
-    shared_checkpoint,
-    state_pieces,
-)
-from detector.train.checkpointer import Checkpointer, token
+from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, same_run, shared_checkpoint
 from detector.train.distributed import Control, DistEnv, PeerLost
 from detector.train.evaluation import Evaluation
 from detector.train.interrupt import DeferredInterrupt, Handlers
-from detector.train.memory import check_run_memory
 from detector.train.profile_window import make_profiler
 from detector.train.progress import TIMING_SKIP, Log, throughput
+from detector.train.run_checkpoints import RunCheckpoints
 from detector.train.speed import compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep
 from detector.train.wallclock import WallClock
 
 # what the first step waits for where it compiles: about a minute with cold caches, seconds with warm ones
 COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kernels"
-STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
 
 
 class NonFiniteLoss(UserError):
     pass
-
-
-def train(
-    cfg: DictConfig,
-    experiment: str,
-    env: DistEnv,
-    device: torch.device,
-    checks: checkpoint_files.Verification | None = None,
-) -> summary.TrainingSummary:
-    """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json). ``checks``:
-    those of the checkpoint it will likely continue, begun already (run_folder.early_check)."""
-    tcfg = cfg.train
-    global_batch = cfg.data.batch_size * env.world_size
-    if tcfg.steps * global_batch > tcfg.eval_start:
-        raise UserError(
-            f"{tcfg.steps} steps x {global_batch} images reach past train.eval_start={tcfg.eval_start}: "
-            "training would see held-out images"
-        )
-    check_run_memory(cfg, env.world_size, device)
-    run_dir = Path(tcfg.out_dir) / experiment / run_folder.run_name(tcfg)
-    with run_folder.locked(run_dir) if env.is_main else contextlib.nullcontext():
-        if env.is_main:
-            run_folder.reveal_hidden(run_dir)
-        return Run(cfg, experiment, env, device, run_dir, checks).go()
 
 
 class Run:
@@ -156,22 +122,31 @@ class Run:
         if complete:
             return self.finish_complete()
         try:
-            try:
-                with DeferredInterrupt() as interrupt:
-                    self.steps.loop(interrupt)
-            except BaseException as err:
-                ending = self.ending(err)
-                if ending is err:
-                    raise
-                raise ending from err.__cause__ or err  # --debug: the cause
-            finally:
-                self.wall.stop_loop()
+            self.run_steps()
             return self.finish()
         finally:
-            self.control.close()
-            self.steps.evaluation.end()  # its last picture, before the writer closes
-            if self.steps.writer:
-                self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+            self.close()
+
+    def run_steps(self) -> None:
+        """The loop, a signal only asking for a stop between two steps (``DeferredInterrupt``); whatever it raises
+        leaves as the run's ending (``ending``)."""
+        try:
+            with DeferredInterrupt() as interrupt:
+                self.steps.loop(interrupt)
+        except BaseException as err:
+            ending = self.ending(err)
+            if ending is err:
+                raise
+            raise ending from err.__cause__ or err  # --debug: the cause
+        finally:
+            self.wall.stop_loop()
+
+    def close(self) -> None:
+        """However the loop ended: the control group, the held-out set's workers, TensorBoard's writer."""
+        self.control.close()
+        self.steps.evaluation.end()  # its last picture, before the writer closes
+        if self.steps.writer:
+            self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
 
     def ending(self, err: BaseException) -> BaseException:
         """What a run ends with when its loop raised ``err``, its checkpoints seen to:
@@ -189,7 +164,7 @@ class Run:
             if lost is not None:
                 err = lost
         if not isinstance(err, (DataWorkerDied, KeyboardInterrupt, PeerLost)):
-            self.steps.close_checkpoints(wait=True)
+            self.steps.checkpoints.close(wait=True)
             return err
         agreed = isinstance(err, KeyboardInterrupt) and self.steps.stopping
         Handlers.stopping |= isinstance(err, PeerLost)  # torchrun's SIGTERM follows: nothing after our line
@@ -199,21 +174,9 @@ class Run:
 
     def stopped(self, err: BaseException, wait: bool) -> str:
         """``err``'s message, then where the run stopped and what to continue it from."""
-        self.steps.close_checkpoints(wait=wait)
-        return "; ".join(filter(None, [str(err), f"the run stopped after step {self.steps.step}", self.kept()]))
-
-    def kept(self) -> str:
-        """Where the run can continue from: its last checkpoint (the one the manifest names: a save under way is
-        abandoned or waited for by now), and the setting that continues it."""
-        checkpointer = self.steps.checkpointer
-        step = checkpointer.abandon() if checkpointer else -1
-        if step >= 1:
-            return f"its last checkpoint is step {step} in {self.checkpoint_path}: continue with train.resume=true"
-        if checkpointer is None or not self.tcfg.checkpoint_every:
-            return "no checkpoint was written (train.checkpoint_every)"
-        if checkpointer.started_step > 0:  # a second signal abandoned the stop's save
-            return f"no checkpoint was written (the save of step {checkpointer.started_step} was abandoned)"
-        return "no checkpoint was written yet"
+        checkpoints = self.steps.checkpoints
+        checkpoints.close(wait=wait)
+        return "; ".join(filter(None, [str(err), f"the run stopped after step {self.steps.step}", checkpoints.kept()]))
 
     def resume(self) -> dict:
         """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's. train.resume=auto
@@ -252,7 +215,7 @@ class Run:
 
     def finish(self) -> summary.TrainingSummary:
         with self.wall.part("checkpoints"):
-            self.steps.close_checkpoints(wait=True)  # the final checkpoint, committed before the summary says so
+            self.steps.checkpoints.close(wait=True)  # the final checkpoint, committed before the summary says so
         result = summarise(self)
         if self.env.is_main:
             result.write(self.run_dir / summary.SUMMARY)
@@ -276,8 +239,8 @@ class Run:
 
 class Steps:
     """A run's progress through its steps: the loop, and between two steps the log line, the evaluation and the
-    checkpoint when due. It holds the step, every step's loss and time (``Log``), the evaluations and the last
-    checkpoint's step, all restored on resume."""
+    checkpoint when due. It holds the step, every step's loss and time (``Log``) and the evaluations, all restored on
+    resume, and the run's checkpoints (``RunCheckpoints``: which steps save, the last checkpoint)."""
 
     def __init__(self, run: Run, saved: dict, evaluates: bool):
         self.run, self.cfg, self.tcfg, self.say = run, run.cfg, run.tcfg, run.say
@@ -286,8 +249,7 @@ class Steps:
         with run.wall.startup("held-out set"):
             self.evaluation = Evaluation(run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.step)
         self.writer = None  # TensorBoard's, on the main process, once the loop starts
-        self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints: its steps
-        self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
+        self.checkpoints = RunCheckpoints(run, self.step)
         self.stopping = False  # a stop that every process agreed on is under way
 
     def loop(self, interrupt: DeferredInterrupt) -> None:
@@ -297,12 +259,7 @@ class Steps:
             if run.env.is_main:
                 with wall.startup("TensorBoard"):
                     self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
-            if tcfg.checkpoint_every or tcfg.stop_after:
-                with wall.startup("checkpoint staging"):
-                    mark = distributed.shared_folder(run.run_dir, token(), run.control, run.env.is_main)
-                    env = run.env
-                    self.checkpointer = Checkpointer(run.run_dir, env.rank, env.world_size, run.device, mark, self.step)
-                    self.checkpointer.prepare(state_pieces(run.step_fn), probe=self.cadence.auto and run.env.is_main)
+            self.checkpoints.start(self.writer)
             profiling = tcfg.profile and run.env.is_main
             profile_dir = run.run_dir / "profile"
             profiler = make_profiler(cfg.profile, profile_dir, run.device, tcfg.strategy) if profiling else None
@@ -315,7 +272,7 @@ class Steps:
             if loaded:
                 self.say(f"compile cache {self.compile_cache}: {loaded}")
             wall.start_loop()
-            self.say(wall.startup_line() + self.cadence_note())
+            self.say(wall.startup_line() + self.checkpoints.note())
             with profiler or contextlib.nullcontext():
                 self.steps_loop(batches, interrupt, profiler, profiling)
         run.step_fn.wait_weights()  # the last update's all-gather, before anything reads the weights
@@ -333,11 +290,6 @@ class Steps:
                 # checkpoints'), which a fork copies mid-lock; they draw while the start-up and the steps run
                 self.evaluation.held_out.start()
         return batches
-
-    def cadence_note(self) -> str:
-        if self.checkpointer is None or not self.cadence.undecided:
-            return ""
-        return "; checkpoints: every minute of steps or more, as the disk allows (set after the first steps)"
 
     def steps_loop(self, batches, interrupt: DeferredInterrupt, profiler, profiling: bool) -> None:
         tcfg, cfg, run = self.tcfg, self.cfg, self.run
@@ -374,25 +326,17 @@ class Steps:
             self.step += 1
             if profiler:
                 profiler.step()
-            self.poll_checkpoints()
+            self.checkpoints.poll()
             if self.after_step():
                 break
 
     def save_before_stop(self) -> None:
-        """Before a stop that Ctrl-C or SIGTERM asked for (of any process), where the settings allow
-        (train.checkpoint_every): the save under way finished, then one of the steps since, where the last save's
-        time says it fits in ``STOP_SECONDS`` (torchrun kills 30 s after its SIGTERM). Process 0 decides, for all."""
-        if self.checkpointer is None or not self.tcfg.checkpoint_every:
-            return
-        start = time.perf_counter()
-        self.close_checkpoints(wait=True, final=False)
-        last = self.checkpointer.saves[-1].written if self.checkpointer.saves else 0.0
-        fits = self.step > max(self.checkpointer.started_step, 0)
-        fits = fits and time.perf_counter() - start + (last or 0.0) < STOP_SECONDS
-        if self.run.control.broadcast(fits):
+        """Before a stop that Ctrl-C or SIGTERM asked for: a checkpoint of the steps so far, where the settings and
+        the time allow (``RunCheckpoints.stop_saves``), its losses checked first."""
+        if self.checkpoints.stop_saves(self.step):
             self.check_finite(self.log.flush(self.step))
-            self.save()
-            self.close_checkpoints(wait=True)
+            self.checkpoints.save(self.step, self.log.losses, self.evaluation.evals)
+            self.checkpoints.close(wait=True)
 
     def after_step(self) -> bool:
         """Log, evaluate and checkpoint when due; True when the run stops here (train.stop_after)."""
@@ -400,9 +344,7 @@ class Steps:
         last = step == tcfg.steps or step == tcfg.stop_after
         log_due = step % tcfg.log_every == 0 or last
         eval_due = self.evaluation.active and (step % tcfg.eval_every == 0 or last)
-        checkpoint_due = self.checkpointer is not None and (
-            self.cadence.due(step) or step == tcfg.steps or step == tcfg.stop_after
-        )
+        checkpoint_due = self.checkpoints.due(step)
         # the first step's losses and time read at once (the host waited for it already): its window is its own, and
         # the first log line's step time is the steps' after it, not the compilation's share of the window
         first = step == self.resumed_at + 1
@@ -412,17 +354,16 @@ class Steps:
             self.check_finite(self.log.flush(step))
         if log_due:
             self.log_line()
-            if self.checkpointer is not None and self.cadence.undecided:
-                self.decide_cadence(step)
+            self.checkpoints.decide_cadence(self.log)
         started = time.perf_counter()
         if eval_due:
             with wall.part("evaluations"):
                 self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
         if checkpoint_due:
-            self.save()
+            self.checkpoints.save(step, self.log.losses, self.evaluation.evals)
         self.log.exclude(time.perf_counter() - started)  # the steps' times are the steps' alone
         if step == tcfg.stop_after:
-            self.close_checkpoints(wait=True)
+            self.checkpoints.close(wait=True)
             self.say(f"stopping after step {step} (train.stop_after); continue with train.resume=true")
         return step == tcfg.stop_after
 
@@ -432,13 +373,10 @@ class Steps:
         if self.tcfg.nonfinite == "skip":
             self.say(f"skipped the update of step(s) {bad_steps}: non-finite loss (train.nonfinite=skip)")
             return
-        self.close_checkpoints(wait=True)
-        kept = f"the last good checkpoint is step {self.last_checkpoint} in {self.run.checkpoint_path}"
-        if self.last_checkpoint < 1:
-            kept = "no checkpoint was written"
+        self.checkpoints.close(wait=True)
         raise NonFiniteLoss(
             f"the loss is not finite at step {bad_steps[0]} (lr {self.run.step_fn.scheduler.get_last_lr()[0]:.2e}): "
-            f"stopped; {kept}. Lower train.lr, or set train.nonfinite=skip to skip such steps"
+            f"stopped; {self.checkpoints.last_good()}. Lower train.lr, or set train.nonfinite=skip to skip such steps"
         )
 
     def log_line(self) -> None:
@@ -449,57 +387,6 @@ class Steps:
         if self.writer:
             for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, self.step)
-
-    def decide_cadence(self, step: int) -> None:
-        """train.checkpoint_every=auto: the steps between saves, from process 0's step time (the log windows after
-        the first, which holds the compilation) and a save's write time (its disk probe done), the same on every
-        process (cadence.py); one line says it. Until then, no save is due."""
-        saver, figures = self.checkpointer, None
-        steady = self.log.since(max(self.log.first_line, self.resumed_at + TIMING_SKIP))
-        if self.run.env.is_main and steady and saver.write_estimate(wait=False) is not None:
-            figures = (throughput(steady, self.run.global_batch, skip_until=0)["step_ms"] / 1e3, saver.write_estimate())
-        figures = self.run.control.broadcast(figures)
-        if figures is not None:
-            self.cadence.decide(*figures)
-            self.say(self.cadence.describe(*figures, saver.state_bytes(), saver.disk_speed))
-
-    def save(self) -> None:
-        """Start a checkpoint of this step: every process copies its part to host memory (the step's only wait) and
-        writes it in the background; process 0 commits it (``Checkpointer``)."""
-        run = self.run
-        with run.wall.part("checkpoints"):
-            save = self.checkpointer.save(self.step, state_pieces(run.step_fn), meta(self) if run.env.is_main else None)
-        if self.writer:
-            self.writer.add_scalar("checkpoint/blocked_s", save.blocked, self.step)
-
-    @property
-    def last_checkpoint(self) -> int:
-        """The step of the checkpoint the run can continue from (-1: none): the checkpointer's, which every save
-        commits, or the one it resumed from."""
-        return self.checkpointer.committed_step if self.checkpointer else (self.resumed_at or -1)
-
-    def poll_checkpoints(self) -> None:
-        """Log the checkpoints committed since the last step."""
-        if self.checkpointer is not None:
-            self.logged(self.checkpointer.poll())
-
-    def close_checkpoints(self, wait: bool, final: bool = True) -> None:
-        """Wait for the save under way (``wait``) and log it, or abandon it; with ``final``, no more saves after it."""
-        if self.checkpointer is not None:
-            try:
-                if final:
-                    self.checkpointer.close(wait)
-                elif wait:
-                    self.checkpointer.wait()
-            finally:
-                self.logged(self.checkpointer.poll())
-
-    def logged(self, saves) -> None:
-        for save in saves:
-            if self.run.env.is_main and save.error is None:
-                self.say(self.checkpointer.line(save), flush=True)
-                if self.writer:
-                    self.writer.add_scalar("checkpoint/written_s", save.written, save.step)
 
 
 def announcement(run: Run, step: int) -> str:
@@ -516,10 +403,9 @@ def announcement(run: Run, step: int) -> str:
 
 def summarise(run: Run) -> summary.TrainingSummary:
     """The run's summary (summary.py): what it trained, its losses and times, evaluations, wall clock, checkpoints."""
-    steps, saver, device = run.steps, run.steps.checkpointer, run.device
+    steps, device = run.steps, run.device
     step, log, evals = steps.step, steps.log, steps.evaluation.evals
-    background = sum(s.written or 0.0 for s in saver.saves) if saver else 0.0  # the saves' writes beside the steps
-    wall = run.wall.account(background, images=(step - steps.resumed_at) * run.global_batch)
+    wall = run.wall.account(steps.checkpoints.written_seconds(), images=(step - steps.resumed_at) * run.global_batch)
     if steps.writer:
         wall.add_scalars(steps.writer, step)
     return summary.TrainingSummary(
@@ -538,61 +424,8 @@ def summarise(run: Run) -> summary.TrainingSummary:
         history=log.history(run.tcfg.log_every, step),
         losses=log.losses,  # every step's, read at log lines: per-step comparisons need no train.log_every=1
         evals=evals,
-        checkpoint_step=steps.last_checkpoint,
+        checkpoint_step=steps.checkpoints.last_step,
         eval_step=steps.evaluation.step,
         wall_clock=wall,
-        checkpoints=summary.Checkpoints.parse(saver.record(), "checkpoints") if saver else None,
+        checkpoints=steps.checkpoints.record(),
     )
-
-
-def meta(steps: Steps) -> dict:
-    """What a checkpoint holds besides the model's and the optimizer's tensors: the schedule, the step, the RNG states,
-    the data position and the run's record so far."""
-    run = steps.run
-    return {
-        "step": steps.step,
-        "param_groups": param_groups(run.step_fn.optimizer),
-        "scheduler": run.step_fn.scheduler.state_dict(),
-        "rng": rng_state(),
-        "data": {"next_index": steps.step * run.global_batch, "global_batch": run.global_batch},
-        "losses": list(steps.log.losses),
-        "evals": list(steps.evaluation.evals),
-        "fingerprint": run.expected,
-        "config": OmegaConf.to_container(run.cfg, resolve=True),
-    }
-
-
-# ----------------------------------------------------------------------------- experiments and sweeps
-
-
-@contextlib.contextmanager
-def training_processes(cfg: DictConfig):
-    """(this process's DistEnv, its device) for the runs inside the block; the process group is torn down after."""
-    env, device = distributed.setup(cfg)
-    try:
-        yield env, device
-    except BaseException as err:
-        # a stop every process agreed on ends them all at one step: the group's teardown meets every one of them. Any
-        # other failure is this process's alone: the others may wait for it inside a step's collective, where the
-        # teardown's barrier would wait for them in turn; it ends at once instead (cli.py), and they with it
-        if env.world_size == 1 or getattr(err, "agreed", False):
-            try:
-                distributed.teardown(env)
-            except Exception as teardown_err:
-                # a peer gone before the teardown met it (a second signal ended it at once): the stop's own line
-                # says what happened; the barrier's error would hide it behind a traceback
-                if distributed.lost_peer(teardown_err) is None:
-                    raise
-        raise
-    distributed.teardown(env)
-
-
-def run_training(cfg: DictConfig, experiment: str | None = None, checks=None) -> list[summary.TrainingSummary]:
-    """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
-    the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
-    the command before it imported this module; begun here otherwise."""
-    if cfg.train.strategy == "all":
-        raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
-    with contextlib.nullcontext(checks) if checks else run_folder.early_check(cfg, experiment) as checks:
-        with training_processes(cfg) as (env, device):
-            return [train(cfg, run_folder.experiment_name(experiment), env, device, checks)]

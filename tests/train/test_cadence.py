@@ -7,7 +7,7 @@ from train_helpers import tiny_cfg
 
 from detector.train import cadence
 from detector.train.cadence import Cadence, interval_steps
-from detector.train.loop import run_training
+from detector.train.entry import run_training
 
 
 def test_the_interval_is_a_minute_of_steps_or_four_writes_whichever_is_longer():

@@ -16,7 +16,7 @@ from train_helpers import tiny_cfg
 from detector import cli
 from detector.train import checkpoint_files as files
 from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.loop import run_training
+from detector.train.entry import run_training
 
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3"]
 

@@ -15,8 +15,8 @@ from detector import cli
 from detector.data import build_loader
 from detector.model import FaceDetector
 from detector.train.checkpoint import layout, read_checkpoint
+from detector.train.entry import run_training
 from detector.train.export import export
-from detector.train.loop import run_training
 
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=4", "train.eval_every=2"]  # its checkpoint: at the end
 

@@ -24,7 +24,7 @@ from detector.train import distributed
 from detector.train.batches import HeldOut, RankBlocks, rank_loader
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
-from detector.train.loop import run_training
+from detector.train.entry import run_training
 from detector.train.metrics import box_iou, box_metrics, evaluate
 from detector.train.progress import Log
 from detector.train.sharding import shard_refusal

@@ -18,7 +18,8 @@ from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
 from detector.train import checkpoint_files, run_folder
 from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.loop import NonFiniteLoss, run_training
+from detector.train.entry import run_training
+from detector.train.loop import NonFiniteLoss
 from detector.train.progress import StepClock
 from detector.train.summary import read
 

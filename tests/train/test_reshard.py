@@ -13,7 +13,7 @@ from train_helpers import losses, spawn_two, tiny_cfg
 from detector.sharing import WAYS
 from detector.train import checkpointer
 from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, read_checkpoint
-from detector.train.loop import run_training
+from detector.train.entry import run_training
 from detector.train.step import TrainStep
 
 # channels_last as on a GPU: FSDP2 shards only contiguous parameters, and the NHWC conv weights are not

@@ -59,7 +59,7 @@ def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it(holder):
 def test_an_agreed_stops_teardown_that_meets_a_gone_peer_leaves_the_stops_own_error(monkeypatch, teardown_error, seen):
     import torch
 
-    from detector.train import distributed, loop
+    from detector.train import distributed, entry
 
     monkeypatch.setattr(distributed, "setup", lambda cfg: (distributed.DistEnv(1, 2, True), torch.device("cpu")))
 
@@ -70,6 +70,6 @@ def test_an_agreed_stops_teardown_that_meets_a_gone_peer_leaves_the_stops_own_er
     stop = KeyboardInterrupt("interrupted: the run stopped after step 12")
     stop.agreed = True
     with pytest.raises(seen) as caught:
-        with loop.training_processes(None):
+        with entry.training_processes(None):
             raise stop
     assert (caught.value is stop) == (seen is KeyboardInterrupt)

@@ -1,0 +1,180 @@
+"""A training run's checkpoints as its loop sees them: which steps save, the save before a stop, each save's line and
+scalars, and the one "last checkpoint" that the run's lines and its summary name.
+
+- Which steps save: those of ``train.checkpoint_every`` (cadence.py: ``auto`` is decided at the first log line past
+  the first steps, in one line), the last step and ``train.stop_after``'s.
+- A stop that Ctrl-C or SIGTERM asked for first waits for the save under way, then saves the steps since, where the
+  last save's time says it fits in ``STOP_SECONDS``; process 0 decides, for every process.
+- ``last_step``: the step the run can continue from, the one the manifest names (process 0's ``Checkpointer`` commits
+  it), or the one the run resumed from. The stop's line, the non-finite loss's and summary.json's ``checkpoint_step``
+  read it; the stop's line first abandons a save it did not wait for, so that the step it names stays the manifest's.
+
+The saves themselves (staging memory, the writer thread, the commit, a save's line) are checkpointer.py's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from omegaconf import OmegaConf
+
+from detector.train import distributed, summary
+from detector.train.cadence import Cadence
+from detector.train.checkpoint import param_groups, rng_state, state_pieces
+from detector.train.checkpointer import Checkpointer, Save, token
+from detector.train.progress import TIMING_SKIP, Log, throughput
+
+STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
+
+
+class RunCheckpoints:
+    """The checkpoints of ``run`` (loop.py's ``Run``: its folder, processes, step and clock), resumed at step
+    ``resumed`` (0: a fresh run). Its saves start with the loop (``start``), where the settings ask for any."""
+
+    def __init__(self, run, resumed: int):
+        self.run, self.tcfg, self.resumed = run, run.tcfg, resumed
+        self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
+        self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
+        self.writer = None  # TensorBoard's, on the main process: each save's times
+
+    def start(self, writer) -> None:
+        """Where train.checkpoint_every or train.stop_after asks for saves: the staging memory, allocated now and
+        page-locked while the first steps run, and the disk's probe where the cadence waits for it."""
+        run, self.writer = self.run, writer
+        if not (self.tcfg.checkpoint_every or self.tcfg.stop_after):
+            return
+        with run.wall.startup("checkpoint staging"):
+            mark = distributed.shared_folder(run.run_dir, token(), run.control, run.env.is_main)
+            env = run.env
+            self.checkpointer = Checkpointer(run.run_dir, env.rank, env.world_size, run.device, mark, self.resumed)
+            self.checkpointer.prepare(state_pieces(run.step_fn), probe=self.cadence.auto and env.is_main)
+
+    def note(self) -> str:
+        """The start-up line's note of a cadence still to be decided."""
+        if self.checkpointer is None or not self.cadence.undecided:
+            return ""
+        return "; checkpoints: every minute of steps or more, as the disk allows (set after the first steps)"
+
+    @property
+    def last_step(self) -> int:
+        """The step of the checkpoint the run can continue from (-1: none): the checkpointer's, which every save
+        commits, or the one the run resumed from."""
+        return self.checkpointer.committed_step if self.checkpointer else (self.resumed or -1)
+
+    # -------------------------------------------------------------------- between two steps
+
+    def due(self, step: int) -> bool:
+        """Whether ``step`` saves: at the cadence, the last step and train.stop_after's."""
+        if self.checkpointer is None:
+            return False
+        return self.cadence.due(step) or step == self.tcfg.steps or step == self.tcfg.stop_after
+
+    def decide_cadence(self, log: Log) -> None:
+        """train.checkpoint_every=auto, at a log line until decided: the steps between saves, from process 0's step
+        time (the log windows after the first, which holds the compilation) and a save's write time (its disk probe
+        done), the same on every process (cadence.py); one line says it. Until then, no save is due."""
+        if self.checkpointer is None or not self.cadence.undecided:
+            return
+        run, saver, figures = self.run, self.checkpointer, None
+        steady = log.since(max(log.first_line, self.resumed + TIMING_SKIP))
+        if run.env.is_main and steady and saver.write_estimate(wait=False) is not None:
+            figures = (throughput(steady, run.global_batch, skip_until=0)["step_ms"] / 1e3, saver.write_estimate())
+        figures = run.control.broadcast(figures)
+        if figures is not None:
+            self.cadence.decide(*figures)
+            run.say(self.cadence.describe(*figures, saver.state_bytes(), saver.disk_speed))
+
+    def save(self, step: int, losses: list, evals: list) -> None:
+        """Start a checkpoint of ``step``: every process copies its part to host memory (the step's only wait) and
+        writes it in the background; process 0 commits it (``Checkpointer``). ``losses`` and ``evals``: the run's
+        record so far, which the checkpoint keeps."""
+        run = self.run
+        with run.wall.part("checkpoints"):
+            pieces = state_pieces(run.step_fn)
+            meta = checkpoint_meta(run, step, losses, evals) if run.env.is_main else None
+            save = self.checkpointer.save(step, pieces, meta)
+        if self.writer:
+            self.writer.add_scalar("checkpoint/blocked_s", save.blocked, step)
+
+    def stop_saves(self, step: int) -> bool:
+        """Before a stop that Ctrl-C or SIGTERM asked for (of any process), where train.checkpoint_every saves: the
+        save under way finished, then whether one of the steps since (up to ``step``) is saved, where the last save's
+        time says it fits in ``STOP_SECONDS``. Process 0 decides, for all."""
+        if self.checkpointer is None or not self.tcfg.checkpoint_every:
+            return False
+        start = time.perf_counter()
+        self.close(wait=True, final=False)
+        saver = self.checkpointer
+        last = saver.saves[-1].written if saver.saves else 0.0
+        fits = step > max(saver.started_step, 0) and time.perf_counter() - start + (last or 0.0) < STOP_SECONDS
+        return self.run.control.broadcast(fits)
+
+    def poll(self) -> None:
+        """Log the checkpoints committed since the last step."""
+        if self.checkpointer is not None:
+            self.logged(self.checkpointer.poll())
+
+    def close(self, wait: bool, final: bool = True) -> None:
+        """Wait for the save under way (``wait``) and log it, or abandon it; with ``final``, no more saves after it."""
+        if self.checkpointer is not None:
+            try:
+                if final:
+                    self.checkpointer.close(wait)
+                elif wait:
+                    self.checkpointer.wait()
+            finally:
+                self.logged(self.checkpointer.poll())
+
+    def logged(self, saves: list[Save]) -> None:
+        for save in saves:
+            if self.run.env.is_main and save.error is None:
+                self.run.say(self.checkpointer.line(save), flush=True)
+                if self.writer:
+                    self.writer.add_scalar("checkpoint/written_s", save.written, save.step)
+
+    # -------------------------------------------------------------------- what the run's lines and summary say
+
+    def kept(self) -> str:
+        """The stop line's end: where the run can continue from (a save under way is abandoned or waited for by now:
+        the manifest's checkpoint), and the setting that continues it."""
+        saver = self.checkpointer
+        if saver is not None:
+            saver.abandon()  # no save commits after this line: the step it names is the manifest's
+        step = self.last_step
+        if step >= 1:
+            return f"its last checkpoint is step {step} in {self.run.checkpoint_path}: continue with train.resume=true"
+        if saver is None or not self.tcfg.checkpoint_every:
+            return "no checkpoint was written (train.checkpoint_every)"
+        if saver.started_step > 0:  # a second signal abandoned the stop's save
+            return f"no checkpoint was written (the save of step {saver.started_step} was abandoned)"
+        return "no checkpoint was written yet"
+
+    def last_good(self) -> str:
+        """The non-finite loss's line: the checkpoint the run can continue from, all of whose steps were finite."""
+        if self.last_step < 1:
+            return "no checkpoint was written"
+        return f"the last good checkpoint is step {self.last_step} in {self.run.checkpoint_path}"
+
+    def written_seconds(self) -> float:
+        """The saves' writes, in the background beside the steps."""
+        return sum(s.written or 0.0 for s in self.checkpointer.saves) if self.checkpointer else 0.0
+
+    def record(self) -> summary.Checkpoints | None:
+        """What the run's summary keeps of its saves (process 0's), where it saved."""
+        return summary.Checkpoints.parse(self.checkpointer.record(), "checkpoints") if self.checkpointer else None
+
+
+def checkpoint_meta(run, step: int, losses: list, evals: list) -> dict:
+    """What a checkpoint of ``step`` holds besides the model's and the optimizer's tensors: the schedule, the step, the
+    RNG states, the data position and the run's record so far."""
+    return {
+        "step": step,
+        "param_groups": param_groups(run.step_fn.optimizer),
+        "scheduler": run.step_fn.scheduler.state_dict(),
+        "rng": rng_state(),
+        "data": {"next_index": step * run.global_batch, "global_batch": run.global_batch},
+        "losses": list(losses),
+        "evals": list(evals),
+        "fingerprint": run.expected,
+        "config": OmegaConf.to_container(run.cfg, resolve=True),
+    }
