@@ -272,7 +272,10 @@ def rng_state() -> dict:
 def set_rng_state(state: dict) -> None:
     torch.set_rng_state(decode(state["torch"]))
     if state["cuda"] and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([decode(s) for s in state["cuda"]])
+        # the GPUs both the saving and this process see: a run saved where 2 were visible resumes where 1 is
+        # (each process draws on its own device's generator; the saver's state of another device is its default)
+        for device, saved in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(decode(saved), device)
     kind, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
     version, values, gauss_next = state["python"]

@@ -229,3 +229,21 @@ def test_the_reads_are_cut_into_runs_of_a_file_of_about_equal_bytes():
     assert [len(g) for g in files.read_groups(items, storage, 1)] == [6]
     assert [len(g) for g in files.read_groups(items, storage, 9)] == [1] * 6  # never an empty run
     assert files.read_groups([], storage, 4) == []
+
+
+def test_a_checkpoint_saved_where_more_gpus_were_visible_restores_those_this_process_sees(monkeypatch):
+    """Rank 0 of 2 processes on 2 GPUs saves both devices' generator states; one process on one GPU resumes it: the
+    state of the device it has is restored, and the other's is left (it raised IndexError deep in torch)."""
+    import torch
+
+    from detector.train import checkpoint
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((device, state.clone())))
+    state = checkpoint.rng_state() | {
+        "cuda": [checkpoint.encode(torch.full((16,), i, dtype=torch.uint8)) for i in (7, 9)]
+    }
+    checkpoint.set_rng_state(state)
+    assert [(device, int(s[0])) for device, s in restored] == [(0, 7)]
