@@ -26,6 +26,14 @@ from detector.train.summary import read
 RUN = ["train.steps=6", "train.checkpoint_every=3"]
 
 
+def same_losses(resumed: list[float], straight: list[float]) -> None:
+    """A resumed run's losses against an uninterrupted run's: the same within float32's rounding. Two fresh CPU runs
+    in one process have differed by 1.2e-7 at a step before any resume, under a full suite's load of 12 workers on 16
+    cores (the CPU's BLAS may sum in another order); test_loop's exact-resume test allows the same."""
+    assert len(resumed) == len(straight), (resumed, straight)
+    torch.testing.assert_close(torch.tensor(resumed), torch.tensor(straight), rtol=1e-6, atol=0)
+
+
 def run_dir(tmp_path, strategy="padded"):
     return tmp_path / "default" / strategy
 
@@ -106,7 +114,8 @@ def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, v
         assert checks is not None and checks.manifest.step == 3
         again = run_training(cfg, None, checks)[0]
     assert verifying == ["checkpoint-verify"], verifying  # once, in the background: the resume took its outcome
-    assert again.losses == straight.losses and again.resumed_at == 3
+    assert again.resumed_at == 3
+    same_losses(again.losses, straight.losses)
     assert f"resuming {run_dir(tmp_path)} at step 3" in capsys.readouterr().out
 
 
@@ -391,7 +400,8 @@ def test_the_same_command_again_continues_an_unfinished_run(tmp_path, capsys):
         f"resuming {run_dir(tmp_path)} at step 3 (its checkpoint, this configuration; train.resume=false starts afresh)"
         in capsys.readouterr().out
     )
-    assert again.losses == straight.losses and again.resumed_at == 3
+    assert again.resumed_at == 3
+    same_losses(again.losses, straight.losses)
 
 
 def test_another_configuration_or_resume_false_moves_the_unfinished_run_aside_and_says_how_to_continue_it(
