@@ -209,7 +209,9 @@ def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, 
 
     monkeypatch.setattr(RowsLoadPlanner, "resolve_tensor", recorded)
     again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
-    assert again.resumed_at == 3 and again.losses == straight.losses
+    assert again.resumed_at == 3 and len(again.losses) == len(straight.losses) == 6
+    # within float32's rounding, as test_loop's exact-resume test: two fresh CPU runs in one loaded worker can differ
+    torch.testing.assert_close(torch.tensor(again.losses), torch.tensor(straight.losses), rtol=1e-6, atol=0)
     assert len(readers) == 3 and all(name.startswith("checkpoint-read") for name in readers), readers
 
 
