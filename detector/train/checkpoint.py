@@ -17,7 +17,6 @@ batch is refused in one line, as is another configuration (``fingerprint``).
 from __future__ import annotations
 
 import base64
-import concurrent.futures
 import dataclasses
 import json
 import math
@@ -357,8 +356,7 @@ def load_checkpoint(
     manifest = files.read_manifest(run_dir)
     folder, name = run_dir / manifest.folder, run_dir / files.MANIFEST
     if checked is None or not checked.result(manifest):
-        with concurrent.futures.ThreadPoolExecutor(files.HASHERS) as pool:
-            files.verify(folder, manifest, manifest.files, pool)
+        files.verify(folder, manifest)
     meta = read_meta(folder / files.META)
     check_meta(meta, name, expected, global_batch, step_fn.world_size)
     planner = RowsLoadPlanner(state_pieces(step_fn), name)
@@ -440,8 +438,7 @@ def read_checkpoint(run_dir: Path) -> dict:
     (``model`` too: the model's alone, by its name in one process's layout), each file checked first."""
     manifest = files.read_manifest(run_dir)
     folder = run_dir / manifest.folder
-    with concurrent.futures.ThreadPoolExecutor(files.HASHERS) as pool:
-        files.verify(folder, manifest, manifest.files, pool)
+    files.verify(folder, manifest)
     meta = read_meta(folder / files.META)
     metadata = files.Reader(folder).read_metadata()
     tensors = {

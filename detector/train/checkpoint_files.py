@@ -206,11 +206,10 @@ class Cancelled(Exception):
     """The checks were stopped: the run did not continue the checkpoint (``Verification.cancel``)."""
 
 
-def verify(
-    folder: Path, manifest: Manifest, names, pool: concurrent.futures.Executor, stopped: threading.Event | None = None
-) -> None:
-    """Every chunk of the files ``names`` of a committed save against the manifest; one line naming a file that is
-    missing, of another size or whose bytes do not match. ``stopped``: once set, the chunks left raise Cancelled."""
+def verify(folder: Path, manifest: Manifest, stopped: threading.Event | None = None) -> None:
+    """Every chunk of every file of a committed save against the manifest, in HASHERS threads; one line naming a file
+    that is missing, of another size or whose bytes do not match. ``stopped``: once set, the chunks left raise
+    Cancelled."""
 
     def check(job) -> tuple[Path, int, bool]:
         path, i, expected, size = job
@@ -219,17 +218,18 @@ def verify(
         return path, i, chunk_digest(path, i * CHUNK, size) == expected
 
     jobs = []
-    for name in names:
-        entry, path = manifest.files[name], folder / name
+    for name, entry in manifest.files.items():
+        path = folder / name
         if not regular_file(path):
             raise CheckpointError(f"{path} is missing (named by {folder.parent / MANIFEST}): {FIX}")
         size = path.stat().st_size
         if size != entry.bytes:
             raise CheckpointError(f"{path} is truncated or overwritten ({size} of {entry.bytes} bytes): {FIX}")
         jobs += [(path, i, entry.chunks[i], min(CHUNK, size - i * CHUNK)) for i in range(len(entry.chunks))]
-    for path, i, ok in pool.map(check, jobs):
-        if not ok:
-            raise CheckpointError(f"{path} is corrupt (bytes {i * CHUNK}.. do not match their checksum): {FIX}")
+    with concurrent.futures.ThreadPoolExecutor(HASHERS) as pool:
+        for path, i, ok in pool.map(check, jobs):
+            if not ok:
+                raise CheckpointError(f"{path} is corrupt (bytes {i * CHUNK}.. do not match their checksum): {FIX}")
 
 
 class Verification:
@@ -260,8 +260,7 @@ class Verification:
 
     def check(self) -> None:
         try:
-            with concurrent.futures.ThreadPoolExecutor(HASHERS) as pool:
-                verify(self.folder, self.manifest, self.manifest.files, pool, self.stopped)
+            verify(self.folder, self.manifest, self.stopped)
         except BaseException as err:  # raised by ``result``, in the resume's thread, as ``verify`` would have there
             self.error = err
 
