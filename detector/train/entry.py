@@ -65,12 +65,16 @@ def training_processes(cfg: DictConfig):
     distributed.teardown(env)
 
 
-def run_training(cfg: DictConfig, experiment: str | None = None, checks=None) -> list[summary.TrainingSummary]:
+BEGIN_HERE = object()  # run_training's checks where its caller began none: they begin with the run
+
+
+def run_training(cfg: DictConfig, experiment: str | None = None, checks=BEGIN_HERE) -> list[summary.TrainingSummary]:
     """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
     the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
-    the command before it imported this module; begun here otherwise."""
+    the command before it imported this module (None: the command found none to begin); begun here otherwise."""
     if cfg.train.strategy == "all":
         raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
-    with contextlib.nullcontext(checks) if checks else run_folder.early_check(cfg, experiment) as checks:
+    begun = run_folder.early_check(cfg, experiment) if checks is BEGIN_HERE else contextlib.nullcontext(checks)
+    with begun as checks:
         with training_processes(cfg) as (env, device):
             return [train(cfg, run_folder.experiment_name(experiment), env, device, checks)]

@@ -119,6 +119,18 @@ def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, v
     assert f"resuming {run_dir(tmp_path)} at step 3" in capsys.readouterr().out
 
 
+def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(tmp_path, verifying, monkeypatch):
+    """The command begins the checks (None: it found no checkpoint to continue); the run takes that answer, and
+    begins its own only where its caller began none (a run from Python)."""
+    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    begun = []
+    monkeypatch.setattr(checkpoint_files.Verification, "start", classmethod(lambda cls, *a: begun.append(a)))
+    run_training(tiny_cfg(tmp_path, *RUN), None, None)  # as the command passes what early_check found
+    assert begun == [] and verifying == ["MainThread"]  # the resume checked the files itself, once
+    run_training(tiny_cfg(tmp_path / "python", *RUN))  # from Python: begun here (none found: a fresh folder)
+    assert len(begun) == 1
+
+
 def test_checks_of_a_checkpoint_replaced_since_they_began_are_not_taken(tmp_path, verifying):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     checks = checkpoint_files.Verification.start(run_dir(tmp_path), steps=6)
