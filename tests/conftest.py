@@ -25,6 +25,13 @@ if WORKERS > 1 and "OMP_NUM_THREADS" not in os.environ:
     os.environ["OMP_NUM_THREADS"] = str(max(1, (os.cpu_count() or 1) // WORKERS))
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
+# Kineto reads its log level once, as a process's first profiler starts: a command sets it before (the profile
+# window's KINETO_LOG_LEVEL), and so does this process, where a test's own torch.profiler may come first. Started
+# without it, Kineto printed its trace points (USDT: profiler_start/stop) on stderr at every later profile of the
+# worker. A child process (child_env) is left to set it itself, as a user's command does.
+KINETO_QUIETED = "KINETO_LOG_LEVEL" not in os.environ
+os.environ.setdefault("KINETO_LOG_LEVEL", "6")
+
 # The grid compiles the `compiled` strategy once per (dtype, shape) variant; keep them all compiled
 # instead of letting dynamo fall back to eager after its default 8 recompilations.
 torch._dynamo.config.recompile_limit = 64
@@ -178,7 +185,10 @@ def child_env(**overrides: str) -> dict[str, str]:
     PYTHONPATH, then whatever was there (packages a machine provides that way, e.g. wheels unpacked to a
     folder), and ``overrides``."""
     path = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, **overrides}
+    env = {**os.environ, "PYTHONPATH": path}
+    if KINETO_QUIETED:
+        del env["KINETO_LOG_LEVEL"]
+    return {**env, **overrides}
 
 
 @contextlib.contextmanager
