@@ -88,7 +88,9 @@ class Save:
     blocked: float = 0.0  # the step's wait: for the previous save to finish, then the copy to host memory
     waited: float = 0.0  # of which for the previous save
     bytes: int = 0  # this process's share
-    written: float | None = None  # from the call until committed (process 0) or this process's part is on disk
+    # from the end of the wait for the previous save until committed (process 0) or this process's part is on disk:
+    # its own write, which the disk's time is held against and the next save's estimate (the wait is in ``blocked``)
+    written: float | None = None
     total_bytes: int = 0  # every process's (process 0, once committed)
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -172,6 +174,15 @@ class Checkpointer:
         except OSError:
             pass  # the first save says so, naming the file
 
+    def measure_disk(self, folder: Path, staged: list[torch.Tensor]) -> None:
+        """The disk's speed, at the first save where no probe ran: a write of PROBE bytes of the largest staged chunk
+        (the first may be a bias of a few bytes, whose write times the disk's latency), else of random bytes."""
+        largest = max(staged, key=lambda t: t.numel() * t.element_size()).reshape(-1).view(torch.uint8)
+        if largest.numel() >= min(PROBE, self.state_bytes()):
+            self.disk_speed = files.disk_speed(folder, largest[:PROBE].numpy())
+        else:
+            self.probe()
+
     def state_bytes(self) -> int:
         """The bytes of a save of every process (this process's share times their number)."""
         return sum(t.numel() for t in self.staging) * self.world_size
@@ -239,8 +250,7 @@ class Checkpointer:
         background_priority()
         try:
             if self.rank == 0 and self.disk_speed is None and staged:
-                first = staged[0][3]
-                self.disk_speed = files.disk_speed(save.folder, first.view(-1).view(torch.uint8)[:PROBE].numpy())
+                self.measure_disk(save.folder, [view for *_, view in staged])
             if payload is not None:
                 write_atomically(save.folder / files.META, payload)
             planner = RowsSavePlanner(staged)
@@ -250,7 +260,7 @@ class Checkpointer:
         except BaseException as err:
             save.error = err
         finally:
-            save.written = time.perf_counter() - save.started
+            save.written = time.perf_counter() - save.started - save.waited
             save.done.set()
 
     def commit(self, save: Save) -> None:

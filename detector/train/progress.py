@@ -34,6 +34,7 @@ class StepClock:
         self.cuda = device.type == "cuda"
         self.marks: list = []
         self.last_stop = None  # the previous step's end mark
+        self.aside_ms = 0.0  # of the time before the next step: timed on its own (an evaluation, a save's wait)
 
     def _now(self):
         if not self.cuda:
@@ -43,7 +44,13 @@ class StepClock:
         return event
 
     def start(self) -> None:
-        self.marks.append([self._now()])
+        self.marks.append([self.aside_ms, self._now()])
+        self.aside_ms = 0.0
+
+    def set_aside(self, seconds: float) -> None:
+        """Leave ``seconds`` out of the idle time before the next step: the host timed them on its own (an
+        evaluation, a save's wait), and the device's work or idleness then is theirs, not the steps'."""
+        self.aside_ms += seconds * 1e3
 
     def stop(self) -> None:
         self.marks[-1].append(self._now())
@@ -51,8 +58,8 @@ class StepClock:
     def read(self) -> list[tuple[float, float]]:
         """(ms of the step, ms idle before it) of each step since the last read; the first step has no idle time."""
         out = []
-        for start, stop in self.marks:
-            idle = 0.0 if self.last_stop is None else self._ms(self.last_stop, start)
+        for aside, start, stop in self.marks:
+            idle = 0.0 if self.last_stop is None else max(0.0, self._ms(self.last_stop, start) - aside)
             out.append((self._ms(start, stop), idle))
             self.last_stop = stop
         self.marks = []
@@ -103,8 +110,10 @@ class Log:
         return self.timings[first:]
 
     def exclude(self, seconds: float) -> None:
-        """Leave ``seconds`` out of the window's wall time: an evaluation or a checkpoint's wait, timed on its own."""
+        """Leave ``seconds`` out of the window's wall time and the next step's idle time: an evaluation or a
+        checkpoint's wait, timed on its own."""
         self.window_start += seconds
+        self.clock.set_aside(seconds)
 
     def window_mean(self, step: int, log_every: int) -> float:
         """Mean loss of the log window ending at ``step``: (step - log_every, step], the same on resume."""

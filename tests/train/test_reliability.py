@@ -362,6 +362,11 @@ def test_the_step_clock_reports_the_idle_time_between_steps():
     clock.start()
     clock.stop()
     assert clock.read()[0][1] < 30  # measured from the last step of the previous read
+    time.sleep(0.05)
+    clock.set_aside(0.05)  # an evaluation's time, timed on its own
+    clock.start()
+    clock.stop()
+    assert 0.0 <= clock.read()[0][1] < 30  # the idle time before that step less it, never below zero
 
 
 # ----------------------------------------------------------------------------- the run as lived
@@ -382,6 +387,27 @@ def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_backgroun
     assert first.step == 4 and last.step == 8
     assert first.blocked_s < 0.5 and first.written_s >= 2.0
     assert read_checkpoint(run_dir(tmp_path))["step"] == 8  # committed before the run said done
+
+
+def test_a_save_that_waits_for_the_previous_one_is_timed_apart_from_the_wait(tmp_path, monkeypatch):
+    """Saves every 2 steps on a disk of 2 s a save: each waits for the one before; the wait is the step's (blocked),
+    the write after it the save's own (written, which the disk's time is held against), and the device's idle time
+    before the next step leaves out what the save's wait took (on the CPU, idle is the host's time between steps)."""
+    real = checkpoint_files.Writer.write_data
+
+    def slow(self, plan, planner):
+        time.sleep(2.0)
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(checkpoint_files.Writer, "write_data", slow)
+    run = ["train.steps=12", "train.checkpoint_every=2", "data.num_workers=0", "train.eval_every=1000"]
+    summary = run_training(tiny_cfg(tmp_path, *run))[0]
+    saves = summary.checkpoints.saves
+    assert [s.step for s in saves] == [2, 4, 6, 8, 10, 12]
+    for save in saves[1:]:
+        assert save.blocked_s > 1.0, save  # the previous save's 2 s, less the two steps between
+        assert 2.0 <= save.written_s < 3.0, save  # its own write alone, not the wait before it too
+    assert summary.device_idle_ms < 500  # the waits (over 1 s each, at every other step) are not idle time
 
 
 def test_the_summary_says_where_the_wall_clock_went(tmp_path):
