@@ -372,16 +372,21 @@ def test_the_step_clock_reports_the_idle_time_between_steps():
 # ----------------------------------------------------------------------------- the run as lived
 
 
-def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_background_s(tmp_path, monkeypatch):
-    """A disk that takes a second per file: the step waits for the copy to host memory alone, the write goes on
-    beside the next steps, and the run's end waits for the last save to be committed."""
+def slow_disk(monkeypatch, seconds: float) -> None:
+    """Every save's write takes ``seconds`` more."""
     real = checkpoint_files.Writer.write_data
 
     def slow(self, plan, planner):
-        time.sleep(2.0)
+        time.sleep(seconds)
         return real(self, plan, planner)
 
     monkeypatch.setattr(checkpoint_files.Writer, "write_data", slow)
+
+
+def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_background_s(tmp_path, monkeypatch):
+    """A disk that takes a second per file: the step waits for the copy to host memory alone, the write goes on
+    beside the next steps, and the run's end waits for the last save to be committed."""
+    slow_disk(monkeypatch, 2.0)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]
     first, last = summary.checkpoints.saves
     assert first.step == 4 and last.step == 8
@@ -393,13 +398,7 @@ def test_a_save_that_waits_for_the_previous_one_is_timed_apart_from_the_wait(tmp
     """Saves every 2 steps on a disk of 2 s a save: each waits for the one before; the wait is the step's (blocked),
     the write after it the save's own (written, which the disk's time is held against), and the device's idle time
     before the next step leaves out what the save's wait took (on the CPU, idle is the host's time between steps)."""
-    real = checkpoint_files.Writer.write_data
-
-    def slow(self, plan, planner):
-        time.sleep(2.0)
-        return real(self, plan, planner)
-
-    monkeypatch.setattr(checkpoint_files.Writer, "write_data", slow)
+    slow_disk(monkeypatch, 2.0)
     run = ["train.steps=12", "train.checkpoint_every=2", "data.num_workers=0", "train.eval_every=1000"]
     summary = run_training(tiny_cfg(tmp_path, *run))[0]
     saves = summary.checkpoints.saves
