@@ -236,8 +236,6 @@ def test_the_reads_are_cut_into_runs_of_a_file_of_about_equal_bytes():
 def test_a_checkpoint_saved_where_more_gpus_were_visible_restores_those_this_process_sees(monkeypatch):
     """Rank 0 of 2 processes on 2 GPUs saves both devices' generator states; one process on one GPU resumes it: the
     state of the device it has is restored, and the other's is left (it raised IndexError deep in torch)."""
-    import torch
-
     from detector.train import checkpoint
 
     restored = []
