@@ -187,6 +187,17 @@ MEASURES: dict[str, Measure] = {
             why=True,
         ),
         Measure(
+            "queue_wait_ms",
+            "queue wait ms",
+            "ms",
+            "host time inside launch calls that waited for room in the device's launch queue (each such call over "
+            "0.2 ms, where a launch with room takes microseconds): the host ran so far ahead that the device held it "
+            "back, so the region's wall time is that wait, not the region's cost",
+            gpu_only=True,
+            tag=29,
+            additive=True,
+        ),
+        Measure(
             "sync_wait_ms",
             "lab sync ms",
             "ms",

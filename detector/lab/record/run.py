@@ -90,10 +90,23 @@ class StepMeasures:
         return cls(need(data.get("step"), int, f"{where}.step"), start, regions)
 
 
+def device_paced(steps: list[StepMeasures]) -> bool:
+    """Whether the device paced these steps: GPU steps whose median idle share is under DEVICE_BOUND_IDLE."""
+    idle = [s.regions[STEP].get("gpu_idle_share") for s in steps]
+    return bool(idle) and None not in idle and statistics.median(idle) < DEVICE_BOUND_IDLE
+
+
 def representative_step(steps: list[StepMeasures]) -> StepMeasures:
-    """The step whose wall time is the median (the lower of the two middle ones for an even count)."""
-    walls = [s.regions[STEP]["wall_ms"] for s in steps]
-    return steps[walls.index(statistics.median_low(walls))]
+    """The step whose time is the median (the lower of the two middle ones for an even count): its time on the device
+    where the device paced the steps (``device_paced``; the host's steps then jitter with the launch queue), else its
+    wall time."""
+    key = (
+        "device_step_ms"
+        if device_paced(steps) and all(s.regions[STEP].get("device_step_ms") for s in steps)
+        else "wall_ms"
+    )
+    times = [s.regions[STEP][key] for s in steps]
+    return steps[times.index(statistics.median_low(times))]
 
 
 @dataclass
@@ -250,6 +263,24 @@ class ProfileRecord:
         DEVICE_BOUND_IDLE), else "host" (the CPU's step, or a GPU's that waits for Python's launches)."""
         idle = self.stats("step", "gpu_idle_share")
         return "device" if idle and idle.median < DEVICE_BOUND_IDLE else "host"
+
+    def leading_time(self) -> str:
+        """The measure that is a region's cost: on a GPU the device paces (``paced_by``), the GPU time of the work the
+        region launched ("gpu_ms"): the host runs steps ahead and its wall time in a region is the time it took to
+        launch it, or to wait for room in the launch queue. Elsewhere "wall_ms": on the CPU the host is the device,
+        and a GPU that waits for the host is paced by the host's time."""
+        return "gpu_ms" if self.analysis.gpu and self.paced_by() == "device" else "wall_ms"
+
+    def pacing_text(self) -> str:
+        """``paced by the device (GPU idle 0.4 % of the step; the host waited 9.1 ms a step for room in the launch
+        queue)``: what paced the step, from the trace, and why."""
+        idle, wait = self.stats(STEP, "gpu_idle_share"), self.stats(STEP, "queue_wait_ms")
+        if not self.analysis.gpu or idle is None:
+            return "paced by the host (no GPU: the host's time is the step's)"
+        why = f"GPU idle {format_value('gpu_idle_share', idle.median)} of the step"
+        if wait and wait.median:
+            why += f"; the host waited {format_value('wall_ms', wait.median)} ms a step for room in the launch queue"
+        return f"paced by the {self.paced_by()} ({why})"
 
     def loader_paced(self) -> str | None:
         """Why the loader paced the run's step (``data wait 14.9 ms, 39 % of the step; GPU idle 28 %``), or None where
