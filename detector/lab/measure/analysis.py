@@ -10,7 +10,13 @@ Every measure is defined once, in detector/lab/record/measures.py. How a region'
   them by a correlation id), whenever it ran; so does a collective (an NCCL kernel), whose time, bytes and
   the share of it that other kernels ran beside (``comm_*``) are measured apart as well. The host runs
   ahead of the device as in training, so a region's GPU ms may run long after its wall time has ended; the
-  step's GPU idle share is the part of its wall time in which the device ran nothing at all.
+  step's GPU idle share is the part of its wall time in which the device ran nothing at all. When the profiler's
+  window opens, the device still runs work launched before it, which the trace does not hold: the gap before a
+  stream's first recorded event counts as busy where that event waited behind earlier work (trace.py
+  ``_unrecorded_at_opening``), so the first step's idle is not the device's busiest time.
+- Queue wait: the host's time in kernel launches that waited for room in the launch queue (QUEUE_BLOCKED_US). A
+  host that runs as far ahead as the queue allows blocks there, in whichever region is launching: that region's
+  wall time then holds the wait, not its cost, and on such a step a region's cost is its GPU ms.
 
 - Memory: the allocator's events (trace.py ``Memory``) that fall in the region's time span, on any thread: the
   bytes live when it began, the most allocated at once in it (its peak, and how far that rose above the start),
@@ -20,8 +26,8 @@ Every measure is defined once, in detector/lab/record/measures.py. How a region'
 
 ``check_steps`` tests what must hold whatever the strategy, and returns a warning for each violation
 (never a silent number): the regions and "other" add up to the step, every region with kernels has
-launches, every launch has its kernel, and every GPU event in the active steps has the call that
-launched it; each memory event's total follows from the one before, no region's peak rises further than it
+launches, every launch has its kernel, every GPU event in the active steps has the call that
+launched it, and no step's GPU idle share is contradicted by the steps beside it (``_idle_checks``); each memory event's total follows from the one before, no region's peak rises further than it
 allocated, and the step's peak is its regions' highest. On a GPU, ``allocator_checks`` holds the trace against
 the allocator's own statistics of each step: the bytes live at its start, its peak and its device mallocs.
 ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive method), min, max
@@ -238,7 +244,33 @@ def check_steps(source, steps: list[StepMeasures]) -> list[str]:
             f"kernels with no launch counted in {len(unlaunched)} of {len(steps)} steps (step {first}: "
             f"{unlaunched[first]}): launched by a call the analysis does not know as a launch"
         )
-    return warnings + _unmatched_launches(trace) + _memory_checks(trace, steps)
+    return warnings + _idle_checks(steps) + _unmatched_launches(trace) + _memory_checks(trace, steps)
+
+
+# A step's GPU idle share is contradicted by its neighbours where it is this many times theirs (and IDLE_GAP above it)
+# though the host took no longer over it: a host as quick feeds the device as well, so the device cannot have idled
+# more; the gap then lies in what the trace holds (work it did not record), not in the step
+IDLE_RATIO, IDLE_GAP = 2.0, 0.05
+
+
+def _idle_checks(steps: list[StepMeasures]) -> list[str]:
+    """A warning naming the steps whose idle share their neighbours contradict (IDLE_RATIO): a step the host spent no
+    longer on than on the steps beside it, whose device idled far more than in any of them."""
+    found = []
+    for i, step in enumerate(steps):
+        idle, wall = step.regions[STEP].get("gpu_idle_share"), step.regions[STEP]["wall_ms"]
+        near = [s.regions[STEP] for s in steps[max(0, i - 1) : i + 2] if s is not step]
+        if idle is None or not near or any(n.get("gpu_idle_share") is None for n in near):
+            continue
+        most = max(n["gpu_idle_share"] for n in near)
+        if idle > max(IDLE_RATIO * most, most + IDLE_GAP) and wall <= max(n["wall_ms"] for n in near):
+            found.append(f"step {step.step} ({100 * idle:.1f} % against at most {100 * most:.1f} %)")
+    if not found:
+        return []
+    return [
+        f"GPU idle that the steps beside it contradict in {len(found)} of {len(steps)} steps ({', '.join(found)}): the "
+        "host was no slower there, so the device cannot have idled more; GPU work the trace did not record?"
+    ]
 
 
 def _memory_checks(trace: Trace, steps: list[StepMeasures]) -> list[str]:

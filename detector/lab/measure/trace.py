@@ -148,7 +148,8 @@ class Trace:
     op_events: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Op] by ts, every operator
     threads: dict = field(default_factory=lambda: defaultdict(set))  # pid -> tids with calls or operators
     gpu: list = field(default_factory=list)  # [Gpu] by ts
-    busy: tuple = ([], [], [0.0])  # merged GPU intervals: starts, ends, prefix sums of lengths
+    # merged GPU intervals (starts, ends, prefix sums of lengths), with the work running unrecorded when the window opened
+    busy: tuple = ([], [], [0.0])
     launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Gpu] it launched
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]
     kernels: Counter = field(default_factory=Counter)  # correlation -> kernels it launched
@@ -254,11 +255,37 @@ def _index(name: str, events: list[dict]) -> Trace:
     trace.gpu.sort(key=lambda g: g[:2])
     for found in trace.op_events.values():
         found.sort()
-    trace.busy = merge_intervals(trace.gpu)
+    trace.busy = merge_intervals(sorted([*trace.gpu, *_unrecorded_at_opening(trace)], key=lambda g: (g[0], g[1])))
     trace.compute = merge_intervals(g for g in trace.gpu if g.category == "kernel" and not is_collective(g))
     trace.lab_syncs = _lab_syncs(trace)
     trace.memory = _memory(trace, memory_events)
     return trace
+
+
+# On a stream with room, GPU work starts within tens of microseconds of its launch; work that starts later than this
+# after it could have (its launch, or the window's opening for work launched before it) waited behind earlier work
+QUEUED_US = 100.0
+
+
+def _unrecorded_at_opening(trace: Trace) -> list[tuple[float, float]]:
+    """The spans from the profiler's window opening (the first step's start) to each stream's first recorded GPU
+    event, where that event waited behind earlier work (QUEUED_US): the host runs steps ahead of the device, so when
+    the window opens the device is still running work launched before it, which the trace does not hold. That work
+    kept the device busy; without it the first step's idle share counts the device's busiest time as idle. A stream
+    whose first event started as soon as it could was idle before it: nothing is inferred there."""
+    if not trace.gpu or not trace.steps:
+        return []
+    opened = trace.steps[0]["ts"]
+    first = {}
+    for g in trace.gpu:
+        first.setdefault(g.stream, g)
+    wanted = {g.correlation for g in first.values()}
+    launched_at = {c.correlation: c.ts for calls in trace.calls.values() for c in calls if c.correlation in wanted}
+    return [
+        (opened, g.ts)
+        for g in first.values()
+        if g.ts > opened and g.ts - max(opened, launched_at.get(g.correlation, opened)) > QUEUED_US
+    ]
 
 
 def _memory(trace: Trace, events: list[dict]) -> Memory | None:

@@ -466,3 +466,84 @@ def test_h100_traces_count_the_backward_from_the_autograd_thread(strategy, backw
         assert regions["backward"]["gpu_ms"] > 10  # the conv and Linear layers' gradients
         assert 40 < regions["step"]["device_step_ms"] < 46  # the device paces the step, not the host
         assert regions["step"]["syncs"] == 1 and regions["step"]["sync_wait_ms"] == 0  # the loader's, no lab sync
+
+
+# ----------------------------------------------------------------------------- the window's opening, the launch queue
+
+
+def opening_events(first_start: float, launched_at: float | None) -> list[dict]:
+    """Two steps of 1000 µs at 0 and 1000. In the first, a kernel starts at ``first_start`` and runs to 1000 with no
+    gap: launched before the window opened (no call in the trace: ``launched_at`` None) or at ``launched_at``. In the
+    second, a kernel launched at its start runs 1100-2000."""
+    events = [mark("ProfilerStep#1", 0, 1000), mark("ProfilerStep#2", 1000, 1000)]
+    if launched_at is not None:
+        events.append(call("cudaLaunchKernel", launched_at, 3, 9))
+    events.append(gpu("kernel", "first", first_start, 1000 - first_start, 9))
+    return events + [call("cudaLaunchKernel", 1001, 3, 11), gpu("kernel", "next", 1100, 900, 11)]
+
+
+@pytest.mark.parametrize(
+    "first_start, launched_at, idle",
+    [
+        (300, None, 0.0),  # launched before the window, started 300 µs into it: it waited behind unrecorded work
+        (300, 1, 0.0),  # launched at 1 µs, started 299 µs later (over QUEUED_US): it waited too
+        (60, 1, 0.06),  # started 59 µs after its launch: it did not wait, so the device idled before it
+    ],
+)
+def test_work_running_unrecorded_when_the_window_opened_counts_as_busy(first_start, launched_at, idle):
+    """The host runs ahead, so when the profiler's window opens the device still runs work launched before it, which
+    the trace does not hold: the first step's idle share counts the gap before the first recorded event as busy where
+    that event waited behind earlier work, and as idle where it did not. Later steps are as they were."""
+    steps = measure_steps(opening_events(first_start, launched_at))
+    assert steps[0].regions["step"]["gpu_idle_share"] == pytest.approx(idle)
+    assert steps[1].regions["step"]["gpu_idle_share"] == pytest.approx(0.1)  # 1000-1100: nothing ran
+
+
+def test_an_idle_share_the_neighbouring_steps_contradict_is_a_warning():
+    """A step the host took no longer over, whose device idled far more than in the steps beside it, is named; a step
+    that the host took longer over may idle the device (the host was late), and is not."""
+
+    def steps(walls, idles):
+        out = []
+        for n, (wall, idle) in enumerate(zip(walls, idles, strict=True)):
+            out.append(measure_steps(synthetic_events())[0])
+            out[-1].step = n
+            out[-1].regions["step"] |= {"wall_ms": wall, "gpu_idle_share": idle}
+        return out
+
+    from detector.lab.measure.analysis import _idle_checks
+
+    (warning,) = _idle_checks(steps([18, 42, 42], [0.37, 0.01, 0.01]))
+    assert "in 1 of 3 steps (step 0 (37.0 % against at most 1.0 %))" in warning
+    assert _idle_checks(steps([90, 42, 42], [0.37, 0.01, 0.01])) == []  # the host was late: the device waited
+    assert _idle_checks(steps([42, 42, 42], [0.04, 0.01, 0.01])) == []  # 3 points: within IDLE_GAP
+    assert _idle_checks(steps([42, 42, 42], [0.01, 0.01, 0.01])) == []
+
+
+@pytest.mark.parametrize("strategy, first_idle", [("padded", 0.031), ("packed", 0.045)])
+def test_h100_traces_first_step_idle_is_its_neighbours(strategy, first_idle):
+    """On the recorded H100 traces the device ran steps' work the host launched 100-170 ms earlier: the first step's
+    idle share was ``first_idle`` with the opening counted idle, and is now within a point of the steps after it."""
+    steps = measure_steps(DATA / f"{strategy}_h100_trace.json.gz")
+    idle = [s.regions["step"]["gpu_idle_share"] for s in steps]
+    assert idle[0] < first_idle - 0.01
+    assert abs(idle[0] - statistics.median(idle[1:])) < 0.01
+
+
+def test_launches_that_wait_for_room_in_the_queue_are_queue_wait():
+    """A launch over 0.2 ms (QUEUE_BLOCKED_US) waited for room in the launch queue: its time is the region's queue wait, and
+    adds up over the regions to the step; a launch of a few µs is none."""
+    events = [mark("ProfilerStep#1", 0, 5000), mark("forward", 0, 3000), mark("calc loss", 3000, 2000)]
+    events += [call("cudaLaunchKernel", 10, 5, 1), gpu("kernel", "a", 20, 5, 1)]
+    events += [call("cudaLaunchKernel", 100, 2500, 2), gpu("kernel", "b", 2600, 5, 2)]  # blocked 2.5 ms
+    events += [call("cudaLaunchKernel", 3000, 199, 3), gpu("kernel", "c", 3200, 5, 3)]  # under the bound
+    (step,) = measure_steps(events)
+    waits = {r: step.regions[r]["queue_wait_ms"] for r in ("forward", "calc loss", "step")}
+    assert waits == {"forward": pytest.approx(2.5), "calc loss": 0.0, "step": pytest.approx(2.5)}
+
+
+@pytest.mark.parametrize("strategy, low, high", [("padded", 5, 20), ("packed", 1, 25)])
+def test_h100_traces_host_waited_on_a_full_launch_queue(strategy, low, high):
+    """The recorded H100 steps are device-paced: the host waited milliseconds a step for room in the launch queue."""
+    steps = measure_steps(DATA / f"{strategy}_h100_trace.json.gz")
+    assert all(low < s.regions["step"]["queue_wait_ms"] < high for s in steps)
