@@ -27,7 +27,8 @@ Every measure is defined once, in detector/lab/record/measures.py. How a region'
 ``check_steps`` tests what must hold whatever the strategy, and returns a warning for each violation
 (never a silent number): the regions and "other" add up to the step, every region with kernels has
 launches, every launch has its kernel, every GPU event in the active steps has the call that
-launched it, and no step's GPU idle share is contradicted by the steps beside it (``_idle_checks``); each memory event's total follows from the one before, no region's peak rises further than it
+launched it, and no step's GPU idle share is contradicted by the steps beside it (``_idle_checks``); each memory
+event's total follows from the one before, no region's peak rises further than it
 allocated, and the step's peak is its regions' highest. On a GPU, ``allocator_checks`` holds the trace against
 the allocator's own statistics of each step: the bytes live at its start, its peak and its device mallocs.
 ``summarise`` gives each measure's median, quartiles (``statistics.quantiles``, inclusive method), min, max

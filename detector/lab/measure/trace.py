@@ -148,7 +148,7 @@ class Trace:
     op_events: dict = field(default_factory=lambda: defaultdict(list))  # tid -> [Op] by ts, every operator
     threads: dict = field(default_factory=lambda: defaultdict(set))  # pid -> tids with calls or operators
     gpu: list = field(default_factory=list)  # [Gpu] by ts
-    # merged GPU intervals (starts, ends, prefix sums of lengths), with the work running unrecorded when the window opened
+    # merged GPU intervals (starts, ends, prefix sums of lengths), the work running unrecorded at the opening included
     busy: tuple = ([], [], [0.0])
     launched: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Gpu] it launched
     copies: dict = field(default_factory=lambda: defaultdict(list))  # correlation -> [Copy]

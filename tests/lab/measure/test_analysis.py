@@ -531,8 +531,8 @@ def test_h100_traces_first_step_idle_is_its_neighbours(strategy, first_idle):
 
 
 def test_launches_that_wait_for_room_in_the_queue_are_queue_wait():
-    """A launch over 0.2 ms (QUEUE_BLOCKED_US) waited for room in the launch queue: its time is the region's queue wait, and
-    adds up over the regions to the step; a launch of a few µs is none."""
+    """A launch over 0.2 ms (QUEUE_BLOCKED_US) waited for room in the launch queue: its time is the region's queue
+    wait, and adds up over the regions to the step; a launch of a few µs is none."""
     events = [mark("ProfilerStep#1", 0, 5000), mark("forward", 0, 3000), mark("calc loss", 3000, 2000)]
     events += [call("cudaLaunchKernel", 10, 5, 1), gpu("kernel", "a", 20, 5, 1)]
     events += [call("cudaLaunchKernel", 100, 2500, 2), gpu("kernel", "b", 2600, 5, 2)]  # blocked 2.5 ms
