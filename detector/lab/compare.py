@@ -207,7 +207,9 @@ def mode_report(runs: list[Run], base: ProfileRecord | None, verdicts: dict[str,
         speedups_vs_padded={
             measure: {
                 region: {
-                    label: speedup(base.stats(region, measure), r.stats(region, measure)) if base else None
+                    label: speedup(base.stats(region, measure), r.stats(region, measure))
+                    if base and (measure == "gpu_ms" or text.host_ratio(base, r))
+                    else None
                     for label, r in runs
                 }
                 for region in regions

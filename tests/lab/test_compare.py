@@ -5,7 +5,17 @@ outputs and TensorBoard events, and what it says about broken or missing runs.""
 import json
 
 import pytest
-from lab_helpers import BUSY, MARKUP_NAME, SHOWN, edit_summary, make_run, read_events, rendered, tables_whole
+from lab_helpers import (
+    BUSY,
+    H100_TRACES,
+    MARKUP_NAME,
+    SHOWN,
+    edit_summary,
+    make_run,
+    read_events,
+    rendered,
+    tables_whole,
+)
 
 from detector.board.events import text_tab, write_compare_events
 from detector.errors import UserError
@@ -291,3 +301,30 @@ def test_names_from_summaries_come_out_escaped_in_compare_and_the_cards(tmp_path
     compared = rendered(documents["compare.md"])
     assert f"{SHOWN}'s run: other processes" in compared and f"emulated {SHOWN} here" in compared
     assert f"on NVIDIA H200 {SHOWN}: not judged" in compared
+
+
+def test_where_the_device_paced_both_steps_the_device_time_leads_and_the_host_time_has_no_speed_up(tmp_path):
+    """padded and packed as recorded on an H100 (seed scale, the host steps ahead of the device, its launches waiting
+    for room in the full launch queue): the first table is the GPU time each region launched, with speed-ups; the host's
+    table follows as the time to launch each region, with its wait for the queue and no speed-up; the chart's left bar
+    is the device's; compare.json has no host speed-up; each run says what paced it."""
+    root = tmp_path / "profile"
+    for name, stamp in (("padded", "20261122-031500"), ("packed", "20261122-031600")):
+        make_run(root, name, stamp, recorded=H100_TRACES[name], device="NVIDIA H100 80GB HBM3")
+    comparison = run_compare(root, out_dir=tmp_path / "out")
+    md = (tmp_path / "out" / "compare.md").read_text()
+    tables = md.split("### Verdicts")[1]
+    assert tables.index("### GPU ms per step (device)") < tables.index("### Host ms per step: the time to launch")
+    host = tables.split("### Host ms per step")[1].split("###")[0]
+    rows = [line for line in host.splitlines() if line.startswith("| ") and not line.startswith("| region")]
+    assert rows and not any("×" in row or "≈" in row or "not judged" in row for row in rows)
+    assert any(row.startswith("| of the step: waiting for room in the launch queue |") for row in rows)
+    assert "**step, as training runs it**" not in host  # the device's table, the verdict's, holds it
+    device = tables.split("### GPU ms per step (device)")[1].split("###")[0]
+    loss = next(line for line in device.splitlines() if line.startswith("| calc loss |"))
+    assert "× |" in loss  # packed's loss launches 9x less GPU time: a speed-up on the device's time
+    assert "| **step, as training runs it** |" in device
+    assert "packed: paced by the device (GPU idle 1% of the step; the host waited 20 ms a step for room in the" in md
+    wall = comparison.record.modes["train"].speedups_vs_padded["wall_ms"]
+    assert all(by_label["packed"] is None for by_label in wall.values())
+    assert comparison.record.modes["train"].speedups_vs_padded["gpu_ms"]["calc loss"]["packed"] > 5

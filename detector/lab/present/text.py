@@ -156,9 +156,24 @@ def regions_of(records: list[ProfileRecord]) -> list[str]:
     return [region for region in REGIONS if any(r.stats(region) for r in records)]
 
 
+def device_leads(records: list[ProfileRecord]) -> bool:
+    """Whether a comparison's first time table is the device's: some run is on a GPU, and every GPU run's device
+    paced its step (``ProfileRecord.leading_time``). Where a GPU run waits for its host, the host's time is its cost."""
+    gpu = [r for r in records if r.analysis.gpu]
+    return bool(gpu) and all(r.leading_time() == "gpu_ms" for r in gpu)
+
+
+def host_ratio(base: ProfileRecord, record: ProfileRecord) -> bool:
+    """Whether a host time of ``record`` gets a speed-up against ``base``'s: not where the device paced both steps,
+    for the host then runs ahead and its time in a region is the time it took to launch it, or to wait for room in the
+    launch queue, not what the region cost."""
+    return not (base.leading_time() == "gpu_ms" and record.leading_time() == "gpu_ms")
+
+
 def time_table(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None, measure: str) -> str:
-    """Regions x strategies: ``measure`` (wall_ms or gpu_ms) "median [q1–q3] · speed-up vs padded"; the wall
-    table ends with the step as training runs it, the GPU table with the step on the device."""
+    """Regions x strategies: ``measure`` (wall_ms or gpu_ms) "median [q1–q3] · speed-up vs padded"; the GPU table ends
+    with the step on the device, the wall table with the host's wait for room in the launch queue where it waited; the
+    first of the two (``device_leads``) ends with the step as training runs it."""
     records = [r for _, r in runs]
     rows = []
     for region in regions_of(records):
@@ -168,16 +183,30 @@ def time_table(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None
         rows.append([name] + [time_cell(r, base, region, measure) for r in records])
     if measure == "gpu_ms":
         rows.append(["**step, on the device**"] + [time_cell(r, base, STEP, "device_step_ms") for r in records])
-    if measure == "wall_ms":
+    if measure == "wall_ms" and any(r.median(STEP, "queue_wait_ms") for r in records):
+        rows.append(["of the step: waiting for room in the launch queue"] + [wait_cell(r) for r in records])
+    if (measure == "gpu_ms") == device_leads(records):
         rows.append(["**step, as training runs it**"] + [timed_cell(r, base) for r in records])
     return markdown_table(["region"] + [label for label, _ in runs], rows)
 
 
+def wait_cell(record: ProfileRecord) -> str:
+    """The step's queue wait, median [q1–q3], and its share of the host's step."""
+    wait, step = record.stats(STEP, "queue_wait_ms"), record.stats(STEP)
+    if not wait:
+        return stats_cell("queue_wait_ms", wait)
+    share = f" ({100 * wait.median / step.median:.0f} %)" if step and step.median > 0 else ""
+    return stats_cell("queue_wait_ms", wait) + share
+
+
 def time_cell(record: ProfileRecord, base: ProfileRecord | None, region: str, measure: str) -> str:
-    """``12.3 [12.1–12.6] · 2×``: the median [q1–q3], then the speed-up against the baseline."""
+    """``12.3 [12.1–12.6] · 2×``: the median [q1–q3], then the speed-up against the baseline (none on a host time
+    where the device paced both steps: ``host_ratio``)."""
     s = record.stats(region, measure)
     cell = stats_cell(measure, s)
     if not s or base is None or base is record or not base.stats(region, measure):
+        return cell
+    if measure == "wall_ms" and not host_ratio(base, record):
         return cell
     if region == STEP and paced_unlike(base, record):
         return f"{cell} · not judged"  # one of the two is loader-paced: the verdicts say which
@@ -194,6 +223,12 @@ def timed_cell(record: ProfileRecord, base: ProfileRecord | None) -> str:
     return cell
 
 
+def pacing_lines(runs: list[tuple[str, ProfileRecord]]) -> list[str]:
+    """One line: what paced each GPU run's step, from its trace (``ProfileRecord.pacing_text``); none on the CPU."""
+    paced = [f"{cell_text(label)}: {r.pacing_text()}" for label, r in runs if r.analysis.gpu]
+    return ["", f"**What paced each step**: {'; '.join(paced)}."] if paced else []
+
+
 def why_table(runs: list[tuple[str, ProfileRecord]], names: list[str]) -> str:
     """Per region and strategy: the medians of the why measures ``names``; a region in which every one of them
     is zero in every run has no rows."""
@@ -206,6 +241,47 @@ def why_table(runs: list[tuple[str, ProfileRecord]], names: list[str]) -> str:
             if record.stats(region):
                 rows.append([region, label] + [format_value(m, record.median(region, m)) for m in names])
     return markdown_table(["region", "strategy"] + [MEASURES[m].header for m in names], rows, "ll" + "r" * len(names))
+
+
+TIMED_ROW = " The last row: the steps timed without the profiler (by CUDA events on a GPU), the verdict's."
+
+
+def host_section(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None) -> list[str]:
+    """The host's time per region: the comparison's first table where the host paced the steps (the CPU, or a GPU
+    waiting for its host); else the time the host took to launch each region, without speed-ups (``host_ratio``)."""
+    if device_leads([r for _, r in runs]):
+        heading = "### Host ms per step: the time to launch each region"
+        text = (
+            "The device paced these steps: the host ran steps ahead of it, so a region's time here is the time the "
+            "host took to launch its work, and where the launch queue was full, to wait for room in it (its own row), "
+            "not what the region cost: that is its GPU ms above, and no speed-up is given here. Median [q1–q3] over "
+            "the active steps."
+        )
+    else:
+        heading = "### Wall ms per step (host)"
+        text = (
+            "Median [q1–q3] over the active steps; `· 2×` = padded's median / this median where the interquartile "
+            "ranges do not overlap, `· ≈` where they do, `· not judged` on a step where one of the two runs is "
+            "loader-paced. The step's verdict must also hold without the data wait (the loader's, shown on its own "
+            "line)." + TIMED_ROW
+        )
+    return ["", heading, "", text, "", time_table(runs, base, "wall_ms")]
+
+
+def device_section(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None) -> list[str]:
+    """The GPU time each region launched (none without a GPU run): where the device paced the steps, each region's
+    cost and the comparison's first table."""
+    records = [r for _, r in runs]
+    if not any(r.analysis.gpu for r in records):
+        return []
+    text = (
+        "The kernels, copies and memsets each region launched, whenever they ran: where the device paces the step, "
+        "each region's cost. Median [q1–q3] over the active steps; `· 2×` = padded's median / this median where the "
+        "interquartile ranges do not overlap, `· ≈` where they do. The step on the device runs from the start of its "
+        "first GPU work to the next step's: the profiled step's verdict."
+    )
+    text += TIMED_ROW if device_leads(records) else ""
+    return ["", "### GPU ms per step (device)", "", text, "", time_table(runs, base, "gpu_ms")]
 
 
 def mode_markdown(
@@ -233,28 +309,10 @@ def mode_markdown(
             "**Loader-paced runs** (the loader, not the step's own work, set their time; not judged against a run "
             f"the loader does not pace): {'; '.join(paced)}.",
         ]
+    lines += pacing_lines(runs)
     lines += ["", "### How the counts grow with the batch", "", *growth] if growth else []
-    lines += [
-        "",
-        "### Wall ms per step (host)",
-        "",
-        "Median [q1–q3] over the active steps; `· 2×` = padded's median / this median where the interquartile "
-        "ranges do not overlap, `· ≈` where they do, `· not judged` on a step where one of the two runs is "
-        "loader-paced. The step's verdict must also hold without the data wait (the loader's, shown on its own "
-        "line). The last row: the steps timed without the profiler.",
-        "",
-        time_table(runs, base, "wall_ms"),
-    ]
-    if any(r.analysis.gpu for r in records):
-        lines += [
-            "",
-            "### GPU ms per step (device)",
-            "",
-            "The kernels, copies and memsets each region launched, whenever they ran; the same rule. The last "
-            "row: each step from the start of its first GPU work to the next step's, the profiled step's verdict.",
-            "",
-            time_table(runs, base, "gpu_ms"),
-        ]
+    tables = [host_section(runs, base), device_section(runs, base)]
+    lines += [line for table in (tables[::-1] if device_leads(records) else tables) for line in table]
     if any(r.stats(STEP, "peak_bytes") for r in records):
         lines += ["", f"### Memory (mode={mode}): medians per step", "", memory_table(runs), "", legend(MEMORY)]
     note = memory_note(records)
