@@ -30,7 +30,7 @@ from detector.lab.measure.extract import load
 from detector.lab.present import charts, text
 from detector.lab.present.tables import speedup
 from detector.lab.present.timeline import draw_memory, draw_steps
-from detector.lab.present.verdicts import BASELINE, Verdict, growth, judge_all, setting, verdict_lines
+from detector.lab.present.verdicts import BASELINE, Verdict, growth, host_ratio, judge_all, setting, verdict_lines
 from detector.lab.record.comparison import COMPARISON, ComparedRun, ComparisonRecord, ModeComparison, write_comparison
 from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.steps import StepModel
@@ -208,7 +208,7 @@ def mode_report(runs: list[Run], base: ProfileRecord | None, verdicts: dict[str,
             measure: {
                 region: {
                     label: speedup(base.stats(region, measure), r.stats(region, measure))
-                    if base and (measure == "gpu_ms" or text.host_ratio(base, r))
+                    if base and (measure == "gpu_ms" or host_ratio(base, r))
                     else None
                     for label, r in runs
                 }

@@ -8,7 +8,16 @@ is not written, and a CPU run says once which measures need a GPU. The memory ta
 from __future__ import annotations
 
 from detector.lab.present.tables import cell_text, code_text, markdown_table, speedup, times
-from detector.lab.present.verdicts import BASELINE, host_speedup, loader_note, noise_note, paced_unlike, profiler_note
+from detector.lab.present.verdicts import (
+    BASELINE,
+    device_leads,
+    host_ratio,
+    host_speedup,
+    loader_note,
+    noise_note,
+    paced_unlike,
+    profiler_note,
+)
 from detector.lab.record.measures import (
     MEASURES,
     MEMORY,
@@ -154,20 +163,6 @@ def runs_table(runs: list[tuple[str, ProfileRecord]]) -> str:
 
 def regions_of(records: list[ProfileRecord]) -> list[str]:
     return [region for region in REGIONS if any(r.stats(region) for r in records)]
-
-
-def device_leads(records: list[ProfileRecord]) -> bool:
-    """Whether a comparison's first time table is the device's: some run is on a GPU, and every GPU run's device
-    paced its step (``ProfileRecord.leading_time``). Where a GPU run waits for its host, the host's time is its cost."""
-    gpu = [r for r in records if r.analysis.gpu]
-    return bool(gpu) and all(r.leading_time() == "gpu_ms" for r in gpu)
-
-
-def host_ratio(base: ProfileRecord, record: ProfileRecord) -> bool:
-    """Whether a host time of ``record`` gets a speed-up against ``base``'s: not where the device paced both steps,
-    for the host then runs ahead and its time in a region is the time it took to launch it, or to wait for room in the
-    launch queue, not what the region cost."""
-    return not (base.leading_time() == "gpu_ms" and record.leading_time() == "gpu_ms")
 
 
 def time_table(runs: list[tuple[str, ProfileRecord]], base: ProfileRecord | None, measure: str) -> str:

@@ -175,6 +175,20 @@ def paced_unlike(a: ProfileRecord, b: ProfileRecord) -> bool:
     return (a.loader_paced() is None) != (b.loader_paced() is None)
 
 
+def device_leads(records: list[ProfileRecord]) -> bool:
+    """Whether a comparison's first time table is the device's: some run is on a GPU, and every GPU run's device
+    paced its step (``ProfileRecord.leading_time``). Where a GPU run waits for its host, the host's time is its cost."""
+    gpu = [r for r in records if r.analysis.gpu]
+    return bool(gpu) and all(r.leading_time() == "gpu_ms" for r in gpu)
+
+
+def host_ratio(base: ProfileRecord, record: ProfileRecord) -> bool:
+    """Whether a host time of ``record`` gets a speed-up against ``base``'s: not where the device paced both steps,
+    for the host then runs ahead and its time in a region is the time it took to launch it, or to wait for room in the
+    launch queue, not what the region cost."""
+    return not (base.leading_time() == "gpu_ms" and record.leading_time() == "gpu_ms")
+
+
 def pacing_reason(base: ProfileRecord, run: ProfileRecord, label: str, base_label: str) -> str | None:
     """``padded's run is loader-paced (<why>), packed's is not: ...`` where exactly one of the two is; else None."""
     if not paced_unlike(base, run):

@@ -97,16 +97,16 @@ def device_paced(steps: list[StepMeasures]) -> bool:
 
 
 def representative_step(steps: list[StepMeasures]) -> StepMeasures:
-    """The step whose time is the median (the lower of the two middle ones for an even count): its time on the device
-    where the device paced the steps (``device_paced``; the host's steps then jitter with the launch queue), else its
-    wall time."""
-    key = (
-        "device_step_ms"
-        if device_paced(steps) and all(s.regions[STEP].get("device_step_ms") for s in steps)
-        else "wall_ms"
-    )
-    times = [s.regions[STEP][key] for s in steps]
-    return steps[times.index(statistics.median_low(times))]
+    """The step whose wall time is the median (the lower of the two middle ones for an even count). Where the device
+    paced the steps (``device_paced``), the host's steps jitter with the launch queue while the device's barely move:
+    the step closest to both medians, the device step's and the wall time's (relative distances summed)."""
+    walls = [s.regions[STEP]["wall_ms"] for s in steps]
+    devices = [s.regions[STEP].get("device_step_ms") for s in steps]
+    if not device_paced(steps) or not all(devices):
+        return steps[walls.index(statistics.median_low(walls))]
+    wall, device = statistics.median_low(walls), statistics.median_low(devices)
+    distance = [abs(w - wall) / wall + abs(d - device) / device for w, d in zip(walls, devices, strict=True)]
+    return steps[distance.index(min(distance))]
 
 
 @dataclass

@@ -547,3 +547,12 @@ def test_h100_traces_host_waited_on_a_full_launch_queue(strategy, low, high):
     """The recorded H100 steps are device-paced: the host waited milliseconds a step for room in the launch queue."""
     steps = measure_steps(DATA / f"{strategy}_h100_trace.json.gz")
     assert all(low < s.regions["step"]["queue_wait_ms"] < high for s in steps)
+
+
+def test_a_device_paced_runs_representative_step_is_typical_on_the_device_and_the_host():
+    """On the recorded packed H100 trace the device steps are 42.2, 42.2 and 42.1 ms, the host's 17.8 (the window's
+    first, launched into a half-empty queue), 42.3 and 42.1: the step shown is the one near both medians, not the first
+    of equal device steps, whose host time would say the host was twice as fast."""
+    steps = measure_steps(DATA / "packed_h100_trace.json.gz")
+    chosen = representative_step(steps).regions["step"]
+    assert chosen["wall_ms"] > 40 and 42 < chosen["device_step_ms"] < 42.5
