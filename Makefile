@@ -100,6 +100,13 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	else \
 		echo "installed torchao $$($(VENV)/bin/pip show torchao | sed -n 's/^Version: //p') for train.float8"; \
 	fi
+	@if $(VENV)/bin/python -c "import hta" 2>/dev/null; then \
+		echo "using the installed holistictraceanalysis $$($(VENV)/bin/pip show holistictraceanalysis | sed -n 's/^Version: //p')"; \
+	elif ! $(VENV)/bin/pip install -q $(PIP_OFFLINE) -e ".[hta]" >/dev/null 2>&1; then \
+		echo "no holistictraceanalysis to install: tests/lab/measure/test_against_hta.py is skipped (WHEELS=<dir> holding it)"; \
+	else \
+		echo "installed holistictraceanalysis $$($(VENV)/bin/pip show holistictraceanalysis | sed -n 's/^Version: //p') for the lab's cross-check"; \
+	fi
 	@touch $@
 
 # The suite in parallel on every core (pytest-xdist): `make test` leaves the browser, multi-process, end-to-end and

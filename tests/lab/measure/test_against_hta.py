@@ -1,5 +1,5 @@
 """The lab's step measures (detector/lab/measure/analysis.py ``measure_steps``) held against an independent reading of
-the same recorded GPU traces: HolisticTraceAnalysis (HTA, PyPI ``holistictraceanalysis``, the dev extra), Meta's
+the same recorded GPU traces: HolisticTraceAnalysis (HTA, PyPI ``holistictraceanalysis``, the ``hta`` extra), Meta's
 analyser of Kineto traces. HTA parses the trace itself (pandas), gives each GPU event a step itself and merges
 intervals itself; what this test adds on HTA's events is arithmetic: a step's window clipped for the idle share, the
 differences of first kernel starts for the device step.
@@ -13,9 +13,10 @@ Per ProfilerStep, ours against HTA's:
   copies' time is the GPU ms of the regions that launched them, which launched no kernels (checked).
 - device step ms: from the first start of the step's kernels to the next step's (the last step: to its kernels' last
   end); HTA has no such figure, so it is read off HTA's kernels of each step.
-- GPU idle share: the part of the ProfilerStep in which none of HTA's GPU events ran, from the second step on: the
-  first step's share is known to be wrong (the device's work launched before the profiled window), and is being
-  fixed in analysis.py apart from this test.
+- GPU idle share: the part of the ProfilerStep in which none of HTA's GPU events ran, from the second step on. The
+  first step's differs by design: where the window opened on the device still running work the trace does not hold,
+  ours counts the gap before each stream's first recorded event as busy (trace.py ``_unrecorded_at_opening``), which
+  no reading of the recorded events alone can.
 
 HTA's own choices, undone so that like is compared with like:
 
@@ -56,7 +57,7 @@ from detector.lab.measure.analysis import measure_steps
 from detector.lab.measure.trace import STEP_NAME
 from detector.regions import STEP
 
-REASON = "HolisticTraceAnalysis is not installed (pip install holistictraceanalysis, in the dev extra)"
+REASON = "HolisticTraceAnalysis is not installed (pip install -e '.[hta]'; `make setup` installs it where it can)"
 parse_trace_file = pytest.importorskip("hta.common.trace", reason=REASON).parse_trace_file
 merge_kernel_intervals = pytest.importorskip("hta.utils.utils", reason=REASON).merge_kernel_intervals
 # HTA 0.5 sorts and drops with pandas' inplace keyword, which pandas 3.1 deprecates (Pandas4Warning): its own, not ours
