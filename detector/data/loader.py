@@ -102,6 +102,7 @@ class BatchLoader:
     # bytes of each slot's target area: a batch's targets that fit travel in it as its images do, the others through
     # the worker's pipe (0: all of them)
     target_bytes: int = 0
+    role: str = "data worker"  # what a worker is called in a line about it ("held-out worker 2 of 2 (pid ...)")
 
     def __len__(self) -> int:
         return self.batches
@@ -216,7 +217,7 @@ class Workers:
 
     def __init__(self, loader: BatchLoader, slots: Slots):
         context = multiprocessing.get_context("fork")  # workers inherit the slots and `draw`, nothing is pickled
-        self.batches, self.timeout = loader.batches, loader.worker_timeout
+        self.batches, self.timeout, self.role = loader.batches, loader.worker_timeout, loader.role
         # tasks: one queue, written by this process only (a task is far below a pipe's atomic write size), read
         # by whichever worker is free; results: a pipe per worker, so that no worker's death blocks another
         # stop: a flag in shared memory, not an Event, whose lock a worker killed inside is_set() would keep
@@ -287,7 +288,7 @@ class Workers:
                 )
 
     def name(self, i: int, state: str = "") -> str:
-        return f"data worker {i + 1} of {len(self.processes)} (pid {self.processes[i].pid}{state})"
+        return f"{self.role} {i + 1} of {len(self.processes)} (pid {self.processes[i].pid}{state})"
 
     def stalled(self, wanted: int, waited: float) -> DataWorkerStalled:
         """The stall, naming the worker that holds batch ``wanted``, else one the kernel says is stopped, else a

@@ -42,6 +42,11 @@ class Evaluation:
         )
         return metrics
 
+    def watch(self, say) -> None:
+        """Between steps: the held-out workers' deaths noticed while they draw (``HeldOut.watch``)."""
+        if self.held_out is not None:
+            self.held_out.watch(say)
+
     def draw(self, model, autocast, step: int, writer) -> None:
         """The first held-out images with their true boxes and the model's (pictures.py) into TensorBoard's Images:
         the model's boxes now, the drawing in a thread (matplotlib takes a second of the CPU; the steps go on)."""

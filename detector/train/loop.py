@@ -348,6 +348,7 @@ class Steps:
         # the first step's losses and time read at once (the host waited for it already): its window is its own, and
         # the first log line's step time is the steps' after it, not the compilation's share of the window
         first = step == self.resumed_at + 1
+        self.evaluation.watch(self.say)  # a few system calls: a held-out worker's death is said within a step
         if log_due or eval_due or checkpoint_due or first:
             # a user's backward first (read where the host waits anyway): its NaN gradient makes the next losses NaN
             step_fn.strategy.nonfinite_gradient()

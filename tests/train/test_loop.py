@@ -4,6 +4,8 @@
 import json
 import math
 import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -15,13 +17,14 @@ from train_helpers import losses, spawn_two, tiny_cfg
 from detector.cli import main as cli_main
 from detector.config import load_config
 from detector.data import PaddedTargets, build_loader
+from detector.data.loader import DataWorkerDied
 from detector.errors import UserError
 from detector.lab import sweep
 from detector.lab.measure.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
 from detector.train import distributed
-from detector.train.batches import HeldOut, RankBlocks, rank_loader
+from detector.train.batches import REPLACEMENTS, HeldOut, RankBlocks, rank_loader
 from detector.train.checkpoint import read_checkpoint
 from detector.train.distributed import count_valid, global_mean
 from detector.train.entry import run_training
@@ -388,3 +391,37 @@ def test_the_held_out_set_drawn_ahead_by_its_workers_is_the_one_drawn_at_the_eva
     assert ring.workers is not None
     unread.close()
     assert unread.drawing is None and ring.workers is None
+
+
+def test_a_held_out_worker_that_dies_while_the_steps_run_is_said_at_once_and_replaced(tmp_path):
+    """A held-out worker killed while the steps run (an out-of-memory kill, say) is said within the step that follows,
+    naming its role, and new workers draw the set again: the batches are those of a set drawn undisturbed. Once every
+    batch is drawn, watch takes them and the workers stop; after REPLACEMENTS replacements the next death ends the
+    run with its line."""
+    cfg = tiny_cfg(tmp_path, "device=cpu", "data.num_workers=2", "train.eval_batches=3")
+    held_out, undisturbed, said = HeldOut(cfg, torch.device("cpu"), 4), HeldOut(cfg, torch.device("cpu"), 4), []
+    held_out.start()
+    victim = held_out.drawing.ring.workers.processes[1]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(timeout=10)
+    held_out.watch(lambda line, **_: said.append(line))
+    (line,) = said
+    assert f"held-out worker 2 of 2 (pid {victim.pid}) was killed by SIGKILL" in line
+    assert "new workers draw the held-out set again" in line and "replacement 1 of at most 3" in line
+    deadline = time.monotonic() + 60
+    while held_out.drawing is not None and time.monotonic() < deadline:  # the steps go on; watch between them
+        held_out.watch(said.append)
+        time.sleep(0.05)
+    assert held_out.drawing is None and len(said) == 1  # all drawn: taken, its workers stopped
+    for (images, targets), (again, again_targets) in zip(held_out.batches, undisturbed.batches, strict=True):
+        assert torch.equal(images, again) and torch.equal(targets.boxes, again_targets.boxes)
+
+    doomed = HeldOut(cfg, torch.device("cpu"), 4)
+    doomed.replaced = REPLACEMENTS
+    doomed.start()
+    victim = doomed.drawing.ring.workers.processes[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.join(timeout=10)
+    with pytest.raises(DataWorkerDied, match="held-out worker 1 of 2 .* was killed by SIGKILL"):
+        doomed.watch(said.append)
+    doomed.close()
