@@ -36,6 +36,7 @@ class RunCheckpoints:
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
         self.writer = None  # TensorBoard's, on the main process: each save's times
+        self.unsaved: str | None = None  # why a stop did not save the step it stopped at, for its line
 
     def start(self, writer) -> None:
         """Where train.checkpoint_every or train.stop_after asks for saves: the staging memory, allocated now and
@@ -103,11 +104,20 @@ class RunCheckpoints:
         if self.checkpointer is None or not self.tcfg.checkpoint_every:
             return False
         start = time.perf_counter()
+        current = self.checkpointer.current
+        under_way = current.step if current is not None and not current.done.is_set() else None
         self.close(wait=True, final=False)
         saver = self.checkpointer
         last = saver.saves[-1].written if saver.saves else 0.0
-        fits = step > max(saver.started_step, 0) and time.perf_counter() - start + (last or 0.0) < STOP_SECONDS
-        return self.run.control.broadcast(fits)
+        waited = time.perf_counter() - start
+        fits = self.run.control.broadcast(step > max(saver.started_step, 0) and waited + last < STOP_SECONDS)
+        if step > max(saver.started_step, 0) and not fits:
+            before = f"the save of step {under_way} was still writing ({waited:.1f} s more) and " if under_way else ""
+            self.unsaved = (
+                f"step {step} was not saved: {before}a save takes {last:.1f} s, past the {STOP_SECONDS:.0f} s a stop "
+                "gives itself before a launcher's SIGKILL (torchrun's and Kubernetes' come 30 s after SIGTERM)"
+            )
+        return fits
 
     def poll(self) -> None:
         """Log the checkpoints committed since the last step."""
@@ -140,9 +150,12 @@ class RunCheckpoints:
         saver = self.checkpointer
         if saver is not None:
             saver.abandon()  # no save commits after this line: the step it names is the manifest's
-        step = self.last_step
+        step, unsaved = self.last_step, f" ({self.unsaved})" if self.unsaved else ""
         if step >= 1:
-            return f"its last checkpoint is step {step} in {self.run.checkpoint_path}: continue with train.resume=true"
+            return (
+                f"its last checkpoint is step {step} in {self.run.checkpoint_path}{unsaved}: continue with "
+                "train.resume=true"
+            )
         if saver is None or not self.tcfg.checkpoint_every:
             return "no checkpoint was written (train.checkpoint_every)"
         if saver.started_step > 0:  # a second signal abandoned the stop's save

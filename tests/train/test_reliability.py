@@ -3,7 +3,9 @@ and honest throughput, each on a detector of a few thousand parameters (CPU, mil
 
 import dataclasses
 import json
+import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -16,10 +18,11 @@ from train_helpers import losses, tiny_cfg
 from detector import data
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
-from detector.train import checkpoint_files, run_folder
+from detector.train import checkpoint_files, run_checkpoints, run_folder
 from detector.train.checkpoint import CheckpointError, read_checkpoint
 from detector.train.entry import run_training
-from detector.train.loop import NonFiniteLoss
+from detector.train.interrupt import Terminated
+from detector.train.loop import NonFiniteLoss, Steps
 from detector.train.progress import StepClock
 from detector.train.summary import read
 
@@ -491,3 +494,32 @@ def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step     15/40"))
     minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
     assert int(minutes) * 60 + int(seconds) < 5, line  # 25 steps of a few ms; evaluations at 20, 30, 40 not in it
+
+
+def test_a_stop_that_cannot_save_its_step_in_time_says_why_in_its_line(tmp_path, monkeypatch):
+    """SIGTERM at step 6 while the save of step 4 still writes (a disk of 2 s a save): the stop waits for it, and a save
+    of step 6 after it would pass the time a stop gives itself (STOP_SECONDS, 1 s here): the line names step 4 and
+    says why step 6 was not saved, instead of leaving the README's promise silently unkept."""
+    slow_disk(monkeypatch, 2.0)
+    monkeypatch.setattr(run_checkpoints, "STOP_SECONDS", 1.0)
+    real = Steps.after_step
+
+    def terminate_at_6(self):
+        stop = real(self)
+        if self.step == 6:
+            os.kill(os.getpid(), signal.SIGTERM)  # as a scheduler's: the loop stops after this step
+        return stop
+
+    monkeypatch.setattr(Steps, "after_step", terminate_at_6)
+    run = ["train.steps=20", "train.checkpoint_every=4", "data.num_workers=0", "train.eval_every=1000"]
+    with pytest.raises(Terminated) as stopped:
+        run_training(tiny_cfg(tmp_path, *run))
+    line = str(stopped.value)
+    assert "the run stopped after step 6; its last checkpoint is step 4 in" in line
+    why = re.search(
+        r"\(step 6 was not saved: the save of step 4 was still writing \(([\d.]+) s more\) and a save takes "
+        r"([\d.]+) s, past the 1 s a stop gives itself before a launcher's SIGKILL",
+        line,
+    )
+    assert why and float(why.group(2)) >= 2.0, line
+    assert read_checkpoint(run_dir(tmp_path))["step"] == 4
