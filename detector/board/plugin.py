@@ -9,9 +9,11 @@ Routes, under ``/data/plugin/traces/``:
 
 - ``index.js`` and the modules it imports: each file of static/ by its exact name, nothing else;
 - ``runs``: the profile runs under the log directory (a run is a folder with a `make profile`
-  summary.json), each with its strategy, mode, device, steps and representative step, and the warnings of what
-  its summary and extract left out (a damaged value: detector/checked.py); the runs that cannot be shown, each with
-  a one-line reason; the lanes' colours and the measures' names and meanings;
+  summary.json), each with its strategy, mode, device, steps and representative step, the clock its steps are
+  timed by (``clock``: "device" where the GPU paced the step, else "wall") and each step's time on it (``step_ms``),
+  what paced it (``paced``), and the warnings of what its summary and extract left out (a damaged value:
+  detector/checked.py); the runs that cannot be shown, each with a one-line reason; the lanes' colours and the
+  measures' names and meanings;
 - ``step?run=<run>&step=<N>``: one step's extract, and the names it refers to. A run without an
   extract is converted from its trace on first read.
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import re
+import statistics
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -43,6 +46,7 @@ from detector.lab.present.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLO
 from detector.lab.record.measures import MEASURES, MEMORY, WHY
 from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.steps import EXTRACT, read_extract
+from detector.regions import STEP as WHOLE_STEP
 
 PLUGIN_NAME = "traces"
 STATIC = Path(__file__).with_name("static")
@@ -259,10 +263,20 @@ def unshowable(record: ProfileRecord, files: RunFiles) -> str | None:
 
 def listed(run: str, record: ProfileRecord, files: RunFiles) -> dict:
     """A run as /runs lists it; one rank's of a run of several processes (``<run>/rank<N>``) names its ``rank``
-    and the ``group`` of the ranks it ran with, whose steps the tab draws on one axis."""
+    and the ``group`` of the ranks it ran with, whose steps the tab draws on one axis. Its steps are timed as the
+    lab's tables lead (``ProfileRecord.leading_time``): by the device where the GPU paced the step (each step's
+    ``device_step_ms``, from its first kernel to the next step's; the host ran ahead, launching), else by the wall
+    clock (the host's ProfilerStep)."""
     analysis = record.analysis
     parent, _, name = run.rpartition("/")
     rank = RANK.fullmatch(name)
+    steps = {s.step: s.regions.get(WHOLE_STEP, {}) for s in record.per_step}
+    device = record.leading_time() == "gpu_ms" and all(m.get("device_step_ms") for m in steps.values())
+    clock, measure = ("device", "device_step_ms") if device else ("wall", "wall_ms")
+    times = {n: m[measure] for n, m in steps.items() if m.get(measure) is not None}
+    # the step whose time on that clock is the median (the lower middle one), as the record's representative step
+    median = statistics.median_low(times.values()) if times else None
+    representative = next((n for n, ms in times.items() if ms == median), analysis.representative_step)
     return {
         "run": run,
         "rank": int(rank.group(1)) if rank else None,
@@ -274,7 +288,10 @@ def listed(run: str, record: ProfileRecord, files: RunFiles) -> dict:
         "batch_size": record.batch_size,
         "created": record.created,
         "steps": analysis.step_numbers,
-        "representative": analysis.representative_step,
+        "representative": representative,
+        "clock": clock,
+        "step_ms": {str(n): ms for n, ms in times.items()},
+        "paced": record.pacing_text(),
         "gpu": analysis.gpu,
         "synced": record.sync_regions,
         "extract": (files.folder / EXTRACT).is_file(),

@@ -20,48 +20,60 @@ from torch import Tensor
 from detector.train.metrics import box_iou
 
 TRUE, PREDICTED = "#2ca02c", "#d62728"  # green and red: the true boxes and the model's
-SHOWN = 8  # images in an evaluation's picture
+SHOWN = 4  # images in an evaluation's picture: two rows of two
+COLUMNS = 2
+# The grid's geometry, in inches at 100 dpi: each image in a square of its own under a title band of two lines, so
+# that no title reaches into the row above. Two columns are 350 px wide, the width of TensorBoard's image cards
+# (Images and Time Series), which show the picture at its own size, its 9-point titles readable without a zoom
+IMAGE, GAP, TITLE = 1.57, 0.12, 0.38
+HEAD, FOOT = 0.34, 0.3  # the picture's title band, and the legend's
+TITLE_CHARS = 24  # a title's first line at 9 points within the image's width; a longer name is cut with "…"
 
 
 def prediction_figure(
     images: Tensor, pred: Tensor, counts: Tensor, truth: Tensor | None, titles=None, title: str | None = None
 ) -> Figure:
-    """A grid of ``images`` [N, 1, S, S] uint8, each with its first ``counts[i]`` predicted boxes (``pred`` [N, M, 4]
-    xyxy) in red and, where ``truth`` [N, M, 4] is given, its true boxes in green, titled with their mean IoU;
-    ``title`` above the grid, in a band of its own (a suptitle alone would overlap the images' titles)."""
+    """A grid of ``images`` [N, 1, S, S] uint8, two a row, each with its first ``counts[i]`` predicted boxes
+    (``pred`` [N, M, 4] xyxy) in red and, where ``truth`` [N, M, 4] is given, its true boxes in green, titled with
+    their number and mean IoU; ``title`` above the grid, in a band of its own. Every part has its own place (no
+    layout engine): the titles sit in bands between the rows, never over an image."""
     n = len(images)
-    cols = min(4, n)
+    cols = max(1, min(COLUMNS, n))
     rows = math.ceil(n / cols)
-    fig = Figure(figsize=(3 * cols, 3.4 * rows), dpi=100)
-    axes = fig.subplots(rows, cols, squeeze=False)
-    for i, ax in enumerate(axes.flat):
+    head = HEAD if title else GAP
+    width = cols * IMAGE + (cols + 1) * GAP
+    height = head + rows * (TITLE + IMAGE) + (rows - 1) * GAP + FOOT
+    fig = Figure(figsize=(width, height), dpi=100)
+    for i in range(n):
+        row, col = divmod(i, cols)
+        top = height - head - row * (TITLE + IMAGE + GAP) - TITLE  # inches from the figure's foot
+        box = (GAP + col * (IMAGE + GAP)) / width, (top - IMAGE) / height, IMAGE / width, IMAGE / height
+        ax = fig.add_axes(box)
         ax.axis("off")
-        if i >= n:
-            continue
         size = images.shape[-1]
         ax.imshow(images[i, 0].cpu().numpy(), cmap="gray", vmin=0, vmax=255, extent=(0, size, size, 0))
         k = int(counts[i])
         boxes = pred[i, :k].float().cpu()
-        label = titles[i] if titles else f"image {i}"
+        name = titles[i] if titles else f"image {i}"
+        name = name if len(name) <= TITLE_CHARS else name[: TITLE_CHARS - 1] + "…"
+        details = f"{k} box{'' if k == 1 else 'es'} drawn"
         if truth is not None:
             true = truth[i, :k].float().cpu()
             for box in true:
                 ax.add_patch(rectangle(box, TRUE, "-"))
-            label += f": {k} face{'' if k == 1 else 's'}" + (
-                f", mean IoU {box_iou(boxes, true).mean():.2f}" if k else ""
-            )
+            details = f"{k} face{'' if k == 1 else 's'}"
+            details += f", mean IoU {box_iou(boxes, true).mean():.2f}" if k else ""
         for box in boxes:
             ax.add_patch(rectangle(box, PREDICTED, "--"))
-        ax.set_title(label, fontsize=9)
+        ax.set_xlim(0, size)  # the boxes' patches do not widen the image's square
+        ax.set_ylim(size, 0)
+        ax.set_title(f"{name}\n{details}", fontsize=9, linespacing=1.2, pad=3)
     legend = [Rectangle((0, 0), 1, 1, fill=False, edgecolor=PREDICTED, linestyle="--", label="predicted")]
     if truth is not None:
         legend.insert(0, Rectangle((0, 0), 1, 1, fill=False, edgecolor=TRUE, label="true"))
-    fig.legend(handles=legend, loc="lower center", ncol=2, frameon=False)
-    top = 1.0
+    fig.legend(handles=legend, loc="lower center", ncol=2, frameon=False, fontsize=9, borderaxespad=0.2)
     if title:
-        top -= 0.35 / fig.get_figheight()  # a line of 10-point text, in inches of the figure's height
-        fig.suptitle(title, fontsize=10, y=0.995, va="top")
-    fig.tight_layout(rect=(0, 0.04, 1, top))
+        fig.suptitle(title, fontsize=10, y=1 - 0.08 / height, va="top")
     return fig
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import time
 from dataclasses import dataclass
 
@@ -134,7 +135,7 @@ class Account:
         """The account as TensorBoard scalars under goodput/."""
         writer.add_scalar("goodput/share", self.goodput or 0.0, step)
         for part in PARTS:
-            writer.add_scalar(f"goodput/{part.replace(' ', '_')}_s", self.seconds[part], step)
+            writer.add_scalar(f"goodput/{scalar_name(part)}_s", self.seconds[part], step)
         writer.flush()
 
     @classmethod
@@ -156,3 +157,9 @@ def startup_parts(data, where: str) -> dict[str, float] | None:
     if data is None:
         return None
     return {name: measure(seconds, f"{where}.{name}") for name, seconds in need(data, dict, where).items()}
+
+
+def scalar_name(part: str) -> str:
+    """A part's name as a TensorBoard tag writes it: lower-case words joined by underscores (``start-up``:
+    ``start_up``, ``first step``: ``first_step``), like every other tag the run writes."""
+    return "_".join(re.findall(r"[a-z0-9]+", part.lower()))

@@ -155,6 +155,14 @@ def test_runs_lists_profile_runs_and_why_others_are_not_shown(logdir):
         [10, 11, 12],
         False,
     )
+    # its steps timed as the lab's tables lead: the recorded H200 step left the GPU idle 11 % of the time, waiting for
+    # the host, so by the wall clock (a device-paced run's by its device step: test_traces_lanes.py), the median step
+    # its representative
+    record = read_summary(logdir / PADDED)
+    assert record.leading_time() == "wall_ms" and padded["clock"] == "wall"
+    wall = {str(s.step): s.regions["step"]["wall_ms"] for s in record.per_step}
+    assert padded["step_ms"] == wall and padded["paced"].startswith("paced by the host (GPU idle")
+    assert wall[str(padded["representative"])] == sorted(wall.values())[1]
     skipped = {s["run"]: s["reason"] for s in listing["skipped"]}
     assert skipped == {
         "profile/concat/20261122-031700": "no extract.json.gz and no trace to build one from",

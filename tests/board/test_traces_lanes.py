@@ -3,6 +3,7 @@ run's memory in a lane of its own, on one scale, coloured by region, the operato
 memory lanes with their scale whole; a clicked region highlighted; one precision along the axis; two recorded
 strategies on one axis; a CPU run's wide region in its colour. Skipped where Debian's ``chromium`` is not installed."""
 
+import itertools
 import time
 
 import pytest
@@ -12,6 +13,7 @@ from lab_helpers import H100_TRACES, TINY_PROFILE, make_run
 from detector.config import load_config
 from detector.lab.profile import run_profile
 from detector.lab.record.measures import memory_text
+from detector.lab.record.run import read_summary
 from detector.lab.record.steps import EXTRACT, StepMemory, read_extract, write_extract
 
 SHOWN_TIP = (
@@ -146,14 +148,21 @@ EDGES = """(doc) => {  // per regions lane: how many pixels of its top rows have
   });
 }"""
 
-WHOLE = """(doc) => {  // the lane labels whose text is cut (clipped, or a memory lane's name over its scale)
+WHOLE = """(doc) => {  // the lane labels whose text is cut (clipped, or a memory lane's name over its scale, or its
+  // scale reaching out of the lane)
   const clipped = (el) => getComputedStyle(el).overflow !== 'visible' &&
     (el.scrollWidth > el.clientWidth || el.scrollHeight > el.clientHeight);
   const over = (a, b) => a.right > b.left && b.right > a.left && a.bottom > b.top && b.bottom > a.top;
   const crossed = (label) => [...label.querySelectorAll('.scale')].some(
     (scale) => over(label.querySelector('.name').getBoundingClientRect(), scale.getBoundingClientRect()));
+  // a memory lane's scale outside its lane: the foot's label on the line between two runs
+  const outside = (label) => [...label.querySelectorAll('.scale')].some((scale) => {
+    const [lane, box] = [label.getBoundingClientRect(), scale.getBoundingClientRect()];
+    return box.top < lane.top || box.bottom > lane.bottom;
+  });
   const cut = [...doc.querySelectorAll('.lane-label, .lane-label *')].filter(clipped);
-  return cut.concat([...doc.querySelectorAll('.lane-label.memory')].filter(crossed)).map((el) => el.textContent);
+  const memory = [...doc.querySelectorAll('.lane-label.memory')];
+  return cut.concat(memory.filter(crossed), memory.filter(outside)).map((el) => el.textContent);
 }"""
 
 BACKWARD, FORWARD, CALC_LOSS = "148,103,189", "31,119,180", "255,127,14"
@@ -175,7 +184,7 @@ def test_the_memory_lanes_of_gpu_runs_show_their_scale_whole_and_say_what_alloca
     x0, x1 = in_traces(browser, SPAN % ("regions", 0, BACKWARD, "regions", 0, BACKWARD))
     y = in_traces(browser, "(doc) => doc.querySelector('.lane-label.memory').offsetTop") + 22
     pointer(browser, "mousemove", x0 + 0.75 * (x1 - x0), y)  # after backward's frees: 13.5 GiB again
-    tip = wait_for(browser, SHOWN_TIP)
+    tip = wait_for(browser, SHOWN_TIP).replace("\xa0", " ")  # a number and its unit are kept on one line
     assert tip.startswith(f"{memory_text(low)} allocated at ") and ", in backward" in tip, tip
     assert "a free of 256 MiB outside any operator" in tip and "allocated last by aten::empty_strided: 256 MiB" in tip
 
@@ -207,8 +216,8 @@ def test_a_clicked_region_is_highlighted_and_keeps_its_why_numbers(gpu_memory, b
 
 
 def test_the_axis_keeps_one_precision_and_the_button_fits_its_text(gpu_memory, browser):
-    """Every label of the time axis has the decimals of its step, whole steps or zoomed; the button is as wide as its
-    words."""
+    """Every label of the time axis has the decimals of its step, whole steps or zoomed, and lies whole inside the
+    canvas, apart from its neighbours, wherever the view ends; the button is as wide as its words."""
     url, _, _ = gpu_memory
     browser.show(f"{url}/#traces", ["padded · train · step", "synthetic_2x · train · step"])
     wait_for(browser, "(doc) => doc.body.dataset.readyMs")
@@ -220,29 +229,96 @@ def test_the_axis_keeps_one_precision_and_the_button_fits_its_text(gpu_memory, b
         pointer(browser, "wheel", 300, 40)
     zoomed = in_traces(browser, axis)
     assert len({decimals(label) for label in zoomed}) == 1 and zoomed != whole, zoomed
+    canvas = "doc.getElementById('canvas')"
+    extents = f"(doc) => [JSON.parse({canvas}.dataset.axisExtents), {canvas}.clientWidth]"
+    placed, width = in_traces(browser, extents)
+    tick = placed[-1][0] - 2  # the last label's tick, which its label starts just right of
+    pointer(browser, "mousedown", 100, 40)  # a pan that brings it 10 px from the right edge: its label would not fit
+    pointer(browser, "mousemove", 100 + (width - 10 - tick), 40)
+    pointer(browser, "mouseup", 100 + (width - 10 - tick), 40)
+    for x in (None, 900, 700, 650, 500, 320, 150, 60, 5):  # then zooms about: whichever label comes near an edge
+        if x is not None:
+            pointer(browser, "wheel", x, 40)
+        placed, width = in_traces(browser, extents)
+        assert placed and all(0 <= a < b <= width for a, b in placed), (x, placed, width)  # none cut at an edge
+        assert all(b0 < a1 for (_, b0), (a1, _) in itertools.pairwise(placed)), (x, placed)  # none over the next
     width = in_traces(browser, "(doc) => doc.getElementById('reset').getBoundingClientRect().width")
     assert width < 150, width
 
 
-def test_two_recorded_strategies_on_one_axis_with_a_region_picked(tmp_path, browser):
-    """padded and packed as `make profile` recorded them on an H100 (tests/data, three steps each): each one's median
-    step on one axis, backward picked: outlined in both, its why numbers side by side. The README's picture
-    (TENSORBOARD_SCREENSHOTS=docs)."""
-    logdir = tmp_path / "runs"
+@pytest.fixture(scope="module")
+def h100_pair(tmp_path_factory):
+    """(url, {strategy: its summary}): padded and packed as `make profile` recorded them on an H100 (tests/data, three
+    steps each), served by TensorBoard."""
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (Debian: apt-get install chromium)")
+    logdir = tmp_path_factory.mktemp("h100") / "runs"
+    records = {}
     for stamp, (strategy, trace) in zip(("20261127-170600", "20261127-170800"), H100_TRACES.items(), strict=True):
-        make_run(logdir / "profile", strategy, stamp, recorded=trace, device="NVIDIA H100 80GB HBM3")
+        run = make_run(logdir / "profile", strategy, stamp, recorded=trace, device="NVIDIA H100 80GB HBM3")
+        records[strategy] = read_summary(run / "summary.json")
     url, stop = serve(logdir, [])
-    try:
-        browser.show(f"{url}/#traces", ["padded · train · step", "packed · train · step"])
-        wait_for(browser, "(doc) => doc.body.dataset.readyMs")
-        x0, x1 = in_traces(browser, SPAN % ("regions", 0, BACKWARD, "regions", 0, BACKWARD))
-        pointer(browser, "click", (x0 + x1) / 2, in_traces(browser, LANE_TOP % ("regions", 0)) + 9)
-        why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
-        assert why.startswith("backward: why, in the steps shown") and "packed" in why, why
-        assert all(n > 0 for n in in_traces(browser, EDGES))
-        keep(browser.screenshot(browser.profile.parent / "tensorboard-traces.png"))
-    finally:
-        stop()
+    yield url, records
+    stop()
+
+
+def test_two_recorded_strategies_on_one_axis_with_a_region_picked(h100_pair, browser):
+    """padded and packed as `make profile` recorded them on an H100: each one's median step on one axis, backward
+    picked: outlined in both, its why numbers side by side. The README's picture (TENSORBOARD_SCREENSHOTS=docs)."""
+    url, _ = h100_pair
+    browser.show(f"{url}/#traces", ["padded · train · step", "packed · train · step"])
+    wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+    x0, x1 = in_traces(browser, SPAN % ("regions", 0, BACKWARD, "regions", 0, BACKWARD))
+    pointer(browser, "click", (x0 + x1) / 2, in_traces(browser, LANE_TOP % ("regions", 0)) + 9)
+    why = wait_for(browser, "(doc) => doc.getElementById('why').textContent")
+    assert why.startswith("backward: why, in the steps shown") and "packed" in why, why
+    assert all(n > 0 for n in in_traces(browser, EDGES))
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces.png"))
+
+
+HEADERS = "(doc) => [...doc.querySelectorAll('.lane-label.header')].map((l) => [l.textContent, l.title])"
+PICKERS = "(doc) => [...doc.querySelectorAll('.run select')].map((s) => [...s.options].map((o) => o.text))"
+TIP_BOX = """(doc, win) => {  // the tooltip's text and whether it lies whole inside the window
+  const tip = doc.getElementById('tooltip');
+  const box = tip.getBoundingClientRect();
+  const inside = box.left >= 0 && box.top >= 0 && box.right <= win.innerWidth && box.bottom <= win.innerHeight;
+  return tip.style.display === 'block' && [tip.textContent, inside, [box.left, box.right, win.innerWidth]];
+}"""
+
+
+def test_a_device_paced_runs_header_gives_the_device_step_and_the_tooltip_stays_in_the_window(h100_pair, browser):
+    """On a GPU run the device paced, the run's header gives its device step (the host ran ahead: its ProfilerStep is
+    the time it took to launch), as the lab's tables lead with it; the step picker lists each step's device time and
+    marks the median one. A kernel hovered at the window's right edge has its name and its launch in a box whole
+    inside the window."""
+    url, records = h100_pair
+    browser.show(f"{url}/#traces", ["padded · train · step", "packed · train · step", "GPU stream 7"])
+    wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+    headers = in_traces(browser, HEADERS)
+    for (text, title), (strategy, record) in zip(headers, records.items(), strict=True):
+        assert record.leading_time() == "gpu_ms"  # the device paced both
+        device = {s.step: s.regions["step"]["device_step_ms"] for s in record.per_step}
+        step = record.analysis.representative_step
+        assert device[step] == sorted(device.values())[1]  # the median device step of three
+        assert text == f"{strategy} · train · step {step} · device {device[step]:.1f} ms", text
+        assert title.startswith("device: the GPU's step") and "paced by the device" in title, title
+        wall = next(s.regions["step"]["wall_ms"] for s in record.per_step if s.step == step)
+        assert f"{wall:.1f} ms" in title  # the host's ProfilerStep, said for what it is
+    pickers = in_traces(browser, PICKERS)
+    for options, record in zip(pickers, records.values(), strict=True):
+        step = record.analysis.representative_step
+        assert [o for o in options if o.endswith("(median)")] == [next(o for o in options if f"step {step} " in o)]
+        assert all(" · device " in o for o in options), options
+    top = in_traces(browser, LANE_TOP % ("GPU stream 7", 1))
+    width = in_traces(browser, "(doc) => doc.getElementById('canvas').clientWidth")
+    for x in (width - 2, width - 6, width - 12, width - 24):  # the last kernel drawn: at the right edge
+        pointer(browser, "mousemove", x, top + 9)
+        found = in_traces(browser, TIP_BOX)
+        if found:
+            break
+    text, inside, where = found
+    assert "launched by" in text and inside, (text, where)
+    keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-right-edge.png"))
 
 
 MERGED_ORANGE = "179,89,10"  # calc loss's colour as a bar of merged events draws it (0.7 of each channel)
@@ -251,7 +327,8 @@ MERGED_ORANGE = "179,89,10"  # calc loss's colour as a bar of merged events draw
 def test_a_cpu_run_keeps_a_wide_region_in_its_colour_and_its_why_names_no_gpu(tmp_path, browser):
     """A CPU run (no GPU events) whose calc loss takes 5 µs, well under a pixel at the whole step's zoom, just before
     backward's 52 ms: backward is drawn alone in its own colour, not merged into the sub-pixel bar before it (which
-    drew it in calc loss's colour, darkened); the why panel of a CPU run explains no GPU column."""
+    drew it in calc loss's colour, darkened); the why panel of a CPU run explains no GPU column; its header and step
+    picker time its steps by the wall clock, and say so."""
     run = make_run(tmp_path / "runs" / "profile", "padded", "20261122-031500", gpu=False)
     extract = read_extract(run / EXTRACT)
     for step in extract.steps.values():
@@ -262,6 +339,11 @@ def test_a_cpu_run_keeps_a_wide_region_in_its_colour_and_its_why_names_no_gpu(tm
     try:
         browser.show(f"{url}/#traces", ["padded · train · cpu"])
         wait_for(browser, "(doc) => doc.body.dataset.readyMs")
+        [(header, title)] = in_traces(browser, HEADERS)  # on the CPU the host is the device: the wall time leads
+        step = extract.steps[str(extract.representative_step)]
+        assert header == f"padded · train · step {extract.representative_step} · wall {step.dur / 1e3:.1f} ms", header
+        assert title.startswith("wall: the host's ProfilerStep") and "paced by the host" in title, title
+        assert all(" · wall " in option for option in in_traces(browser, PICKERS)[0])
         x0, x1 = in_traces(browser, SPAN % ("regions", 0, BACKWARD, "regions", 0, BACKWARD))
         assert x1 - x0 > 100, (x0, x1)  # 52 ms of a 109 ms step
         assert in_traces(browser, SPAN % ("regions", 0, MERGED_ORANGE, "regions", 0, MERGED_ORANGE)) is None

@@ -428,7 +428,7 @@ def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     assert {"model and optimizer", "loader", "held-out set", "checkpoint staging", "other"} <= set(parts)
     assert sum(parts.values()) == pytest.approx(wall.seconds["start-up"])
     scalars = EventAccumulator(str(run_dir(tmp_path))).Reload().Tags()["scalars"]
-    assert {"goodput/share", "goodput/start-up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
+    assert {"goodput/share", "goodput/start_up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
 
 
 def test_the_same_command_again_continues_an_unfinished_run(tmp_path, capsys):

@@ -4,6 +4,7 @@ naming the file and the field; a damaged value left out with one warning naming 
 
 import json
 import math
+import re
 
 import pytest
 
@@ -50,6 +51,26 @@ def test_a_summary_is_written_and_read_back_the_same(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*")), "written to a temporary file, then renamed"
     assert summary.read(tmp_path) == record == summary.read(tmp_path / "summary.json")
     assert json.loads((tmp_path / "summary.json").read_text())["version"] == summary.VERSION
+
+
+def test_the_wall_clock_scalars_are_named_like_every_other_tag():
+    """goodput/ holds one tag per part, each of lower-case words joined by underscores (``goodput/start_up_s``, not
+    ``start-up_s``)."""
+
+    class Writer:
+        def __init__(self):
+            self.tags = []
+
+        def add_scalar(self, tag, value, step):
+            self.tags.append(tag)
+
+        def flush(self):
+            pass
+
+    writer = Writer()
+    Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.5, 3.4).add_scalars(writer, 6)
+    assert writer.tags[:3] == ["goodput/share", "goodput/start_up_s", "goodput/first_step_s"], writer.tags
+    assert len(writer.tags) == len(PARTS) + 1 and all(re.fullmatch(r"goodput/[a-z_]+", t) for t in writer.tags)
 
 
 def test_a_summary_of_version_1_is_converted(tmp_path):

@@ -51,7 +51,7 @@ export function buildControls(refresh) {
 function runRow(run, refresh) {
   const box = h('input', {type: 'checkbox', checked: state.selected.has(run.run)});
   const steps = h('select');
-  for (const n of run.steps) steps.append(new Option(n === run.representative ? `step ${n} (median)` : `step ${n}`, n));
+  for (const n of run.steps) steps.append(new Option(stepOption(run, n), n));
   steps.value = state.selected.get(run.run) ?? run.representative;
   const update = () => {
     if (box.checked) state.selected.set(run.run, Number(steps.value));
@@ -64,4 +64,12 @@ function runRow(run, refresh) {
     update();
   };
   return h('label', {className: 'run'}, box, h('span', {title: run.run}, runLabel(run)), steps);
+}
+
+// A step as the picker lists it, with its time on the run's clock (the device's step where the device paced the run,
+// else the wall time); the representative step is the median of those times.
+function stepOption(run, n) {
+  const ms = (run.step_ms || {})[n];
+  const time = ms === undefined ? '' : ` · ${run.clock} ${ms.toFixed(1)} ms`;
+  return `step ${n}${time}${n === run.representative ? ' (median)' : ''}`;
 }

@@ -49,8 +49,10 @@ export function draw() {
     const {run, step, data, info} = entry;
     const rank = info.rank === null ? '' : ` · rank ${info.rank}`;
     state.lanes.push({run, kind: 'header', y, h: HEADER, label: `${info.strategy}${rank} · step ${step}`, events: []});
-    const title = `${info.strategy} · ${info.mode}${rank} · step ${step} · ${(data.dur / 1e3).toFixed(1)} ms`;
-    labels.append(laneLabel(title, y, HEADER, 'header'));
+    const title = `${info.strategy} · ${info.mode}${rank} · step ${step} · ${stepTime(entry)}`;
+    const header = laneLabel(title, y, HEADER, 'header');
+    header.title = clockMeaning(entry);
+    labels.append(header);
     y += HEADER;
     const o = offset(entry);
     for (const lane of data.lanes) {
@@ -94,6 +96,22 @@ export function draw() {
   document.body.dataset.drawMs = (performance.now() - began).toFixed(1); // for the tests: responsiveness
 }
 
+// A step's time as the lab's tables lead with it: on a run the device paced, the device's step (from the step's first
+// kernel to the next step's: the host ran steps ahead, launching, and its ProfilerStep is no measure of the step);
+// elsewhere the host's ProfilerStep, the wall time (on the CPU the host is the device).
+function stepTime({data, info}) {
+  const device = info.clock === 'device' && (data.why.step || {}).device_step_ms;
+  return device ? `device ${device.toFixed(1)} ms` : `wall ${(data.dur / 1e3).toFixed(1)} ms`;
+}
+
+// What the header's time is, on hovering it.
+function clockMeaning(entry) {
+  const wall = `the host's ProfilerStep took ${(entry.data.dur / 1e3).toFixed(1)} ms`;
+  const paced = entry.info.paced ? ` The run was ${entry.info.paced}.` : '';
+  if (stepTime(entry).startsWith('wall')) return `wall: ${wall}.${paced}`;
+  return `device: the GPU's step, from its first kernel to the next step's; ${wall}, launching ahead.${paced}`;
+}
+
 // The lowest and highest bytes allocated of the memory lanes shown: their one scale (null where none has memory).
 function memoryScale(entries) {
   const lanes = entries.flatMap(({data}) => data.lanes.filter((lane) => lane.kind === 'memory'));
@@ -127,25 +145,41 @@ function toX(t, width) {
 }
 
 // The time axis: a label every nice step, each with the decimals the step needs (5 ms steps: "5 ms", "10 ms"; 0.2 ms
-// steps: "0.2 ms", "10.4 ms"). Returns those decimals.
+// steps: "0.2 ms", "10.4 ms"). The step is wide enough for the widest label, and a label that would run past the
+// canvas's right edge ends at it, or is left out where that would reach its neighbour: no label cut or overlapping.
+// Returns the decimals.
 function drawAxis(ctx, width) {
   const [a, b] = state.view;
-  const step = niceStep((b - a) / 8);
-  const decimals = Math.max(0, -Math.floor(Math.log10(step / 1e3) + 1e-9));
+  ctx.font = '11px sans-serif';
+  let step = niceStep((b - a) / 8);
+  const text = (k, decimals) => `${((k * step) / 1e3).toFixed(decimals)} ms`;
+  const decimalsOf = (s) => Math.max(0, -Math.floor(Math.log10(s / 1e3) + 1e-9));
+  // the widest label of the view (its largest value), with a gap: a coarser step until the labels fit
+  while (((step / (b - a)) * width) < ctx.measureText(text(Math.floor(b / step), decimalsOf(step))).width + 12) {
+    step = niceStep(step * 1.01);
+  }
+  const decimals = decimalsOf(step);
   ctx.fillStyle = '#444';
   ctx.strokeStyle = '#ddd';
-  ctx.font = '11px sans-serif';
   const labels = [];
+  const extents = [];
   for (let k = Math.ceil(a / step); k * step <= b; k++) {
     const x = toX(k * step, width);
     ctx.beginPath();
     ctx.moveTo(x, AXIS - 6);
     ctx.lineTo(x, ctx.canvas.height);
     ctx.stroke();
-    labels.push(`${((k * step) / 1e3).toFixed(decimals)} ms`);
-    ctx.fillText(labels[labels.length - 1], x + 2, AXIS - 10);
+    const label = text(k, decimals);
+    const w = ctx.measureText(label).width;
+    let left = x + 2;
+    if (left + w > width) left = width - w - 1; // ends at the canvas's edge, left of its tick
+    if (left < 0 || (extents.length && left < extents[extents.length - 1][1] + 6)) continue;
+    ctx.fillText(label, left, AXIS - 10);
+    labels.push(label);
+    extents.push([left, left + w]);
   }
-  ctx.canvas.dataset.axis = JSON.stringify(labels); // for the tests: what the axis says
+  ctx.canvas.dataset.axis = JSON.stringify(labels); // for the tests: what the axis says, and where
+  ctx.canvas.dataset.axisExtents = JSON.stringify(extents.map(([l, r]) => [+l.toFixed(1), +r.toFixed(1)]));
   return decimals;
 }
 

@@ -95,8 +95,22 @@ function hover(event) {
     tip.style.display = 'none';
     return;
   }
-  tip.replaceChildren(...describe(hit));
+  tip.replaceChildren(...describe(hit).map(whole));
   tip.style.display = 'block';
-  tip.style.left = `${event.clientX + 14}px`;
-  tip.style.top = `${event.clientY + 14}px`;
+  place(tip, event.clientX, event.clientY);
+}
+
+// A line's numbers kept whole with their units where the box wraps it ("8.564 ms", "1 MiB", not "1" then "MiB").
+function whole(part) {
+  return typeof part === 'string' ? part.replace(/(\d) (?=(ms|µs|GiB|MiB|KiB|B)\b)/g, '$1\u00a0') : part;
+}
+
+// The tooltip below and right of the pointer, or left of it and above it where it would leave the window that way:
+// always whole inside the window (as close to an edge as it must be where it is larger than the room on either side).
+function place(tip, x, y) {
+  const gap = 14;
+  const {width, height} = tip.getBoundingClientRect();
+  const room = (at, size, limit) => (at + gap + size <= limit - 4 ? at + gap : Math.max(4, at - gap - size));
+  tip.style.left = `${Math.min(room(x, width, innerWidth), Math.max(4, innerWidth - 4 - width))}px`;
+  tip.style.top = `${Math.min(room(y, height, innerHeight), Math.max(4, innerHeight - 4 - height))}px`;
 }

@@ -20,18 +20,30 @@ the host's clock, which the ranks of one host share). Per step:
 - ``memory`` (where the profile recorded memory): the run's device (``cuda:0``, ``cpu``), the bytes allocated
   when the step began (``start``), the allocator's events in it (``events``) and ``rows`` ``[start, allocated,
   bytes, operator]``: the bytes allocated after each allocation (bytes > 0) or free (< 0) and the operator it is
-  attributed to (-1: none). A step of more than MEMORY_ROWS events keeps, in each of MEMORY_ROWS / 4 equal slices
-  of its time, the first, the last, the highest and the lowest: the curve's envelope, its peak exact.
+  attributed to (-1: none), as a user reads it (``MemoryNames``: a compiled graph's own allocation is named by the
+  graph and the operator it came before or after, not by inductor's ``## Call CompiledFxGraph <hash> ##``). A step
+  of more than MEMORY_ROWS events keeps, in each of MEMORY_ROWS / 4 equal slices of its time, the first, the last,
+  the highest and the lowest: the curve's envelope, its peak exact.
 """
 
 from __future__ import annotations
 
+import re
 from bisect import bisect_left, bisect_right
 from pathlib import Path
 
 from detector.checked import RecordError, read_json
 from detector.lab.measure.analysis import measure_steps
-from detector.lab.measure.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.lab.measure.trace import (
+    ALLOCATING,
+    LAUNCHES,
+    Trace,
+    call_range,
+    is_sync,
+    load_trace,
+    step_regions,
+    step_threads,
+)
 from detector.lab.record.run import ProfileRecord, StepMeasures, representative_step
 from detector.lab.record.steps import (
     CATEGORIES,
@@ -51,6 +63,12 @@ from detector.regions import OTHER, STEP
 TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 # memory events kept per step: a GPU step of the loop strategy allocates ~10^5 times, and a screen is ~2000 px wide
 MEMORY_ROWS = 8000
+# torch.compile's frames in a trace: inductor's call of a compiled graph (a record function named by the graph's
+# hash), the compiled region (Dynamo's frame) that runs a forward graph, and the autograd node that runs a backward one
+COMPILED_GRAPH = re.compile(r"## Call CompiledFxGraph \S+ ##")
+COMPILED_REGION = re.compile(r"Torch-Compiled Region: (\S+)")
+COMPILED_BACKWARD = "CompiledFunctionBackward"
+NEIGHBOURS = 256  # the operators looked back over for the one a free in a compiled graph came after
 
 
 class Names:
@@ -71,10 +89,10 @@ def build(source, steps: list[StepMeasures] | None = None, about: dict | None = 
     ``measure_steps`` when the caller has them; ``about`` the run's facts (strategy, mode, device...)."""
     trace = load_trace(source)
     steps = measure_steps(trace) if steps is None else steps
-    names = Names()
+    names, memory_names = Names(), MemoryNames(trace)
     extracted = {}
     for event, measured in zip(trace.steps, steps, strict=True):
-        extracted[str(measured.step)] = step_extract(trace, event, measured, names)
+        extracted[str(measured.step)] = step_extract(trace, event, measured, names, memory_names)
     return Extract(
         about=about or {},
         gpu=trace.has_gpu,
@@ -84,7 +102,9 @@ def build(source, steps: list[StepMeasures] | None = None, about: dict | None = 
     )
 
 
-def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names) -> Step:
+def step_extract(
+    trace: Trace, step: dict, measured: StepMeasures, names: Names, memory_names: MemoryNames | None = None
+) -> Step:
     t0, t1 = step["ts"], step["ts"] + step["dur"]
     spans = step_regions(trace, step)
     regions = sorted((a, b, name) for name, found in spans.items() if name not in (OTHER, STEP) for a, b in found)
@@ -121,22 +141,83 @@ def step_extract(trace: Trace, step: dict, measured: StepMeasures, names: Names)
         calls=calls,
         streams=[Stream(str(s), sorted(rows)) for s, rows in sorted(streams.items(), key=str)],
         why={region: {m: v for m, v in values.items() if v is not None} for region, values in measured.regions.items()},
-        memory=memory_rows(trace, t0, t1, names),
+        memory=memory_rows(trace, t0, t1, names, memory_names or MemoryNames(trace)),
     )
 
 
-def memory_rows(trace: Trace, t0: float, t1: float, names: Names) -> StepMemory | None:
+def memory_rows(trace: Trace, t0: float, t1: float, names: Names, memory_names: MemoryNames) -> StepMemory | None:
     """The memory of the step [t0, t1) (see the module docstring), or None where the trace has no memory."""
     memory = trace.memory
     if memory is None:
         return None
     i, j = bisect_left(memory.ts, t0), bisect_left(memory.ts, t1)
     kept = envelope(memory.ts, memory.allocated, i, j, t0, t1) if j - i > MEMORY_ROWS else range(i, j)
-    rows = [
-        [us(memory.ts[k] - t0), memory.allocated[k], memory.bytes[k], names(memory.ops[k]) if memory.ops[k] else -1]
-        for k in kept
-    ]
+    rows = []
+    for k in kept:
+        op = memory_names(memory.ops[k], memory.ts[k], memory.bytes[k] > 0) if memory.ops[k] else ""
+        rows.append([us(memory.ts[k] - t0), memory.allocated[k], memory.bytes[k], names(op) if op else -1])
     return StepMemory(memory.device, memory.level(i), j - i, rows)
+
+
+class MemoryNames:
+    """The operator of an allocator's event as a user recognises it. Most are an operator's own name (``aten::mm``),
+    kept. An allocation that a compiled graph's own code makes (inductor's buffers, between its kernels) falls in no
+    operator but the graph's call, a record function named ``## Call CompiledFxGraph <hash> ##``: it is named by the
+    graph, which Dynamo's region ran it (``Torch-Compiled Region: 0/0``) or whether autograd ran it backward, and the
+    operator of the graph it came just before (an allocation: the buffer of the kernel launched next) or just after (a
+    free): ``compiled graph (forward, region 0/0), before triton_poi_fused_relu_0``."""
+
+    def __init__(self, trace: Trace):
+        self.trace = trace
+        self.calls: dict[str, list[tuple[float, float, object]]] = {}  # graph's call -> its (start, end, thread)
+        self.frames: dict[object, list] = {}  # thread -> its compiled regions and backward nodes
+        for tid, ops in trace.op_events.items():
+            for op in ops:
+                if COMPILED_GRAPH.fullmatch(op.name):
+                    self.calls.setdefault(op.name, []).append((op.ts, op.end, tid))
+                elif op.name == COMPILED_BACKWARD or COMPILED_REGION.fullmatch(op.name):
+                    self.frames.setdefault(tid, []).append(op)
+
+    def __call__(self, name: str, t: float, allocation: bool) -> str:
+        if not COMPILED_GRAPH.fullmatch(name):
+            return name
+        call = next(((a, b, tid) for a, b, tid in self.calls.get(name, ()) if a <= t < b), None)
+        if call is None:
+            return "a compiled graph"
+        graph = f"compiled graph ({self.kind(*call)})"
+        op = self.next_op(*call, t) if allocation else self.previous_op(*call, t)
+        return f"{graph}, {'before' if allocation else 'after'} {op.name}" if op else graph
+
+    def kind(self, start: float, end: float, tid) -> str:
+        """``forward, region 0/0`` (the innermost compiled region around the call), ``backward``, or ``forward``."""
+        around = [f for f in self.frames.get(tid, ()) if f.ts <= start and end <= f.end]
+        if not around:
+            return "forward"
+        frame = max(around, key=lambda f: f.ts)
+        region = COMPILED_REGION.fullmatch(frame.name)
+        return f"forward, region {region.group(1)}" if region else "backward"
+
+    def next_op(self, start: float, end: float, tid, t: float):
+        """The graph's first operator that starts at ``t`` or after (an allocating primitive skipped), or None."""
+        ops = self.trace.op_events[tid]
+        for op in ops[bisect_left(ops, (t,)) :]:
+            if op.ts >= end:
+                return None
+            if op.name not in ALLOCATING:
+                return op
+        return None
+
+    def previous_op(self, start: float, end: float, tid, t: float):
+        """The graph's operator that ended last before ``t`` (the outermost of those ending together), or None."""
+        ops = self.trace.op_events[tid]
+        found = None
+        for k in range(bisect_left(ops, (t,)) - 1, max(-1, bisect_left(ops, (t,)) - 1 - NEIGHBOURS), -1):
+            op = ops[k]
+            if op.ts <= start:
+                break
+            if op.end <= t and op.name not in ALLOCATING and (found is None or op.end >= found.end):
+                found = op
+        return found
 
 
 def envelope(ts: list, values: list, i: int, j: int, t0: float, t1: float) -> list[int]:

@@ -15,6 +15,12 @@ import re
 from collections.abc import Sequence
 
 MISSING = "—"  # a cell without a value (not measured, not applicable)
+# The widest table ``markdown_tables`` writes, in characters: each column as wide as its longest cell, or 1.25 times its
+# header's longest word (TensorBoard's Text tab sets a header in a monospace <pre>, detector/board/events.py), and 3 for
+# its padding. The Text tab shows 6.9-7.9 px a character (its digits are the widest): at most 790 px, within its card
+# in a 1,280 px window (844 px); and a line a terminal shows whole.
+TABLE_WIDTH = 100
+CONTINUED = "*continued:*"  # the line over each part of a table split by its columns, after the first
 WHICH_HEADING = "### Which strategy should I use?"  # bench losses writes it; make report opens its document with it
 
 
@@ -116,3 +122,51 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[object]], ali
     lines += ["|" + "|".join("---" if a == "l" else "---:" for a in align) + "|"]
     lines += ["| " + " | ".join(MISSING if c is None else cell_text(c) for c in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+MARKS = re.compile(r"\*\*|`|\\(?=.)")  # bold, code spans and escapes: markdown's, not shown
+
+
+def shown_width(text: str, header: bool = False) -> int:
+    """How many characters a cell of markdown ``text`` takes as a table shows it (a header: its longest word in a
+    TensorBoard <pre>, 1.25 times as wide), without its padding."""
+    shown = MARKS.sub("", text.replace("&lt;", "<").replace("&amp;", "&"))
+    return math.ceil(1.25 * max(map(len, shown.split()), default=0)) if header else len(shown)
+
+
+def split_columns(headers: Sequence[str], rows: Sequence[Sequence[str]], keep: int, width: int) -> list[list[int]]:
+    """The columns of a table of ``headers`` and ``rows`` (markdown text) in groups, in their order, each group after
+    the ``keep`` label columns that every group repeats, so that each table is at most ``width`` characters wide (a
+    column wider than that alone gets a table of its own)."""
+    widths = [
+        max([shown_width(h, header=True)] + [shown_width(row[k]) for row in rows]) + 3 for k, h in enumerate(headers)
+    ]
+    labels = sum(widths[:keep])
+    groups: list[list[int]] = []
+    for k in range(keep, len(headers)):
+        if groups and labels + sum(widths[j] for j in groups[-1]) + widths[k] <= width:
+            groups[-1].append(k)
+        else:
+            groups.append([k])
+    return [list(range(keep)) + group for group in groups] or [list(range(len(headers)))]
+
+
+def markdown_tables(
+    headers: Sequence[str],
+    rows: Sequence[Sequence[object]],
+    align: str | None = None,
+    keep: int = 1,
+    width: int = TABLE_WIDTH,
+) -> str:
+    """``markdown_table`` of ``headers`` and ``rows``, split by its columns into as few tables as keep each within
+    ``width`` characters (``split_columns``), each one repeating the ``keep`` label columns (the region, the strategy):
+    a wide table fits a window, wrapping none of its numbers, instead of running past its edge. Each one after the
+    first under a line of its own, CONTINUED (TensorBoard sets tables one under the other with no space between); one
+    table where it fits."""
+    align = align or "l" * keep + "r" * (len(headers) - keep)
+    text = [[MISSING if c is None else cell_text(c) for c in row] for row in rows]
+    tables = []
+    for group in split_columns([cell_text(h) for h in headers], text, keep, width):
+        columns, sides = [headers[k] for k in group], "".join(align[k] for k in group)
+        tables.append(markdown_table(columns, [[row[k] for k in group] for row in rows], sides))
+    return f"\n\n{CONTINUED}\n\n".join(tables)

@@ -3,11 +3,13 @@ a comparison's tables (`make compare`). Every cell is a measure of detector/lab/
 its unit, "median [q1–q3]" over the active steps; a measure that is zero in every region of every run shown
 is not written, and a CPU run says once which measures need a GPU. The memory tables show every memory measure,
 "none" where it does not exist on the run's device (the CPU's allocator neither caches, reserves nor retries).
+A table too wide for a window (TensorBoard's Text tab at 1,280 px, a terminal) is split by its columns into tables
+that fit, each repeating its label columns (tables.py ``markdown_tables``).
 """
 
 from __future__ import annotations
 
-from detector.lab.present.tables import cell_text, code_text, markdown_table, speedup, times
+from detector.lab.present.tables import cell_text, code_text, markdown_table, markdown_tables, speedup, times
 from detector.lab.present.verdicts import (
     BASELINE,
     device_leads,
@@ -30,7 +32,7 @@ from detector.lab.record.measures import (
     memory_note,
     present,
 )
-from detector.lab.record.run import ProfileRecord
+from detector.lab.record.run import ProfileRecord, device_paced, representative_step
 from detector.lab.record.spread import Spread
 from detector.regions import DATA_WAIT, REGIONS, STEP
 
@@ -46,10 +48,18 @@ def stats_cell(name: str, stats: Spread | None) -> str:
 
 
 def run_table(record: ProfileRecord) -> str:
-    """Regions x measures of one run: wall and GPU time, then every why measure that is not zero throughout."""
-    names = present([record], TIME + WHY)
+    """Regions x measures of one run: its time, the leading one first (``ProfileRecord.leading_time``: GPU ms where the
+    device paced the step, else wall ms), then every why measure that is not zero throughout; in tables that fit a
+    window, each repeating the region."""
+    names = run_columns(record)
     rows = [[region] + [stats_cell(n, record.stats(region, n)) for n in names] for region in record.regions()]
-    return markdown_table(["region"] + [MEASURES[n].header for n in names], rows)
+    return markdown_tables(["region"] + [MEASURES[n].header for n in names], rows)
+
+
+def run_columns(record: ProfileRecord) -> list[str]:
+    """The measures of a run's table, in its order: the leading time first, the others as TIME and WHY list them."""
+    lead = record.leading_time()
+    return sorted(present([record], TIME + WHY), key=lambda n: n != lead)  # a stable sort: the rest keep their order
 
 
 def run_card(record: ProfileRecord) -> str:
@@ -63,7 +73,7 @@ def run_card(record: ProfileRecord) -> str:
         f"run {code_text(record.run or '?')}",
         "",
         f"Median [q1–q3] over {analysis.steps} active steps (ProfilerStep {analysis.step_numbers}); "
-        f"the timeline shows step {analysis.representative_step} (median wall time).",
+        f"the timeline shows step {analysis.representative_step} ({representative_of(record)}).",
         "",
         run_table(record),
         "",
@@ -76,10 +86,20 @@ def run_card(record: ProfileRecord) -> str:
     lines += ["", paced] if paced else []
     missing = gpu_note(absent_gpu_measures([record], TIME + WHY))
     lines += ["", missing] if missing else []
-    lines += ["", legend(present([record], TIME + WHY))]
+    lines += ["", legend(run_columns(record))]
     lines += memory_card(record)
     lines += [f"\n**warning**: {cell_text(w)}" for w in analysis.warnings + record.left_out]
     return "\n".join(lines)
+
+
+def representative_of(record: ProfileRecord) -> str:
+    """What the run's representative step is the median of: its device steps where the device paced them (as
+    detector/lab/record/run.py ``representative_step`` now picks it), else its wall times (as a run recorded before
+    picked it on a GPU too)."""
+    device = device_paced(record.per_step) and representative_step(record.per_step).step == (
+        record.analysis.representative_step
+    )
+    return "median device step" if device else "median wall time"
 
 
 NONE = "none"  # a memory measure that does not exist on the run's device (not 0: nothing was counted)
@@ -105,7 +125,7 @@ def memory_card(record: ProfileRecord) -> list[str]:
         "",
         f"Memory on {cell_text(record.device)}, median [q1–q3] per step:",
         "",
-        markdown_table(["region"] + [MEASURES[n].header for n in MEMORY], rows),
+        markdown_tables(["region"] + [MEASURES[n].header for n in MEMORY], rows),
     ]
     note = memory_note([record])
     return lines + (["", note] if note else []) + ["", legend(MEMORY)]
@@ -124,7 +144,7 @@ def memory_table(runs: list[tuple[str, ProfileRecord]]) -> str:
                 cells = [memory_cell(record, region, n, spread=False) for n in MEMORY]
                 rows.append([region, label] + cells)
     headers = ["region", "strategy"] + [MEASURES[n].header for n in MEMORY]
-    return markdown_table(headers, rows, "ll" + "r" * len(MEMORY))
+    return markdown_tables(headers, rows, "ll" + "r" * len(MEMORY), keep=2)
 
 
 def boxes_of(record: ProfileRecord) -> str:
@@ -158,7 +178,7 @@ def runs_table(runs: list[tuple[str, ProfileRecord]]) -> str:
         noise = "unknown" if r.noise is None else ("noisy" if r.noisy else "quiet")
         rows.append([r.strategy, r.mode, r.device, r.torch, r.batch_size, r.image_size or "?", protocol])
         rows[-1] += [r.analysis.steps, noise, code_text(r.folder), r.max_boxes or "?", boxes_of(r)]
-    return markdown_table(headers + ["slots", "boxes"], rows, "lllllrlrllrl")
+    return markdown_tables(headers + ["slots", "boxes"], rows, "lllllrlrllrl")
 
 
 def regions_of(records: list[ProfileRecord]) -> list[str]:
@@ -235,7 +255,8 @@ def why_table(runs: list[tuple[str, ProfileRecord]], names: list[str]) -> str:
         for label, record in runs:
             if record.stats(region):
                 rows.append([region, label] + [format_value(m, record.median(region, m)) for m in names])
-    return markdown_table(["region", "strategy"] + [MEASURES[m].header for m in names], rows, "ll" + "r" * len(names))
+    headers = ["region", "strategy"] + [MEASURES[m].header for m in names]
+    return markdown_tables(headers, rows, "ll" + "r" * len(names), keep=2)
 
 
 TIMED_ROW = " The last row: the steps timed without the profiler (by CUDA events on a GPU), the verdict's."

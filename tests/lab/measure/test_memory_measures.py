@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lab_helpers import TINY_PROFILE
+from lab_helpers import H100_TRACES, TINY_PROFILE
 from trace_helpers import MAIN, MEMORY_EVENTS, mark, memory, synthetic_events, synthetic_memory
 
 from detector.config import load_config
@@ -167,6 +167,38 @@ def test_the_extract_holds_each_steps_memory_with_its_operators():
     ]  # fmt: skip
     assert found.steps["6"].memory.rows == [] and found.steps["6"].memory.start == 1000
     Extract.parse(json.loads(json.dumps(found.to_json())), "extract")  # what it writes, it reads
+
+
+def test_a_compiled_graphs_own_allocations_are_named_by_the_graph_and_its_operator_not_its_hash():
+    """The packed strategy's step as recorded on an H100 (its model compiled), with allocator events placed as
+    inductor's code makes them: a buffer allocated in the forward graph of region 1/0 just before its triton kernel,
+    freed after it; one in a backward graph; one inside an operator of the graph (named by that operator, as
+    before). None is named by the graph's record function, ``## Call CompiledFxGraph <hash> ##``."""
+    events = json.loads(gzip.decompress(H100_TRACES["packed"].read_bytes()))["traceEvents"]
+    step = next(e for e in events if e.get("name") == "ProfilerStep#10")
+    ops = [e for e in events if e.get("cat") == "cpu_op" and step["ts"] <= e["ts"] < step["ts"] + step["dur"]]
+    forward = next(e for e in ops if e["name"].startswith("triton_poi_fused_add_cat_div_mul_sigmoid_split"))
+    backward = next(e for e in ops if e["name"] == "triton_poi_fused_threshold_backward_0")
+    stem = next(e for e in ops if e["name"] == "detector::stem_forward")
+    placed = [  # (µs, bytes, thread): the allocations just before a kernel's launch, the free just after it
+        (forward["ts"] - 2, 2**20, forward["tid"]),
+        (forward["ts"] + forward["dur"] + 2, -(2**20), forward["tid"]),
+        (backward["ts"] - 2, 2**21, backward["tid"]),
+        (stem["ts"] + 10, 2**22, stem["tid"]),
+    ]
+    total = 2**30
+    for ts, nbytes, tid in placed:
+        total += nbytes
+        events.append(memory(ts, nbytes, total, tid=tid) | {"pid": step["pid"]})
+    found = build(events)
+    rows = found.steps["10"].memory.rows
+    assert [found.names[r[3]] for r in sorted(rows)] == [
+        "detector::stem_forward",
+        "compiled graph (forward, region 1/0), before triton_poi_fused_add_cat_div_mul_sigmoid_split_sub_view_0",
+        "compiled graph (forward, region 1/0), after triton_poi_fused_add_cat_div_mul_sigmoid_split_sub_view_0",
+        "compiled graph (backward), before triton_poi_fused_threshold_backward_0",
+    ]
+    assert not any("CompiledFxGraph" in name for name in found.names)
 
 
 def test_a_step_of_many_events_keeps_the_envelope_and_its_exact_peak():

@@ -1,15 +1,19 @@
-"""detector/lab/present/tables.py: number formatting, the ≈ rule of speed-ups, spread cells and the table writer."""
+"""detector/lab/present/tables.py: number formatting, the ≈ rule of speed-ups, spread cells and the table writer, which
+splits a table too wide for a window by its columns."""
 
 import pytest
 import torch
 from lab_helpers import MARKUP_NAME, SHOWN, rendered, tables_whole
 
 from detector.lab.present.tables import (
+    CONTINUED,
     cell_text,
     code_block,
     code_text,
     markdown_table,
+    markdown_tables,
     ms,
+    shown_width,
     significant,
     speedup_cell,
     spread_cell,
@@ -108,3 +112,42 @@ def test_a_code_block_is_fenced_past_the_backticks_its_commands_hold():
     assert code_block(["one\ntwo"]) == ["```", "one two", "```"]
     page = rendered("\n".join(code_block([f"make profile STRATEGY='{MARKUP_NAME}'", "```", "<b>"])))
     assert "<script" not in page and "<b>" not in page and page.count("<pre>") == 1
+
+
+def parts(text: str) -> list[tuple[list[str], list[list[str]]]]:
+    """The tables of ``markdown_tables``' text: (headers, rows) each, the cells as written."""
+    found = []
+    for block in text.split(f"\n\n{CONTINUED}\n\n"):
+        lines = block.split("\n")
+        split = lambda line: [cell.strip() for cell in line.strip("|").split(" | ")]  # noqa: E731
+        found.append((split(lines[0]), [split(line) for line in lines[2:]]))
+    return found
+
+
+def test_a_table_too_wide_for_a_window_is_split_by_its_columns_repeating_its_labels():
+    """Twelve columns of spreads beside a region and a strategy: tables of at most 100 characters (each column as wide
+    as its widest cell, a header's longest word 1.25 times, and 3 of padding), each starting with the two label
+    columns, every other column in one of them, in order; a table that fits stays whole; a column wider than the
+    width alone has a table of its own."""
+    headers = ["region", "strategy"] + [f"measure {k}" for k in range(12)]
+    rows = [["optimizer step", "my|strategy"] + [f"{k}.25 [{k}.2–{k}.31]" for k in range(12)] for _ in range(3)]
+    text = markdown_tables(headers, rows, keep=2)
+    tables = parts(text)
+    assert len(tables) > 1 and text.count(CONTINUED) == len(tables) - 1
+    seen = []
+    for head, body in tables:
+        assert head[:2] == ["region", "strategy"] and all(
+            row[:2] == ["optimizer step", "my\\|strategy"] for row in body
+        )
+        widths = [
+            max([shown_width(h, header=True)] + [shown_width(row[k]) for row in body]) + 3 for k, h in enumerate(head)
+        ]
+        assert sum(widths) <= 100, (head, widths)
+        seen += head[2:]
+    assert seen == headers[2:]  # each once, in order
+    assert [row[2:] for row in tables[0][1]] == [r[2 : 2 + len(tables[0][0]) - 2] for r in rows]  # whole numbers kept
+    assert markdown_tables(headers[:4], [r[:4] for r in rows], keep=2) == markdown_table(
+        headers[:4], [r[:4] for r in rows], "llrr"
+    )
+    wide = markdown_tables(["region", "a", "b"], [["step", "x" * 120, "1"]])
+    assert [head for head, _ in parts(wide)] == [["region", "a"], ["region", "b"]]

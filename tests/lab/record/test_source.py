@@ -67,10 +67,9 @@ def test_compare_shows_each_runs_boxes_and_says_when_they_differ(tmp_path, capsy
     make_run(root, "packed", "20261122-031600", scale=0.5)  # an older run: synthetic boxes
     comparison = run_compare(root, out_dir=tmp_path / "out")
     out = capsys.readouterr().out
-    assert "| run folder | slots | boxes |" in out
+    assert "| run folder |" in out and " | boxes |" in out  # the runs table, split by its columns to fit a window
     assert (
-        "| 256 | widerface:gt.txt (12,880 images, 1,968 boxes at most; 21 images over the slots lost 3,512 boxes) |"
-        in out
+        " | widerface:gt.txt (12,880 images, 1,968 boxes at most; 21 images over the slots lost 3,512 boxes) |" in out
     )
     assert "**Runs over different boxes** (their times are of different work): padded: widerface:gt.txt" in out
     described = {r["strategy"]: r for r in json.loads((tmp_path / "out" / "compare.json").read_text())["runs"]}
