@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import re
-import statistics
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -44,7 +43,7 @@ from detector.lab.measure import extract
 from detector.lab.measure.trace import COLLECTIVE_PREFIXES
 from detector.lab.present.timeline import LAUNCH_COLOR, REGION_COLORS, SYNC_COLOR
 from detector.lab.record.measures import MEASURES, MEMORY, WHY
-from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary
+from detector.lab.record.run import SUMMARY, ProfileRecord, read_summary, representative_step
 from detector.lab.record.steps import EXTRACT, read_extract
 from detector.regions import STEP as WHOLE_STEP
 
@@ -274,9 +273,9 @@ def listed(run: str, record: ProfileRecord, files: RunFiles) -> dict:
     device = record.leading_time() == "gpu_ms" and all(m.get("device_step_ms") for m in steps.values())
     clock, measure = ("device", "device_step_ms") if device else ("wall", "wall_ms")
     times = {n: m[measure] for n, m in steps.items() if m.get(measure) is not None}
-    # the step whose time on that clock is the median (the lower middle one), as the record's representative step
-    median = statistics.median_low(times.values()) if times else None
-    representative = next((n for n, ms in times.items() if ms == median), analysis.representative_step)
+    # the step the card's timeline and compare's chart show (on a device-paced run the step nearest the medians of the
+    # device step and the wall time: the first of equal device steps may be one the host rushed through)
+    representative = representative_step(record.per_step).step if record.per_step else analysis.representative_step
     return {
         "run": run,
         "rank": int(rank.group(1)) if rank else None,

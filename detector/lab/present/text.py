@@ -36,7 +36,7 @@ from detector.lab.record.run import ProfileRecord, device_paced, representative_
 from detector.lab.record.spread import Spread
 from detector.regions import DATA_WAIT, REGIONS, STEP
 
-TIME = ("wall_ms", "gpu_ms", "device_step_ms", "gpu_idle_share")  # a run table's first columns
+TIME = ("wall_ms", "queue_wait_ms", "gpu_ms", "device_step_ms", "gpu_idle_share")  # a run table's first columns
 
 
 def stats_cell(name: str, stats: Spread | None) -> str:
@@ -77,6 +77,7 @@ def run_card(record: ProfileRecord) -> str:
         "",
         run_table(record),
         "",
+        *([f"What paced the step: {record.pacing_text()}.", ""] if record.analysis.gpu else []),
         profiler_note(record),
         "",
         noise_note(record),
@@ -99,7 +100,7 @@ def representative_of(record: ProfileRecord) -> str:
     device = device_paced(record.per_step) and representative_step(record.per_step).step == (
         record.analysis.representative_step
     )
-    return "median device step" if device else "median wall time"
+    return "nearest the medians of the device step and the wall time" if device else "median wall time"
 
 
 NONE = "none"  # a memory measure that does not exist on the run's device (not 0: nothing was counted)

@@ -39,7 +39,8 @@ def test_a_device_paced_runs_card_leads_with_gpu_time_and_its_tables_fit_a_windo
     card = run_card(record)
     found = tables(card)
     assert found[0][0][:3] == ["region", "GPU ms", "wall ms"], found[0][0]
-    assert "(median device step)" in card and CONTINUED in card
+    assert "(nearest the medians of the device step and the wall time)" in card and CONTINUED in card
+    assert "What paced the step: paced by the device (GPU idle 1% of the step; the host waited" in card
     regions = [row[0] for row in found[0][1:]]
     for table in found:
         assert width(table) <= TABLE_WIDTH, table[0]
