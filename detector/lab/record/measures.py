@@ -46,9 +46,9 @@ MEASURES: dict[str, Measure] = {
             "wall_ms",
             "wall ms",
             "ms",
-            "the region's time on the host: its cost where the host paces the step (the CPU, a GPU waiting for its host); "
-            "where the device paces it, the time the host took to launch the region's work, its waits for room in the "
-            "launch queue included, while the device runs steps behind",
+            "the region's time on the host: its cost where the host paces the step (the CPU, a GPU waiting for its "
+            "host); where the device paces it, the time the host took to launch the region's work, its waits for room "
+            "in the launch queue included, while the device runs steps behind",
             tag=2,
             additive=True,
         ),
