@@ -30,9 +30,26 @@ import tempfile
 from pathlib import Path
 
 OWN_LINE = (2, 130, 143)  # exit statuses of a rank that printed its own line (detector/cli.py)
+STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")  # torchrun's: each raises its SignalException
+
+
+def stop_once(handler):
+    """torchrun's signal handler, for the first stop signal only, after which the launcher ignores the others. The
+    ranks had that signal too (Ctrl-C and a scheduler's SIGTERM reach the process group) and are stopping: torchrun then
+    waits for them, up to its grace. A second Ctrl-C raised torchrun's exception again inside that wait, which broke
+    it off: the ranks were stopped before rank 0 said its line, and the launch ended in silence."""
+
+    def first(signum, frame):
+        for name in STOP_SIGNALS:
+            if hasattr(signal, name):
+                signal.signal(getattr(signal, name), signal.SIG_IGN)
+        handler(signum, frame)
+
+    return first
 
 
 def main(argv: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing import api as elastic
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
@@ -52,6 +69,7 @@ def main(argv: list[str]) -> int:
             # torchrun makes a log folder in /tmp at every launch even where it logs nothing, and leaves it: this one
             # goes with the launcher's (a user who redirects the ranks' output keeps torchrun's, or names --log-dir)
             args.log_dir = os.path.join(failures, "torchrun")
+        elastic._terminate_process_handler = stop_once(elastic._terminate_process_handler)  # registered by run
         try:
             run(args)
         except ChildFailedError as err:
