@@ -163,10 +163,10 @@ def earlier_format(run_dir: Path) -> str | None:
     if not regular_file(run_dir / MANIFEST):  # a FIFO would block the read: the resume says what it is
         return None
     try:
-        version = json.loads((run_dir / MANIFEST).read_bytes()[:MANIFEST_BYTES]).get("version")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return f"{run_dir / MANIFEST} {EARLIER}" if version == 2 else None
+        data = read_json(run_dir / MANIFEST, MANIFEST_BYTES)
+    except RecordError:
+        return None  # the resume's read of the manifest says what is wrong with it
+    return f"{run_dir / MANIFEST} {EARLIER}" if isinstance(data, dict) and data.get("version") == 2 else None
 
 
 def manifest_digest(run_dir: Path) -> str | None:

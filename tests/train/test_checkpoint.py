@@ -137,6 +137,30 @@ def test_a_manifest_that_does_not_describe_a_save_is_refused(stopped, tmp_path, 
     assert expected in message and str(stopped / files.MANIFEST) in message and "train.resume=false" in message
 
 
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda raw: b"[" * 100_000 + b"]" * 100_000, "nested about 1000 deep or more"),
+        (lambda raw: raw.replace(b'"step": 3', b'"step": ' + b"9" * 10_000), "step is float Infinity, expected an"),
+        (lambda raw: raw.replace(b'"step"', b'"st\xffep"'), "not JSON (byte 0xff at offset"),
+    ],
+    ids=["nested-100000-deep", "a-10000-digit-step", "not-utf-8"],
+)
+def test_a_manifest_or_meta_the_json_parser_refuses_is_one_line(stopped, tmp_path, change, expected):
+    """checkpoint.json nested 100,000 deep was a RecursionError traceback; and so was meta.json (re-signed)."""
+    path = stopped / files.MANIFEST
+    original = path.read_bytes()
+    path.write_bytes(change(original))
+    message = resume(tmp_path)
+    assert expected in message and str(path) in message and "train.resume=false" in message, message
+    path.write_bytes(original)
+    meta = save_folder(stopped) / files.META
+    meta.write_bytes(change(meta.read_bytes()))
+    resign(stopped)
+    message = resume(tmp_path)
+    assert expected in message and "is not a checkpoint's meta.json" in message, message
+
+
 @pytest.mark.parametrize("what", ["a folder", "a FIFO", "a dangling link"])
 def test_a_manifest_that_is_not_a_file_is_refused_and_never_waited_on(stopped, tmp_path, what):
     path = stopped / files.MANIFEST

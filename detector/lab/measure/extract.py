@@ -31,7 +31,16 @@ from pathlib import Path
 
 from detector.checked import RecordError, read_json
 from detector.lab.measure.analysis import measure_steps
-from detector.lab.measure.trace import LAUNCHES, Trace, call_range, is_sync, load_trace, step_regions, step_threads
+from detector.lab.measure.trace import (
+    LAUNCHES,
+    TRACE_BYTES,
+    Trace,
+    call_range,
+    is_sync,
+    load_trace,
+    step_regions,
+    step_threads,
+)
 from detector.lab.record.run import ProfileRecord, StepMeasures, representative_step
 from detector.lab.record.steps import (
     CATEGORIES,
@@ -48,7 +57,6 @@ from detector.lab.record.steps import (
 )
 from detector.regions import OTHER, STEP
 
-TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 # memory events kept per step: a GPU step of the loop strategy allocates ~10^5 times, and a screen is ~2000 px wide
 MEMORY_ROWS = 8000
 
