@@ -43,6 +43,7 @@ from torch.distributed.checkpoint.planner_helpers import create_read_items_for_c
 
 from detector.checked import RecordError, need, read_json
 from detector.config import Config
+from detector.errors import said
 from detector.model import BlockedLinear
 from detector.train import checkpoint_files as files
 from detector.train.checkpoint_files import CheckpointError
@@ -378,7 +379,7 @@ def load_checkpoint(
 
 
 def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
+    text = said(err)
     return text if len(text) <= 300 else text[:297] + "..."
 
 
