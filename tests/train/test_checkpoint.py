@@ -177,8 +177,8 @@ def test_a_manifest_that_is_not_a_file_is_refused_and_never_waited_on(stopped, t
 
 @pytest.mark.parametrize("when", ["before a save", "before a resume"])
 def test_a_run_folder_made_read_only_is_one_line(tmp_path, monkeypatch, capsys, when):
-    """As chmod -w would do to a user without root (root writes anyway, so the folder's refusal is staged): the save's
-    folder, or the run's lock before a resume, cannot be made."""
+    """As chmod -w would do to a user without root (root writes anyway, so the folder's refusal is staged), or
+    chattr +i: the save's folder, or the run's lock before a resume, cannot be made."""
     from train_helpers import TINY
 
     args = ["train", *TINY, *RUN, f"train.out_dir={tmp_path}"]
@@ -195,6 +195,9 @@ def test_a_run_folder_made_read_only_is_one_line(tmp_path, monkeypatch, capsys, 
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "Permission denied" in err and "\n" not in err, err
+    if when == "before a save":  # the run resumed the checkpoint of step 3: the save's line names it, as a write's
+        assert err.startswith("error: the checkpoint of step 6 could not be written ([Errno 13] Permission denied: ")
+        assert err.endswith(f"); the last checkpoint is step 3 in {run_dir(tmp_path) / files.MANIFEST}"), err
 
 
 # ----------------------------------------------------------------------------- chunks, read in parallel
