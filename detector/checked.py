@@ -12,6 +12,7 @@ import gzip
 import json
 import math
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -177,6 +178,19 @@ def read_json(path: Path, limit: int) -> Any:
         packed = " decompressed" if head == b"\x1f\x8b" else ""
         raise RecordError(f"{path}: larger than {limit // 2**20} MiB{packed}: not a record this lab writes")
     try:
-        return json.loads(raw)
-    except (UnicodeDecodeError, ValueError) as err:
+        return json.loads(raw, parse_int=integer)  # UTF-8, a BOM or UTF-16 and 32, as JSON's RFC 4627 read them
+    except UnicodeDecodeError as err:
+        where = f"byte {err.object[err.start]:#04x} at offset {err.start}"
+        raise RecordError(f"{path}: not JSON ({where} is not {err.encoding} text)") from None
+    except ValueError as err:
         raise RecordError(f"{path}: not JSON ({type(err).__name__}: {str(err)[:60]})") from None
+    except RecursionError:
+        deep = f"lists or objects nested about {sys.getrecursionlimit()} deep or more"
+        raise RecordError(f"{path}: {deep}: not a record this detector writes") from None
+
+
+def integer(digits: str) -> int | float:
+    """A JSON integer: an int, or where it is beyond a float's range a float (inf), as 1e999 is read: a reader's check
+    (``fits``) then refuses it by value, naming its field, where Python's int would be an OverflowError there, or
+    past 4300 digits a ValueError of the parser."""
+    return int(digits) if len(digits) <= 300 else float(digits)

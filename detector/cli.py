@@ -6,13 +6,15 @@ stderr and exit status 2; ``--debug`` or ``DETECTOR_DEBUG=1`` shows the tracebac
 ``interrupted`` (with what was kept, where a command knows) and exit status 130, the shell's for SIGINT; SIGTERM, which
 schedulers send before they kill, is handled the same way: one line ``terminated``, exit status 143. Nothing is printed
 after that line, however many signals follow (detector/train/interrupt.py). One process of several (torchrun's
-ranks) that fails on its own ends at once, leaving its line to the launcher (detector/launch.py).
+ranks) that fails on its own ends at once, leaving its line to the launcher (detector/launch.py). A thread that raises
+(ours, DCP's writers, TensorBoard's) prints no traceback: what waited on it says it in the command's line, and a
+failure nothing said is one ``warning:`` line as the command ends (detector/errors.py ``ThreadFailures``; ``--debug``
+prints the tracebacks too).
 """
 
 from __future__ import annotations
 
 import argparse
-import errno
 import os
 import signal
 import sys
@@ -22,13 +24,10 @@ from pathlib import Path
 
 from detector.arguments import COMMANDS, TOP_LEVEL, check_sections, command_parser, top_parser
 from detector.bench import TARGETS as BENCH_TARGETS
-from detector.errors import UserError, refuse
+from detector.errors import ENVIRONMENT, ThreadFailures, UserError, refuse, said
 from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS, PeerLost
 from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
 
-# errors of the machine's files rather than of the code: a command ends on them in one line naming the file (a folder
-# not writable, a full disk, a file where a folder was asked for: train.out_dir=notes.txt)
-ENVIRONMENT = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT, errno.ENOTDIR, errno.EEXIST)
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
 TERMINATED = 143  # and by SIGTERM (128 + 15)
 
@@ -38,47 +37,56 @@ def main(argv: list[str] | None = None) -> int:
     command_line = argv is None  # then the interpreter exits after us: the handlers stay, ignoring late signals
     argv = sys.argv[1:] if argv is None else argv
     debug = os.environ.get("DETECTOR_DEBUG", "") not in ("", "0") or "--debug" in argv
-    at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command
-    with CommandSignals(keep=command_line):
+    with CommandSignals(keep=command_line), ThreadFailures(debug, keep=command_line):
         if os.environ.get(LAUNCHED):
             tie_to_launcher()  # once the handlers are in place: LAUNCHER_LOST's default action is death
-        try:
-            top = top_parser().parse_args(argv[: at + 1])
-            # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
-            args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
-            status = run(top.command, args)
-        except PeerLost as err:  # under detector.launch, the launcher names the process that stopped
-            if debug:
-                raise
-            Handlers.stopping = True  # torchrun's SIGTERM follows: nothing is printed after this
-            return alone(2 if os.environ.get(LAUNCHED) else refuse(err))
-        except (UserError, FileNotFoundError) as err:
-            if debug:
-                raise
-            return alone(2, err) if in_group() else refuse(err)
-        except OSError as err:  # a folder made read-only, a full disk: the machine's state, said in one line
-            if debug or err.errno not in ENVIRONMENT:
-                raise
-            return alone(2, err) if in_group() else refuse(err)
-        except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are atomic
-            if debug:
-                raise
-            word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
-            if os.environ.get("RANK", "0") == "0":  # one line for the run, whatever its number of processes
-                print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
-                folder = os.environ.get(FAILURES)
-                if folder and Path(folder).is_dir():  # the launcher's status is this word's, not its last signal's
-                    Path(folder, STOP_STATUS).write_text(str(status))
-            if writing():  # a save the second signal abandoned: its threads must not meet the interpreter's exit
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os._exit(status)
-            return alone(status)
-        except Exception as err:  # a bug: its traceback; one of several processes ends at once all the same
-            if not in_group():
-                raise
-            traceback.print_exc()
-            return alone(1, err)
+        status = command(argv, debug)
+        for line in ThreadFailures.unsaid() if status == 0 else []:  # a failed command's line is the one line
+            print(line, file=sys.stderr)
+    return status
+
+
+def command(argv: list[str], debug: bool) -> int:
+    """Parse and run the command of ``argv``; its exit status, a user's error, a stop or a full disk said in one line
+    (``--debug``: raised)."""
+    at = next((i for i, arg in enumerate(argv) if not arg.startswith("-")), len(argv))  # the command
+    try:
+        top = top_parser().parse_args(argv[: at + 1])
+        # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
+        args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
+        status = run(top.command, args)
+    except PeerLost as err:  # under detector.launch, the launcher names the process that stopped
+        if debug:
+            raise
+        Handlers.stopping = True  # torchrun's SIGTERM follows: nothing is printed after this
+        return alone(2 if os.environ.get(LAUNCHED) else refuse(err))
+    except (UserError, FileNotFoundError) as err:
+        if debug:
+            raise
+        return alone(2, err) if in_group() else refuse(err)
+    except OSError as err:  # a folder made read-only, a full disk: the machine's state, said in one line
+        if debug or err.errno not in ENVIRONMENT:
+            raise
+        return alone(2, err) if in_group() else refuse(err)
+    except KeyboardInterrupt as err:  # the command's state is valid: checkpoints and run folders are atomic
+        if debug:
+            raise
+        word, status = ("terminated", TERMINATED) if isinstance(err, Terminated) else ("interrupted", INTERRUPTED)
+        if os.environ.get("RANK", "0") == "0":  # one line for the run, whatever its number of processes
+            print(f"{word}{': ' if str(err) else ''}{' '.join(str(err).split())}", file=sys.stderr)
+            folder = os.environ.get(FAILURES)
+            if folder and Path(folder).is_dir():  # the launcher's status is this word's, not its last signal's
+                Path(folder, STOP_STATUS).write_text(str(status))
+        if writing():  # a save the second signal abandoned: its threads must not meet the interpreter's exit
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(status)
+        return alone(status)
+    except Exception as err:  # a bug: its traceback; one of several processes ends at once all the same
+        if not in_group():
+            raise
+        traceback.print_exc()
+        return alone(1, err)
     return status
 
 
@@ -103,7 +111,7 @@ def alone(status: int, err: BaseException | None = None) -> int:
         return status
     if err is not None:
         rank, world = os.environ.get("RANK", "?"), os.environ.get("WORLD_SIZE", "?")
-        message = " ".join(str(err).split()) if isinstance(err, (UserError, OSError)) else last_line(err)
+        message = said(err) if isinstance(err, (UserError, OSError)) else last_line(err)
         folder = os.environ.get(FAILURES)
         if folder and Path(folder).is_dir():
             Path(folder, f"rank{rank}").write_text(message)

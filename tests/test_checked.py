@@ -1,12 +1,14 @@
 """The value check every reader of our own records shares (detector/checked.py): a number is finite, in its range and
 of its type, or it is damaged; a damaged value costs its field, or the part that holds it, with one warning naming the
-file and the field."""
+file and the field. The read of a record's JSON: a file nested past the parser's depth or not in Unicode is one line
+naming it; a number past a float's range is read as infinity, which its field refuses by value."""
 
+import gzip
 import math
 
 import pytest
 
-from detector.checked import LIMIT, Damaged, LeftOut, all_fit, measure, measured
+from detector.checked import LIMIT, Damaged, LeftOut, RecordError, all_fit, measure, measured, read_json
 
 
 @pytest.mark.parametrize(
@@ -51,3 +53,46 @@ def test_a_reader_leaves_out_the_field_or_the_part_and_says_so_once():
         "run/summary.json: step_ms is NaN, expected a finite number in [0, 1e15]: left out",
         "run/summary.json: wall_clock.total_s is -1, expected a finite number in [0, 1e15]: wall_clock left out",
     ]
+
+
+@pytest.mark.parametrize(
+    "raw, said",
+    [
+        (
+            b"[" * 100_000 + b"]" * 100_000,
+            "lists or objects nested about 1000 deep or more: not a record this detector writes",
+        ),
+        (gzip.compress(b'{"a": ' * 100_000), "lists or objects nested about 1000 deep or more"),  # gzipped
+        (b'{"step": "\xff"}', "not JSON (byte 0xff at offset 10 is not utf-8 text)"),
+        ('{"step": 3}'.encode("utf-16-le") + b"}", "not JSON (byte 0x7d at offset 22 is not utf-16-le text)"),  # odd
+    ],
+    ids=["deep", "deep-gzipped", "not-utf-8", "not-utf-16"],
+)
+def test_a_file_nested_too_deep_or_not_in_unicode_is_one_line_naming_it(tmp_path, raw, said):
+    """Nested 100,000 deep, checkpoint.json was a RecursionError traceback; a byte that is not UTF-8 is named with its
+    offset."""
+    path = tmp_path / "record.json"
+    path.write_bytes(raw)
+    with pytest.raises(RecordError) as err:
+        read_json(path, 2**20)
+    assert str(err.value).startswith(f"{path}: {said}") and "\n" not in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8-sig", "utf-16", "utf-16-be", "utf-32"])
+def test_a_record_in_another_unicode_encoding_is_read_as_its_utf_8_twin(tmp_path, encoding):
+    """JSON's RFC 4627 encodings, with a byte order mark or without (an editor's save of a record)."""
+    text = '{"step": 3, "name": "caf\u00e9"}'
+    (tmp_path / "record.json").write_bytes(text.encode(encoding))
+    assert read_json(tmp_path / "record.json", 2**20) == {"step": 3, "name": "café"}
+
+
+@pytest.mark.parametrize("number", ["1e999", "9" * 310, "9" * 10_000, "-" + "9" * 10_000])
+def test_a_number_beyond_a_floats_range_is_read_as_infinity_and_its_field_refuses_it(tmp_path, number):
+    """A 310-digit integer was an OverflowError in ``fits`` (a profile summary's compare: a traceback), a 10,000-digit
+    one a ValueError of Python's 4300-digit limit; each is now infinity, as 1e999 is, and its field says so."""
+    path = tmp_path / "summary.json"
+    path.write_text(f'{{"step_ms": {number}, "steps": {"9" * 300}}}')
+    data = read_json(path, 2**20)
+    assert data["steps"] == int("9" * 300)  # an integer a float can hold stays exact
+    with pytest.raises(Damaged, match=r"summary.json.step_ms is -?Infinity, expected a finite number in \[0, 1e15\]"):
+        measured(data, "step_ms", str(path))

@@ -41,8 +41,9 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from detector.checked import RecordError, need
+from detector.checked import RecordError, need, read_json
 from detector.config import Config
+from detector.errors import said
 from detector.model import BlockedLinear
 from detector.train import checkpoint_files as files
 from detector.train.checkpoint_files import CheckpointError
@@ -59,6 +60,7 @@ MINE, SPLIT, HELD = "mine", "split", "held"  # Piece.write: see there
 
 __all__ = ["CheckpointError", "Piece", "fingerprint", "load_checkpoint", "read_checkpoint", "state_pieces"]
 META_VERSION = 1  # meta.json's
+META_BYTES = 256 * 2**20  # a loss a step, about 20 bytes: 10^7 steps are 200 MB; a larger file is not one
 
 
 def fingerprint(cfg: DictConfig, world_size: int) -> dict:
@@ -333,11 +335,11 @@ def meta_bytes(meta: dict) -> bytes:
 def read_meta(path: Path) -> dict:
     """meta.json, each field of its type; one line naming the file otherwise."""
     try:
-        meta = json.loads(path.read_bytes())
+        meta = read_json(path, META_BYTES)
         need(meta, dict, str(path))
         for key, kind in META_KEYS.items():
             need(meta.get(key), kind, f"{path}.{key}")
-    except (ValueError, RecordError) as err:
+    except RecordError as err:
         raise CheckpointError(f"{path} is not a checkpoint's meta.json ({err}): {files.FIX}") from None
     return meta
 
@@ -377,7 +379,7 @@ def load_checkpoint(
 
 
 def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
+    text = said(err)
     return text if len(text) <= 300 else text[:297] + "..."
 
 

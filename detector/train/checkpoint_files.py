@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
 from torch.futures import Future
 
 from detector.checked import RecordError, need, read_json, short, versioned, write_atomically
-from detector.errors import UserError
+from detector.errors import ThreadFailures, UserError
 
 FORMAT = "detector-checkpoint-dcp"
 VERSION = 3  # 1: one checkpoint.pt; 2: our own part files (detector before its checkpoints moved to DCP)
@@ -163,10 +163,10 @@ def earlier_format(run_dir: Path) -> str | None:
     if not regular_file(run_dir / MANIFEST):  # a FIFO would block the read: the resume says what it is
         return None
     try:
-        version = json.loads((run_dir / MANIFEST).read_bytes()[:MANIFEST_BYTES]).get("version")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return f"{run_dir / MANIFEST} {EARLIER}" if version == 2 else None
+        data = read_json(run_dir / MANIFEST, MANIFEST_BYTES)
+    except RecordError:
+        return None  # the resume's read of the manifest says what is wrong with it
+    return f"{run_dir / MANIFEST} {EARLIER}" if isinstance(data, dict) and data.get("version") == 2 else None
 
 
 def manifest_digest(run_dir: Path) -> str | None:
@@ -357,27 +357,50 @@ def read_groups(items: list, storage: dict, parts: int) -> list[list]:
 
 class Writer(FileSystemWriter):
     """DCP's writer, at a lower CPU priority (its IO threads inherit it): a save's writing takes the cores the loader
-    and the step leave."""
+    and the step leave. An IO thread of DCP's that raises (a full disk) leaves its items unwritten and its exception
+    to the thread's hook, and DCP carries on: the save raises it (``ThreadFailures``), never commits without them."""
 
     def __init__(self, path: Path, threads: int = 2):
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=threads)
 
     def write_data(self, plan, planner):
         background_priority()
-        return super().write_data(plan, planner)
+        future = super().write_data(plan, planner)
+        written = {result.index for result in future.value()}
+        lost = sum(item.index not in written for item in plan.items)
+        if lost:
+            failed = ThreadFailures.take("_write_files_from_queue")  # the thread's name, after its target
+            raise failed or CheckpointError(
+                f"DCP's writer threads wrote {len(plan.items) - lost} of {len(plan.items)} items"
+            )
+        return future
 
 
 def root(err: BaseException) -> BaseException:
     """The failure inside DCP's CheckpointException (whose message holds every process's traceback): the first
-    process's own exception (an OSError, or one of ours, as it was raised)."""
+    process's own exception (an OSError, or one of ours, as it was raised); the OSError behind either (``cause``)."""
     failures = getattr(err, "failures", None)
     if isinstance(failures, dict) and failures:
         rank, found = min(failures.items())
         found = found[0] if isinstance(found, tuple) else found
+        found = cause(found) if isinstance(found, BaseException) else found
         if isinstance(found, (CheckpointError, OSError)):
             return found
         if isinstance(found, BaseException):
             return RuntimeError(f"process {rank}: {type(found).__name__}: {found}")
+    return cause(err)
+
+
+def cause(err: BaseException) -> BaseException:
+    """The OSError that ``err`` was raised in handling, where there is one (torch.save's zip writer, on a full disk:
+    RuntimeError ``unexpected pos 704 vs 598``, raised in handling ``[Errno 28] No space left on device``); else
+    ``err``."""
+    seen, found = set(), err
+    while found is not None and id(found) not in seen:
+        if isinstance(found, OSError):
+            return found
+        seen.add(id(found))
+        found = found.__cause__ or found.__context__
     return err
 
 

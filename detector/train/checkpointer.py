@@ -236,7 +236,7 @@ class Checkpointer:
         try:
             save.folder.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise CheckpointError(f"the checkpoint of step {step} cannot be written: {one_line(err)}") from None
+            raise CheckpointError(self.failed(step, err)) from None
         self.current = save
         threading.Thread(
             target=self.write,
@@ -309,13 +309,15 @@ class Checkpointer:
             lost = lost_peer(files.root(save.error)) if self.world_size > 1 else None
             if lost is not None:  # another process died during the save: that is what the run says
                 raise lost from save.error
-            kept = f"the last checkpoint is step {self.committed_step} in {self.run_dir / files.MANIFEST}"
-            if self.committed_step < 1:
-                kept = "no checkpoint was written before it"
-            raise CheckpointError(
-                f"the checkpoint of step {save.step} could not be written ({one_line(files.root(save.error))}); {kept}"
-            ) from save.error
+            raise CheckpointError(self.failed(save.step, files.root(save.error))) from save.error
         return time.perf_counter() - start
+
+    def failed(self, step: int, err: BaseException) -> str:
+        """The line of a save of ``step`` that failed with ``err``: the save, why, and the checkpoint the run keeps."""
+        kept = f"the last checkpoint is step {self.committed_step} in {self.run_dir / files.MANIFEST}"
+        if self.committed_step < 1:
+            kept = "no checkpoint was written before it"
+        return f"the checkpoint of step {step} could not be written ({one_line(err)}); {kept}"
 
     def poll(self) -> list[Save]:
         """The saves finished since the last poll (a save that a new save waited for too); raises if one failed."""

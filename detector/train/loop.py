@@ -60,7 +60,7 @@ from torch.utils.tensorboard import SummaryWriter
 from detector.checked import RecordError
 from detector.data.loader import DataWorkerDied
 from detector.device import device_name
-from detector.errors import UserError
+from detector.errors import ENVIRONMENT, UserError, said
 from detector.train import checkpoint_files, distributed, run_folder, summary
 from detector.train.batches import training_batches
 from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, same_run, shared_checkpoint
@@ -80,6 +80,11 @@ COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kerne
 
 class NonFiniteLoss(UserError):
     pass
+
+
+class FilesRefused(UserError):
+    """A write of the run that the machine's files refused (a full disk, a folder made read-only): its OSError, where
+    the run stopped and the checkpoint it continues from, in one line."""
 
 
 class Run:
@@ -123,9 +128,12 @@ class Run:
             return self.finish_complete()
         try:
             self.run_steps()
-            return self.finish()
-        finally:
-            self.close()
+            result = self.finish()
+        except BaseException:
+            self.close(failed=True)
+            raise
+        self.close(failed=False)
+        return result
 
     def run_steps(self) -> None:
         """The loop, a signal only asking for a stop between two steps (``DeferredInterrupt``); whatever it raises
@@ -141,12 +149,22 @@ class Run:
         finally:
             self.wall.stop_loop()
 
-    def close(self) -> None:
-        """However the loop ended: the control group, the held-out set's workers, TensorBoard's writer."""
+    def close(self, failed: bool) -> None:
+        """However the loop ended: the control group, the held-out set's workers, TensorBoard's writer. Its writer's
+        failure (its thread's, a full disk) never hides the line of a run that ``failed``; after a complete run it is
+        the line."""
         self.control.close()
         self.steps.evaluation.end()  # its last picture, before the writer closes
-        if self.steps.writer:
-            self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+        try:
+            if self.steps.writer:
+                self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+        except Exception as err:
+            if failed:  # the same full disk, mostly: the run's line is the one (--debug: the writer's traceback)
+                return
+            if not (isinstance(err, OSError) and err.errno in ENVIRONMENT):
+                raise
+            where = f"TensorBoard's event file in {self.run_dir} could not be written ({said(err)})"
+            raise FilesRefused(f"{where}; the run itself completed: {self.run_dir / summary.SUMMARY}") from err
 
     def ending(self, err: BaseException) -> BaseException:
         """What a run ends with when its loop raised ``err``, its checkpoints seen to:
@@ -156,6 +174,8 @@ class Run:
         - a second signal, a lost process, a dead data worker: the same line; the save under way is abandoned where
           waiting for it could hang (a second signal, a lost process), so the line names what the manifest does;
         - a step's collective whose peer is gone: that process's loss (``PeerLost``);
+        - a write the machine's files refused (TensorBoard's event file on a full disk or in a folder made
+          read-only): the same line, after the save under way (``FilesRefused``);
         - anything else (a non-finite loss, a user's error, a bug): itself, after the save under way is committed, so
           that the last good checkpoint it names is on disk.
         """
@@ -165,18 +185,23 @@ class Run:
                 err = lost
         if not isinstance(err, (DataWorkerDied, KeyboardInterrupt, PeerLost)):
             self.steps.checkpoints.close(wait=True)
+            if isinstance(err, OSError) and err.errno in ENVIRONMENT:  # TensorBoard's event file, a full disk
+                what = said(err)
+                if err.filename is None and from_tensorboard(err):  # its thread's failure, raised again here
+                    what = f"TensorBoard's event file in {self.run_dir} could not be written ({what})"
+                return FilesRefused(self.stopped(what, wait=True))
             return err
         agreed = isinstance(err, KeyboardInterrupt) and self.steps.stopping
         Handlers.stopping |= isinstance(err, PeerLost)  # torchrun's SIGTERM follows: nothing after our line
-        stopped = type(err)(self.stopped(err, wait=agreed or isinstance(err, DataWorkerDied)))
+        stopped = type(err)(self.stopped(said(err), wait=agreed or isinstance(err, DataWorkerDied)))
         stopped.agreed = agreed
         return stopped
 
-    def stopped(self, err: BaseException, wait: bool) -> str:
-        """``err``'s message, then where the run stopped and what to continue it from."""
+    def stopped(self, what: str, wait: bool) -> str:
+        """``what`` stopped the run, then where it stopped and what to continue it from."""
         checkpoints = self.steps.checkpoints
         checkpoints.close(wait=wait)
-        return "; ".join(filter(None, [str(err), f"the run stopped after step {self.steps.step}", checkpoints.kept()]))
+        return "; ".join(filter(None, [what, f"the run stopped after step {self.steps.step}", checkpoints.kept()]))
 
     def resume(self) -> dict:
         """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's. train.resume=auto
@@ -388,6 +413,17 @@ class Steps:
         if self.writer:
             for tag, value in scalars.items():
                 self.writer.add_scalar(tag, value, self.step)
+
+
+def from_tensorboard(err: BaseException) -> bool:
+    """Whether ``err`` was raised in TensorBoard's writer: its thread's exception, which the writer raises again at
+    the loop's next write, holds the thread's frames."""
+    frames = err.__traceback__
+    while frames is not None:
+        if "tensorboard" in frames.tb_frame.f_code.co_filename:
+            return True
+        frames = frames.tb_next
+    return False
 
 
 def announcement(run: Run, step: int) -> str:

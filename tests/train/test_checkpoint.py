@@ -137,6 +137,30 @@ def test_a_manifest_that_does_not_describe_a_save_is_refused(stopped, tmp_path, 
     assert expected in message and str(stopped / files.MANIFEST) in message and "train.resume=false" in message
 
 
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (lambda raw: b"[" * 100_000 + b"]" * 100_000, "nested about 1000 deep or more"),
+        (lambda raw: raw.replace(b'"step": 3', b'"step": ' + b"9" * 10_000), "step is float Infinity, expected an"),
+        (lambda raw: raw.replace(b'"step"', b'"st\xffep"'), "not JSON (byte 0xff at offset"),
+    ],
+    ids=["nested-100000-deep", "a-10000-digit-step", "not-utf-8"],
+)
+def test_a_manifest_or_meta_the_json_parser_refuses_is_one_line(stopped, tmp_path, change, expected):
+    """checkpoint.json nested 100,000 deep was a RecursionError traceback; and so was meta.json (re-signed)."""
+    path = stopped / files.MANIFEST
+    original = path.read_bytes()
+    path.write_bytes(change(original))
+    message = resume(tmp_path)
+    assert expected in message and str(path) in message and "train.resume=false" in message, message
+    path.write_bytes(original)
+    meta = save_folder(stopped) / files.META
+    meta.write_bytes(change(meta.read_bytes()))
+    resign(stopped)
+    message = resume(tmp_path)
+    assert expected in message and "is not a checkpoint's meta.json" in message, message
+
+
 @pytest.mark.parametrize("what", ["a folder", "a FIFO", "a dangling link"])
 def test_a_manifest_that_is_not_a_file_is_refused_and_never_waited_on(stopped, tmp_path, what):
     path = stopped / files.MANIFEST
@@ -153,8 +177,8 @@ def test_a_manifest_that_is_not_a_file_is_refused_and_never_waited_on(stopped, t
 
 @pytest.mark.parametrize("when", ["before a save", "before a resume"])
 def test_a_run_folder_made_read_only_is_one_line(tmp_path, monkeypatch, capsys, when):
-    """As chmod -w would do to a user without root (root writes anyway, so the folder's refusal is staged): the save's
-    folder, or the run's lock before a resume, cannot be made."""
+    """As chmod -w would do to a user without root (root writes anyway, so the folder's refusal is staged), or
+    chattr +i: the save's folder, or the run's lock before a resume, cannot be made."""
     from train_helpers import TINY
 
     args = ["train", *TINY, *RUN, f"train.out_dir={tmp_path}"]
@@ -171,6 +195,9 @@ def test_a_run_folder_made_read_only_is_one_line(tmp_path, monkeypatch, capsys, 
     assert cli.main(args) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "Permission denied" in err and "\n" not in err, err
+    if when == "before a save":  # the run resumed the checkpoint of step 3: the save's line names it, as a write's
+        assert err.startswith("error: the checkpoint of step 6 could not be written ([Errno 13] Permission denied: ")
+        assert err.endswith(f"); the last checkpoint is step 3 in {run_dir(tmp_path) / files.MANIFEST}"), err
 
 
 # ----------------------------------------------------------------------------- chunks, read in parallel

@@ -37,6 +37,7 @@ from detector.lab.measure.analysis import measure_steps
 from detector.lab.measure.trace import (
     ALLOCATING,
     LAUNCHES,
+    TRACE_BYTES,
     Trace,
     call_range,
     is_sync,
@@ -60,7 +61,6 @@ from detector.lab.record.steps import (
 )
 from detector.regions import OTHER, STEP
 
-TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 # memory events kept per step: a GPU step of the loop strategy allocates ~10^5 times, and a screen is ~2000 px wide
 MEMORY_ROWS = 8000
 # torch.compile's frames in a trace: inductor's call of a compiled graph (a record function named by the graph's

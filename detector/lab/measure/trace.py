@@ -26,8 +26,6 @@ work start inside a span of time, which call launched which GPU work, and which 
 
 from __future__ import annotations
 
-import gzip
-import json
 import re
 from bisect import bisect_left, bisect_right
 from collections import Counter, defaultdict
@@ -35,10 +33,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
 
+from detector.checked import read_json
 from detector.lab.record.measures import OF_OPERATORS
 from detector.regions import LAB_SYNC, OTHER, REGIONS, STEP, region_of_label
 
 STEP_NAME = re.compile(r"ProfilerStep#(\d+)$")
+TRACE_BYTES = 512 * 2**20  # decompressed: a trace of ten GPU steps of the loop strategy is a few hundred MB
 
 CALL_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 GPU_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
@@ -170,12 +170,7 @@ def read_events(source) -> tuple[str, list[dict]]:
     """(name, events) of a trace file (.json or .json.gz), a parsed trace dict, or a list of events."""
     name = str(source) if isinstance(source, (str, Path)) else "<events>"
     if isinstance(source, (str, Path)):
-        try:
-            with open(source, "rb") as f:
-                raw = f.read()
-            source = json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-        except (OSError, EOFError, UnicodeDecodeError, ValueError) as err:
-            raise ValueError(f"{name}: cannot read a JSON trace ({err})") from err
+        source = read_json(Path(source), TRACE_BYTES)  # RecordError, a ValueError, naming it
     events = source.get("traceEvents") if isinstance(source, dict) else source
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise ValueError(f"{name}: not a Chrome/Kineto trace (expected a list of events or a 'traceEvents' list)")

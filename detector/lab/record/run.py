@@ -339,12 +339,15 @@ class ProfileRecord:
             why = "; ".join(w.removeprefix(f"{where}: ") for w in found.warnings) or "no steps"
             raise RecordError(f"{where}: its step wall time is not usable ({why})")
         per_step = need(data["per_step"], list, f"{where}: per_step")
+        before = len(found.warnings)
         try:
             steps = [found.part(StepMeasures.parse, s, f"per_step[{i}]") for i, s in enumerate(per_step)]
         except RecordError as err:
             raise RecordError(f"{where}: {err}") from None
         if not any(steps):
-            why = "is empty" if not per_step else "has no step whose measures are all usable"
+            damaged = [w.removeprefix(f"{where}: ") for w in found.warnings[before:]]
+            more = f"; {len(damaged) - 1} more steps likewise" if len(damaged) > 1 else ""
+            why = f"has no step whose measures are all usable ({damaged[0]}{more})" if per_step else "is empty"
             raise RecordError(f"{where}: per_step {why}: no profiled step to time the run by")
         timed, noise = data.get("timed"), data.get("noise")
         source = data.get("data")  # None in a summary written before data.boxes: the synthetic faces

@@ -429,6 +429,7 @@ def test_draw_steps_stacks_runs_on_one_axis(tmp_path, cpu_trace):
         ("numbers.json", json.dumps({"traceEvents": [1, 2]}).encode()),
         ("no_steps.json", json.dumps({"traceEvents": [{"ph": "X", "cat": "cpu_op", "name": "aten::add"}]}).encode()),
         ("malformed.json", json.dumps([{"ph": "X", "cat": "user_annotation", "name": "ProfilerStep#1"}]).encode()),
+        ("deep.json", b'{"traceEvents": ' + b"[" * 100_000),  # was a RecursionError traceback
     ],
 )
 def test_broken_or_foreign_file_is_a_clear_error(tmp_path, name, content):

@@ -110,8 +110,14 @@ def set_walls(value):
         (lambda d: d["per_step"][2]["regions"]["step"].pop("wall_ms"), "per_step[2].regions.step has no wall_ms"),
         (lambda d: d.update(per_step=[]), "per_step is empty: no profiled step to time the run by"),
         (lambda d: d["per_step"][0].update(regions=[]), "per_step[0].regions is list [], expected an object"),
+        (
+            lambda d: [step["regions"]["calc loss"].update(peak_rise_bytes=-1e9) for step in d["per_step"]],
+            "per_step has no step whose measures are all usable (per_step[0].regions.calc loss.peak_rise_bytes is "
+            "-1000000000.0, expected a finite number in [0, 1e15]: per_step[0] left out; 2 more steps likewise): no "
+            "profiled step to time the run by",
+        ),
     ],
-    ids=["nan", "-1e308", "null", "a-region-inf", "no-wall", "empty", "wrong-type"],
+    ids=["nan", "-1e308", "null", "a-region-inf", "no-wall", "empty", "wrong-type", "every-step-damaged"],
 )
 def test_a_summary_whose_steps_cannot_time_the_run_is_refused_naming_the_file_and_the_field(
     run, tmp_path, change, message
