@@ -184,6 +184,10 @@ class Run:
             if lost is not None:
                 err = lost
         if not isinstance(err, (DataWorkerDied, KeyboardInterrupt, PeerLost)):
+            if isinstance(err, OSError) and err.errno in ENVIRONMENT:
+                # a refused write, TensorBoard's mostly: its writer raises the same error at every later write, which
+                # the saves' times (logged as the save under way finishes) would raise in place of the run's line
+                self.steps.checkpoints.writer = None
             self.steps.checkpoints.close(wait=True)
             if isinstance(err, OSError) and err.errno in ENVIRONMENT:  # TensorBoard's event file, a full disk
                 what = said(err)

@@ -235,11 +235,21 @@ def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, 
         return resolve(self, read_item)
 
     monkeypatch.setattr(RowsLoadPlanner, "resolve_tensor", recorded)
+    cut, real_groups = [], files.read_groups
+
+    def groups(items, storage, parts):
+        cut.append(real_groups(items, storage, parts))
+        return cut[-1]
+
+    monkeypatch.setattr(files, "read_groups", groups)
     again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
     assert again.resumed_at == 3 and len(again.losses) == len(straight.losses) == 6
     # within float32's rounding, as test_loop's exact-resume test: two fresh CPU runs in one loaded worker can differ
     torch.testing.assert_close(torch.tensor(again.losses), torch.tensor(straight.losses), rtol=1e-6, atol=0)
-    assert len(readers) == 3 and all(name.startswith("checkpoint-read") for name in readers), readers
+    # the read cut into READERS runs, each handed to a reader thread; a pool may hand a run to a thread whose first run
+    # is done before the next starts (a loaded machine), so the threads seen are 1 to 3, never the command's own
+    assert [len(g) > 0 for g in cut[-1]] == [True] * 3, cut
+    assert 1 <= len(readers) <= 3 and all(name.startswith("checkpoint-read") for name in readers), readers
 
 
 def test_the_reads_are_cut_into_runs_of_a_file_of_about_equal_bytes():
