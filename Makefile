@@ -46,6 +46,9 @@ WHEELS ?=
 PIP_OFFLINE = $(if $(WHEELS),--no-index --find-links $(WHEELS))
 # train.float8's library, as pyproject.toml's `float8` extra pins it (torch >= 2.11)
 TORCHAO ?= torchao>=0.18
+# the lab's independent cross-check (tests/lab/measure/test_against_hta.py), as pyproject.toml's `hta` extra pins it;
+# by name, not through the extra: `pip install -e .[hta]` would build the project again in an isolated environment
+HTA ?= holistictraceanalysis>=0.5,<0.6
 
 # Set-up runs only for the project's own virtualenv, and again when the build inputs change.
 ifeq ($(PY),$(VENV)/bin/python)
@@ -102,7 +105,7 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 	fi
 	@if $(VENV)/bin/python -c "import hta" 2>/dev/null; then \
 		echo "using the installed holistictraceanalysis $$($(VENV)/bin/pip show holistictraceanalysis | sed -n 's/^Version: //p')"; \
-	elif ! $(VENV)/bin/pip install -q $(PIP_OFFLINE) -e ".[hta]" >/dev/null 2>&1; then \
+	elif ! $(VENV)/bin/pip install -q $(PIP_OFFLINE) "$(HTA)" >/dev/null 2>&1; then \
 		echo "no holistictraceanalysis to install: tests/lab/measure/test_against_hta.py is skipped (WHEELS=<dir> holding it)"; \
 	else \
 		echo "installed holistictraceanalysis $$($(VENV)/bin/pip show holistictraceanalysis | sed -n 's/^Version: //p') for the lab's cross-check"; \
