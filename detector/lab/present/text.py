@@ -94,9 +94,9 @@ def run_card(record: ProfileRecord) -> str:
 
 
 def representative_of(record: ProfileRecord) -> str:
-    """What the run's representative step is the median of: its device steps where the device paced them (as
-    detector/lab/record/run.py ``representative_step`` now picks it), else its wall times (as a run recorded before
-    picked it on a GPU too)."""
+    """How the run's representative step was picked: where the device paced the steps, the step nearest the medians of
+    the device step and the wall time (detector/lab/record/run.py ``representative_step``); else, and in a run recorded
+    before that rule, the median wall time."""
     device = device_paced(record.per_step) and representative_step(record.per_step).step == (
         record.analysis.representative_step
     )
