@@ -24,8 +24,8 @@ from pathlib import Path
 
 from detector.arguments import COMMANDS, TOP_LEVEL, check_sections, command_parser, top_parser
 from detector.bench import TARGETS as BENCH_TARGETS
-from detector.errors import ENVIRONMENT, ThreadFailures, UserError, refuse, said
-from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS, PeerLost
+from detector.errors import ENVIRONMENT, PeerLost, ThreadFailures, UserError, refuse, said
+from detector.launch import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS
 from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
 
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)

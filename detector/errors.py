@@ -45,6 +45,10 @@ class ConfigError(UserError, ValueError):
     machine lacks."""
 
 
+class PeerLost(UserError):
+    """Another process of the run stopped (it died, or its machine did): this one cannot go on."""
+
+
 class ThreadFailures:
     """A command's ``threading.excepthook`` within a block (``keep``: left in place, for the interpreter's exit). The
     exception that ends a thread, ours or one a library starts (DCP's file writers, TensorBoard's event writer), is

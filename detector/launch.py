@@ -14,7 +14,7 @@ same launch ends as the project's commands end:
   0's own line (``terminated``, ``interrupted``: 143, 130).
 
 The other ranks learn of a failed rank at their next collective (``distributed.Control``, a step's gloo collective)
-and stop without a line of their own (``distributed.LAUNCHED``); none outlives torchrun's grace of 30 s (an NCCL
+and stop without a line of their own (``LAUNCHED``); none outlives torchrun's grace of 30 s (an NCCL
 collective the host waits on, which only that SIGKILL ends). A rank never outlives the launcher: killed (even by
 kill -9), every rank stops as on SIGTERM (Linux's parent-death signal), checkpoints and ends.
 """
@@ -29,6 +29,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+# the launcher's contract with its ranks (detector/cli.py reads them in each rank)
+LAUNCHED = "DETECTOR_LAUNCHED"  # set for the ranks: the launcher names a process that died, not they
+FAILURES = "DETECTOR_FAILURES"  # the folder where a rank that fails on its own leaves its error's line
+STOP_STATUS = "stop-status"  # and where rank 0 leaves the exit status of the word its stop's line said
+LAUNCHER_PID = "DETECTOR_LAUNCHER_PID"  # the launcher's pid: a rank that finds another parent has lost it
 OWN_LINE = (2, 130, 143)  # exit statuses of a rank that printed its own line (detector/cli.py)
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")  # torchrun's: each raises its SignalException
 
@@ -53,8 +58,6 @@ def main(argv: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
-
-    from detector.train.distributed import FAILURES, LAUNCHED, LAUNCHER_PID
 
     args = get_args_parser().parse_args(argv)
     for name in list(logging.root.manager.loggerDict):  # torchrun's own warnings as it stops ranks: our line says it
@@ -106,8 +109,6 @@ def failed(err, args, argv: list[str], failures: Path) -> int:
 def stop_status(failures: Path, otherwise: int) -> int:
     """The exit status of the word rank 0's stop line said (130 interrupted, 143 terminated: its first signal's, where
     a second of another kind came), else ``otherwise``."""
-    from detector.train.distributed import STOP_STATUS
-
     said = failures / STOP_STATUS
     return int(said.read_text()) if said.is_file() else otherwise
 

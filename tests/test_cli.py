@@ -307,3 +307,27 @@ def test_an_output_folder_where_a_file_stands_is_one_line(tmp_path, capsys, argv
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and "notes.txt" in err, err
     assert notes.read_text() == "mine"
+
+
+HELP = """
+import sys
+from detector.cli import main
+from detector.arguments import COMMANDS
+for argv in [["--help"], *([name, "--help"] for name in COMMANDS)]:
+    try:
+        main(argv)
+    except SystemExit as done:
+        assert done.code == 0, (argv, done.code)
+    else:
+        raise AssertionError(f"{argv} did not end in argparse's exit")
+print(sorted(name for name in ("torch", "omegaconf", "numpy", "matplotlib") if name in sys.modules))
+"""
+
+
+def test_every_help_is_the_grammar_alone_and_imports_no_torch():
+    """`python -m detector --help` and each command's --help answer at once: the grammar (detector/arguments.py) and
+    the command line import neither torch nor the configuration's library (torch alone takes seconds to import)."""
+    done = subprocess.run([sys.executable, "-c", HELP], capture_output=True, text=True, env=child_env(), timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout[-500:]
+    assert "usage: python -m detector train" in done.stdout

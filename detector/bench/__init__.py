@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-from omegaconf import DictConfig, OmegaConf
-
-from detector.device import resolve_device
 from detector.errors import UserError
-from detector.lab.record.bench import BenchResult
-from detector.lab.record.provenance import run_info
+
+if TYPE_CHECKING:  # torch, the configuration and the records are imported when a bench runs: the command line's
+    # grammar reads TARGETS, and `--help` imports nothing heavier than this module
+    import torch
+    from omegaconf import DictConfig
 
 TARGETS = {
     "losses": "detector.bench.losses",
@@ -47,6 +47,11 @@ class UnknownTargetError(UserError, ValueError):
 def save(cfg: DictConfig, target: str, device, results, markdown: str) -> Path:
     """Print ``markdown`` (the target's tables); write ``results``, the device, torch and the ``bench`` config
     to ``<dir of bench.out>/<target>.json`` and the tables to ``<target>.md`` beside it."""
+    from omegaconf import OmegaConf
+
+    from detector.lab.record.bench import BenchResult
+    from detector.lab.record.provenance import run_info
+
     print(markdown)
     path = Path(cfg.bench.out).parent / f"{target}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -69,6 +74,8 @@ def run(cfg: DictConfig, target: str = "losses") -> list | dict | None:
 def gpu_device(cfg: DictConfig, target: str, unavailable) -> torch.device | None:
     """The CUDA device of a GPU-only target, or None after one line saying why it cannot run here;
     ``unavailable(device)`` is the kernels' own reason (e.g. the extension is not built)."""
+    from detector.device import resolve_device
+
     device = resolve_device(cfg)
     if device.type != "cuda":
         print(f"bench {target}: needs a CUDA device, and this run is on {device.type} (nothing to do)")

@@ -110,12 +110,11 @@ class BlockedLinear(nn.Module):
                 raise RuntimeError("BlockedLinear: the blocks' parameters no longer lie in one tensor")
         return weight[starts[first] : starts[stop]], bias[starts[first] : starts[stop]]
 
-    # Not compiled: under torch.compile the whole head's backward would be one autograd node, and all the
-    # blocks' gradients would arrive together at its end. Eager, each block's gradient is ready (and its
+    # Not compiled (``compile_model``): under torch.compile the whole head's backward would be one autograd node, and
+    # all the blocks' gradients would arrive together at its end. Eager, each block's gradient is ready (and its
     # all-reduce can start) before the next block's backward runs. A Linear has nothing to fuse but its
     # casts, and `linear` needs no cast of the weight gradient. (Float8 blocks have casts to fuse: train/float8.py
     # compiles each block on its own, which keeps one autograd node per block.)
-    @torch.compiler.disable
     def forward(self, x: Tensor) -> Tensor:
         outputs = [None] * len(self.blocks)
         for i in self.order or range(len(self.blocks)):
@@ -123,6 +122,16 @@ class BlockedLinear(nn.Module):
                 self.before_block(i)
             outputs[i] = self.blocks[i](x) if self.float8 else linear(x, self.blocks[i])
         return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=-1)
+
+
+def compile_model(net: nn.Module) -> nn.Module:
+    """``torch.compile(net)`` with ``BlockedLinear`` kept eager (``torch.compiler.disable`` on its forward, the
+    class's, as a decorator would). Marked when a run first compiles, not where the class is defined: the decorator
+    imports the compiler (dynamo: about 0.5 s on 2 CPU cores, seconds on a GPU machine's), which a command that never
+    compiles (an eager run, export, predict, the configuration's checks) never needs."""
+    if not getattr(BlockedLinear.forward, "_torchdynamo_disable", False):
+        BlockedLinear.forward = torch.compiler.disable(BlockedLinear.forward)
+    return torch.compile(net)
 
 
 class FaceDetector(nn.Module):

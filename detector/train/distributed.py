@@ -32,19 +32,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-
-# torch's functions that take ``group=group.WORLD`` as a default argument bind it when their module is first imported:
-# imported after init_process_group, they hold the default group for the life of the process, and
-# destroy_process_group cannot end it (gloo's threads run on; see teardown). torch._dynamo imports the first, so
-# torch.compile's first import would bind it. Imported here, before any group exists, their default is None.
-import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401, E402  isort: skip
-import torch.distributed.nn  # noqa: F401, E402  isort: skip
-import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401, E402  isort: skip
 from torch import Tensor
 
 from detector.data import ListTargets, Targets
 from detector.device import resolve_device
-from detector.errors import UserError
+from detector.errors import PeerLost, UserError
 
 
 @dataclass(frozen=True)
@@ -58,12 +50,24 @@ class DistEnv:
         return self.rank == 0
 
 
+def before_groups() -> None:
+    """Import, before any process group exists, torch's modules whose functions take ``group=group.WORLD`` as a default
+    argument: each binds it when first imported, and imported after init_process_group it holds the default group for
+    the life of the process, which destroy_process_group then cannot end (gloo's threads run on; see teardown).
+    torch._dynamo imports the first, so torch.compile's first import would bind it. Imported here, their default is
+    None. A process of one, which makes no group, never imports them (FSDP, DTensor and ZeRO: about 0.7 s)."""
+    import torch.distributed.fsdp.sharded_grad_scaler  # noqa: F401
+    import torch.distributed.nn  # noqa: F401
+    import torch.distributed.optim.zero_redundancy_optimizer  # noqa: F401
+
+
 def setup(cfg) -> tuple[DistEnv, torch.device]:
     """The process group (from torchrun's RANK/WORLD_SIZE/LOCAL_RANK, or one already initialised) and
     this rank's device: ``cuda:LOCAL_RANK`` with NCCL on GPUs, the CPU with gloo otherwise."""
     device = resolve_device(cfg)
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return DistEnv(), device
+    before_groups()
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)
@@ -101,16 +105,6 @@ def release_meshes() -> None:
         # attributes, deprecated ones of torch's included (each a warning)
         if device_mesh.DeviceMesh in type(obj).__mro__:
             getattr(obj, "_pg_registry", {}).clear()
-
-
-LAUNCHED = "DETECTOR_LAUNCHED"  # set by detector.launch for its ranks: it names a process that died, not they
-FAILURES = "DETECTOR_FAILURES"  # detector.launch's folder where a rank that fails on its own leaves its error's line
-STOP_STATUS = "stop-status"  # and where rank 0 leaves the exit status of the word its stop's line said
-LAUNCHER_PID = "DETECTOR_LAUNCHER_PID"  # the launcher's pid: a rank that finds another parent has lost it
-
-
-class PeerLost(UserError):
-    """Another process of the run stopped (it died, or its machine did): this one cannot go on."""
 
 
 # how gloo and NCCL report a collective whose peer is gone (killed, or its machine down)

@@ -60,11 +60,11 @@ from torch.utils.tensorboard import SummaryWriter
 from detector.checked import RecordError
 from detector.data.loader import DataWorkerDied
 from detector.device import device_name
-from detector.errors import ENVIRONMENT, UserError, said
+from detector.errors import ENVIRONMENT, PeerLost, UserError, said
 from detector.train import checkpoint_files, distributed, run_folder, summary
 from detector.train.batches import training_batches
 from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, same_run, shared_checkpoint
-from detector.train.distributed import Control, DistEnv, PeerLost
+from detector.train.distributed import Control, DistEnv
 from detector.train.evaluation import Evaluation
 from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.profile_window import make_profiler

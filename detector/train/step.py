@@ -31,7 +31,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from detector.data import to_device
 from detector.errors import UserError
 from detector.losses import get_strategy
-from detector.model import BlockedLinear
+from detector.model import BlockedLinear, compile_model
 from detector.regions import BACKWARD, COPY, FORWARD, LOSS, OPTIMIZER, Regions
 from detector.train.distributed import count_valid, global_mean
 from detector.train.graphed import GraphedStep
@@ -87,7 +87,7 @@ class TrainStep:
         schedule = lambda s: lr_factor(s, tcfg.steps, tcfg.warmup_steps, tcfg.lr_min_ratio)  # noqa: E731
         self.scheduler = LambdaLR(self.optimizer, schedule)  # stepped once per optimizer step
         # the model only: the loss stays the strategy under test (`compiled` is its own one)
-        self.net = torch.compile(self.sharing.net) if tcfg.compile else self.sharing.net
+        self.net = compile_model(self.sharing.net) if tcfg.compile else self.sharing.net
         # cache_enabled=False: required inside CUDA graph capture, and every weight is used once per forward anyway
         self.autocast = torch.autocast(
             device.type, dtype=torch.bfloat16, enabled=bool(cfg.autocast), cache_enabled=False

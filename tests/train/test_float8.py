@@ -10,7 +10,7 @@ from train_helpers import TINY, tiny_cfg
 from detector.config import load_config
 from detector.data import build_loader
 from detector.errors import UserError
-from detector.model import BlockedLinear
+from detector.model import BlockedLinear, compile_model
 from detector.train import speed
 from detector.train.checkpoint import RUN_CONTROL, differences, fingerprint
 from detector.train.float8 import float8_refusal, to_float8
@@ -158,7 +158,7 @@ def test_compiled_float8_blocks_compile_inside_the_models_graph_one_autograd_nod
     plain, converted = head(cfg, blocks=2), head(cfg, blocks=2)
     converted.load_state_dict(plain.state_dict())
     to_float8([converted], compile=True)
-    model = torch.compile(lambda x: converted(x))  # as train.compile compiles the model around the head
+    model = compile_model(converted)  # as train.compile compiles the model around the head
     x = torch.randn(16, 512)
     y = model(x)
     assert [type(node).__name__ for node, _ in y.grad_fn.next_functions] == ["CompiledFunctionBackward"] * 2

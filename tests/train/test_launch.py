@@ -17,9 +17,9 @@ import torch.distributed as dist
 from conftest import ROOT, child_env
 from train_helpers import TINY, spawn_two
 
-from detector.errors import UserError
+from detector.errors import PeerLost, UserError
 from detector.train.checkpoint import read_checkpoint
-from detector.train.distributed import Control, DistEnv, PeerLost, shared_folder
+from detector.train.distributed import Control, DistEnv, shared_folder
 
 RUN = [*TINY, "device=cpu", "data.num_workers=0", "train.checkpoint_every=3"]
 

@@ -13,8 +13,9 @@ from conftest import child_env
 SCRIPT = """
 import sys, tempfile, time
 sys.path.insert(0, "tests")
-from detector.train import distributed  # what make train imports before any group exists
+from detector.train import distributed
 import torch.distributed as dist
+distributed.before_groups()  # as make train's setup does before it makes its group
 from train_helpers import gloo_threads
 
 with tempfile.TemporaryDirectory() as out:
