@@ -236,7 +236,16 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
     announce = None
     if main_process:  # `config > my.yaml` gets pure YAML: its announcement goes to stderr
         announce = (lambda line: print(line, file=sys.stderr)) if command == "config" else print
-    cfg = load_config(args.overrides, args.experiment, announce=announce, strategies=strategies)
+    from detector.train.wallclock import early
+
+    with early("configuration"):
+        cfg = load_config(args.overrides, args.experiment, announce=announce, strategies=strategies)
+    if command in ("train", "profile"):
+        from detector.device import begin_context
+
+        # the GPU's context is made in a thread while this process imports the run's code (the driver's work, which
+        # leaves the interpreter free); the run waits for what is left of it before its first use of the device
+        context = begin_context(cfg)
     if main_process:
         emulation_note(strategies, run_strategies(command, cfg, target, strategies))
     if command == "config":
@@ -255,7 +264,7 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
             with early_check(cfg, args.experiment) as checks:
                 from detector.train.entry import run_training
 
-                run_training(cfg, args.experiment, checks)
+                run_training(cfg, args.experiment, checks, context)
     elif command == "bench":
         from detector.bench import run as run_bench
 

@@ -3,6 +3,10 @@ the tables and the log line give it."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+
 import torch
 from omegaconf import DictConfig
 
@@ -33,3 +37,31 @@ def device_name(device: torch.device | str) -> str:
     """The GPU's name for a CUDA device (``NVIDIA H200``), else the device type (``cpu``)."""
     device = torch.device(device)
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+
+
+def begin_context(cfg: DictConfig) -> threading.Thread | None:
+    """Create this process's CUDA context (seconds on a large GPU) in a thread begun now, while the command goes on
+    importing what its run needs; ``context_ready`` waits for it. None off the GPU. Under torchrun the context is the
+    process's own GPU's (LOCAL_RANK), as the process group's set-up picks it."""
+    try:
+        device = resolve_device(cfg)
+    except ConfigError:  # a GPU this machine lacks: the run refuses it in its own line
+        return None
+    if device.type != "cuda":
+        return None
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+
+    def create() -> None:
+        with contextlib.suppress(Exception):  # its error, if any, comes again where the run first uses the device
+            torch.cuda.mem_get_info(device)  # torch's lazy initialisation, then the context: the driver's work
+
+    thread = threading.Thread(target=create, name="cuda-context", daemon=True)
+    thread.start()
+    return thread
+
+
+def context_ready(thread: threading.Thread | None) -> None:
+    """Wait for ``begin_context``'s thread (None: nothing to wait for)."""
+    if thread is not None:
+        thread.join()

@@ -190,7 +190,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     assert calls["write_profile_events"] == [(tmp_path, None, None, "card")]
 
     assert cli.main(["train", "--experiment", "cpu_smoke", "train.steps=3"]) == 0
-    cfg, experiment, _ = calls["run_training"][0]  # and the checks of a checkpoint it continues (none here)
+    cfg, experiment, _, _ = calls["run_training"][0]  # and the checks it continues (none), the CUDA context (none)
     assert experiment == "cpu_smoke" and cfg.train.steps == 3 and cfg.train.eval_every == 250
 
     assert cli.main(["bench", "bench.repeats=2"]) == 0

@@ -39,6 +39,7 @@ import mmap
 import multiprocessing
 import multiprocessing.connection
 import os
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -342,18 +343,35 @@ class Ring:
         self.staged = {}  # batch -> (images, targets, copy event, device tensors) ready for the consumer
         self.copying = deque()  # (event, slot): a slot goes back to `free` once its copy has finished
         self.next_task = 0  # the next batch to hand to a worker
-        self.stream, self.locked, self.workers = None, False, None
+        self.stream, self.locked, self.workers, self.locking, self.lock_error = None, False, None, None, None
         try:
             if loader.workers:  # before page-locking: a driver may keep locked pages out of a forked child
                 self.workers = Workers(loader, self.slots)
                 self.submit()
             if self.device.type == "cuda":
                 self.stream = torch.cuda.Stream(self.device)
-                page_lock(self.slots.memory)
-                self.locked = True
+                # in a thread (the driver's work, which leaves the interpreter free: a fraction of a second for a
+                # ring of hundreds of MiB): the run's start-up goes on meanwhile; the first copy waits for it
+                self.locking = threading.Thread(target=self.lock_pages, name="ring-page-lock", daemon=True)
+                self.locking.start()
         except BaseException:
             self.close()
             raise
+
+    def lock_pages(self) -> None:
+        try:
+            page_lock(self.slots.memory)
+            self.locked = True
+        except BaseException as err:  # said by the first copy, which waits for this
+            self.lock_error = err
+
+    def pages_locked(self) -> None:
+        """Wait for the slots' page-lock, begun with the ring; its error, if it failed."""
+        if self.locking is not None:
+            self.locking.join()
+            self.locking = None
+            if self.lock_error is not None:
+                raise self.lock_error
 
     def submit(self) -> None:
         """Hand every free slot to the workers, with the next batches in order."""
@@ -425,6 +443,7 @@ class Ring:
             self.free.append(slot)
             self.submit()
             return
+        self.pages_locked()
         with torch.cuda.stream(self.stream):
             images = self.slots.images[slot].to(self.device, non_blocking=True)
             targets, tensors = unpack_targets(message, self.device, area)
@@ -448,6 +467,9 @@ class Ring:
         if self.workers:
             self.workers.close()
             self.workers = None
+        if self.locking is not None:
+            self.locking.join()  # a page-lock under way: undone below once done
+            self.locking = None
         if self.locked:
             self.stream.synchronize()
             page_unlock(self.slots.memory)

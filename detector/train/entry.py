@@ -7,16 +7,19 @@ is loop.py's; the strategy sweep (detector/lab/sweep.py) runs one ``train`` a st
 from __future__ import annotations
 
 import contextlib
+import threading
 from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
 
+from detector.device import context_ready
 from detector.errors import UserError
 from detector.train import checkpoint_files, distributed, run_folder, summary
 from detector.train.distributed import DistEnv
 from detector.train.loop import Run
 from detector.train.memory import check_run_memory
+from detector.train.wallclock import early
 
 
 def train(
@@ -68,13 +71,19 @@ def training_processes(cfg: DictConfig):
 BEGIN_HERE = object()  # run_training's checks where its caller began none: they begin with the run
 
 
-def run_training(cfg: DictConfig, experiment: str | None = None, checks=BEGIN_HERE) -> list[summary.TrainingSummary]:
+def run_training(
+    cfg: DictConfig, experiment: str | None = None, checks=BEGIN_HERE, context: threading.Thread | None = None
+) -> list[summary.TrainingSummary]:
     """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
     the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
-    the command before it imported this module (None: the command found none to begin); begun here otherwise."""
+    the command before it imported this module (None: the command found none to begin); begun here otherwise.
+    ``context``: the thread making the CUDA context, begun by the command (detector.device ``begin_context``)."""
     if cfg.train.strategy == "all":
         raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
     begun = run_folder.early_check(cfg, experiment) if checks is BEGIN_HERE else contextlib.nullcontext(checks)
     with begun as checks:
+        if context is not None:
+            with early("CUDA context"):  # what is left of it once the imports are done
+                context_ready(context)
         with training_processes(cfg) as (env, device):
             return [train(cfg, run_folder.experiment_name(experiment), env, device, checks)]

@@ -50,7 +50,7 @@ class Evaluation:
     def draw(self, model, autocast, step: int, writer) -> None:
         """The first held-out images with their true boxes and the model's (pictures.py) into TensorBoard's Images:
         the model's boxes now, the drawing in a thread (matplotlib takes a second of the CPU; the steps go on)."""
-        # imported at the first evaluation, not with the loop: matplotlib is most of a second of the run's start-up
+        # imported at the first evaluation, not with the loop; matplotlib itself in the drawing thread (pictures.py)
         from detector.train.pictures import SHOWN, pixels, predict, prediction_figure
 
         self.close()  # the previous picture, drawn by now

@@ -9,15 +9,18 @@ not known, ``detector predict --faces N`` says how many to draw.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.patches import Rectangle
 from torch import Tensor
 
 from detector.train.metrics import box_iou
+
+if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn: a run's in its drawing thread, which keeps its
+    # import (most of a second) off the loop's thread, where the first evaluation would wait for it
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
 
 TRUE, PREDICTED = "#2ca02c", "#d62728"  # green and red: the true boxes and the model's
 SHOWN = 4  # images in an evaluation's picture: two rows of two
@@ -43,6 +46,9 @@ def prediction_figure(
     head = HEAD if title else GAP
     width = cols * IMAGE + (cols + 1) * GAP
     height = head + rows * (TITLE + IMAGE) + (rows - 1) * GAP + FOOT
+    from matplotlib.figure import Figure
+    from matplotlib.patches import Rectangle
+
     fig = Figure(figsize=(width, height), dpi=100)
     for i in range(n):
         row, col = divmod(i, cols)
@@ -79,6 +85,8 @@ def prediction_figure(
 
 def pixels(fig: Figure) -> np.ndarray:
     """The figure as an [H, W, 3] uint8 image (TensorBoard's Images)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
     canvas = FigureCanvasAgg(fig)
     canvas.draw()
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
@@ -86,6 +94,8 @@ def pixels(fig: Figure) -> np.ndarray:
 
 def rectangle(box: Tensor, color: str, style: str) -> Rectangle:
     x1, y1, x2, y2 = box.tolist()  # xyxy pixels: a box covers x1 .. x2 inclusive
+    from matplotlib.patches import Rectangle
+
     return Rectangle((x1, y1), x2 - x1 + 1, y2 - y1 + 1, fill=False, edgecolor=color, linestyle=style, linewidth=1.2)
 
 

@@ -12,8 +12,10 @@ Goodput is ``steps / total``. The checkpoints' writes in the background are repo
 overlap the steps. ``Account`` is what the run's summary keeps of it (summary.json's ``wall_clock``).
 
 Start-up is split in its own parts (``Account.startup``), in the order the run meets them: ``BEFORE`` (from the
-process's start to the run: the interpreter, the imports, the configuration and the process group), then each part
-the run times (``WallClock.startup``: the model, the resume, the loader, ...), and ``other``, the rest.
+process's start to the run: the interpreter and the imports), the parts the command timed before the run existed
+(``early``: the configuration, the CUDA context), then each part the run times (``WallClock.startup``: the model, the
+resume, the loader, ...), and ``other``, the rest. The parts add up to the start-up: a part that ran beside another (the
+CUDA context, begun in a thread while the imports go on) counts the main thread's wait for it, what it added.
 """
 
 from __future__ import annotations
@@ -27,7 +29,19 @@ from dataclasses import dataclass
 from detector.checked import measure, measured, need
 
 PARTS = ("start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end")
-BEFORE = "interpreter, imports, configuration"
+BEFORE = "interpreter and imports"
+EARLY: dict[str, float] = {}  # the start-up's parts timed before the run's clock existed (``early``), this process's
+
+
+@contextlib.contextmanager
+def early(name: str):
+    """Time a part of the start-up that the command meets before the run begins (the configuration's checks, the
+    wait for the CUDA context): the next ``WallClock`` takes it out of ``BEFORE``."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        EARLY[name] = EARLY.get(name, 0.0) + time.perf_counter() - start
 
 
 def process_age() -> float:
@@ -49,7 +63,9 @@ class WallClock:
         age = process_age()
         self.origin = time.perf_counter() - age
         self.seconds = dict.fromkeys(PARTS, 0.0)
-        self.startup_parts = {BEFORE: age}
+        timed = dict(EARLY)
+        EARLY.clear()  # a second run in this process (the strategy sweep's) has its own
+        self.startup_parts = {BEFORE: max(0.0, age - sum(timed.values())), **timed}
         self.loop_start: float | None = None
         self.loop_end: float | None = None
         self.loop_seconds = 0.0
