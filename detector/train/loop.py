@@ -318,6 +318,8 @@ class Steps:
                 # its workers forked now too, before the run starts threads of its own (TensorBoard's writer, the
                 # checkpoints'), which a fork copies mid-lock; they draw while the start-up and the steps run
                 self.evaluation.held_out.start()
+                if run.env.is_main:  # the process that writes TensorBoard draws the pictures: forked with them
+                    self.evaluation.start_painter()
         return batches
 
     def steps_loop(self, batches, interrupt: DeferredInterrupt, profiler, profiling: bool) -> None:

@@ -387,29 +387,29 @@ def slow_disk(monkeypatch, seconds: float) -> None:
 
 
 def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_background_s(tmp_path, monkeypatch):
-    """A disk that takes a second per file: the step waits for the copy to host memory alone, the write goes on
+    """A disk that takes a second a save: the step waits for the copy to host memory alone, the write goes on
     beside the next steps, and the run's end waits for the last save to be committed."""
-    slow_disk(monkeypatch, 2.0)
+    slow_disk(monkeypatch, 1.0)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]
     first, last = summary.checkpoints.saves
     assert first.step == 4 and last.step == 8
-    assert first.blocked_s < 0.5 and first.written_s >= 2.0
+    assert first.blocked_s < 0.5 and first.written_s >= 1.0
     assert read_checkpoint(run_dir(tmp_path))["step"] == 8  # committed before the run said done
 
 
 def test_a_save_that_waits_for_the_previous_one_is_timed_apart_from_the_wait(tmp_path, monkeypatch):
-    """Saves every 2 steps on a disk of 2 s a save: each waits for the one before; the wait is the step's (blocked),
+    """Saves every 2 steps on a disk of 1.5 s a save: each waits for the one before; the wait is the step's (blocked),
     the write after it the save's own (written, which the disk's time is held against), and the device's idle time
     before the next step leaves out what the save's wait took (on the CPU, idle is the host's time between steps)."""
-    slow_disk(monkeypatch, 2.0)
-    run = ["train.steps=12", "train.checkpoint_every=2", "data.num_workers=0", "train.eval_every=1000"]
+    slow_disk(monkeypatch, 1.5)
+    run = ["train.steps=6", "train.checkpoint_every=2", "data.num_workers=0", "train.eval_every=1000"]
     summary = run_training(tiny_cfg(tmp_path, *run))[0]
     saves = summary.checkpoints.saves
-    assert [s.step for s in saves] == [2, 4, 6, 8, 10, 12]
+    assert [s.step for s in saves] == [2, 4, 6]
     for save in saves[1:]:
-        assert save.blocked_s > 1.0, save  # the previous save's 2 s, less the two steps between
-        assert 2.0 <= save.written_s < 3.0, save  # its own write alone, not the wait before it too
-    assert summary.device_idle_ms < 500  # the waits (over 1 s each, at every other step) are not idle time
+        assert save.blocked_s > 0.75, save  # the previous save's 1.5 s, less the two steps between
+        assert 1.5 <= save.written_s < 2.5, save  # its own write alone, not the wait before it too
+    assert summary.device_idle_ms < 500  # the waits (over 0.75 s each, at every other step) are not idle time
 
 
 def test_the_summary_says_where_the_wall_clock_went(tmp_path):
@@ -479,13 +479,15 @@ def test_the_eta_and_the_first_log_lines_step_come_from_the_steps_after_the_firs
 
 
 def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys):
-    """An evaluation of 3 s at step 10 lies inside the next log window: the ETA of the steps after it is theirs."""
+    """An evaluation of 3 s at step 10 lies inside the next log window: the ETA of the steps after it is theirs. (The
+    evaluations after it, at 20, 30 and 40, come after the line read: they take their own time.)"""
     from detector.train.evaluation import Evaluation
 
     real = Evaluation.__call__
 
     def slow(self, step, *args, **kwargs):
-        time.sleep(3.0)
+        if step == 10:
+            time.sleep(3.0)
         return real(self, step, *args, **kwargs)
 
     monkeypatch.setattr(Evaluation, "__call__", slow)
