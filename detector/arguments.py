@@ -25,6 +25,8 @@ BENCH_HELP = {
     "blocks": "the fused conv blocks' kernels under each launch configuration and program count, and the step "
     "with the fastest (GPU)",
     "step": "the training step against the machine's floor, and the data pipeline's images/s",
+    "startup": "what train pays before its work (start-up and first step, fresh processes, warm caches) against "
+    "torch's floor: one step of the same configuration, torch alone",
     "memory": "each strategy's memory: profiles and their verdicts, the allocator under dynamic shapes with and "
     "without expandable segments, the largest batch that trains (GPU; the CPU's where it has one)",
 }
@@ -50,12 +52,12 @@ COMMANDS = {
         },
     ),
     "bench": (
-        "benchmark a target: losses (default), kernels, layers, blocks or step",
+        "benchmark a target: losses (default), kernels, layers, blocks, step, startup or memory",
         {
             "bench": "strategies, batch sizes, distributions, repeats, output folder",
             "data": "slots, and the batch of the step target",
-            "model": "the detector (step target)",
-            "train": "the step's speed options (step target)",
+            "model": "the detector (step and startup targets)",
+            "train": "the step's speed options (step target); the run startup times",
         },
     ),
     "compare": ("compare the latest profile run of each strategy (or the runs named): tables, charts", None),

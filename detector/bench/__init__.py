@@ -6,6 +6,8 @@
 - ``blocks``: the fused conv blocks' Triton kernels under each launch configuration (GPU)
 - ``step``: the training step, its speed options and its pieces against the machine's floor, and the
   data pipeline's images/s
+- ``startup``: what `train` pays before its work (its start-up and first step), against torch's floor, each a fresh
+  process
 - ``memory``: each strategy's memory: profiles with the memory measures and their comparison, the caching
   allocator under dynamic shapes with and without expandable segments, and the largest batch that trains
   (detector/bench/memory.py, which writes a folder of its own)
@@ -37,6 +39,7 @@ TARGETS = {
     "step": "detector.bench.step",
     "blocks": "detector.bench.blocks",
     "memory": "detector.bench.memory",
+    "startup": "detector.bench.startup",
 }
 
 

@@ -239,3 +239,28 @@ def test_a_bench_result_writes_dataclasses_as_objects():
         "t": {"median": 1.0, "n": 3},
         "s": {"median": 1.0, "q1": 0.5, "q3": 2.0, "min": None, "max": None, "n": 0},
     }
+
+
+@pytest.mark.slow
+def test_startup_sets_trains_start_up_beside_torchs_floor_each_a_fresh_process(tmp_path, capsys):
+    """bench startup: `train`'s start-up parts and first step beside the floor's (torch, the step's code, the step
+    built, its compile cache, one step), each in a process of its own; --help answers without importing torch."""
+    tiny = ["data.batch_size=4", "data.image_size=32", "model.channels=[4,8]", "model.hidden=16", "data.num_workers=0"]
+    results = bench.run(bench_config(tmp_path, *tiny, "bench.repeats=1"), "startup")
+    floor, train = results["floor"], results["train"]
+    assert set(floor) == {
+        "import torch",
+        "import the step's code",
+        "build the step",
+        "load the compile cache",
+        "first step",
+        "total",
+    }
+    assert all(floor[part]["n"] == 1 and floor[part]["median"] >= 0 for part in floor)
+    assert floor["total"]["median"] == pytest.approx(sum(floor[p]["median"] for p in floor if p != "total"))
+    assert {"interpreter and imports", "configuration", "model and optimizer", "first step", "total"} <= set(train)
+    assert results["help_s"]["median"] < results["import_torch_s"]["median"]  # the grammar alone
+    out = capsys.readouterr().out
+    assert "`train` adds **" in out and "### The floor's parts" in out
+    assert json.loads((tmp_path / "startup.json").read_text())["target"] == "startup"
+    assert not list(tmp_path.rglob("summary.json"))  # the runs' folders went with the bench's temporary one
