@@ -47,6 +47,7 @@ setting or number of processes that resumes it (detector/train/checkpoint.py).
 from __future__ import annotations
 
 import contextlib
+import gc
 import math
 import signal
 import time
@@ -72,7 +73,7 @@ from detector.train.progress import TIMING_SKIP, Log, throughput
 from detector.train.run_checkpoints import RunCheckpoints
 from detector.train.speed import compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep
-from detector.train.wallclock import WallClock
+from detector.train.wallclock import FullCollections, WallClock
 
 # what the first step waits for where it compiles: about a minute with cold caches, seconds with warm ones
 COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kernels"
@@ -302,8 +303,13 @@ class Steps:
                 self.say(f"compile cache {self.compile_cache}: {loaded}")
             wall.start_loop()
             self.say(wall.startup_line() + self.checkpoints.note())
-            with profiler or contextlib.nullcontext():
-                self.steps_loop(batches, interrupt, profiler, profiling)
+            with profiler or contextlib.nullcontext(), FullCollections(lambda: self.step) as collections:
+                try:
+                    self.steps_loop(batches, interrupt, profiler, profiling)
+                finally:
+                    gc.unfreeze()  # a later run in this process (the sweep's) collects this one's objects
+            if collections.line():
+                self.say(collections.line())
         run.step_fn.wait_weights()  # the last update's all-gather, before anything reads the weights
 
     def start_loader(self):
@@ -353,6 +359,9 @@ class Steps:
                     self.say(f"compiled: step {self.step + 1} took {took:.1f} s", flush=True)
                     if run.env.is_main:
                         save_compile_cache(self.compile_cache)
+                # what the start-up and the first step made lives as long as the run: the collector no longer walks
+                # it, which made a full collection among the steps a pause of a fraction of a second (wallclock.py)
+                gc.freeze()
             self.log.add(loss, data_seconds)
             self.step += 1
             if profiler:

@@ -21,6 +21,7 @@ CUDA context, begun in a thread while the imports go on) counts the main thread'
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import re
 import time
@@ -179,3 +180,43 @@ def scalar_name(part: str) -> str:
     """A part's name as a TensorBoard tag writes it: lower-case words joined by underscores (``start-up``:
     ``start_up``, ``first step``: ``first_step``), like every other tag the run writes."""
     return "_".join(re.findall(r"[a-z0-9]+", part.lower()))
+
+
+class FullCollections:
+    """The interpreter's full garbage collections (generation 2) within a block (``gc.callbacks``): how many, their
+    pauses in all, and the longest with the step it followed (``step``: a callable giving the step now). A full
+    collection walks every object the process holds, the compiler's graphs among them (millions after a compiled
+    first step): a pause of a fraction of a second in the middle of the steps, once in a long while. The loop freezes
+    what the first step made (``gc.freeze``: the collector no longer walks it), and this says what pauses remain."""
+
+    def __init__(self, step):
+        self.step, self.count, self.seconds, self.longest, self.after, self.began = step, 0, 0.0, 0.0, 0, None
+
+    def __enter__(self) -> FullCollections:
+        gc.callbacks.append(self.callback)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self.callback)
+
+    def callback(self, phase: str, info: dict) -> None:
+        if info.get("generation") != 2:
+            return
+        if phase == "start":
+            self.began = time.perf_counter()
+        elif self.began is not None:
+            pause, self.began = time.perf_counter() - self.began, None
+            self.count += 1
+            self.seconds += pause
+            if pause > self.longest:
+                self.longest, self.after = pause, self.step()
+
+    def line(self) -> str | None:
+        """One line on the pauses, or None where there were none."""
+        if not self.count:
+            return None
+        return (
+            f"garbage collection: {self.count} full collection{'s' if self.count > 1 else ''} of the interpreter's "
+            f"objects during the steps, {self.seconds:.2f} s in all (the longest {self.longest:.2f} s, after step "
+            f"{self.after})"
+        )

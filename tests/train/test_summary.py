@@ -190,3 +190,31 @@ def test_what_was_left_out_is_not_written_back(tmp_path):
     found.write(tmp_path / FILE)
     again = json.loads((tmp_path / FILE).read_text())
     assert "left_out" not in again and again["step_ms"] is None and summary.read(tmp_path).left_out == []
+
+
+def test_full_collections_are_counted_with_their_pauses_and_the_step_they_followed():
+    """The interpreter's full collections within the steps (wallclock.FullCollections): each counted, timed, the
+    longest with its step; the younger generations' collections are not full ones; none, no line."""
+    import gc
+
+    from detector.train.wallclock import FullCollections
+
+    step = [3]
+    gc.collect()  # the garbage so far: the first collection below walks the living objects alone
+    gc.disable()  # the collections the test makes alone, none the allocations below would trigger
+    with FullCollections(lambda: step[0]) as collections:
+        assert collections.line() is None
+        gc.collect(0)
+        gc.collect(1)
+        assert collections.count == 0
+        gc.collect()
+        step[0] = 9
+        junk = [[i] for i in range(2_000_000)]  # a far longer walk: the longest pause follows step 9
+        gc.collect()
+        del junk
+    gc.enable()
+    assert collections.count == 2 and collections.after == 9
+    assert 0 < collections.longest <= collections.seconds
+    assert collections.line().startswith("garbage collection: 2 full collections of the interpreter's objects")
+    gc.collect()
+    assert collections.count == 2  # the callback left with the block
