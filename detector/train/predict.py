@@ -21,7 +21,8 @@ from detector.train.pictures import predict, prediction_figure
 MOST_FACES = 16  # boxes drawn on an image file: each is a slot the model fills whether or not a face is there
 
 
-def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out: str | None) -> Path:
+def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out: str | None) -> tuple[Path, str]:
+    """Draw the predictions; returns the picture's path and what was read of the model (in words)."""
     if not indices and not files:
         raise UserError("name samples by index (e.g. 0 1 2) or image files (--images a.png b.jpg) to predict on")
     if any(i < 0 for i in indices):
@@ -53,7 +54,7 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
     path = path / "predictions.png" if path.is_dir() else path  # a folder: the picture in it
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
-    return path
+    return path, saved["read"]
 
 
 def read_image(path: Path, size: int) -> torch.Tensor:
