@@ -1,5 +1,6 @@
 """`detector predict`: the picture of a trained detector's boxes on images of the run's data, by index (with their
-true boxes), or on image files of one's own (pictures.py draws it)."""
+true boxes), or on image files of one's own (pictures.py draws it; matplotlib is imported only then, once the
+arguments are checked and the model read)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.image import imread
 from omegaconf import OmegaConf
 
 from detector.config import DataConfig
@@ -16,7 +16,6 @@ from detector.data import build_dataset
 from detector.data.targets import make_targets
 from detector.errors import UserError
 from detector.train.export import load_model
-from detector.train.pictures import predict, prediction_figure
 
 MOST_FACES = 16  # boxes drawn on an image file: each is a slot the model fills whether or not a face is there
 
@@ -46,6 +45,8 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
         counts.append(min(faces, slots))
         truth.append(torch.full((slots, 4), float("nan")))
         titles.append(Path(name).name)
+    from detector.train.pictures import predict, prediction_figure
+
     batch = torch.stack(images)  # [N, 1, S, S] uint8
     pred = predict(model, batch, torch.device("cpu"))
     shown = torch.stack(truth) if indices else None
@@ -59,6 +60,8 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
 
 def read_image(path: Path, size: int) -> torch.Tensor:
     """An image file as the model reads images: [1, size, size] uint8 grayscale (resized, colours averaged)."""
+    from matplotlib.image import imread
+
     try:
         pixels = np.asarray(imread(path), dtype=np.float32)
     except (OSError, ValueError, SyntaxError) as err:

@@ -221,6 +221,12 @@ def test_a_model_loaded_from_an_export_holds_the_files_pages_uncopied_and_the_ru
     )
 
 
+def test_predict_imports_matplotlib_only_to_draw():
+    code = "import sys, detector.train.predict; print([m for m in ('matplotlib', 'tensorboard') if m in sys.modules])"
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
+
+
 @pytest.mark.parametrize(
     "argv, expected",
     [
