@@ -170,15 +170,16 @@ def run(command: str, args: argparse.Namespace) -> int:
     elif command == "export":
         from detector.train.export import export
 
-        path = export(Path(args.run), Path(args.out) if args.out else None)
+        path, read = export(Path(args.run), Path(args.out) if args.out else None)
         print(
-            f"wrote {path}: torch.load(path, weights_only=True), then FaceDetector(**saved['arguments']) and "
-            "load_state_dict(saved['state_dict']) (README: Using what a run trained)"
+            f"wrote {path} ({read}): torch.load(path, weights_only=True), then FaceDetector(**saved['arguments']) "
+            "and load_state_dict(saved['state_dict']) (README: Using what a run trained)"
         )
     elif command == "predict":
         from detector.train.predict import run_predict
 
-        print(f"wrote {run_predict(Path(args.run), args.indices, args.images, args.faces, args.out)}")
+        path, read = run_predict(Path(args.run), args.indices, args.images, args.faces, args.out)
+        print(f"wrote {path} ({read})")
     elif command == "link":
         from detector.bench.link import run_link
 

@@ -58,7 +58,7 @@ RUN_CONTROL |= {"optimizer"}  # one pass or torch's pieces: the same AdamW and t
 
 MINE, SPLIT, HELD = "mine", "split", "held"  # Piece.write: see there
 
-__all__ = ["CheckpointError", "Piece", "fingerprint", "load_checkpoint", "read_checkpoint", "state_pieces"]
+__all__ = ["BytesRead", "CheckpointError", "Piece", "fingerprint", "load_checkpoint", "read_checkpoint", "state_pieces"]
 META_VERSION = 1  # meta.json's
 META_BYTES = 256 * 2**20  # a loss a step, about 20 bytes: 10^7 steps are 200 MB; a larger file is not one
 
@@ -435,21 +435,38 @@ def shared_checkpoint(run_dir: Path, world_size: int) -> bool:
     return digest is not None
 
 
-def read_checkpoint(run_dir: Path) -> dict:
+@dataclass(frozen=True)
+class BytesRead:
+    """What a read of a checkpoint took of its files."""
+
+    read: int  # bytes read: the checksum chunks that hold the tensors read, .metadata and meta.json
+    tensors: int  # the tensors' own bytes among them
+    total: int  # the checkpoint's bytes, every file
+
+
+def read_checkpoint(run_dir: Path, only: tuple[str, ...] | None = None) -> dict:
     """A committed checkpoint as one dict, for tools and tests: its meta, and every tensor whole under ``tensors``
-    (``model`` too: the model's alone, by its name in one process's layout), each file checked first."""
+    (``model`` too: the model's alone, by its name in one process's layout), each file checked first; ``read``: its
+    BytesRead. ``only``: the tensors of these parts alone (``("model",)``: ``model/<name>``), their chunks checked
+    and read, the rest of the files left unread (their sizes checked)."""
     manifest = files.read_manifest(run_dir)
     folder = run_dir / manifest.folder
-    files.verify(folder, manifest)
+    records = {name: [(0, manifest.files[name].bytes)] for name in (files.DCP_METADATA, files.META)}
+    read = files.verify(folder, manifest, spans=None if only is None else records)  # .metadata is checked first
     meta = read_meta(folder / files.META)
     metadata = files.Reader(folder).read_metadata()
     tensors = {
         key: torch.empty(md.size, dtype=md.properties.dtype)
         for key, md in metadata.state_dict_metadata.items()
-        if isinstance(md, TensorStorageMetadata)
+        if isinstance(md, TensorStorageMetadata) and (only is None or key.split("/")[0] in only)
     }
+    where = files.tensor_spans(metadata, tensors)
+    if only is not None:
+        read += files.verify(folder, manifest, spans=where)
     files.quiet_dcp()
-    dcp.load(tensors, storage_reader=files.Reader(folder), no_dist=True)
+    dcp.load(tensors, storage_reader=files.Reader(folder), no_dist=True)  # DCP reads the items of these keys alone
     meta["tensors"] = tensors
     meta["model"] = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
+    rows = sum(length for ranges in where.values() for _, length in ranges)
+    meta["read"] = BytesRead(read, rows, manifest.total_bytes())
     return meta

@@ -74,6 +74,11 @@ class CheckpointError(UserError):
     pass
 
 
+def human_bytes(n: int) -> str:
+    """Bytes of a checkpoint, as the command lines say them."""
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
 # ----------------------------------------------------------------------------- the manifest
 
 
@@ -206,10 +211,14 @@ class Cancelled(Exception):
     """The checks were stopped: the run did not continue the checkpoint (``Verification.cancel``)."""
 
 
-def verify(folder: Path, manifest: Manifest, stopped: threading.Event | None = None) -> None:
+Spans = dict[str, list[tuple[int, int]]]  # a save's file name -> byte ranges of it, (offset, length) each
+
+
+def verify(folder: Path, manifest: Manifest, stopped: threading.Event | None = None, spans: Spans | None = None) -> int:
     """Every chunk of every file of a committed save against the manifest, in HASHERS threads; one line naming a file
     that is missing, of another size or whose bytes do not match. ``stopped``: once set, the chunks left raise
-    Cancelled."""
+    Cancelled. ``spans``: only the chunks that hold these byte ranges (each file's size still checked). Returns the
+    bytes it read."""
 
     def check(job) -> tuple[Path, int, bool]:
         path, i, expected, size = job
@@ -225,11 +234,30 @@ def verify(folder: Path, manifest: Manifest, stopped: threading.Event | None = N
         size = path.stat().st_size
         if size != entry.bytes:
             raise CheckpointError(f"{path} is truncated or overwritten ({size} of {entry.bytes} bytes): {FIX}")
-        jobs += [(path, i, entry.chunks[i], min(CHUNK, size - i * CHUNK)) for i in range(len(entry.chunks))]
+        chunks = range(len(entry.chunks)) if spans is None else chunks_of(spans.get(name, []))
+        jobs += [(path, i, entry.chunks[i], min(CHUNK, size - i * CHUNK)) for i in chunks]
     with concurrent.futures.ThreadPoolExecutor(HASHERS) as pool:
         for path, i, ok in pool.map(check, jobs):
             if not ok:
                 raise CheckpointError(f"{path} is corrupt (bytes {i * CHUNK}.. do not match their checksum): {FIX}")
+    return sum(job[-1] for job in jobs)
+
+
+def chunks_of(ranges: list[tuple[int, int]]) -> list[int]:
+    """The checksum chunks that hold ``ranges`` ((offset, length) each), in order."""
+    found = set()
+    for offset, length in ranges:
+        found.update(range(offset // CHUNK, (offset + max(length, 1) - 1) // CHUNK + 1))
+    return sorted(found)
+
+
+def tensor_spans(metadata: Metadata, keys) -> Spans:
+    """Where the tensors ``keys`` lie in a save's files (DCP's storage data: each chunk of a tensor, one range)."""
+    keys, out = set(keys), {}
+    for index, where in metadata.storage_data.items():
+        if index.fqn in keys:
+            out.setdefault(where.relative_path, []).append((where.offset, where.length))
+    return out
 
 
 class Verification:

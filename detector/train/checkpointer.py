@@ -41,7 +41,7 @@ import torch.distributed.checkpoint as dcp
 from detector.checked import write_atomically
 from detector.train import checkpoint_files as files
 from detector.train.checkpoint import Piece, RowsSavePlanner, chunk_offsets, meta_bytes, one_line, written_rows
-from detector.train.checkpoint_files import CheckpointError, background_priority
+from detector.train.checkpoint_files import CheckpointError, background_priority, human_bytes
 from detector.train.distributed import lost_peer
 
 PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pass any write cache of the page cache
@@ -348,7 +348,7 @@ class Checkpointer:
         """Process 0's log line of a committed save."""
         processes = f" from {self.world_size} processes" if self.world_size > 1 else ""
         text = (
-            f"checkpoint step {save.step}: {size(save.total_bytes)}{processes}, step blocked "
+            f"checkpoint step {save.step}: {human_bytes(save.total_bytes)}{processes}, step blocked "
             f"{save.blocked:.2f} s"
             + (f" ({save.waited:.2f} s of it for the previous save)" if save.waited > 0.01 else "")
             + f", written in {save.written:.1f} s"
@@ -386,7 +386,3 @@ def host_peak() -> int | None:
 def token() -> str:
     """A run attempt's token (process 0's, sent to the others): its save folders are its own (checkpoint_files.py)."""
     return f"{time.strftime('%Y%m%d%H%M%S')}p{os.getpid()}"
-
-
-def size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"

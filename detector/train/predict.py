@@ -1,5 +1,6 @@
 """`detector predict`: the picture of a trained detector's boxes on images of the run's data, by index (with their
-true boxes), or on image files of one's own (pictures.py draws it)."""
+true boxes), or on image files of one's own (pictures.py draws it; matplotlib is imported only then, once the
+arguments are checked and the model read)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.image import imread
 from omegaconf import OmegaConf
 
 from detector.config import DataConfig
@@ -16,12 +16,12 @@ from detector.data import build_dataset
 from detector.data.targets import make_targets
 from detector.errors import UserError
 from detector.train.export import load_model
-from detector.train.pictures import predict, prediction_figure
 
 MOST_FACES = 16  # boxes drawn on an image file: each is a slot the model fills whether or not a face is there
 
 
-def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out: str | None) -> Path:
+def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out: str | None) -> tuple[Path, str]:
+    """Draw the predictions; returns the picture's path and what was read of the model (in words)."""
     if not indices and not files:
         raise UserError("name samples by index (e.g. 0 1 2) or image files (--images a.png b.jpg) to predict on")
     if any(i < 0 for i in indices):
@@ -45,6 +45,8 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
         counts.append(min(faces, slots))
         truth.append(torch.full((slots, 4), float("nan")))
         titles.append(Path(name).name)
+    from detector.train.pictures import predict, prediction_figure
+
     batch = torch.stack(images)  # [N, 1, S, S] uint8
     pred = predict(model, batch, torch.device("cpu"))
     shown = torch.stack(truth) if indices else None
@@ -53,11 +55,13 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
     path = path / "predictions.png" if path.is_dir() else path  # a folder: the picture in it
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
-    return path
+    return path, saved["read"]
 
 
 def read_image(path: Path, size: int) -> torch.Tensor:
     """An image file as the model reads images: [1, size, size] uint8 grayscale (resized, colours averaged)."""
+    from matplotlib.image import imread
+
     try:
         pixels = np.asarray(imread(path), dtype=np.float32)
     except (OSError, ValueError, SyntaxError) as err:
