@@ -32,6 +32,7 @@ from detector.checked import (
     versioned,
     write_atomically,
 )
+from detector.train.choice import Choice
 from detector.train.wallclock import Account
 
 VERSION = 2  # 1: no "version" key
@@ -117,6 +118,7 @@ class TrainingSummary:
     eval_step: int = 0
     wall_clock: Account | None = None
     checkpoints: Checkpoints | None = None
+    auto: Choice | None = None  # train.strategy=auto's choice (train/choice.py); None: the strategy was named
     version: int = VERSION
     left_out: list[str] = field(default_factory=list, compare=False)  # damaged values, when it was read (not written)
 
@@ -136,7 +138,7 @@ class TrainingSummary:
         if "history" not in data:
             raise RecordError(f"{where}: no loss curve (history): not written by make train")
         found = LeftOut(where)
-        wall, saves = data.get("wall_clock"), data.get("checkpoints")
+        wall, saves, auto = data.get("wall_clock"), data.get("checkpoints"), data.get("auto")
         evals = pairs(data.get("evals", []), f"{where}.evals", found)
 
         def number(key: str) -> float | None:
@@ -171,6 +173,7 @@ class TrainingSummary:
             eval_step=count("eval_step", 0),
             wall_clock=None if wall is None else found.part(Account.parse, wall, f"{where}.wall_clock"),
             checkpoints=None if saves is None else found.part(Checkpoints.parse, saves, f"{where}.checkpoints"),
+            auto=None if auto is None else found.part(Choice.parse, auto, f"{where}.auto"),
             left_out=found.warnings,
         )
 
