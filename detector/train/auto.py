@@ -220,13 +220,7 @@ def measure(
             step(next(batches))
         step.strategy.nonfinite_gradient()
         batches.fill(FILL_SECONDS)
-        cuda = device.type == "cuda"
-        if cuda:
-            torch.cuda.synchronize(device)
-            before = torch.cuda.memory_allocated(device)
-            torch.cuda.reset_peak_memory_stats(device)
-        step_ms = time_steps(step, step, batches, timed, device)
-        peak = torch.cuda.max_memory_allocated(device) - before if cuda else None
+        step_ms, peak = time_candidate(step, batches, timed, device)
     except torch.cuda.OutOfMemoryError:
         return None
     except Exception as err:  # a loss of the user's that raises (one line already), a kernel this device cannot run
@@ -242,6 +236,19 @@ def measure(
         if device.type == "cuda":
             torch.cuda.empty_cache()  # the next candidate's model and optimizer take its place
     return Candidate(name, step_ms, peak), first
+
+
+def time_candidate(step: TrainStep, batches, count: int, device: torch.device) -> tuple[list[float], int | None]:
+    """The ms of ``count`` steps, timed as the profile times them, and the step's peak memory rise over them: the
+    bytes allocated at the peak above those allocated before (the model's, the optimizer's); None on the CPU, whose
+    allocator keeps no peak."""
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        before = torch.cuda.memory_allocated(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    step_ms = time_steps(step, step, batches, count, device)
+    return step_ms, torch.cuda.max_memory_allocated(device) - before if cuda else None
 
 
 def agree(measured: list[tuple[Candidate, float]], device: torch.device) -> None:
