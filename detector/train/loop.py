@@ -4,7 +4,8 @@ its summary; entry.py enters it (the processes, the run folder's lock).
 ``Run.go`` reads top to bottom: the step (detector/train/step.py, the same step that `make profile` times), the
 checkpoint to resume from, the run folder, the loop over the data (``Steps``), the summary. A run writes to
 ``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs][+float8]``, whatever the number
-of processes (a run resumes on another number of them, with the same global batch):
+of processes (a run resumes on another number of them, with the same global batch); ``auto[+...]`` for
+train.strategy=auto, which chooses its strategy before the first step (auto.py) and is a run of it from there on:
 
     config.yaml       the merged configuration
     events.out.*      TensorBoard scalars: train/, eval/, time/, memory/, goodput/
@@ -12,6 +13,7 @@ of processes (a run resumes on another number of them, with the same global batc
     checkpoint-*/     the loss of every step and the evaluations so far, written by every process in the background
                       and committed atomically, checksummed (checkpoint.py, checkpoint_files.py, checkpointer.py)
     summary.json      final loss and metrics, step times, images/s, the loss curve, where the wall clock went
+    strategy-auto.json  train.strategy=auto's choice: the candidates' times and memory, the rule (choice.py)
     profile/          with train.profile=true: one torch.profiler window, regions as in `make profile`
 
 Its parts, each a module here: the run folder and its lock (run_folder.py), what the run allocates (memory.py),
