@@ -116,25 +116,15 @@ class Choice:
         return f"strategy auto: {self.why()}"
 
     def why(self) -> str:
-        """``packed — 28.8 [28.7–28.9] ms a step against padded 29.1 [29.1–29.2]; 10 timed steps each, measured in
+        """``packed — 28.8 [28.7–28.9] ms a step against padded 29.1 [29.1–29.2]; 10 timed steps each, chosen in
         6.1 s``, with the rule where the spreads overlap."""
-        best = self.chosen()
-        if best is None:  # a record without its measure: its strategy alone
+        if self.chosen() is None:  # a record without its measure: its strategy alone
             return self.strategy
-        alike = [c for c in tied(self.candidates) if c is not best] if self.rule != FASTER else []
-        apart = [c for c in self.candidates if c is not best and c not in alike]
-        text = f"{best.strategy} — {best.times()} ms a step"
-        if alike:
-            text += f", not distinguishable from {listed(alike)} (the [q1–q3] overlap): "
-            text += (
-                memory_reason(best, alike) if self.rule == SMALLER else f"the {MEDIAN}, {memory_unknown(self.device)}"
-            )
-        if apart:
-            text += f"{';' if alike else ''} against {listed(apart)}"
         left = f"; left out: {', '.join(self.left_out)}" if self.left_out else ""
         short = " (fewer: a short run)" if self.short_run else ""
         ranked = f", {self.ranking_seconds:.1f} s of it ranking" if self.ranking_seconds >= 0.05 else ""
-        return f"{text}{left}; {self.timed_steps} timed steps each{short}; chosen in {self.seconds:.1f} s{ranked}"
+        steps = f"{self.timed_steps} timed steps each{short}; chosen in {self.seconds:.1f} s{ranked}"
+        return f"{reason(self.candidates, self.strategy, self.rule, self.device)}{left}; {steps}"
 
     def table(self) -> str:
         """The candidates as a markdown table, the chosen first, with the line: TensorBoard's Text tab."""
@@ -197,19 +187,34 @@ def read(path: Path) -> Choice:
 
 def decide(candidates: list[Candidate]) -> tuple[str, str]:
     """(the strategy to train with, the rule that chose it): the fastest median; where others' [q1–q3] overlap its, the
-    one of them whose step rose least in memory, or, where no memory was measured (the CPU), the fastest median."""
+    one of them whose step rose least in memory; where no memory was measured (the CPU), or several rose as little,
+    the fastest median (of those)."""
     group = tied(candidates)
     if len(group) == 1:
         return group[0].strategy, FASTER
-    if all(c.peak_rise_bytes is not None for c in group):
-        return min(group, key=lambda c: (c.peak_rise_bytes, c.median)).strategy, SMALLER
-    return group[0].strategy, MEDIAN
+    if any(c.peak_rise_bytes is None for c in group):
+        return group[0].strategy, MEDIAN
+    least = [c for c in group if c.peak_rise_bytes == min(c.peak_rise_bytes for c in group)]
+    return min(least, key=lambda c: c.median).strategy, SMALLER if len(least) == 1 else MEDIAN
 
 
 def tied(candidates: list[Candidate]) -> list[Candidate]:
     """The fastest median, then the candidates whose [q1–q3] overlaps its: those the timing cannot tell from it."""
     fastest = min(candidates, key=lambda c: c.median)
     return [fastest] + [c for c in candidates if c is not fastest and c.overlaps(fastest)]
+
+
+def reason(candidates: list[Candidate], strategy: str, rule: str, device: str) -> str:
+    """``packed — 28.8 [28.7–28.9] ms a step against padded 29.1 [29.1–29.2]``: the chosen ``strategy``'s times
+    against the others', and where ``rule`` is not FASTER, those it could not be told from and what decided."""
+    best = next(c for c in candidates if c.strategy == strategy)
+    alike = [c for c in tied(candidates) if c is not best] if rule != FASTER else []
+    apart = [c for c in candidates if c is not best and c not in alike]
+    text = f"{best.strategy} — {best.times()} ms a step"
+    if alike:
+        text += f", not distinguishable from {listed(alike)} (the [q1–q3] overlap): "
+        text += memory_reason(best, alike) if rule == SMALLER else f"the {MEDIAN}, {memory_alike(best, alike, device)}"
+    return text + (f"{';' if alike else ''} against {listed(apart)}" if apart else "")
 
 
 def listed(candidates: list[Candidate]) -> str:
@@ -224,7 +229,10 @@ def memory_reason(best: Candidate, alike: list[Candidate]) -> str:
     return f"the step's peak memory rise {ratio} ({size(mine)} against {other.strategy}'s {size(theirs)})"
 
 
-def memory_unknown(device: str) -> str:
+def memory_alike(best: Candidate, alike: list[Candidate], device: str) -> str:
+    """Why memory did not decide: not measured, or as little in several."""
+    if best.peak_rise_bytes is not None and all(c.peak_rise_bytes is not None for c in alike):
+        return f"of those whose step's peak memory rise is least ({size(best.peak_rise_bytes)})"
     return "as memory is not measured on the CPU" if device == "cpu" else "as memory was not measured"
 
 

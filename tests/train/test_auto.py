@@ -185,6 +185,13 @@ def test_the_rule_of_the_choice():
     # overlapping, memory measured: the smaller peak among those tied with the fastest (concat is apart: slower)
     tied = rows(padded=([1, 1.1, 1.3], 4 * MIB), packed=([1.1, 1.2, 1.4], 2 * MIB), concat=([3, 3, 3], MIB))
     assert choice.decide(tied) == ("packed", SMALLER)
+    # overlapping, as little memory in two: the faster median of those two
+    alike = rows(padded=([1, 1.1, 1.3], 2 * MIB), packed=([1.1, 1.2, 1.4], 2 * MIB), concat=([1, 1.15, 1.3], 4 * MIB))
+    assert choice.decide(alike) == ("padded", MEDIAN)
+    assert choice.reason(alike, "padded", MEDIAN, "cpu") == (
+        "padded — 1.1 [1.05–1.2] ms a step, not distinguishable from packed 1.2 [1.15–1.3], concat 1.15 [1.07–1.23] "
+        "(the [q1–q3] overlap): the faster median, of those whose step's peak memory rise is least (2 MiB)"
+    )
     # overlapping, no memory (the CPU): the faster median, and the line says why
     cpu = rows(padded=([1.1, 1.2, 1.4], None), packed=([1, 1.1, 1.3], None), concat=([3, 3, 3], None))
     assert choice.decide(cpu) == ("packed", MEDIAN)
