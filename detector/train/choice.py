@@ -87,7 +87,7 @@ class Choice:
     (the file of these settings, ``file``), or ``resumed`` (the run's own checkpoint, at ``resumed_at``)."""
 
     strategy: str
-    rule: str  # FASTER, SMALLER (its spread overlaps the fastest's) or MEDIAN (it does, and no memory is measured)
+    rule: str  # FASTER; SMALLER (its [q1–q3] overlaps the fastest's); MEDIAN (it does, and memory cannot decide)
     candidates: list[Candidate]  # in the order they were timed: the ranking's
     ranking: str  # where the candidates came from: train.auto_candidates, or `make shapes`' prediction
     timed_steps: int  # per candidate, after its warm-up steps
