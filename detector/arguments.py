@@ -49,6 +49,7 @@ COMMANDS = {
             "model": "the detector",
             "train": "strategy, steps, optimizer, evaluation, checkpoints, speed options",
             "profile": "the profiler schedule, only with train.profile=true",
+            "bench": "train.strategy=auto's ranking (make shapes'): where bench losses' result is, else what it times",
         },
     ),
     "bench": (

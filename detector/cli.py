@@ -265,7 +265,10 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
             with early_check(cfg, args.experiment) as checks:
                 from detector.train.entry import run_training
 
-                run_training(cfg, args.experiment, checks, context)
+                rank = None
+                if cfg.train.strategy == "auto":  # the library ranks nothing: make shapes' prediction ranks for it
+                    from detector.lab.shapes import auto_ranking as rank
+                run_training(cfg, args.experiment, checks, rank, context)
     elif command == "bench":
         from detector.bench import run as run_bench
 
@@ -312,6 +315,8 @@ def run_strategies(command: str, cfg, target: str, strategies) -> list[str]:
     if command == "profile":
         return [cfg.profile.strategy]
     if command == "train":
+        if cfg.train.strategy == "auto":
+            return list(cfg.train.auto_candidates)
         return every if cfg.train.strategy == "all" else [cfg.train.strategy]
     if command == "bench":
         return {"losses": list(cfg.bench.strategies) or every, "layers": ["triton"]}.get(target, [])

@@ -141,8 +141,12 @@ class ReportConfig:
 
 @dataclass
 class TrainConfig:
-    # a name from detector.losses.STRATEGIES, or "all": one run each (strategy_sweep)
-    strategy: str = ranged("padded", choices=(STRATEGY, "all"))
+    # a name from detector.losses.STRATEGIES; "all": one run each (strategy_sweep); "auto": the candidates timed in this
+    # very step before the first, and the fastest trains (detector/train/auto.py), the choice kept for the next run
+    strategy: str = ranged("padded", choices=(STRATEGY, "all", "auto"))
+    # train.strategy=auto's candidates; empty: the 3 strategies `make shapes` predicts fastest for the data that train
+    # here (neither emulated nor refused by the speed options)
+    auto_candidates: list[str] = ranged([], choices=(STRATEGY,))
     seed: int = ranged(0, 0)  # model initialisation; the data has its own seed (data.seed)
     steps: int = ranged(1000, 1)  # optimizer steps; every step draws fresh images, none is seen twice
     lr: float = ranged(3e-4, 0.0)  # peak AdamW learning rate

@@ -1,5 +1,6 @@
 """Profile run folders as `make profile` writes them, built from the recorded H200 trace of the padded strategy
-(tests/data), for the tests of compare, report, TensorBoard's events and the Traces tab."""
+(tests/data), for the tests of compare, report, TensorBoard's events and the Traces tab; and a bench losses result of
+known costs, for the prediction of `make shapes` and the ranking of train.strategy=auto."""
 
 import gzip
 import html
@@ -10,10 +11,12 @@ from functools import cache
 from pathlib import Path
 
 import markdown
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from detector.lab.measure import extract
 from detector.lab.measure.analysis import measure_steps, summarise
+from detector.lab.measure.cases import sample_counts
 from detector.lab.measure.trace import load_trace
 from detector.lab.record.noise import Noise
 from detector.lab.record.run import ProfileRecord, Timed, write_summary
@@ -150,3 +153,29 @@ def tables_whole(page: str) -> bool:
         if any(len(re.findall(r"<td[ >]", row)) != len(re.findall(r"<th[ >]", head)) for row in rows):
             return False
     return True
+
+
+# ----------------------------------------------------------------------------- bench losses' result file
+
+# Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
+PER_SLOT = {"padded": 1e-3, "packed": 1e-4}
+PER_BOX = {"padded": 0.0, "packed": 2e-3}
+
+
+def bench_file(folder, device="cpu", slots=32, batch=16, record_slots=False):
+    """A bench losses result, as `make bench` writes it, whose times follow PER_SLOT and PER_BOX exactly."""
+    results = []
+    for name in PER_SLOT:
+        for distribution in ("seed", "tail"):
+            boxes = int(sample_counts(distribution, batch, slots, torch.Generator().manual_seed(batch)).sum())
+            ms = PER_SLOT[name] * batch * slots + PER_BOX[name] * boxes
+            spread = {"median": ms, "low": ms, "high": ms, "n": 5}
+            results.append(
+                {"strategy": name, "layout": "x", "batch_size": batch, "distribution": distribution}
+                | {"valid_boxes": boxes, "forward_ms": spread, "forward_backward_ms": spread}
+            )
+    payload = {"device": device, "torch": "2.13.0", "target": "losses", "config": {}, "results": results}
+    payload |= {"max_boxes": slots} if record_slots else {}
+    (folder / "bench").mkdir(exist_ok=True)
+    (folder / "bench" / "losses.json").write_text(json.dumps(payload))
+    return folder / "bench" / "losses.json"

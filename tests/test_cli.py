@@ -167,6 +167,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     import detector.board.launcher
     import detector.lab.compare
     import detector.lab.profile
+    import detector.lab.shapes
     import detector.train.entry
     from detector.lab.compare import Comparison
     from detector.lab.record.comparison import ComparisonRecord
@@ -190,8 +191,12 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     assert calls["write_profile_events"] == [(tmp_path, None, None, "card")]
 
     assert cli.main(["train", "--experiment", "cpu_smoke", "train.steps=3"]) == 0
-    cfg, experiment, _, _ = calls["run_training"][0]  # and the checks it continues (none), the CUDA context (none)
-    assert experiment == "cpu_smoke" and cfg.train.steps == 3 and cfg.train.eval_every == 250
+    # and the checks it continues (none here), train.strategy=auto's ranking (none: not auto), the CUDA context
+    # (none: no GPU)
+    cfg, experiment, _, rank, _ = calls["run_training"][0]
+    assert experiment == "cpu_smoke" and cfg.train.steps == 3 and cfg.train.eval_every == 250 and rank is None
+    assert cli.main(["train", "--experiment", "cpu_smoke", "train.strategy=auto"]) == 0
+    assert calls["run_training"][1][3] is detector.lab.shapes.auto_ranking  # make shapes' prediction ranks for it
 
     assert cli.main(["bench", "bench.repeats=2"]) == 0
     assert cli.main(["bench", "kernels", "bench.repeats=3"]) == 0

@@ -96,8 +96,11 @@ def test_edges_of_the_ranges_are_allowed():
 @pytest.mark.parametrize(
     "override,parts",
     [
-        ("train.strategy=nope", ["train.strategy='nope'", "all", "padded", "cuda_fused"]),
+        ("train.strategy=nope", ["train.strategy='nope'", "all", "auto", "padded", "cuda_fused"]),
         ("profile.strategy=all", ["profile.strategy='all'", "one of loop"]),
+        ("profile.strategy=auto", ["profile.strategy='auto'", "one of loop"]),  # auto is training's alone
+        ("train.auto_candidates=[padded,nope]", ["train.auto_candidates=['padded', 'nope']", "one of loop"]),
+        ("train.auto_candidates=[padded,auto]", ["train.auto_candidates=['padded', 'auto']", "one of loop"]),
         ("bench.strategies=[padded,nope]", ["bench.strategies=", "nope", "one of loop"]),
     ],
 )
@@ -106,6 +109,8 @@ def test_strategy_fields_must_name_a_registered_strategy(override, parts):
         load(override)
     assert_one_line(err, *parts)
     assert load("train.strategy=all", "profile.strategy=triton").train.strategy == "all"
+    auto = load("train.strategy=auto", "train.auto_candidates=[packed,padded]").train
+    assert (auto.strategy, list(auto.auto_candidates)) == ("auto", ["packed", "padded"])
 
 
 def test_profile_lr_is_gone():

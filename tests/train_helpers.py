@@ -51,6 +51,7 @@ def spawn_two(worker, *args, timeout: float = 240.0) -> None:
 
 
 def _then_end_group(rank: int, worker, *args) -> None:
+    distributed.before_groups()  # as make train's set-up does before it makes its group (the worker makes it here)
     worker(rank, *args)
     end_group()
 

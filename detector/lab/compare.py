@@ -4,7 +4,8 @@ By default the newest run of each ``runs/profile/<strategy>[-forward]/<time>/`` 
 and mode), or the run folders named. Per mode:
 
 - verdicts (detector/lab/present/verdicts.py): each strategy against the ``padded`` run of its setting (device,
-  batch, image size), the counts that differ first, then the time as training runs it and as profiled;
+  batch, image size), the counts that differ first, then the time as training runs it and as profiled; and in train
+  mode, which run train.strategy=auto would train with were they its candidates, and why (``auto_line``);
 - the wall-time and (on a GPU) GPU-time tables, the why table, the runs' noise and which runs the loader paced
   (detector/lab/present/text.py);
 - charts (detector/lab/present/charts.py, timeline.py): the median step stacked by region, the counts per region,
@@ -28,13 +29,15 @@ from detector.errors import UserError
 from detector.folders import new_run_dir
 from detector.lab.measure.extract import load
 from detector.lab.present import charts, text
-from detector.lab.present.tables import speedup
+from detector.lab.present.tables import cell_text, speedup
 from detector.lab.present.timeline import draw_memory, draw_steps
 from detector.lab.present.verdicts import BASELINE, Verdict, growth, host_ratio, judge_all, setting, verdict_lines
 from detector.lab.record.comparison import COMPARISON, ComparedRun, ComparisonRecord, ModeComparison, write_comparison
 from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.steps import StepModel
 from detector.losses import STRATEGIES
+from detector.regions import STEP
+from detector.train.choice import Candidate, decide, reason
 
 Run = tuple[str, ProfileRecord]  # (its column's label, its record)
 
@@ -68,6 +71,8 @@ def run_compare(profile_dir="runs/profile", runs=None, out_dir=None) -> Comparis
         verdicts = judge_all(group, base)
         result.record.modes[mode] = mode_report(group, base, verdicts)
         lines = verdict_lines(group, base, verdicts)
+        auto = auto_line(group, base) if mode == "train" else None
+        lines += ["", auto] if auto else []
         result.texts[mode] = text.mode_markdown(mode, group, base, lines, growth(group))
         markdown += ["", result.texts[mode]]
         result.images |= draw_charts(group, mode, out)
@@ -174,6 +179,26 @@ def baseline(runs: list[Run]) -> ProfileRecord | None:
         return None
     counts = {setting(p): sum(1 for _, r in runs if setting(r) == setting(p)) for p in padded}
     return max(padded, key=lambda p: counts[setting(p)])
+
+
+def auto_line(runs: list[Run], base: ProfileRecord | None) -> str | None:
+    """What train.strategy=auto would train with were these runs (of one setting: the baseline's) its candidates: its
+    rule (detector/train/choice.py) over their timed steps and their step's peak memory rise, in one line; None where
+    fewer than two runs have timed steps."""
+    first = base or runs[0][1]
+    found = [(label, r) for label, r in runs if setting(r) == setting(first) and r.timed and r.timed.wall_ms]
+    if len(found) < 2:
+        return None
+    candidates = []
+    for label, record in found:
+        rise = record.stats(STEP, "peak_rise_bytes")
+        candidates.append(Candidate(label, list(record.timed.wall_ms), int(rise.median) if rise else None))
+    strategy, rule = decide(candidates)
+    why = reason(candidates, strategy, rule, device="")  # a profile records memory on the CPU too, where asked to
+    return (
+        f"**train.strategy=auto** would train with {cell_text(strategy)} of these runs, by its rule over their timed "
+        f"steps and their step's peak memory rise: {cell_text(why)}."
+    )
 
 
 # ----------------------------------------------------------------------------- compare.json and charts

@@ -40,7 +40,6 @@ import contextlib
 import shutil
 import time
 from datetime import datetime, timezone
-from itertools import pairwise
 from pathlib import Path
 from typing import NamedTuple
 
@@ -66,7 +65,7 @@ from detector.train.batches import rank_loader
 from detector.train.distributed import DistEnv
 from detector.train.memory import check_command_memory
 from detector.train.profile_window import make_profiler
-from detector.train.step import TrainStep
+from detector.train.step import TrainStep, time_steps
 
 # The bound on the wait for the loader's ring to fill before the first step. A loader that keeps up with a step fills
 # its 2 slots per worker (and 2 more) in seconds (`make bench-step` prints its images/s); one that cannot in this long
@@ -181,6 +180,8 @@ def profile_steps(
             phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
             print(f"  step {i + 1:3d}/{total} [{phase:6s}] {(time.perf_counter() - start) * 1e3:9.1f} ms", flush=True)
         print("  writing the trace ...", flush=True)
+    if pcfg.timed:
+        print(f"  timing {pcfg.timed} steps without the profiler ...", flush=True)
     timed = time_steps(step, run, batches, pcfg.timed, device)
     del batches
     traces = sorted(trace_dir.glob("*.pt.trace.json*"))
@@ -211,30 +212,6 @@ def fill_loader(batches, workers: int) -> LoaderFill:
     fill = LoaderFill(workers, waiting, room, time.perf_counter() - start, FILL_SECONDS)
     print(f"  {fill.describe()}", flush=True)
     return fill
-
-
-def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) -> list[float]:
-    """The ms of ``count`` steps with neither profiler nor regions, as training runs them. On a GPU the host
-    runs ahead, so a step's host time says little: each step is the time between CUDA events recorded as
-    it starts and as the next one starts, i.e. what the device spent on it, idle gaps the host left
-    included (training's throughput). On the CPU, the host's wall time."""
-    step.regions.active = False
-    if count:
-        print(f"  timing {count} steps without the profiler ...", flush=True)
-    cuda = device.type == "cuda"
-    marks = []
-    for _ in range(count + 1):
-        if cuda:
-            marks.append(torch.cuda.Event(enable_timing=True))
-            marks[-1].record()
-        else:
-            marks.append(time.perf_counter())
-        if len(marks) <= count:
-            run(next(batches))
-    if cuda:
-        marks[-1].synchronize()
-        return [a.elapsed_time(b) for a, b in pairwise(marks)]
-    return [(b - a) * 1e3 for a, b in pairwise(marks)]
 
 
 def summarise_run(

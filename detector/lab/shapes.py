@@ -9,6 +9,7 @@ at ``data.max_boxes`` slots (after ``data.over_max_boxes``) and batch ``data.bat
 - the images over the slots, and the boxes ``data.over_max_boxes=truncate`` drops from them;
 - the strategy predicted fastest, with its reason: each strategy's cost per slot against its cost per box
   (detector/lab/measure/costs.py: bench losses' result file of this device, else a cheap timing here, which it says);
+  and the candidates train.strategy=auto would time for these boxes here (``auto_ranking`` is its ranking);
 - the check: the newest profile run of each strategy over this source at these slots, batch and device
   (``make profile STRATEGY=<name> BOXES=<source>``), its step as training runs it, and where it disagrees with
   the prediction;
@@ -32,6 +33,7 @@ from detector.checked import RecordError
 from detector.data import FaceSampler
 from detector.data.annotations import SYNTHETIC, read_annotations
 from detector.device import device_name, resolve_device
+from detector.errors import UserError
 from detector.folders import new_run_dir
 from detector.lab.measure import costs as costing
 from detector.lab.present.shapes import draw_histogram, shapes_markdown
@@ -52,6 +54,8 @@ from detector.lab.record.shapes import (
     ShapesRecord,
     write_shapes,
 )
+from detector.train import auto
+from detector.train.auto import Ranking
 
 SYNTHETIC_SAMPLES = 20_000  # the synthetic faces' counts are drawn: enough for a 1 % share to show
 
@@ -62,7 +66,7 @@ def run_shapes(cfg: DictConfig) -> ShapesRecord:
     counts = box_counts(data)
     slots, batch = data.max_boxes, data.batch_size
     kept = np.minimum(counts, slots)
-    shape = Batch(slots=batch * slots, boxes=batch * float(kept.mean()))
+    shape = batch_shape(data, kept)
     costs = find_costs(cfg, kept, device)
     predicted = predict(costs.costs, shape.slots, shape.boxes)
     runs = profiles_over(Path(cfg.profile.out_dir), data.boxes, slots, batch, device_name(device))
@@ -82,6 +86,7 @@ def run_shapes(cfg: DictConfig) -> ShapesRecord:
         predicted=predicted,
         measured=check(cfg.profile.out_dir, runs, predicted),
         memory=predicted_memory(cfg, kept, device, shape, runs),
+        auto=auto_line(cfg, device, ranking(data, costs, predicted)),
     )
     out = new_run_dir(Path(cfg.profile.out_dir).parent / "shapes" / source_name(data.boxes))
     markdown = shapes_markdown(record, draw_histogram(record, out / "counts.png"))
@@ -98,6 +103,12 @@ def box_counts(data: DictConfig) -> np.ndarray:
         return read_annotations(data.boxes).counts
     sampler = FaceSampler(data.image_size, data.max_boxes, data.seed, data.count_std, data.tail_fraction, data.tail_min)
     return np.array([sampler.count(np.random.default_rng([data.seed, i])) for i in range(SYNTHETIC_SAMPLES)])
+
+
+def batch_shape(data: DictConfig, kept: np.ndarray) -> Batch:
+    """A padded batch of ``data``: its B·M slots and the boxes it holds on average (``kept``: each image's boxes, at
+    most the slots)."""
+    return Batch(slots=data.batch_size * data.max_boxes, boxes=data.batch_size * float(kept.mean()))
 
 
 def source_name(source: str) -> str:
@@ -170,6 +181,35 @@ def cost_sum(cost: Cost, slots: int, boxes: float) -> str:
         f"{significant(cost.per_slot_ms * 1e3)} µs a slot × {slots:,} slots + {significant(cost.per_box_ms * 1e3)} µs "
         f"a box × {boxes:,.0f} boxes = {significant(cost.at(slots, boxes))} ms"
     )
+
+
+# ----------------------------------------------------------------------------- train.strategy=auto's candidates
+
+
+def auto_ranking(cfg: DictConfig, device) -> Ranking:
+    """train.strategy=auto's ranking (detector/train/auto.py, which `make train` hands it to): the strategies by the
+    loss ms this report predicts for the run's boxes, the fastest first."""
+    kept = np.minimum(box_counts(cfg.data), cfg.data.max_boxes)
+    shape = batch_shape(cfg.data, kept)
+    costs = find_costs(cfg, kept, device)
+    return ranking(cfg.data, costs, predict(costs.costs, shape.slots, shape.boxes))
+
+
+def ranking(data: DictConfig, costs: Costs, predicted: Prediction | None) -> Ranking:
+    names = [name for name, _, _ in predicted.ranking] if predicted else []
+    where = f"{source_name(data.boxes)} at batch {data.batch_size} x {data.max_boxes} slots"
+    costed = f"bench losses' {costs.file}" if costs.file else "a timing here"
+    return Ranking(names, f"make shapes' prediction for {where}, from {costed}")
+
+
+def auto_line(cfg: DictConfig, device, ranked: Ranking) -> str:
+    """What train.strategy=auto would time in the training step for these boxes on this device (one process), or why
+    it would time none."""
+    try:
+        names, source = auto.candidates(cfg, device, 1, lambda _cfg, _device: ranked)
+    except UserError as err:
+        return f"train.strategy=auto would time none here: {err}"
+    return f"train.strategy=auto would time {', '.join(names)} in the training step ({source})"
 
 
 # ----------------------------------------------------------------------------- the check: profiles over this source

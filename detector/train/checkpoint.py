@@ -54,6 +54,7 @@ RUN_CONTROL = {"resume", "stop_after", "log_every", "eval_every", "checkpoint_ev
 RUN_CONTROL |= {"compile", "cuda_graphs", "channels_last", "cudnn_benchmark", "fused_blocks", "fused_pool", "nonfinite"}
 RUN_CONTROL |= {"shard_optimizer"}  # the checkpoint holds one process's layout whatever shards it
 RUN_CONTROL |= {"optimizer"}  # one pass or torch's pieces: the same AdamW and the same state keys
+RUN_CONTROL |= {"auto_candidates"}  # how train.strategy=auto chose: the checkpoint holds the strategy it chose
 # Not train.float8: its products round to 3 mantissa bits and change the losses (the same state keys, though)
 
 MINE, SPLIT, HELD = "mine", "split", "held"  # Piece.write: see there
@@ -416,6 +417,19 @@ def same_run(run_dir: Path, expected: dict, global_batch: int) -> int:
         return 0
     ok = meta["fingerprint"].get("global_batch") == global_batch and not differences(meta["fingerprint"], expected)
     return manifest.step if ok else 0
+
+
+def saved_strategy(run_dir: Path) -> tuple[str, int] | None:
+    """(the strategy, the step) of ``run_dir``'s committed checkpoint, from its fingerprint: what a run of
+    train.strategy=auto chose; None where there is no checkpoint to read."""
+    try:
+        manifest = files.read_manifest(run_dir)
+        meta = read_meta(run_dir / manifest.folder / files.META)
+    except CheckpointError:
+        return None
+    train = meta["fingerprint"].get("train")
+    name = train.get("strategy") if isinstance(train, dict) else None
+    return (name, manifest.step) if isinstance(name, str) else None
 
 
 def shared_checkpoint(run_dir: Path, world_size: int) -> bool:

@@ -67,7 +67,8 @@ def setup(cfg) -> tuple[DistEnv, torch.device]:
     device = resolve_device(cfg)
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) == 1:
         return DistEnv(), device
-    before_groups()
+    if not dist.is_initialized():  # a group made by the caller came after its own imports: not ours to order
+        before_groups()
     if device.type == "cuda":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
         torch.cuda.set_device(device)

@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 from detector.device import context_ready
 from detector.errors import UserError
 from detector.train import checkpoint_files, distributed, run_folder, summary
+from detector.train.auto import Rank
 from detector.train.distributed import DistEnv
 from detector.train.loop import Run
 from detector.train.memory import check_run_memory
@@ -28,9 +29,11 @@ def train(
     env: DistEnv,
     device: torch.device,
     checks: checkpoint_files.Verification | None = None,
+    rank: Rank | None = None,
 ) -> summary.TrainingSummary:
     """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json). ``checks``:
-    those of the checkpoint it will likely continue, begun already (run_folder.early_check)."""
+    those of the checkpoint it will likely continue, begun already (run_folder.early_check). ``rank``: the ranking of
+    the strategies train.strategy=auto times (train/auto.py), the command's."""
     tcfg = cfg.train
     global_batch = cfg.data.batch_size * env.world_size
     if tcfg.steps * global_batch > tcfg.eval_start:
@@ -43,7 +46,7 @@ def train(
     with run_folder.locked(run_dir) if env.is_main else contextlib.nullcontext():
         if env.is_main:
             run_folder.reveal_hidden(run_dir)
-        return Run(cfg, experiment, env, device, run_dir, checks).go()
+        return Run(cfg, experiment, env, device, run_dir, checks, rank).go()
 
 
 @contextlib.contextmanager
@@ -72,11 +75,16 @@ BEGIN_HERE = object()  # run_training's checks where its caller began none: they
 
 
 def run_training(
-    cfg: DictConfig, experiment: str | None = None, checks=BEGIN_HERE, context: threading.Thread | None = None
+    cfg: DictConfig,
+    experiment: str | None = None,
+    checks=BEGIN_HERE,
+    rank: Rank | None = None,
+    context: threading.Thread | None = None,
 ) -> list[summary.TrainingSummary]:
     """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
     the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
     the command before it imported this module (None: the command found none to begin); begun here otherwise.
+    ``rank``: train.strategy=auto's ranking of the strategies (train/auto.py; the command hands in make shapes').
     ``context``: the thread making the CUDA context, begun by the command (detector.device ``begin_context``)."""
     if cfg.train.strategy == "all":
         raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
@@ -86,4 +94,4 @@ def run_training(
             with early("CUDA context"):  # what is left of it once the imports are done
                 context_ready(context)
         with training_processes(cfg) as (env, device):
-            return [train(cfg, run_folder.experiment_name(experiment), env, device, checks)]
+            return [train(cfg, run_folder.experiment_name(experiment), env, device, checks, rank)]

@@ -4,7 +4,8 @@ its summary; entry.py enters it (the processes, the run folder's lock).
 ``Run.go`` reads top to bottom: the step (detector/train/step.py, the same step that `make profile` times), the
 checkpoint to resume from, the run folder, the loop over the data (``Steps``), the summary. A run writes to
 ``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs][+float8]``, whatever the number
-of processes (a run resumes on another number of them, with the same global batch):
+of processes (a run resumes on another number of them, with the same global batch); ``auto[+...]`` for
+train.strategy=auto, which chooses its strategy before the first step (auto.py) and is a run of it from there on:
 
     config.yaml       the merged configuration
     events.out.*      TensorBoard scalars: train/, eval/, time/, memory/, goodput/
@@ -12,6 +13,7 @@ of processes (a run resumes on another number of them, with the same global batc
     checkpoint-*/     the loss of every step and the evaluations so far, written by every process in the background
                       and committed atomically, checksummed (checkpoint.py, checkpoint_files.py, checkpointer.py)
     summary.json      final loss and metrics, step times, images/s, the loss curve, where the wall clock went
+    strategy-auto.json  train.strategy=auto's choice: the candidates' times and memory, the rule (choice.py)
     profile/          with train.profile=true: one torch.profiler window, regions as in `make profile`
 
 Its parts, each a module here: the run folder and its lock (run_folder.py), what the run allocates (memory.py),
@@ -33,7 +35,7 @@ Guarantees:
 - A data worker that dies, raises or delivers nothing for data.worker_timeout seconds stops the run in one
   line naming the last checkpoint, which stays intact. Ctrl-C and SIGTERM stop every process at the same step,
   with a checkpoint of the steps so far (with train.checkpoint_every > 0), in one line; a process that dies stops
-  the others at their next step (``distributed.PeerLost``).
+  the others at their next step (``PeerLost``).
 - Throughput is reported by the wall clock (data waits included); on a GPU with the device time beside it
   and the device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
@@ -62,7 +64,8 @@ from detector.checked import RecordError
 from detector.data.loader import DataWorkerDied
 from detector.device import device_name
 from detector.errors import ENVIRONMENT, PeerLost, UserError, said
-from detector.train import checkpoint_files, distributed, run_folder, summary
+from detector.train import checkpoint_files, choice, distributed, run_folder, summary
+from detector.train.auto import AUTO, Rank, choose, with_strategy
 from detector.train.batches import training_batches
 from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, same_run, shared_checkpoint
 from detector.train.distributed import Control, DistEnv
@@ -100,6 +103,7 @@ class Run:
         device: torch.device,
         run_dir: Path,
         checks: checkpoint_files.Verification | None = None,
+        rank: Rank | None = None,
     ):
         self.cfg, self.tcfg, self.experiment, self.env, self.device = cfg, cfg.train, experiment, env, device
         self.run_dir, self.checkpoint_path, self.checks = run_dir, run_dir / checkpoint_files.MANIFEST, checks
@@ -107,11 +111,15 @@ class Run:
         self.global_batch = cfg.data.batch_size * env.world_size
         self.expected = fingerprint(cfg, env.world_size)
         self.wall = WallClock()
+        self.rank, self.choice = rank, None  # train.strategy=auto's ranking (the command's) and choice
 
     def go(self) -> summary.TrainingSummary:
         wall = self.wall
         with wall.startup("control group"):
             self.control = Control(self.env)
+        if self.tcfg.strategy == AUTO:
+            with wall.startup("strategy auto"):
+                self.choose_strategy()
         with wall.startup("model and optimizer"):
             self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
         # rank 0 evaluates; under FSDP2 every rank runs the forward with it, since each forward gathers the shards
@@ -124,6 +132,8 @@ class Run:
         elif self.env.is_main:
             with wall.startup("run folder"):
                 run_folder.start(self.run_dir, self.cfg, fresh=not saved["step"], say=self.say)
+                if self.choice is not None and self.choice.source != "resumed":
+                    self.choice.write(self.run_dir / choice.RUN_FILE)
         self.steps = Steps(self, saved, evaluates and not complete)
         if complete:
             return self.finish_complete()
@@ -135,6 +145,16 @@ class Run:
             raise
         self.close(failed=False)
         return result
+
+    def choose_strategy(self) -> None:
+        """train.strategy=auto: the strategy the run trains with (auto.py), said in one line; from here on the run is
+        a run of that strategy (its checkpoint's fingerprint holds it: a resume continues with it), in its own
+        folder."""
+        self.choice = choose(self.cfg, self.device, self.env, self.control, self.run_dir, self.rank, self.say)
+        self.say(self.choice.line(), flush=True)
+        self.cfg = with_strategy(self.cfg, self.choice.strategy)
+        self.tcfg = self.cfg.train
+        self.expected = fingerprint(self.cfg, self.env.world_size)
 
     def run_steps(self) -> None:
         """The loop, a signal only asking for a stop between two steps (``DeferredInterrupt``); whatever it raises
@@ -289,6 +309,8 @@ class Steps:
             if run.env.is_main:
                 with wall.startup("TensorBoard"):
                     self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
+                if run.choice is not None:
+                    self.writer.add_text("strategy auto", run.choice.table(), self.step)
             self.checkpoints.start(self.writer)
             profiling = tcfg.profile and run.env.is_main
             profile_dir = run.run_dir / "profile"
@@ -480,4 +502,5 @@ def summarise(run: Run) -> summary.TrainingSummary:
         eval_step=steps.evaluation.step,
         wall_clock=wall,
         checkpoints=steps.checkpoints.record(),
+        auto=run.choice,
     )

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import functools
 import math
+import time
+from itertools import pairwise
 
 import torch
 from omegaconf import DictConfig
@@ -153,3 +155,26 @@ class TrainStep:
             pred = self.net(images)  # [B, M, 4] xyxy
         with self.regions(LOSS):
             return self.strategy(pred, targets)
+
+
+def time_steps(step: TrainStep, run, batches, count: int, device: torch.device) -> list[float]:
+    """The ms of ``count`` calls of ``run`` (``step`` or its forward_only) on ``batches``, with neither profiler nor
+    regions, as training runs them: `make profile`'s timed steps and train.strategy=auto's. On a GPU the host
+    runs ahead, so a step's host time says little: each step is the time between CUDA events recorded as
+    it starts and as the next one starts, i.e. what the device spent on it, idle gaps the host left
+    included (training's throughput). On the CPU, the host's wall time."""
+    step.regions.active = False
+    cuda = device.type == "cuda"
+    marks = []
+    for _ in range(count + 1):
+        if cuda:
+            marks.append(torch.cuda.Event(enable_timing=True))
+            marks[-1].record()
+        else:
+            marks.append(time.perf_counter())
+        if len(marks) <= count:
+            run(next(batches))
+    if cuda:
+        marks[-1].synchronize()
+        return [a.elapsed_time(b) for a, b in pairwise(marks)]
+    return [(b - a) * 1e3 for a, b in pairwise(marks)]

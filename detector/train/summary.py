@@ -1,14 +1,16 @@
 """A training run's summary.json: one typed, versioned record, ``TrainingSummary``, that `make train` writes
 (loop.py ``summarise``) and every reader reads through ``read``: the lab (curves, the strategy sweep, the report), the
 scaling table (detector/bench/sharding.py) and the run folders (run_folder.py). It holds what the run trained, its final
-loss and metrics, its step times and images/s, the loss of every step, where the wall clock went (wallclock.py) and
-the checkpoints' times (checkpointer.py); ``done_line`` is the run's last line.
+loss and metrics, its step times and images/s, the loss of every step, where the wall clock went (wallclock.py),
+the checkpoints' times (checkpointer.py) and train.strategy=auto's choice (choice.py); ``done_line`` is the run's last
+line.
 
 ``read`` raises RecordError, one line naming the file and the field, for a file that is not such a record. Version 1
 (no ``version`` key: written before the record was typed) is read as it is: what it lacks (the wall clock, the
-checkpoints, the memory peak, ...) is None. Its measures (times, rates, bytes, counts; the losses may be NaN: a run
-whose loss went non-finite) are checked by value: a damaged one is None, a damaged value in the wall clock or the
-checkpoints leaves that part out (None), a damaged history point that point, each with a warning in ``left_out``.
+checkpoints, the memory peak, ...) is None, as is ``auto`` in a file written before it. Its measures (times, rates,
+bytes, counts; the losses may be NaN: a run whose loss went non-finite) are checked by value: a damaged one is None, a
+damaged value in the wall clock, the checkpoints or the choice leaves that part out (None), a damaged history point that
+point, each with a warning in ``left_out``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from detector.checked import (
     versioned,
     write_atomically,
 )
+from detector.train.choice import Choice
 from detector.train.wallclock import Account
 
 VERSION = 2  # 1: no "version" key
@@ -117,6 +120,7 @@ class TrainingSummary:
     eval_step: int = 0
     wall_clock: Account | None = None
     checkpoints: Checkpoints | None = None
+    auto: Choice | None = None  # train.strategy=auto's choice (train/choice.py); None: the strategy was named
     version: int = VERSION
     left_out: list[str] = field(default_factory=list, compare=False)  # damaged values, when it was read (not written)
 
@@ -136,7 +140,7 @@ class TrainingSummary:
         if "history" not in data:
             raise RecordError(f"{where}: no loss curve (history): not written by make train")
         found = LeftOut(where)
-        wall, saves = data.get("wall_clock"), data.get("checkpoints")
+        wall, saves, auto = data.get("wall_clock"), data.get("checkpoints"), data.get("auto")
         evals = pairs(data.get("evals", []), f"{where}.evals", found)
 
         def number(key: str) -> float | None:
@@ -171,6 +175,7 @@ class TrainingSummary:
             eval_step=count("eval_step", 0),
             wall_clock=None if wall is None else found.part(Account.parse, wall, f"{where}.wall_clock"),
             checkpoints=None if saves is None else found.part(Checkpoints.parse, saves, f"{where}.checkpoints"),
+            auto=None if auto is None else found.part(Choice.parse, auto, f"{where}.auto"),
             left_out=found.warnings,
         )
 

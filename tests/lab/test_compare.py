@@ -19,7 +19,7 @@ from lab_helpers import (
 
 from detector.board.events import text_tab, write_compare_events
 from detector.errors import UserError
-from detector.lab.compare import read_run, run_compare
+from detector.lab.compare import auto_line, read_run, run_compare
 from detector.lab.present.text import run_card
 from detector.lab.record.comparison import read_comparison
 from detector.lab.record.run import read_summary
@@ -79,6 +79,11 @@ def test_compare_latest_runs(profiles, tmp_path, capsys):
         "*backward*."
     )
     md = (tmp_path / "out" / "compare.md").read_text()
+    assert (  # the run auto would train with, were these its candidates (detector/train/choice.py's rule)
+        "**train.strategy=auto** would train with cuda_fused of these runs, by its rule over their timed steps and "
+        "their step's peak memory rise: cuda_fused — 50.5 [50.2–50.7] ms a step against padded 101 [100–101], triton "
+        "101 [100–101]."
+    ) in comparison.texts["train"]
     forward_row = next(line for line in md.splitlines() if line.startswith("| forward |"))
     assert forward_row == "| forward | 29.4 [29.3–29.4] | 29.4 [29.3–29.4] · ≈ | 14.7 · 2× |"
     assert "| **step, as training runs it** | 101 [100–101] | 101 [100–101] · ≈ | 50.5 [50.2–50.7] · 2× |" in md
@@ -331,3 +336,16 @@ def test_where_the_device_paced_both_steps_the_device_time_leads_and_the_host_ti
     wall = comparison.record.modes["train"].speedups_vs_padded["wall_ms"]
     assert all(by_label["packed"] is None for by_label in wall.values())
     assert comparison.record.modes["train"].speedups_vs_padded["gpu_ms"]["calc loss"]["packed"] > 5
+
+
+def test_which_run_auto_would_train_with_where_the_times_cannot_tell_them_apart(tmp_path):
+    root = tmp_path / "profile"
+    runs = [("padded", read_run(make_run(root, "padded", "20261122-031500")))]
+    runs.append(("triton", read_run(make_run(root, "triton", "20261122-031700"))))  # the same trace and times
+    line = auto_line(runs, runs[0][1])
+    assert line == (  # the recorded trace holds no memory events
+        "**train.strategy=auto** would train with padded of these runs, by its rule over their timed steps and their "
+        "step's peak memory rise: padded — 101 [100–101] ms a step, not distinguishable from triton 101 [100–101] "
+        "(the [q1–q3] overlap): the faster median, as memory was not measured."
+    )
+    assert auto_line(runs[:1], runs[0][1]) is None  # one run: nothing to choose

@@ -11,7 +11,19 @@ import pytest
 import torch
 from annotation_helpers import widerface_counts, write_widerface
 from conftest import ROOT
-from lab_helpers import BUSY, MARKUP_NAME, QUIET, SHOWN, edit_summary, make_run, rendered, tables_whole
+from lab_helpers import (
+    BUSY,
+    MARKUP_NAME,
+    PER_BOX,
+    PER_SLOT,
+    QUIET,
+    SHOWN,
+    bench_file,
+    edit_summary,
+    make_run,
+    rendered,
+    tables_whole,
+)
 from omegaconf import OmegaConf
 
 from detector import cli
@@ -38,28 +50,6 @@ from detector.lab.record.spread import Spread
 from detector.lab.shapes import histogram, predict, run_shapes
 
 SLOTS, BATCH = 32, 16
-# Known costs (ms): padded pays for every slot and nothing a box; packed a little a slot and much a box.
-PER_SLOT = {"padded": 1e-3, "packed": 1e-4}
-PER_BOX = {"padded": 0.0, "packed": 2e-3}
-
-
-def bench_file(folder, device="cpu", slots=SLOTS, batch=BATCH, record_slots=False):
-    """A bench losses result, as `make bench` writes it, whose times follow PER_SLOT and PER_BOX exactly."""
-    results = []
-    for name in PER_SLOT:
-        for distribution in ("seed", "tail"):
-            boxes = int(sample_counts(distribution, batch, slots, torch.Generator().manual_seed(batch)).sum())
-            ms = PER_SLOT[name] * batch * slots + PER_BOX[name] * boxes
-            spread = {"median": ms, "low": ms, "high": ms, "n": 5}
-            results.append(
-                {"strategy": name, "layout": "x", "batch_size": batch, "distribution": distribution}
-                | {"valid_boxes": boxes, "forward_ms": spread, "forward_backward_ms": spread}
-            )
-    payload = {"device": device, "torch": "2.13.0", "target": "losses", "config": {}, "results": results}
-    payload |= {"max_boxes": slots} if record_slots else {}
-    (folder / "bench").mkdir(exist_ok=True)
-    (folder / "bench" / "losses.json").write_text(json.dumps(payload))
-    return folder / "bench" / "losses.json"
 
 
 @pytest.fixture
@@ -136,7 +126,12 @@ def test_the_shape_report_of_a_file_and_its_prediction_from_bench_losses(tmp_pat
     assert predicted.reason.startswith("packed pays mostly for the boxes: 0.100 µs a slot × 512 slots + 2.00 µs")
     assert "; the fastest that pays mostly for the slots, padded: 1.00 µs a slot × 512 slots" in predicted.reason
     assert predicted.ties == []
+    assert report.auto == (  # the ranking's first that train here, in its order (train/auto.py)
+        "train.strategy=auto would time packed, padded in the training step (the 2 first of make shapes' prediction "
+        f"for widerface-wider_like at batch 16 x 32 slots, from bench losses' {path})"
+    )
     out = capsys.readouterr().out
+    assert report.auto in out
     assert "**Images over the slots**: 3 (1.00 %) hold more than 32 boxes: data.over_max_boxes=truncate drops" in out
     assert "No profile run over this source at 32 slots, batch 16 on cpu" in out
     (folder,) = (tmp_path / "runs" / "shapes" / "widerface-wider_like").iterdir()

@@ -52,6 +52,7 @@ def shapes_markdown(record: ShapesRecord, chart: Path) -> str:
         "",
     ]
     lines += prediction_lines(record)
+    lines += ["", cell_text(record.auto)] if record.auto else []
     lines += ["", "## The check: profiles over this source", ""] + check_lines(record)
     lines += ["", "## Loss memory", ""] + memory_lines(record)
     return "\n".join(lines)

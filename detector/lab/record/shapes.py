@@ -1,10 +1,11 @@
 """shapes.json: what `make shapes` found (detector/lab/shapes.py writes it), as one typed, versioned record: the
 source's box counts and what the slots do to them, each strategy's cost a slot and a box and the strategy they predict
-fastest, the check against the profiles over the same boxes, and each strategy's loss memory.
+fastest (and which train.strategy=auto would time), the check against the profiles over the same boxes, and each
+strategy's loss memory.
 
 ``read_shapes`` returns the ``ShapesRecord`` or raises ``RecordError``, one line naming the file and the field. Version
 1 (no ``version`` key: written before the record was typed) has the same fields, less the ones added later (``memory``,
-``measured.noisy``, ``predicted.ties``), which are read as empty.
+``measured.noisy``, ``predicted.ties``, ``auto``), which are read as empty.
 """
 
 from __future__ import annotations
@@ -259,6 +260,7 @@ class ShapesRecord:
     predicted: Prediction | None  # None: no strategy could be costed
     measured: Check
     memory: Memory = field(default_factory=Memory)
+    auto: str = ""  # what train.strategy=auto would time for these boxes here, in a line ("": not said)
     version: int = VERSION
 
     def to_json(self) -> dict:
@@ -295,6 +297,7 @@ class ShapesRecord:
             predicted=None if predicted is None else Prediction.parse(predicted, f"{where}.predicted"),
             measured=Check.parse(data.get("measured"), f"{where}.measured"),
             memory=Memory() if memory is None else Memory.parse(memory, f"{where}.memory"),
+            auto=optional(data, "auto", str, where, ""),
         )
 
 

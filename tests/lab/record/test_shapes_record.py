@@ -54,11 +54,11 @@ def test_a_shape_report_of_version_1_is_read_and_written_back_as_the_current_ver
     assert [c.strategy for c in found.costs.costs] == ["packed", "padded"] and found.costs.file == "bench/losses.json"
     assert found.predicted.ranking[0] == ("packed", 0.244, "boxes")
     assert found.measured.runs == {"padded": ProfiledStep(Spread(**STEP), "runs/profile/padded/20261122-030000")}
-    assert found.measured.noisy == {} and found.memory == Memory()  # added after version 1
+    assert found.measured.noisy == {} and found.memory == Memory() and found.auto == ""  # added after version 1
     write_shapes(tmp_path, found)
     written = json.loads((tmp_path / "shapes.json").read_text())
     assert written["version"] == 2
-    assert {k: v for k, v in written.items() if k not in ("version", "memory")} == VERSION_1 | {
+    assert {k: v for k, v in written.items() if k not in ("version", "memory", "auto")} == VERSION_1 | {
         "measured": VERSION_1["measured"] | {"noisy": {}}
     }
     assert read_shapes(tmp_path / "shapes.json") == found
