@@ -200,10 +200,7 @@ def profile_steps(
         + (", regions synchronised (profile.sync_regions)" if step.regions.sync else "")
         + (f", then {pcfg.timed} timed without the profiler" if pcfg.timed else "")
     )
-    cache = compile_cache_file(cfg, device, env.world_size, pcfg.mode)  # None where nothing compiles
-    loaded = load_compile_cache(cache)
-    if loaded:
-        print(f"  compile cache {cache}: {loaded}", flush=True)
+    cache, loaded = load_step_cache(cfg, device, env.world_size)
     if cache is not None:
         laps.lap("compile cache")
     layout = step.strategy.layout
@@ -253,6 +250,16 @@ def profile_steps(
     return Stepped(traces[0], timed, losses, fill, cache_note(cache, loaded, saved))
 
 
+def load_step_cache(cfg: DictConfig, device: torch.device, world_size: int) -> tuple[Path | None, str | None]:
+    """The file of the compiled step's cache that `make train` of this configuration reads and writes (None where
+    nothing compiles), loaded where it exists; what it loaded, said as training says it."""
+    cache = compile_cache_file(cfg, device, world_size, cfg.profile.mode)
+    loaded = load_compile_cache(cache)
+    if loaded:
+        print(f"  compile cache {cache}: {loaded}", flush=True)
+    return cache, loaded
+
+
 def time_trace_export(prof: torch.profiler.profile, laps: Laps) -> None:
     """Time the profiler's stop and its trace's export apart: both run inside the ``prof.step()`` that ends the window,
     the stop first (on a GPU it waits for the device to finish the steps queued), then the export (torch writes the
@@ -274,7 +281,7 @@ def cache_note(cache: Path | None, loaded: str | None, saved: bool) -> str | Non
         return None
     if loaded:
         return f"compile cache {loaded}"
-    return "compiled; its cache saved for the next run" if saved else "compiled; no compile cache"
+    return "compiled; its cache saved for the next run" if saved else "compiled; no cache saved"
 
 
 def nonfinite(losses: list[torch.Tensor]) -> list[str]:
