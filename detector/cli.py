@@ -285,13 +285,21 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
 
 
 def profile(cfg):
-    """`make profile`: the run (detector/lab/profile.py), then its TensorBoard events; returns (folder, record)."""
+    """`make profile`: the run (detector/lab/profile.py), then its TensorBoard events, then where its time went;
+    returns (folder, record)."""
+    import time
+
     from detector.board.events import write_profile_events
     from detector.lab.profile import run_profile
 
+    started = time.perf_counter()
     profiled = run_profile(cfg)
+    events = time.perf_counter()
     write_profile_events(*profiled)
-    print(f"\ntrace, summary.json and TensorBoard events in {profiled.run_dir}/")
+    ended = time.perf_counter()
+    parts = f"{profiled.record.times.describe()}, TensorBoard events {ended - events:.1f} s"
+    print(f"\nprofile {ended - started:.1f} s: {parts}")
+    print(f"trace, summary.json and TensorBoard events in {profiled.run_dir}/")
     print("compare: make compare; view: make tensorboard")
     return profiled.run_dir, profiled.record
 

@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -171,10 +172,12 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     import detector.train.entry
     from detector.lab.compare import Comparison
     from detector.lab.record.comparison import ComparisonRecord
+    from detector.lab.record.run import RunTimes
 
     calls = {}
+    record = SimpleNamespace(times=RunTimes({"first step": 1.0}))  # what the command's last line reads of the record
     for module, name, result in [
-        (detector.lab.profile, "run_profile", detector.lab.profile.Profiled(tmp_path, None, None, "card")),
+        (detector.lab.profile, "run_profile", detector.lab.profile.Profiled(tmp_path, record, None, "card")),
         (detector.board.events, "write_profile_events", None),
         (detector.train.entry, "run_training", None),
         (detector.bench, "run", None),
@@ -188,7 +191,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     (cfg,) = calls["run_profile"][0]
     assert (cfg.profile.strategy, cfg.profile.mode, cfg.data.batch_size) == ("concat", "forward", 2)
     # the run's TensorBoard events, after it, with the card it printed
-    assert calls["write_profile_events"] == [(tmp_path, None, None, "card")]
+    assert calls["write_profile_events"] == [(tmp_path, record, None, "card")]
 
     assert cli.main(["train", "--experiment", "cpu_smoke", "train.steps=3"]) == 0
     # and the checks it continues (none here), train.strategy=auto's ranking (none: not auto), the CUDA context

@@ -31,6 +31,14 @@ for a moment before the run, during it and for a moment after, and how widely it
 flag a loader-paced run (detector/lab/record/run.py ``LOADER_PACED_SHARE``), whose time compare does not judge against a
 run the loader does not pace.
 
+Where the step compiles (train.compile; on a GPU the optimizer's pass too), the profile shares `make train`'s portable
+cache of the compiled step, one file per configuration in ``<train.out_dir>/compile-cache/`` (detector/train/speed.py
+``compile_cache_file``): a profile after a training run or another profile of that configuration loads it, and the
+first step saves what it compiled for the next run (MODE=forward compiles other graphs, and keeps a file of its own).
+The command's last line, and summary.json's ``times``, say where the run's wall clock went, part by part: the model,
+the first step (and what it found in that cache), the other steps, the profiler's stop, the trace's writing, the timed
+steps, the analysis, the TensorBoard events.
+
 A failed run removes only its own new folder (a rank, its rank's); older runs are never touched.
 """
 
@@ -56,7 +64,7 @@ from detector.lab.measure.cpu_load import LoadMeter
 from detector.lab.measure.trace import load_trace
 from detector.lab.present.text import run_card
 from detector.lab.record.noise import Noise
-from detector.lab.record.run import LoaderFill, ProfileRecord, Timed, write_summary
+from detector.lab.record.run import FIRST_STEP, LoaderFill, ProfileRecord, RunTimes, Timed, write_summary
 from detector.lab.record.source import DataSource
 from detector.lab.record.steps import Extract, write_extract
 from detector.losses import get_strategy
@@ -65,6 +73,7 @@ from detector.train.batches import rank_loader
 from detector.train.distributed import DistEnv
 from detector.train.memory import check_command_memory
 from detector.train.profile_window import make_profiler
+from detector.train.speed import COMPILING, compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep, time_steps
 
 # The bound on the wait for the loader's ring to fill before the first step. A loader that keeps up with a step fills
@@ -83,6 +92,31 @@ class Profiled(NamedTuple):
     card: str
 
 
+class Stepped(NamedTuple):
+    """What ``profile_steps`` ran: the trace file, the timed steps' wall ms, the profiled steps' losses (on the device,
+    unread), the loader's fill, and what the first step found in the compiled step's cache (``RunTimes``)."""
+
+    trace: Path
+    timed: list[float]
+    losses: list[torch.Tensor]
+    fill: LoaderFill
+    compile_cache: str | None
+
+
+class Laps:
+    """The run's wall clock cut into parts, one after the other: ``lap(part)`` adds the seconds since the last lap to
+    ``part``, so that the parts sum to the time since the first."""
+
+    def __init__(self):
+        self.last = time.perf_counter()
+        self.seconds: dict[str, float] = {}
+
+    def lap(self, part: str) -> None:
+        now = time.perf_counter()
+        self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last
+        self.last = now
+
+
 def run_profile(cfg: DictConfig) -> Profiled:
     """Profile the config's training step, into a new run folder; its TensorBoard events are the profile command's
     (detector/cli.py ``profile``: detector/board/ draws on the lab, not the other way round)."""
@@ -96,24 +130,28 @@ def run_profile(cfg: DictConfig) -> Profiled:
 
 def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> Profiled:
     pcfg = cfg.profile
+    laps = Laps()
     check_command_memory(cfg, device, "profile", batches=pcfg.wait + pcfg.warmup + pcfg.active + pcfg.timed)
     step = TrainStep(cfg, device, env.world_size)  # the training step of this config; refuses what cannot run here
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
     run_dir = rank_run_dir(Path(pcfg.out_dir) / folder, env)
     try:
         meter = LoadMeter()
+        laps.lap("model and optimizer")
         before = meter.sample()
+        laps.lap("load samples")  # the machine's load before the run, and after it
         meter.start()
         allocator = StepMeter(device)  # the caching allocator's own figures of each step, on a GPU
-        trace, timed, losses, fill = profile_steps(step, cfg, device, run_dir / "trace", env, allocator)
+        ran = profile_steps(step, cfg, device, run_dir / "trace", env, laps, allocator)
         step.strategy.nonfinite_gradient()  # a user's backward of NaN: its profile would time a broken step
         during, own = meter.stop(), meter.own
-        spread = Timed.of(timed).step_ms.relative_iqr()
+        spread = Timed.of(ran.timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"
-        noise = Noise(meter.cores, before, during, meter.sample(), spread, load_own=own, timed_by=timed_by)
-        record, steps_extract = summarise_run(
-            cfg, device, run_dir, trace, timed, noise, nonfinite(losses), allocator.steps, fill
-        )
+        after = meter.sample()
+        laps.lap("load samples")
+        noise = Noise(meter.cores, before, during, after, spread, load_own=own, timed_by=timed_by)
+        warnings = nonfinite(ran.losses)
+        record, steps_extract = summarise_run(cfg, device, run_dir, ran, noise, laps, warnings, allocator.steps)
     except BaseException:
         shutil.rmtree(run_dir, ignore_errors=True)  # only this run's own, unfinished folder
         if env.world_size > 1 and env.is_main:
@@ -138,11 +176,18 @@ def rank_run_dir(parent: Path, env: DistEnv) -> Path:
 
 
 def profile_steps(
-    step: TrainStep, cfg: DictConfig, device: torch.device, trace_dir: Path, env: DistEnv, allocator=None
-):
-    """Let the loader fill, run wait + warmup + active steps under the profiler, then ``profile.timed`` steps
-    without it; returns the trace file, the timed steps' wall ms, the profiled steps' losses (on the device, unread)
-    and the loader's fill. ``allocator`` (a StepMeter) reads each step's figures."""
+    step: TrainStep,
+    cfg: DictConfig,
+    device: torch.device,
+    trace_dir: Path,
+    env: DistEnv,
+    laps: Laps,
+    allocator: StepMeter | None = None,
+) -> Stepped:
+    """Load the compiled step's cache where the step compiles (`make train`'s of the same configuration: the same
+    file, under train.out_dir), let the loader fill, run wait + warmup + active steps under the profiler (the first
+    step's compilation saved to that cache for the next run), then ``profile.timed`` steps without it.
+    ``allocator`` (a StepMeter) reads each step's figures; ``laps`` times each of these parts."""
     pcfg = cfg.profile
     total = pcfg.wait + pcfg.warmup + pcfg.active
     run = step if pcfg.mode == "train" else step.forward_only
@@ -154,6 +199,9 @@ def profile_steps(
         + (", regions synchronised (profile.sync_regions)" if step.regions.sync else "")
         + (f", then {pcfg.timed} timed without the profiler" if pcfg.timed else "")
     )
+    cache, loaded = load_step_cache(cfg, device, env.world_size)
+    if cache is not None:
+        laps.lap("compile cache")
     layout = step.strategy.layout
     if env.world_size == 1:
         loader = build_loader(cfg.data, layout, device)
@@ -161,8 +209,12 @@ def profile_steps(
         loader = rank_loader(cfg.data, layout, device, env.rank, env.world_size, 0, total + pcfg.timed)
     batches = iter(loader)
     fill = fill_loader(batches, loader.workers)
-    losses = []
+    laps.lap("loader")
+    if cache is not None:
+        print(f"  compiling: step 1 waits for {COMPILING} ({compile_caches()})", flush=True)
+    losses, saved = [], False
     with make_profiler(pcfg, trace_dir, device, step.strategy.name) as prof:
+        time_trace_export(prof, laps)
         for i in range(total):
             step.regions.active = i >= pcfg.wait
             start = time.perf_counter()
@@ -171,23 +223,66 @@ def profile_steps(
             losses.append(run(next(batches)))  # kept, not read: reading would wait for the device
             if allocator:
                 allocator.stop(i)  # the step is ProfilerStep#i
-            prof.step()
+            took = time.perf_counter() - start
+            if i == 0:
+                laps.lap(FIRST_STEP)
+                if cache is not None:
+                    saved = env.is_main and save_compile_cache(cache)  # before the step a trace may keep begins
+                    laps.lap("compile cache")
+            elif i == total - 1:
+                laps.lap(f"{total - 1} more steps")  # the profiler's start, and its waits for the device, included
+            phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
+            print(f"  step {i + 1:3d}/{total} [{phase:6s}] {took * 1e3:9.1f} ms", flush=True)
+            prof.step()  # after the window's last step: the profiler stops and writes the trace
             if i == 0 and i < pcfg.wait + pcfg.warmup:
                 # A user's backward of NaN stops here, before the traced steps run on NaN weights (whose frees of
                 # blocks made before the trace began make torch's profiler warn on stderr); a step the trace keeps
                 # is never waited for.
                 step.strategy.nonfinite_gradient()
-            phase = "wait" if i < pcfg.wait else "warmup" if i < pcfg.wait + pcfg.warmup else "active"
-            print(f"  step {i + 1:3d}/{total} [{phase:6s}] {(time.perf_counter() - start) * 1e3:9.1f} ms", flush=True)
-        print("  writing the trace ...", flush=True)
     if pcfg.timed:
         print(f"  timing {pcfg.timed} steps without the profiler ...", flush=True)
     timed = time_steps(step, run, batches, pcfg.timed, device)
+    if pcfg.timed:
+        laps.lap(f"{pcfg.timed} timed steps")
     del batches
     traces = sorted(trace_dir.glob("*.pt.trace.json*"))
     if len(traces) != 1:
         raise RuntimeError(f"expected one trace in {trace_dir}, found {len(traces)}")
-    return traces[0], timed, losses, fill
+    return Stepped(traces[0], timed, losses, fill, cache_note(cache, loaded, saved))
+
+
+def load_step_cache(cfg: DictConfig, device: torch.device, world_size: int) -> tuple[Path | None, str | None]:
+    """The file of the compiled step's cache that `make train` of this configuration reads and writes (None where
+    nothing compiles), loaded where it exists; what it loaded, said as training says it."""
+    cache = compile_cache_file(cfg, device, world_size, cfg.profile.mode)
+    loaded = load_compile_cache(cache)
+    if loaded:
+        print(f"  compile cache {cache}: {loaded}", flush=True)
+    return cache, loaded
+
+
+def time_trace_export(prof: torch.profiler.profile, laps: Laps) -> None:
+    """Time the profiler's stop and its trace's export apart: both run inside the ``prof.step()`` that ends the window,
+    the stop first (on a GPU it waits for the device to finish the steps queued), then the export (torch writes the
+    JSON, then gzips it)."""
+    export = prof.on_trace_ready
+
+    def timed(profiler) -> None:
+        laps.lap("profiler stop")
+        print("  writing the trace ...", flush=True)
+        export(profiler)
+        laps.lap("trace written")
+
+    prof.on_trace_ready = timed
+
+
+def cache_note(cache: Path | None, loaded: str | None, saved: bool) -> str | None:
+    """What the first step found in the compiled step's cache, in a few words; None where nothing compiles."""
+    if cache is None:
+        return None
+    if loaded:
+        return f"compile cache {loaded}"
+    return "compiled; its cache saved for the next run" if saved else "compiled; no cache saved"
 
 
 def nonfinite(losses: list[torch.Tensor]) -> list[str]:
@@ -218,17 +313,18 @@ def summarise_run(
     cfg: DictConfig,
     device: torch.device,
     run_dir: Path,
-    trace: Path,
-    timed: list[float],
+    ran: Stepped,
     noise: Noise,
+    laps: Laps,
     warnings: list[str] = (),
     allocator: dict[int, dict] | None = None,
-    fill: LoaderFill | None = None,
 ) -> tuple[ProfileRecord, Extract]:
-    """summary.json and extract.json.gz of a finished profile run; ``warnings`` join the analysis' own; ``allocator``:
-    the caching allocator's figures of each step (a GPU's), which the trace's memory is held against."""
+    """summary.json and extract.json.gz of a finished profile run (``ran``: what its steps left); ``laps``: its parts so
+    far, to which the analysis adds its own (the trace read and measured, extract.json.gz written), recorded as the
+    record's ``times``; ``warnings`` join the analysis' own; ``allocator``: the caching allocator's figures of each
+    step (a GPU's), which the trace's memory is held against."""
     print("  analysing the trace ...", flush=True)
-    parsed = load_trace(trace)
+    parsed = load_trace(ran.trace)
     steps = analysis.measure_steps(parsed)
     record = ProfileRecord(
         strategy=cfg.profile.strategy,
@@ -240,21 +336,23 @@ def summarise_run(
         max_boxes=cfg.data.max_boxes,
         analysis=analysis.summarise(parsed, steps, allocator),
         per_step=steps,
-        timed=Timed.of(timed),
+        timed=Timed.of(ran.timed),
         noise=noise,
         preset=cfg.preset,
         sync_regions=bool(cfg.profile.sync_regions and device.type == "cuda"),
         emulated=get_strategy(cfg.profile.strategy).emulated(device),  # its times are an emulator's
         run=run_dir.name,
         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        trace=str(trace.relative_to(run_dir)),
+        trace=str(ran.trace.relative_to(run_dir)),
         config=OmegaConf.to_container(cfg, resolve=True),
         data=DataSource.of(cfg.data),
-        loader_fill=fill,
+        loader_fill=ran.fill,
         folder=run_dir,
     )
     record.analysis.warnings += warnings
-    write_summary(run_dir, record)
     steps_extract = extract.build(parsed, steps, extract.about(record))
     write_extract(run_dir, steps_extract)  # what the timelines and TensorBoard's Traces tab draw
+    laps.lap("analysed")
+    record.times = RunTimes(dict(laps.seconds), ran.compile_cache)
+    write_summary(run_dir, record)
     return record, steps_extract

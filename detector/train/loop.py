@@ -74,12 +74,9 @@ from detector.train.interrupt import DeferredInterrupt, Handlers
 from detector.train.profile_window import make_profiler
 from detector.train.progress import TIMING_SKIP, Log, throughput
 from detector.train.run_checkpoints import RunCheckpoints
-from detector.train.speed import compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
+from detector.train.speed import COMPILING, compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
 from detector.train.step import TrainStep
 from detector.train.wallclock import FullCollections, WallClock
-
-# what the first step waits for where it compiles: about a minute with cold caches, seconds with warm ones
-COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kernels"
 
 
 class NonFiniteLoss(UserError):

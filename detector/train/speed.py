@@ -96,6 +96,8 @@ def compile_caches() -> str:
 # ----------------------------------------------------------------------------- the compiled step's cache
 
 CACHE_FOLDER = "compile-cache"  # under train.out_dir: one file per configuration, machine kind and torch
+# what the first step waits for where it compiles: about a minute with cold caches, seconds with warm ones
+COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kernels"
 CACHE_KEYS = (
     "strategy",
     "compile",
@@ -108,11 +110,13 @@ CACHE_KEYS = (
 )
 
 
-def compile_cache_file(cfg: DictConfig, device: torch.device, world_size: int) -> Path | None:
+def compile_cache_file(cfg: DictConfig, device: torch.device, world_size: int, mode: str = "train") -> Path | None:
     """The file of the compiled step's artifacts (torch's portable cache: inductor's graphs, autotuning, Triton's
     kernels) for this configuration, this GPU and this torch, under train.out_dir: a fresh machine that has it (the
-    runs folder copied) and a second run or rank skip most of the first step's compilation. None where nothing
-    compiles."""
+    runs folder copied) and a second run or rank skip most of the first step's compilation. `make train` and `make
+    profile` of one configuration share it; ``mode="forward"`` (`make profile MODE=forward`, which compiles the
+    model's forward alone, without gradients) has its own, so that neither run's save replaces the other's graphs.
+    None where nothing compiles."""
     if not (cfg.train.compile or device.type == "cuda"):
         return None
     key = {
@@ -124,8 +128,11 @@ def compile_cache_file(cfg: DictConfig, device: torch.device, world_size: int) -
         "data": [cfg.data.batch_size, cfg.data.image_size, cfg.data.max_boxes],
         "train": [cfg.train[k] for k in CACHE_KEYS] + [cfg.train.grad_clip > 0, cfg.train.shard_optimizer],
     }
+    name = cfg.train.strategy
+    if mode != "train":  # training's key stays what it was: the files already written keep being found
+        key["mode"], name = mode, f"{name}-{mode}"
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cfg.train.out_dir) / CACHE_FOLDER / f"{cfg.train.strategy}-{digest}.bin"
+    return Path(cfg.train.out_dir) / CACHE_FOLDER / f"{name}-{digest}.bin"
 
 
 def load_compile_cache(path: Path | None) -> str | None:
@@ -139,13 +146,14 @@ def load_compile_cache(path: Path | None) -> str | None:
     return f"{path.stat().st_size / 2**20:.0f} MiB loaded" + (f" ({cache_counts(info)})" if info else "")
 
 
-def save_compile_cache(path: Path | None) -> None:
-    """After the first step: what it compiled, written beside the earlier ones' (atomically, in a thread)."""
+def save_compile_cache(path: Path | None) -> bool:
+    """After the first step: what it compiled, written beside the earlier ones' (atomically, in a thread); whether
+    there was any to write."""
     if path is None:
-        return
+        return False
     found = torch.compiler.save_cache_artifacts()
     if found is None:
-        return
+        return False
 
     def write() -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -157,6 +165,7 @@ def save_compile_cache(path: Path | None) -> None:
             partial.unlink(missing_ok=True)  # no cache for the next run: it compiles, as this one did
 
     threading.Thread(target=write, name="compile-cache", daemon=True).start()
+    return True
 
 
 def cache_counts(info) -> str:

@@ -1,6 +1,7 @@
 """`make profile`: the training step of a config under torch.profiler, one new folder per run."""
 
 import re
+import threading
 import time
 
 import pytest
@@ -19,6 +20,7 @@ from detector.lab.present.text import run_card
 from detector.lab.record.measures import format_value
 from detector.lab.record.run import ProfileRecord, read_summary
 from detector.lab.record.spread import Spread
+from detector.train.speed import compile_cache_file
 from detector.train.step import TrainStep
 
 TINY = TINY_PROFILE
@@ -26,8 +28,10 @@ TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "
 
 
 def profile(tmp_path, *overrides) -> ProfileRecord:
-    """`make profile` with ``overrides`` into ``tmp_path``: the record it wrote, read back."""
-    cfg = load_config([*TINY, f"profile.out_dir={tmp_path}", *overrides], announce=None)
+    """`make profile` with ``overrides`` into ``tmp_path`` (and the compiled step's cache, where it compiles, into
+    ``tmp_path/train``, as `make train` with train.out_dir there): the record it wrote, read back."""
+    folders = [f"profile.out_dir={tmp_path}", f"train.out_dir={tmp_path / 'train'}"]
+    cfg = load_config([*TINY, *folders, *overrides], announce=None)
     run_dir, record = cli.profile(cfg)
     assert read_summary(run_dir).to_json() == record.to_json()  # what it wrote is what every reader reads
     return record
@@ -82,6 +86,98 @@ def test_the_printed_table_names_the_timed_steps_and_what_needs_a_gpu(tmp_path, 
     assert "Noise: " in out
     none = profile(tmp_path, "profile.strategy=padded", "profile.timed=0")
     assert none.timed.step_ms.n == 0 and "profile.timed=0" in capsys.readouterr().out
+
+
+NOTE = r" \(((?:[^()]|\([^()]*\))*)\)"  # a part's note, in parentheses (and those of the note's own)
+
+
+def parts_of(out: str) -> tuple[float, dict[str, float], str]:
+    """The command's last line ``profile 9.1 s: model and optimizer 0.2 s, ..., loader 3 ms, ...``: its total, each part
+    in seconds (as printed), and the first step's note."""
+    line = next(line for line in out.splitlines() if line.startswith("profile ") and " s: " in line)
+    total, listed = re.fullmatch(r"profile ([\d.]+) s: (.*)", line).groups()
+    note = re.search(rf"first step [\d.]+ m?s{NOTE}", listed)
+    parts = {}
+    for part in re.sub(NOTE, "", listed).split(", "):
+        name, value, unit = re.fullmatch(r"(.+) ([\d.]+) (s|ms)", part).groups()
+        parts[name] = float(value) / (1e3 if unit == "ms" else 1)
+    return float(total), parts, note[1] if note else ""
+
+
+def test_the_last_line_says_where_the_runs_time_went_part_by_part(tmp_path, capsys):
+    started = time.perf_counter()
+    record = profile(tmp_path, "profile.strategy=padded", "device=cpu", "profile.timed=3")
+    took = time.perf_counter() - started
+    out = capsys.readouterr().out
+    total, parts, note = parts_of(out)
+    assert list(parts) == [
+        "model and optimizer",
+        "load samples",
+        "loader",
+        "first step",
+        "3 more steps",
+        "profiler stop",
+        "trace written",
+        "3 timed steps",
+        "analysed",
+        "TensorBoard events",
+    ]  # nothing compiles on the CPU preset: no compile cache, and no note on the first step
+    assert note == "" and record.times.compile_cache is None
+    # each part as summary.json keeps it (the events aside: written after it), rounded as printed (0.1 s, or 1 ms)
+    seconds = record.times.seconds
+    for name, kept in seconds.items():
+        assert parts[name] == pytest.approx(kept, abs=0.051 if kept >= 0.1 else 5.1e-4), name
+    # the parts follow one another: they sum to the printed total (the command's, less the summary's read-back and a
+    # few lines of its own: the card, the process group's set-up), a machine's stall between them aside
+    events = parts["TensorBoard events"]
+    assert total - max(1.0, 0.1 * total) < sum(seconds.values()) + events < total + 0.1 and total <= took + 0.05
+    # named truthfully: the steps' parts hold the steps the run printed and timed, the samples their 2 x 0.5 s
+    printed = [float(ms) / 1e3 for ms in re.findall(r"step +\d+/4 \[\w+ *\] +([\d.]+) ms", out)]
+    assert len(printed) == 4 and seconds["first step"] >= printed[0] - 1e-4
+    assert seconds["3 more steps"] >= sum(printed[1:]) - 3e-4
+    assert seconds["3 timed steps"] >= sum(record.timed.wall_ms) / 1e3 and seconds["load samples"] >= 1.0
+    assert seconds["trace written"] > 0 and seconds["analysed"] > 0
+
+
+def wait_for_cache_writes() -> None:
+    """Until the compile cache's writer threads (train/speed.py ``save_compile_cache``) are done."""
+    for thread in threading.enumerate():
+        if thread.name == "compile-cache":
+            thread.join(timeout=60)
+
+
+def test_a_second_profile_loads_the_compile_cache_the_first_saved_which_is_trainings(tmp_path, capsys):
+    """train.compile=true on the CPU: the first profile compiles and saves the compiled step's portable cache into the
+    file `make train` of the same configuration reads and writes (train/speed.py ``compile_cache_file``, under
+    train.out_dir); a second profile, as on a fresh machine with runs/ copied, loads it."""
+    run = ["profile.strategy=padded", "device=cpu", "train.compile=true", "profile.timed=2"]
+    folders = [f"profile.out_dir={tmp_path}", f"train.out_dir={tmp_path / 'train'}"]
+    trained = load_config([*TINY, *folders, *run, "train.strategy=padded"], announce=None)  # as `make train` has it
+    cache = compile_cache_file(trained, torch.device("cpu"), 1)
+
+    first = profile(tmp_path, *run)
+    out = capsys.readouterr().out
+    assert "  compiling: step 1 waits for torch.compile" in out and f"compile cache {cache}:" not in out
+    assert first.times.compile_cache == "compiled; its cache saved for the next run"
+    wait_for_cache_writes()
+    assert [p.name for p in cache.parent.iterdir()] == [cache.name]  # training's file, and no other
+
+    second = profile(tmp_path, *run)
+    out = capsys.readouterr().out
+    loaded = re.search(rf"  compile cache {re.escape(str(cache))}: (\d+ MiB loaded \(\d+ inductor.*\))\n", out)
+    assert loaded, out
+    assert second.times.compile_cache == f"compile cache {loaded[1]}" and parts_of(out)[2] == second.times.compile_cache
+    assert "compile cache" in second.times.seconds  # its load and save, a part of their own
+
+
+def test_a_forward_profile_keeps_a_compile_cache_of_its_own():
+    """MODE=forward compiles the forward alone, without gradients: saved under training's name, it would replace the
+    graphs a training run (or a profile of its step) needs."""
+    cfg = load_config([*TINY, "train.compile=true", "device=cpu"], announce=None)
+    cpu = torch.device("cpu")
+    trained, forward = compile_cache_file(cfg, cpu, 1), compile_cache_file(cfg, cpu, 1, "forward")
+    assert trained.parent == forward.parent and trained.name.startswith("padded-") and trained != forward
+    assert forward.name.startswith("padded-forward-")
 
 
 def slowed(monkeypatch, owner, name: str, seconds: float) -> None:

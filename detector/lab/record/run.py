@@ -3,7 +3,7 @@ TensorBoard, the Traces tab), as typed, versioned dataclasses. One schema, check
 
     summary.json     ``ProfileRecord``: the run's facts, per region the spread of every measure over the
                      active steps (detector/lab/record/measures.py), each step's measures, the steps timed without
-                     the profiler, the machine's noise, the analysis' warnings
+                     the profiler, the machine's noise, the analysis' warnings, where the run's wall clock went
     extract.json.gz  beside it: each active step as the lab models it (steps.py)
 
 ``read_summary`` returns the record or raises ``RecordError``, one line naming the file and what is wrong in it (a
@@ -207,6 +207,40 @@ class LoaderFill:
         return cls(**counts, **times)
 
 
+FIRST_STEP = "first step"  # RunTimes' part that the compile cache's note goes with
+
+
+@dataclass
+class RunTimes:
+    """Where a profile run's wall clock went (detector/lab/profile.py): seconds by part, in the order the run first met
+    each, one part after the other (so they sum to the run's, its TensorBoard events and the lines it prints aside);
+    and what the first step found in the compiled step's cache (detector/train/speed.py), None where nothing
+    compiles."""
+
+    seconds: dict[str, float]
+    compile_cache: str | None = None
+
+    def describe(self) -> str:
+        """``..., first step 12.3 s (compile cache 5 MiB loaded), 19 more steps 0.9 s, profiler stop 4 ms, trace
+        written 2.1 s, ...``: every part, under 0.1 s in ms."""
+        parts = []
+        for name, seconds in self.seconds.items():
+            took = f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1e3:.0f} ms"
+            note = f" ({self.compile_cache})" if name == FIRST_STEP and self.compile_cache else ""
+            parts.append(f"{name} {took}{note}")
+        return ", ".join(parts)
+
+    @classmethod
+    def parse(cls, data, where: str) -> RunTimes:
+        """RecordError for no object, Damaged for a part whose time is none."""
+        need(data, dict, where)
+        seconds = need(data.get("seconds"), dict, f"{where}.seconds")
+        return cls(
+            {name: measure(value, f"{where}.seconds.{name}") for name, value in seconds.items()},
+            optional(data, "compile_cache", str, where),
+        )
+
+
 @dataclass
 class ProfileRecord:
     """summary.json of a `make profile` run."""
@@ -231,6 +265,7 @@ class ProfileRecord:
     config: dict = field(default_factory=dict)
     data: DataSource | None = None  # where its boxes came from; None in summaries written before data.boxes
     loader_fill: LoaderFill | None = None  # the loader before the first step; None in summaries written before it
+    times: RunTimes | None = None  # where the run's wall clock went; None in summaries written before it
     version: int = VERSION
     folder: Path | None = None  # where it was read from (not written)
     left_out: list[str] = field(default_factory=list)  # the damaged values' warnings, when it was read (not written)
@@ -351,7 +386,7 @@ class ProfileRecord:
             raise RecordError(f"{where}: per_step {why}: no profiled step to time the run by")
         timed, noise = data.get("timed"), data.get("noise")
         source = data.get("data")  # None in a summary written before data.boxes: the synthetic faces
-        fill = data.get("loader_fill")
+        fill, times = data.get("loader_fill"), data.get("times")
         return cls(
             strategy=strategy,
             mode=data["mode"],
@@ -373,6 +408,7 @@ class ProfileRecord:
             config=optional(data, "config", dict, where, {}),
             data=None if source is None else found.part(DataSource.parse, source, f"{where}: data"),
             loader_fill=None if fill is None else found.part(LoaderFill.parse, fill, f"{where}: loader_fill"),
+            times=None if times is None else found.part(RunTimes.parse, times, f"{where}: times"),
             left_out=found.warnings,
         )
 

@@ -39,6 +39,30 @@ def test_a_version_1_summary_is_converted_with_its_noise_unknown(run, tmp_path):
     assert record.noise is None and record.stats("step").median == read_summary(run).stats("step").median
 
 
+def test_the_runs_times_read_back_and_a_summary_written_before_them_reads_without(run, tmp_path):
+    data = json.loads((run / "summary.json").read_text())
+    del data["times"]  # written before the runs' parts were timed
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    assert read_summary(tmp_path).times is None and read_summary(tmp_path).left_out == []
+    seconds = {"model and optimizer": 0.4, "first step": 12.3, "3 more steps": 0.05, "trace written": 2.1}
+    data["times"] = {"seconds": seconds, "compile_cache": "compile cache 5 MiB loaded (5 inductor, 9 autotune)"}
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    record = read_summary(tmp_path)
+    assert record.times.describe() == (
+        "model and optimizer 0.4 s, first step 12.3 s (compile cache 5 MiB loaded (5 inductor, 9 autotune)), "
+        "3 more steps 50 ms, trace written 2.1 s"
+    )
+    write_summary(tmp_path, record)
+    assert read_summary(tmp_path).times == record.times
+    data["times"]["seconds"]["trace written"] = -1
+    (tmp_path / "summary.json").write_text(json.dumps(data))
+    record = read_summary(tmp_path)
+    assert record.times is None and record.left_out == [
+        f"{tmp_path / 'summary.json'}: times.seconds.trace written is -1, expected a finite number in [0, 1e15]: "
+        "times left out"
+    ]
+
+
 @pytest.mark.parametrize(
     "change, message",
     [
