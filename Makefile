@@ -116,10 +116,10 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 # long-training tests to `make test-all` (tests/conftest.py lists them); CI runs both.
 TEST_WORKERS ?= auto
 test: $(SETUP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(SETUP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # NPROC=N: N processes under torchrun, the step `make train NPROC=N` runs; each rank records its own run (<time>/rank<r>).
 profile: $(SETUP)

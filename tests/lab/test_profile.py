@@ -197,7 +197,7 @@ def test_a_starved_loader_is_flagged_in_the_card_and_compare_does_not_judge_its_
     # fed: a worker far ahead of a step of 200 ms (the tiny step's own few ms are near the loader's cost per batch,
     # which a machine busy with the rest of the suite stretches)
     slowed(monkeypatch, TrainStep, "__call__", 0.2)
-    run = ["device=cpu", "profile.active=5", "profile.timed=3"]
+    run = ["device=cpu", "profile.wait=1", "profile.warmup=1", "profile.active=5", "profile.timed=3"]
     fed = profile(tmp_path, *run, "profile.strategy=packed", "data.num_workers=1")
     out = capsys.readouterr().out
     assert fed.loader_paced() is None, fed.loader_paced()

@@ -209,7 +209,7 @@ def test_full_collections_are_counted_with_their_pauses_and_the_step_they_follow
         assert collections.count == 0
         gc.collect()
         step[0] = 9
-        junk = [[i] for i in range(2_000_000)]  # a far longer walk: the longest pause follows step 9
+        junk = [[i] for i in range(800_000)]  # a far longer walk: the longest pause follows step 9
         gc.collect()
         del junk
     gc.enable()
