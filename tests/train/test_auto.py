@@ -20,7 +20,9 @@ from detector.train.auto import Ranking
 from detector.train.choice import FASTER, MEDIAN, SMALLER, Candidate, Choice
 from detector.train.entry import run_training
 
-AUTO = ["train.strategy=auto", "train.steps=4", "train.auto_candidates=[padded,packed]"]
+# on the CPU on every machine: the times, the memory and the lines the tests read are the CPU's (a GPU's are
+# another test's to read)
+AUTO = ["device=cpu", "train.strategy=auto", "train.steps=4", "train.auto_candidates=[padded,packed]"]
 MIB = 2**20
 
 
@@ -215,7 +217,7 @@ def test_measuring_takes_a_small_share_of_a_long_run_and_fewer_steps_in_a_short_
 def test_without_named_candidates_the_rankings_first_that_train_here_are_timed(tmp_path, timings, odd):
     timings |= {name: ([3.0, 3.0, 3.0], None) for name in ("padded", "concat")} | {"packed": ([1.0, 1.0, 1.0], None)}
     ranked = Ranking(["gpu_only", "packed", "padded", "concat", "loop"], "a stub")
-    cfg = tiny_cfg(tmp_path, "train.strategy=auto", "train.steps=4")
+    cfg = tiny_cfg(tmp_path, "device=cpu", "train.strategy=auto", "train.steps=4")
     made = run_training(cfg, rank=lambda cfg, device: ranked)[0].auto
     assert [c.strategy for c in made.candidates] == ["packed", "padded", "concat"]  # gpu_only cannot train here
     assert (made.strategy, made.ranking) == ("packed", "the 3 first of a stub")
@@ -223,7 +225,14 @@ def test_without_named_candidates_the_rankings_first_that_train_here_are_timed(t
 
 def test_make_train_ranks_the_candidates_by_make_shapes_prediction(tmp_path, timings, capsys):
     path = bench_file(tmp_path, slots=16, batch=4, record_slots=True)  # padded and packed, packed predicted faster
-    overrides = [*TINY, "train.strategy=auto", "train.steps=4", f"train.out_dir={tmp_path}", f"bench.out={path}"]
+    overrides = [
+        *TINY,
+        "device=cpu",
+        "train.strategy=auto",
+        "train.steps=4",
+        f"train.out_dir={tmp_path}",
+        f"bench.out={path}",
+    ]
     assert cli.main(["train", *overrides]) == 0
     out = capsys.readouterr().out
     assert (
@@ -243,13 +252,13 @@ ERRORS = {
 @pytest.mark.parametrize("candidates", ERRORS)
 def test_a_candidate_that_cannot_train_here_is_one_line(tmp_path, odd, candidates):
     with pytest.raises(UserError) as err:
-        run_training(tiny_cfg(tmp_path, "train.strategy=auto", "train.steps=4", candidates))
+        run_training(tiny_cfg(tmp_path, "device=cpu", "train.strategy=auto", "train.steps=4", candidates))
     assert str(err.value).startswith(ERRORS[candidates]) and "\n" not in str(err.value), str(err.value)
     assert not (tmp_path / choice.KEPT_FOLDER).exists()  # nothing kept
 
 
 def test_no_candidate_is_one_line(tmp_path, odd):
-    cfg = tiny_cfg(tmp_path, "train.strategy=auto", "train.steps=4")
+    cfg = tiny_cfg(tmp_path, "device=cpu", "train.strategy=auto", "train.steps=4")
     with pytest.raises(UserError, match=r"^train.strategy=auto has no candidates: name them in train.auto_candidates"):
         run_training(cfg)
     with pytest.raises(UserError) as err:
@@ -261,7 +270,7 @@ def test_no_candidate_is_one_line(tmp_path, odd):
 
 
 def test_the_command_says_a_candidates_error_in_one_line(tmp_path, odd, capsys):
-    overrides = [*TINY, *AUTO[:2], "train.auto_candidates=[padded,gpu_only]", f"train.out_dir={tmp_path}"]
+    overrides = [*TINY, *AUTO[:3], "train.auto_candidates=[padded,gpu_only]", f"train.out_dir={tmp_path}"]
     assert cli.main(["train", *overrides]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "error: train.auto_candidates: gpu_only cannot train here: it needs a GPU", err
