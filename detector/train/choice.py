@@ -15,7 +15,6 @@ The record is kept in three places, each read back through ``read``:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import statistics
 from dataclasses import asdict, dataclass, field
@@ -26,13 +25,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.checked import RecordError, measure, measured, need, optional, read_json, versioned, write_atomically
 from detector.data.annotations import SYNTHETIC
+from detector.train.speed import digest, step_settings
 
 VERSION = 1
 KEPT_FOLDER = "strategy-auto"  # under train.out_dir, beside the compile cache's folder (train/speed.py)
 RUN_FILE = "strategy-auto.json"  # in the run folder
 CHOICE_BYTES = 2**20  # a few candidates of a few dozen steps: a few kB
-# train's settings that change the step a candidate is timed in (the loss aside): those of the compile cache's key
-STEP_KEYS = ("compile", "cuda_graphs", "channels_last", "fused_blocks", "fused_pool", "float8", "optimizer")
 # what the rules are called in the record, and said in the line
 FASTER, SMALLER, MEDIAN = "faster", "smaller peak memory", "faster median"
 
@@ -261,20 +259,9 @@ def settings_key(cfg: DictConfig, device: torch.device, world_size: int) -> dict
         stat = path.stat() if path.is_file() else None
         kind = cfg.data.boxes.partition(":")[0]
         data["boxes"] = [kind, str(path), stat.st_size if stat else None, stat.st_mtime_ns if stat else None]
-    return {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-        "torch": torch.__version__,
-        "world_size": world_size,
-        "autocast": cfg.autocast,
-        "model": OmegaConf.to_container(cfg.model),
-        "data": data,
-        "train": [cfg.train[k] for k in STEP_KEYS] + [cfg.train.grad_clip > 0, cfg.train.shard_optimizer],
-        "candidates": list(cfg.train.auto_candidates),
-    }
+    return step_settings(cfg, device, world_size) | {"data": data, "candidates": list(cfg.train.auto_candidates)}
 
 
 def kept_file(cfg: DictConfig, device: torch.device, world_size: int) -> Path:
     """``<train.out_dir>/strategy-auto/<digest of settings_key>.json``."""
-    key = settings_key(cfg, device, world_size)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cfg.train.out_dir) / KEPT_FOLDER / f"{digest}.json"
+    return Path(cfg.train.out_dir) / KEPT_FOLDER / f"{digest(settings_key(cfg, device, world_size))}.json"

@@ -98,16 +98,26 @@ def compile_caches() -> str:
 CACHE_FOLDER = "compile-cache"  # under train.out_dir: one file per configuration, machine kind and torch
 # what the first step waits for where it compiles: about a minute with cold caches, seconds with warm ones
 COMPILING = "torch.compile of the model, the optimizer's pass and Triton's kernels"
-CACHE_KEYS = (
-    "strategy",
-    "compile",
-    "cuda_graphs",
-    "channels_last",
-    "fused_blocks",
-    "fused_pool",
-    "float8",
-    "optimizer",
-)
+STEP_KEYS = ("compile", "cuda_graphs", "channels_last", "fused_blocks", "fused_pool", "float8", "optimizer")
+
+
+def step_settings(cfg: DictConfig, device: torch.device, world_size: int) -> dict:
+    """What the training step of ``cfg`` is built from, the loss and the batch aside: this GPU (or the device's
+    type), torch, the processes, autocast, the model and train's speed options. The compile cache's key and
+    train.strategy=auto's kept choice (train/choice.py) each add what else theirs depends on."""
+    return {
+        "torch": torch.__version__,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
+        "world_size": world_size,
+        "autocast": cfg.autocast,
+        "model": OmegaConf.to_container(cfg.model),
+        "train": [cfg.train[k] for k in STEP_KEYS] + [cfg.train.grad_clip > 0, cfg.train.shard_optimizer],
+    }
+
+
+def digest(key: dict) -> str:
+    """A file name's 16 hex digits for ``key`` (its JSON, keys sorted)."""
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def compile_cache_file(cfg: DictConfig, device: torch.device, world_size: int, mode: str = "train") -> Path | None:
@@ -119,20 +129,13 @@ def compile_cache_file(cfg: DictConfig, device: torch.device, world_size: int, m
     None where nothing compiles."""
     if not (cfg.train.compile or device.type == "cuda"):
         return None
-    key = {
-        "torch": torch.__version__,
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
-        "world_size": world_size,
-        "autocast": cfg.autocast,
-        "model": OmegaConf.to_container(cfg.model),
-        "data": [cfg.data.batch_size, cfg.data.image_size, cfg.data.max_boxes],
-        "train": [cfg.train[k] for k in CACHE_KEYS] + [cfg.train.grad_clip > 0, cfg.train.shard_optimizer],
-    }
+    key = step_settings(cfg, device, world_size)
+    key["train"] = [cfg.train.strategy, *key["train"]]  # the compiled loss (the compiled strategies') is the step's
+    key["data"] = [cfg.data.batch_size, cfg.data.image_size, cfg.data.max_boxes]
     name = cfg.train.strategy
     if mode != "train":  # training's key stays what it was: the files already written keep being found
         key["mode"], name = mode, f"{name}-{mode}"
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    return Path(cfg.train.out_dir) / CACHE_FOLDER / f"{name}-{digest}.bin"
+    return Path(cfg.train.out_dir) / CACHE_FOLDER / f"{name}-{digest(key)}.bin"
 
 
 def load_compile_cache(path: Path | None) -> str | None:
