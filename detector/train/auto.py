@@ -7,11 +7,14 @@ A run comes by its strategy in the first of these ways that applies (``choose``)
 1. resumed: an unfinished run of this configuration in the run folder continues with the strategy its checkpoint holds;
 2. kept: the choice of these settings in ``<train.out_dir>/strategy-auto/`` (choice.kept_file) is taken at once;
 3. measured: the candidates, ``train.auto_candidates`` or else the ``TOP`` strategies that the ranking puts first
-   among those that train here (neither unavailable, nor emulated, nor refused by the speed options), are each built
-   in a TrainStep seeded as the run's, given ``WARM`` steps of the run's first batches (the first compiles and is
-   waited for), then timed as `make profile` times its steps (``time_steps``: CUDA events on a GPU), with the step's
-   peak memory rise on a GPU. Each must compute the loss the first computes: auto chooses among ways of computing one
-   loss, not among losses. The fastest trains; where others' [q1–q3] overlap its, the rule of choice.decide.
+   among those that train here (neither unavailable, nor emulated, nor refused by the speed options), are timed in
+   one TrainStep built as the run builds it (``measure``: the model is compiled without the loss, so the candidates
+   share its compiled graphs and the step differs by the loss alone), its loss swapped for each in turn: ``WARM``
+   steps of the run's first batches in the candidate's layout (the first candidate's first compiles and is waited
+   for), then timed as `make profile` times its steps (``time_steps``: CUDA events on a GPU), with the step's peak
+   memory rise on a GPU. Each must compute, on the model's first prediction, the loss the first computes: auto
+   chooses among ways of computing one loss, not among losses. The fastest trains; where others' [q1–q3] overlap
+   its, the rule of choice.decide.
 
 The ranking is the command's (`make shapes`' prediction from the boxes' counts, detector/lab/shapes.py): the library
 imports no lab, so the command hands it in (``Rank``). Measuring is bounded: at most ``TIMED`` timed steps a
@@ -33,6 +36,7 @@ import torch
 from omegaconf import DictConfig
 
 from detector.checked import RecordError
+from detector.data import to_device
 from detector.device import device_name
 from detector.errors import UserError, said
 from detector.losses import get_strategy
@@ -40,7 +44,8 @@ from detector.train import choice as records
 from detector.train.batches import rank_loader
 from detector.train.checkpoint import fingerprint, same_run, saved_strategy
 from detector.train.choice import Candidate, Choice
-from detector.train.distributed import Control, DistEnv
+from detector.train.distributed import Control, DistEnv, count_valid, global_mean
+from detector.train.graphed import GraphedStep
 from detector.train.speed import speed_option_refusal
 from detector.train.step import TrainStep, time_steps
 
@@ -51,7 +56,7 @@ TIMED = 10  # timed steps a candidate, as make profile's profile.timed
 LEAST = 3  # a median and two quartiles
 SHARE = 0.02  # of the run's steps, that all the candidates' steps take at most where the run is long enough
 FILL_SECONDS = 10.0  # the wait for the loader's ring before the timed steps, as the profile's (its own is 30 s)
-AGREES = 1e-2  # relative: the first step's loss of two candidates; bf16 autocast and cuDNN's algorithms differ by less
+AGREES = 1e-2  # relative: two candidates' loss on one bf16 prediction; their own arithmetic differs by far less
 
 
 @dataclass
@@ -95,7 +100,7 @@ def choose(
         f"(candidates: {ranking})",
         flush=True,
     )
-    measured = {name: measure(cfg, name, device, env, timed) for name in names}
+    measured = measure(cfg, names, device, env, timed)
     left_out = [f"{name}: out of memory on {device}" for name, found in measured.items() if found is None]
     measured = [found for found in measured.values() if found is not None]
     if not measured:
@@ -204,38 +209,70 @@ def timed_steps(steps: int, count: int) -> int:
 
 
 def measure(
-    cfg: DictConfig, name: str, device: torch.device, env: DistEnv, timed: int
-) -> tuple[Candidate, float] | None:
-    """(candidate ``name`` timed in its own TrainStep over the run's first batches, its first step's loss); None where
-    the step runs out of the GPU's memory (padded's B·M slots over crowds). One line where it fails otherwise; its
-    step and batches freed after."""
-    chosen = with_strategy(cfg, name)
-    step = batches = None
+    cfg: DictConfig, names: list[str], device: torch.device, env: DistEnv, timed: int
+) -> dict[str, tuple[Candidate, float] | None]:
+    """{candidate: (its timed steps, its loss on the reference prediction)}: one TrainStep, built and compiled once as
+    the run builds it, its loss swapped for each candidate in turn (the model is compiled without the loss, so every
+    candidate runs the same compiled graphs: the step's time and memory differ by the loss alone), each over the run's
+    first batches in its own layout. None for a candidate whose step runs out of the GPU's memory (padded's B·M slots
+    over crowds). One line where a candidate fails otherwise; the step and its batches freed after."""
+    step = reference = None
+    found: dict[str, tuple[Candidate, float] | None] = {}
     try:
-        step = TrainStep(chosen, device, env.world_size)
-        loader = rank_loader(chosen.data, step.strategy.layout, device, env.rank, env.world_size, 0, WARM + timed)
-        batches = iter(loader)
-        first = step(next(batches)).item()  # compiles where the run compiles; waited for
-        for _ in range(WARM - 1):
-            step(next(batches))
-        step.strategy.nonfinite_gradient()
-        batches.fill(FILL_SECONDS)
-        step_ms, peak = time_candidate(step, batches, timed, device)
-    except torch.cuda.OutOfMemoryError:
-        return None
-    except Exception as err:  # a loss of the user's that raises (one line already), a kernel this device cannot run
-        what = said(err) if isinstance(err, UserError) else f"{type(err).__name__}: {said(err)}"
-        raise UserError(
-            f"train.strategy=auto: candidate {name} failed in the training step on {device}: {what}"
-        ) from err
+        step = TrainStep(with_strategy(cfg, names[0]), device, env.world_size)
+        for name in names:
+            step.strategy = get_strategy(name)
+            step.graph = GraphedStep(step) if cfg.train.cuda_graphs else None  # a graph holds the loss it captured
+            loader = rank_loader(cfg.data, step.strategy.layout, device, env.rank, env.world_size, 0, WARM + timed)
+            batches = iter(loader)
+            try:
+                first = next(batches)
+                if reference is None:  # the first candidate's first step compiles (waited for in it)
+                    reference = reference_prediction(step, first)
+                loss = candidate_loss(step, reference, first)
+                step(first)
+                for _ in range(WARM - 1):
+                    step(next(batches))
+                step.strategy.nonfinite_gradient()
+                batches.fill(FILL_SECONDS)
+                found[name] = Candidate(name, *time_candidate(step, batches, timed, device)), loss
+            except torch.cuda.OutOfMemoryError:
+                found[name] = None
+                step.optimizer.zero_grad(set_to_none=True)
+            except Exception as err:  # a loss of the user's that raises (one line already), a kernel this device lacks
+                what = said(err) if isinstance(err, UserError) else f"{type(err).__name__}: {said(err)}"
+                raise UserError(
+                    f"train.strategy=auto: candidate {name} failed in the training step on {device}: {what}"
+                ) from err
+            finally:
+                batches.close()
+                del loader, batches
+                free(device)
     finally:
-        if batches is not None:
-            batches.close()
-        del step, batches
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()  # the next candidate's model and optimizer take its place
-    return Candidate(name, step_ms, peak), first
+        del step, reference
+        free(device)
+    return found
+
+
+def free(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()  # the next candidate's step, then the run's own model and optimizer, take its place
+
+
+def reference_prediction(step: TrainStep, batch) -> torch.Tensor:
+    """The model's prediction for ``batch`` before any step, detached: every candidate's loss is computed on it."""
+    images, _ = to_device(batch, step.device)
+    with step.autocast:
+        return step.net(images).detach()
+
+
+def candidate_loss(step: TrainStep, pred: torch.Tensor, batch) -> float:
+    """The candidate's global mean loss on ``pred`` and its layout's targets of ``batch`` (the same samples for every
+    candidate), as the step computes it."""
+    _, targets = to_device(batch, step.device)
+    pred = pred.clone().requires_grad_()  # as the model's output is: a strategy may keep what its backward needs
+    return global_mean(step.strategy(pred, targets), count_valid(targets, step.device), step.world_size)[1].item()
 
 
 def time_candidate(step: TrainStep, batches, count: int, device: torch.device) -> tuple[list[float], int | None]:

@@ -33,6 +33,9 @@ RUN_FILE = "strategy-auto.json"  # in the run folder
 CHOICE_BYTES = 2**20  # a few candidates of a few dozen steps: a few kB
 # what the rules are called in the record, and said in the line
 FASTER, SMALLER, MEDIAN = "faster", "smaller peak memory", "faster median"
+# a peak rise within this factor of the least is as little: at seed scale the step's peak is the model's activations,
+# and the candidates' rises differ by kilobytes out of gigabytes, which must not decide
+MEMORY_ALIKE = 1.05
 
 
 @dataclass
@@ -192,7 +195,7 @@ def decide(candidates: list[Candidate]) -> tuple[str, str]:
         return group[0].strategy, FASTER
     if any(c.peak_rise_bytes is None for c in group):
         return group[0].strategy, MEDIAN
-    least = [c for c in group if c.peak_rise_bytes == min(c.peak_rise_bytes for c in group)]
+    least = [c for c in group if c.peak_rise_bytes <= MEMORY_ALIKE * min(c.peak_rise_bytes for c in group)]
     return min(least, key=lambda c: c.median).strategy, SMALLER if len(least) == 1 else MEDIAN
 
 
@@ -230,7 +233,11 @@ def memory_reason(best: Candidate, alike: list[Candidate]) -> str:
 def memory_alike(best: Candidate, alike: list[Candidate], device: str) -> str:
     """Why memory did not decide: not measured, or as little in several."""
     if best.peak_rise_bytes is not None and all(c.peak_rise_bytes is not None for c in alike):
-        return f"of those whose step's peak memory rise is least ({size(best.peak_rise_bytes)})"
+        least = min(c.peak_rise_bytes for c in [best, *alike])
+        rises = [c.peak_rise_bytes for c in [best, *alike] if c.peak_rise_bytes <= MEMORY_ALIKE * least]
+        low, high = size(min(rises)), size(max(rises))
+        span = low if low == high else f"{low} to {high}: within {MEMORY_ALIKE - 1:.0%} of the least"
+        return f"of those whose step's peak memory rise is least ({span})"
     return "as memory is not measured on the CPU" if device == "cpu" else "as memory was not measured"
 
 

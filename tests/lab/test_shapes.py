@@ -340,3 +340,19 @@ def test_names_from_files_come_out_escaped_in_the_shape_report():
     report.measured = Check(profile_dir=f"runs/{MARKUP_NAME}")  # no profile over this source: the command to make one
     page = rendered("\n".join(check_lines(report)))
     assert "<script" not in page and f"<code>make profile STRATEGY={SHOWN} BOXES=widerface:{SHOWN}</code>" in page
+
+
+@pytest.mark.parametrize("slow", [False, True])
+def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatch, slow):
+    calls, real = [], costs.loss_closures
+
+    def counted(strategy, pred, targets):
+        forward, forward_backward = real(strategy, pred, targets)
+        return forward, lambda: calls.append(1) or forward_backward()
+
+    monkeypatch.setattr(costs, "loss_closures", counted)
+    monkeypatch.setattr(costs, "SLOW_MS", 0.0 if slow else float("inf"))
+    ms = costs.loss_ms("padded", np.array([3, 0, 5]), 8, torch.device("cpu"))
+    assert ms > 0
+    # slow: the first call and the second, whose time it is; else one call, then the quick timing's warm-up and repeats
+    assert len(calls) == (2 if slow else 1 + costs.QUICK["warmup"] + costs.QUICK["repeats"])

@@ -194,6 +194,15 @@ def test_the_rule_of_the_choice():
         "padded — 1.1 [1.05–1.2] ms a step, not distinguishable from packed 1.2 [1.15–1.3], concat 1.15 [1.07–1.23] "
         "(the [q1–q3] overlap): the faster median, of those whose step's peak memory rise is least (2 MiB)"
     )
+    # overlapping, peaks within MEMORY_ALIKE of the least (the step's activations dwarf the loss's): as little
+    close = rows(padded=([1, 1.1, 1.3], 5000 * MIB), packed=([1.1, 1.2, 1.4], 4990 * MIB))
+    assert choice.decide(close) == ("padded", MEDIAN)
+    assert choice.reason(close, "padded", MEDIAN, "cuda") == (
+        "padded — 1.1 [1.05–1.2] ms a step, not distinguishable from packed 1.2 [1.15–1.3] (the [q1–q3] overlap): the "
+        "faster median, of those whose step's peak memory rise is least (4.87 GiB to 4.88 GiB: within 5% of the least)"
+    )
+    apart = rows(padded=([1, 1.1, 1.3], 5000 * MIB), packed=([1.1, 1.2, 1.4], 4000 * MIB))
+    assert choice.decide(apart) == ("packed", SMALLER)
     # overlapping, no memory (the CPU): the faster median, and the line says why
     cpu = rows(padded=([1.1, 1.2, 1.4], None), packed=([1, 1.1, 1.3], None), concat=([3, 3, 3], None))
     assert choice.decide(cpu) == ("packed", MEDIAN)
@@ -203,6 +212,27 @@ def test_the_rule_of_the_choice():
         "[q1–q3] overlap): the faster median, as memory is not measured on the CPU; against concat 3 [3–3]; 10 timed "
         "steps each; chosen in 1.2 s"
     )
+
+
+def test_the_candidates_share_one_step_built_and_compiled_once_and_one_prediction(tmp_path, timings, monkeypatch):
+    built, losses, real_step, real_loss = [], [], auto.TrainStep, auto.candidate_loss
+
+    def counted(*args, **kwargs):
+        built.append(args[0].train.strategy)
+        return real_step(*args, **kwargs)
+
+    def kept(step, pred, batch):
+        losses.append((step.strategy.name, pred))
+        return real_loss(step, pred, batch)
+
+    monkeypatch.setattr(auto, "TrainStep", counted)
+    monkeypatch.setattr(auto, "candidate_loss", kept)
+    made = run_training(tiny_cfg(tmp_path, *AUTO[:-1], "train.auto_candidates=[padded,packed,concat]"))[0].auto
+    assert built == ["padded"]  # one step for the three; the run then builds its own
+    assert [c.strategy for c in made.candidates] == ["padded", "packed", "concat"]
+    assert [name for name, _ in losses] == ["padded", "packed", "concat"]
+    assert all(pred is losses[0][1] for _, pred in losses)  # every loss on one prediction, before any step
+    assert not losses[0][1].requires_grad
 
 
 def test_measuring_takes_a_small_share_of_a_long_run_and_fewer_steps_in_a_short_one():

@@ -25,6 +25,7 @@ holds at other batches as long as the strategy allocates per slot and per box.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 from pathlib import Path
@@ -36,7 +37,7 @@ from detector.checked import RecordError
 from detector.data.targets import make_targets
 from detector.device import device_name
 from detector.lab.measure.cases import random_boxes, sample_counts
-from detector.lab.measure.timing import event_ms, loss_closures
+from detector.lab.measure.timing import event_ms, loss_closures, wall_ms
 from detector.lab.measure.trace import peak_rise, read_events
 from detector.lab.record import bench as bench_record
 from detector.lab.record.bench import LossCase
@@ -46,6 +47,9 @@ from detector.losses import STRATEGIES, get_strategy
 DISTRIBUTIONS = ("seed", "tail")  # bench losses' cases with the same slots and different boxes
 LARGEST_SLOTS = 4096  # the slot counts tried when telling a bench file's slots from its tail case
 QUICK = {"warmup": 2, "repeats": 7, "max_seconds": 1.0}  # the cheap timing: a few calls, at most ~1 s a case
+# a call this slow twice (the first may pay a kernel's compilation) is timed no more: it ranks far behind the
+# millisecond strategies already (loop: ~1.5 s a call at seed scale on an H100), and 3 more calls would cost seconds
+SLOW_MS = 200.0
 
 
 # ----------------------------------------------------------------------------- from bench losses' result file
@@ -123,6 +127,7 @@ def timed_here(names: list[str], counts: np.ndarray, slots: int, device: torch.d
         measured = f"batch {batch} x {slots} slots, 0 and {boxes:,} boxes"
         costs.append(Cost(name, empty / (batch * slots), per_box, measured))
         print(f"  {name:<18} {empty:9.3f} ms without boxes, {full:9.3f} ms with {boxes:,}", flush=True)
+    drawn_inputs.cache_clear()
     source = f"timed here on {device_name(device)}, torch {torch.__version__} ({why})"
     return Costs(source, costs)
 
@@ -131,19 +136,32 @@ def loss_inputs(name: str, counts: np.ndarray, slots: int, device: torch.device)
     """(strategy, pred, targets): random boxes, ``counts[b]`` in image b, in the strategy's layout; predictions
     requiring a gradient, bf16 on a GPU (what autocast emits) and fp32 on the CPU."""
     strategy = get_strategy(name)
-    generator = torch.Generator().manual_seed(len(counts))
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    pred, targets = drawn_inputs(tuple(counts.tolist()), slots, strategy.layout, dtype)
+    return strategy, pred.to(device, copy=True).requires_grad_(), targets.to(device)
+
+
+@functools.lru_cache(maxsize=8)
+def drawn_inputs(counts: tuple[int, ...], slots: int, layout: str, dtype: torch.dtype):
+    """The host's (pred, targets) of ``loss_inputs``, drawn once for every strategy of a layout (a batch of a
+    thousand images takes a tenth of a second to draw); the timings clear it when done."""
+    generator = torch.Generator().manual_seed(len(counts))
     boxes = random_boxes((len(counts), slots), generator, integer=True).to(torch.uint8)  # [B, M, 4]
-    targets = make_targets([boxes[b, :n] for b, n in enumerate(counts.tolist())], strategy.layout, slots)
+    targets = make_targets([boxes[b, :n] for b, n in enumerate(counts)], layout, slots)
     pred = (boxes.double() + torch.randn(boxes.shape, generator=generator, dtype=torch.float64)).to(dtype)
-    return strategy, pred.to(device).requires_grad_(), targets.to(device)
+    return pred, targets
 
 
 def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> float:
-    """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b."""
+    """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b; the second call's
+    alone where it and the first each took over SLOW_MS."""
     strategy, pred, targets = loss_inputs(name, counts, slots, device)
     _, forward_backward = loss_closures(strategy, pred, targets)
-    return event_ms(forward_backward, device, **QUICK).median
+    for _ in range(2):
+        once = wall_ms(forward_backward, device, warmup=0, repeats=1).median
+        if once < SLOW_MS:
+            return event_ms(forward_backward, device, **QUICK).median
+    return once
 
 
 # ----------------------------------------------------------------------------- memory
@@ -161,6 +179,7 @@ def memory_here(names: list[str], counts: np.ndarray, slots: int, device: torch.
         out.append(
             MemoryCost(name, empty / (batch * slots), per_box, f"batch {batch} x {slots} slots, 0 and {boxes:,} boxes")
         )
+    drawn_inputs.cache_clear()
     return out
 
 
