@@ -97,6 +97,10 @@ TEST_ALL = (
     "tests/board/test_browser.py",  # TensorBoard in headless Chromium
     "tests/board/test_traces_tab.py",
     "tests/board/test_traces_lanes.py",
+    # the evaluation's picture in TensorBoard's Images tab, in Chromium; make test keeps what is ours of it: the
+    # picture in the events at each evaluated step, no wider than the tab's card (test_export.py's
+    # test_each_evaluation_draws_its_predictions_into_tensorboard), laid out to be read at that size (test_pictures.py)
+    "tests/train/test_export.py::test_the_evaluations_picture_shows_in_tensorboards_images_tab",
     "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
     "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
     "tests/test_faults.py::test_kill_9",
