@@ -104,6 +104,10 @@ TEST_ALL = (
     "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
     "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
     "tests/test_faults.py::test_kill_9",
+    # kill -STOP of a worker of make train in a child process; make test keeps the stall named after the timeout and the
+    # stopped worker killed (test_loader.py's test_a_stopped_worker_is_named...) and a worker's failure as train's one
+    # line, exit status 2 and last checkpoint (test_faults.py's test_a_worker_that_raises_stops_the_run_in_one_line...)
+    "tests/test_faults.py::test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_timeout",
     "tests/test_faults.py::test_ctrl_c_is_one_line_exit_130_and_the_run_resumes",
     "tests/train/test_multinode.py",  # several processes over gloo
     "tests/train/test_launch.py",
