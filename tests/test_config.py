@@ -1,5 +1,6 @@
 """Configuration: every value checked at load, and every mistake one ConfigError line naming it."""
 
+import json
 import re
 import subprocess
 import sys
@@ -270,18 +271,36 @@ def test_preset_auto_is_the_cpus_for_a_run_on_the_cpu_and_says_why(monkeypatch):
     assert load_config([], announce=said.append).preset == "cpu" and said[0] == "preset: cpu (no GPU found)"
 
 
+# Each command as `python -m detector` runs it (its exit status: main's), one after the other in one process: its
+# exit status and what it said on stderr, one JSON list a command.
+EVERY_COMMAND = """
+import contextlib, io, json, sys
+from detector import cli
+said = []
+for command in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        status = cli.main(command)
+    said.append([status, err.getvalue()])
+print(json.dumps(said))
+"""
+
+
 def test_a_gpu_this_machine_lacks_is_refused_in_one_line_by_every_command(monkeypatch):
-    # the commands in processes of their own, the GPU hidden: in this one the CLI would set TRITON_INTERPRET=1 for
-    # the tests after it (the kernels then run in the interpreter on a GPU machine)
-    env = child_env(CUDA_VISIBLE_DEVICES="")
+    # the commands in a process of their own, the GPU hidden: in this one the CLI would set TRITON_INTERPRET=1 for
+    # the tests after it (the kernels then run in the interpreter on a GPU machine); one process for all of them,
+    # which imports torch once
     commands = (["train", "train.steps=1"], ["profile"], ["bench", "losses"])
-    runs = [
-        subprocess.Popen([sys.executable, "-m", "detector", *command, "device=cuda"], stderr=subprocess.PIPE, env=env)
-        for command in commands
-    ]
-    for command, run in zip(commands, runs, strict=True):
-        err = run.communicate(timeout=120)[1].decode().strip().splitlines()
-        assert run.returncode == 2 and "Traceback" not in "\n".join(err), (command, err)
+    argv = json.dumps([[*command, "device=cuda"] for command in commands])
+    env = child_env(CUDA_VISIBLE_DEVICES="")
+    done = subprocess.run(
+        [sys.executable, "-c", EVERY_COMMAND, argv], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = json.loads(done.stdout.strip().splitlines()[-1])
+    for command, (status, stderr) in zip(commands, said, strict=True):
+        err = stderr.strip().splitlines()
+        assert status == 2 and "Traceback" not in "\n".join(err), (command, err)
         assert err[-1].startswith("error: device=cuda: no CUDA device is available here"), (command, err)
         assert err[-1].endswith("; use device=cpu or auto"), (command, err)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

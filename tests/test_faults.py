@@ -5,6 +5,7 @@ leave a state that resumes."""
 import multiprocessing
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -361,13 +362,27 @@ def test_ctrl_c_of_any_command_is_one_line_and_exit_130(monkeypatch, capsys):
     assert capsys.readouterr().err == "interrupted\n"
 
 
+@pytest.fixture(scope="module")
+def stopped_once(tmp_path_factory):
+    """`train` of TINY's 6 steps stopped after step 3 (its checkpoint), trained once for the module: its out_dir."""
+    out = tmp_path_factory.mktemp("stopped")
+    assert cli.main(["train", *TINY, "train.steps=6", f"train.out_dir={out}", "train.stop_after=3"]) == 0
+    return out
+
+
+@pytest.fixture
+def stopped(stopped_once, tmp_path):
+    """``tmp_path`` holding a copy of that run (resume's checks ignore train.out_dir, a run control)."""
+    shutil.copytree(stopped_once, tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path
+
+
 @pytest.mark.parametrize("where", ["the data", "the checksums", "the manifest"])
-def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(tmp_path, monkeypatch, where, capsys):
+def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(stopped, tmp_path, monkeypatch, where, capsys):
     """The writer of step 6's save fails (a full disk, a kill) while DCP writes its files, while they are checksummed
     or while the manifest is replaced: the manifest still names step 3's checkpoint, which resumes; the run says what
     failed, in one line."""
-    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]
-    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]  # stopped: its run, stopped after step 3
     owner, name = {
         "the data": (checkpoint_files.Writer, "write_data"),
         "the checksums": (checkpoint_files, "file_entry"),
@@ -391,12 +406,13 @@ def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(tmp_path, monkeyp
 # ----------------------------------------------------------------------------- a thread's failure
 
 
-def test_a_full_disk_in_a_writer_thread_of_dcps_is_the_saves_line_and_no_traceback(tmp_path, monkeypatch, capsys):
+def test_a_full_disk_in_a_writer_thread_of_dcps_is_the_saves_line_and_no_traceback(
+    stopped, tmp_path, monkeypatch, capsys
+):
     """DCP writes a save's second file in a thread of its own, whose exception Python's hook printed as a traceback
     (`Exception in thread Thread-3 (_write_files_from_queue)`) while DCP carried on without its items. The save fails
     in the run's one line, naming its step and the checkpoint kept; --debug prints the thread's traceback too."""
-    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]
-    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]  # stopped: its run, stopped after step 3
     write = filesystem._write_files_from_queue
 
     def _write_files_from_queue(*args, **kwargs):  # the name Python gives DCP's thread, after its target
@@ -451,11 +467,10 @@ def test_tensorboards_writer_failing_in_its_thread_stops_the_run_in_one_line(tmp
     assert read_checkpoint(tmp_path / "default" / "padded")["step"] == kept
 
 
-def test_a_run_folder_tensorboard_may_not_write_in_is_a_path_not_bytes(tmp_path, monkeypatch, capsys):
+def test_a_run_folder_tensorboard_may_not_write_in_is_a_path_not_bytes(stopped, tmp_path, monkeypatch, capsys):
     """A resume into a folder made immutable (chattr +i): TensorBoard's writer, which names its file in bytes, failed
     in its thread with a traceback, and the line was `[Errno 1] Operation not permitted: b'.../events.out...'`."""
-    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]
-    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]  # stopped: its run, stopped after step 3
     folder = tmp_path / "default" / "padded"
 
     def refused(self, filename, content, mode):
@@ -472,11 +487,10 @@ def test_a_run_folder_tensorboard_may_not_write_in_is_a_path_not_bytes(tmp_path,
     ), line
 
 
-def test_tensorboards_writer_failing_as_a_save_fails_leaves_the_saves_line(tmp_path, monkeypatch, capsys):
+def test_tensorboards_writer_failing_as_a_save_fails_leaves_the_saves_line(stopped, tmp_path, monkeypatch, capsys):
     """A full disk fails the save, then TensorBoard's writer as the run closes it: its exception replaced the save's
     line with `error: [Errno 28] No space left on device`."""
-    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]
-    assert cli.main(["train", *run, "train.stop_after=3"]) == 0
+    run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]  # stopped: its run, stopped after step 3
 
     def full(*args, **kwargs):
         fail_tensorboard(monkeypatch, 0, OSError(28, "No space left on device"))  # from now on

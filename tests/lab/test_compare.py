@@ -221,25 +221,30 @@ def test_a_summary_that_cannot_be_compared_is_refused_in_one_line(tmp_path, caps
     assert reason in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(
-    "key, value, reason",
-    [
-        ("timed", "fast", "timed is str 'fast', expected an object"),
-        ("per_step", 3, "per_step is int 3, expected a list"),
-        ("noise", [1], "noise is list [1], expected an object"),
-        ("batch_size", "1024", "batch_size is str '1024', expected an integer"),
-    ],
-)
-def test_a_summary_of_wrong_types_is_skipped_with_its_reason_and_the_rest_compared(
-    tmp_path, capsys, key, value, reason
-):
+# a strategy's run whose summary holds a value of the wrong type: key, value, the reason it is skipped with
+WRONG_TYPES = {
+    "concat": ("timed", "fast", "timed is str 'fast', expected an object"),
+    "loop": ("per_step", 3, "per_step is int 3, expected a list"),
+    "packed": ("noise", [1], "noise is list [1], expected an object"),
+    "nested": ("batch_size", "1024", "batch_size is str '1024', expected an integer"),
+}
+
+
+def test_a_summary_of_wrong_types_is_skipped_with_its_reason_and_the_rest_compared(tmp_path, capsys):
+    """Each of the four summaries beside padded's (one compare for them all: its charts are the slow part) is skipped
+    with one warning naming its folder and its reason; padded alone is compared."""
     root = tmp_path / "profile"
     make_run(root, "padded", "20261122-031500")
-    bad = make_run(root, "concat", "20261122-031600")
-    edit_summary(bad, lambda summary: summary.update({key: value}))
+    bad = {}
+    for i, (strategy, (key, value, _)) in enumerate(WRONG_TYPES.items()):
+        bad[strategy] = make_run(root, strategy, f"20261122-03160{i}")
+        edit_summary(bad[strategy], lambda summary, key=key, value=value: summary.update({key: value}))
     report = run_compare(root, out_dir=tmp_path / "out").record
-    (warning,) = capsys.readouterr().err.strip().splitlines()
-    assert reason in warning and str(bad) in warning
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert len(warnings) == len(WRONG_TYPES), warnings
+    for strategy, (_, _, reason) in WRONG_TYPES.items():
+        (warning,) = [w for w in warnings if str(bad[strategy]) in w]
+        assert reason in warning and str(bad[strategy]) in warning
     assert report.modes["train"].labels == ["padded"]
 
 

@@ -6,6 +6,7 @@ import time
 
 import pytest
 import torch
+from conftest import REAL_SAMPLE_SECONDS
 from lab_helpers import TINY_PROFILE, make_run
 
 from detector import cli
@@ -15,6 +16,7 @@ from detector.data.targets import make_targets
 from detector.errors import UserError
 from detector.lab import profile as profiling
 from detector.lab.compare import run_compare
+from detector.lab.measure import cpu_load
 from detector.lab.measure.trace import read_events
 from detector.lab.present.text import run_card
 from detector.lab.record.measures import format_value
@@ -105,7 +107,8 @@ def parts_of(out: str) -> tuple[float, dict[str, float], str]:
     return float(total), parts, note[1] if note else ""
 
 
-def test_the_last_line_says_where_the_runs_time_went_part_by_part(tmp_path, capsys):
+def test_the_last_line_says_where_the_runs_time_went_part_by_part(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(cpu_load, "SAMPLE_SECONDS", REAL_SAMPLE_SECONDS)  # the samples' time, as a user's run takes
     started = time.perf_counter()
     record = profile(tmp_path, "profile.strategy=padded", "device=cpu", "profile.timed=3")
     took = time.perf_counter() - started

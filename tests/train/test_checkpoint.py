@@ -5,6 +5,7 @@ import builtins
 import json
 import os
 import pickle
+import shutil
 import sys
 import threading
 from pathlib import Path
@@ -26,10 +27,19 @@ def run_dir(tmp_path) -> Path:
     return tmp_path / "default" / "padded"
 
 
+@pytest.fixture(scope="module")
+def stopped_once(tmp_path_factory) -> Path:
+    """The run of ``stopped``, trained once for the module: its out_dir."""
+    out = tmp_path_factory.mktemp("stopped")
+    run_training(tiny_cfg(out, *RUN, "train.stop_after=3"))
+    return out
+
+
 @pytest.fixture
-def stopped(tmp_path) -> Path:
-    """A run stopped after its checkpoint of step 3: the folder a resume reads."""
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+def stopped(stopped_once, tmp_path) -> Path:
+    """A run stopped after its checkpoint of step 3: the folder a resume reads (a copy of the module's run, which
+    each test may damage as it likes)."""
+    shutil.copytree(stopped_once, tmp_path, symlinks=True, dirs_exist_ok=True)
     return run_dir(tmp_path)
 
 

@@ -5,6 +5,7 @@ import dataclasses
 import json
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -79,9 +80,23 @@ DAMAGES = [
 DAMAGES += ["manifest garbage", "manifest empty", "manifest edited", "manifest truncated"]
 
 
+@pytest.fixture(scope="module")
+def stopped_once(tmp_path_factory):
+    """A run of RUN stopped after its checkpoint of step 3, trained once for the module: its out_dir."""
+    out = tmp_path_factory.mktemp("stopped")
+    run_training(tiny_cfg(out, *RUN, "train.stop_after=3"))
+    return out
+
+
+@pytest.fixture
+def stopped(stopped_once, tmp_path):
+    """``tmp_path`` holding a copy of that run (resume's checks ignore train.out_dir, a run control), to damage."""
+    shutil.copytree(stopped_once, tmp_path, symlinks=True, dirs_exist_ok=True)
+    return tmp_path
+
+
 @pytest.mark.parametrize("how", DAMAGES)
-def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, how):
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(stopped, tmp_path, how):
     path = damage(run_dir(tmp_path), how)
     with pytest.raises(CheckpointError) as err:
         run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))
@@ -89,8 +104,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(tmp_path, h
     assert str(path) in message and "train.resume=false" in message and "\n" not in message, message
 
 
-def test_an_intact_checkpoint_reads_back(tmp_path):
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+def test_an_intact_checkpoint_reads_back(stopped, tmp_path):
     state = read_checkpoint(run_dir(tmp_path))
     assert state["step"] == 3 and len(state["losses"]) == 3
 

@@ -9,7 +9,10 @@ import sys
 import pytest
 from conftest import child_env
 
-# One process, a gloo group of 1; after teardown, the names of the gloo threads left (there must be none).
+# One process; for each holder named, a gloo group of 1, torn down while that holds it; after each teardown, the names
+# of the gloo threads left (there must be none). One process for all the holders (torch imported once): dynamo comes
+# last, whose point is its first import after the group is made.
+HOLDERS = ["nothing", "mesh", "dynamo"]
 SCRIPT = """
 import sys, tempfile, time
 sys.path.insert(0, "tests")
@@ -18,40 +21,50 @@ import torch.distributed as dist
 distributed.before_groups()  # as make train's setup does before it makes its group
 from train_helpers import gloo_threads
 
-with tempfile.TemporaryDirectory() as out:
-    dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=0, world_size=1)
-    # gloo's threads name themselves once running, so under load the names come a moment after the group does
-    deadline = time.monotonic() + 10
-    while not gloo_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert gloo_threads(), "gloo started no threads in 10 s: this test would prove nothing"
-    held = []
-    if "mesh" in sys.argv:  # a mesh that outlives the run, as the caches keep FSDP2's
-        from torch.distributed.device_mesh import DeviceMesh
-        held.append(DeviceMesh.from_group(dist.group.WORLD, "cpu"))
-    if "dynamo" in sys.argv:  # first imported now, as torch.compile's first compile imports it
-        import torch._dynamo
-    distributed.teardown(distributed.DistEnv(owns_group=True))
-    # the group's destruction asks its threads to end; under load they take a moment to be scheduled and go, as they
-    # took one to come: the test is that they end, not how soon (a group still held keeps them for good)
-    deadline = time.monotonic() + 10
-    while gloo_threads() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    print(gloo_threads())
+held = []  # what each holder holds outlives its run, as the caches keep FSDP2's
+for holder in sys.argv[1:]:
+    with tempfile.TemporaryDirectory() as out:
+        dist.init_process_group("gloo", init_method=f"file://{out}/rendezvous", rank=0, world_size=1)
+        # gloo's threads name themselves once running, so under load the names come a moment after the group does
+        deadline = time.monotonic() + 10
+        while not gloo_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert gloo_threads(), "gloo started no threads in 10 s: this test would prove nothing"
+        if holder == "mesh":  # a mesh that outlives the run
+            from torch.distributed.device_mesh import DeviceMesh
+            held.append(DeviceMesh.from_group(dist.group.WORLD, "cpu"))
+        if holder == "dynamo":  # first imported now, as torch.compile's first compile imports it
+            assert "torch._dynamo" not in sys.modules, "torch._dynamo was imported before: this would prove nothing"
+            import torch._dynamo
+        distributed.teardown(distributed.DistEnv(owns_group=True))
+        # the group's destruction asks its threads to end; under load they take a moment to be scheduled and go, as
+        # they took one to come: the test is that they end, not how soon (a group still held keeps them for good)
+        deadline = time.monotonic() + 10
+        while gloo_threads() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        print(f"{holder}: {gloo_threads()}", flush=True)
 """
 
 
-@pytest.mark.parametrize("holder", ["nothing", "mesh", "dynamo"])
-def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it(holder):
+@pytest.fixture(scope="module")
+def threads_left():
+    """The child's lines, one a holder: ``holder: [names of the gloo threads left]``."""
     done = subprocess.run(
-        [sys.executable, "-c", SCRIPT, holder],
+        [sys.executable, "-c", SCRIPT, *HOLDERS],
         capture_output=True,
         text=True,
         timeout=120,
         env=child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"),
     )
+    return done, dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.split(": ")[0] in HOLDERS)
+
+
+@pytest.mark.parametrize("holder", HOLDERS)
+def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it(holder, threads_left):
+    done, left = threads_left
+    assert holder in left, (done.returncode, done.stdout, done.stderr[-2000:])  # its run ended with its line
+    assert left[holder] == "[]", done.stdout
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().splitlines()[-1] == "[]", done.stdout
 
 
 @pytest.mark.parametrize(

@@ -97,8 +97,9 @@ class LoadMeter:
         self.own = (own1 - own0) / (t1 - t0)
         return max(0.0, ((all1 - all0) - (own1 - own0)) / (t1 - t0))
 
-    def sample(self, seconds: float = SAMPLE_SECONDS) -> float | None:
-        """The other processes' load over the next ``seconds`` (this process sleeps meanwhile)."""
+    def sample(self, seconds: float | None = None) -> float | None:
+        """The other processes' load over the next ``seconds`` (by default SAMPLE_SECONDS, read as it samples; this
+        process sleeps meanwhile)."""
         self.start()
-        time.sleep(seconds)
+        time.sleep(SAMPLE_SECONDS if seconds is None else seconds)
         return self.stop()
