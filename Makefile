@@ -115,11 +115,13 @@ $(VENV)/.installed: pyproject.toml $(wildcard setup.py) $(wildcard extensions/*)
 # The suite in parallel on every core (pytest-xdist): `make test` leaves the browser, multi-process, end-to-end and
 # long-training tests to `make test-all` (tests/conftest.py lists them); CI runs both.
 TEST_WORKERS ?= auto
+# PYTHONDONTWRITEBYTECODE= : pytest keeps the test modules it rewrites (their asserts) in __pycache__, where a shell
+# that sets it (some containers do) makes every worker rewrite them all again at each start, about 3 s of each
 test: $(SETUP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow" $(PYTEST_ARGS)
 
 test-all: $(SETUP)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
+	PYTHONDONTWRITEBYTECODE= $(PY) -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 # NPROC=N: N processes under torchrun, the step `make train NPROC=N` runs; each rank records its own run (<time>/rank<r>).
 profile: $(SETUP)
