@@ -46,9 +46,9 @@ for holder in sys.argv[1:]:
 """
 
 
-@pytest.fixture(scope="module")
-def threads_left():
-    """The child's lines, one a holder: ``holder: [names of the gloo threads left]``."""
+def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it():
+    """One test for the holders, not one a holder: they share one child process, which a test each would start again
+    on each worker that drew one. Each holder's assertions say which it is."""
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT, *HOLDERS],
         capture_output=True,
@@ -56,14 +56,11 @@ def threads_left():
         timeout=120,
         env=child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1"),
     )
-    return done, dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.split(": ")[0] in HOLDERS)
-
-
-@pytest.mark.parametrize("holder", HOLDERS)
-def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it(holder, threads_left):
-    done, left = threads_left
-    assert holder in left, (done.returncode, done.stdout, done.stderr[-2000:])  # its run ended with its line
-    assert left[holder] == "[]", done.stdout
+    # the child's lines, one a holder: ``holder: [names of the gloo threads left]``
+    left = dict(line.split(": ", 1) for line in done.stdout.splitlines() if line.split(": ")[0] in HOLDERS)
+    for holder in HOLDERS:
+        assert holder in left, (holder, done.returncode, done.stdout, done.stderr[-2000:])  # its run ended
+        assert left[holder] == "[]", (holder, done.stdout)
     assert done.returncode == 0, done.stderr[-2000:]
 
 
