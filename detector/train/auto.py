@@ -255,9 +255,11 @@ def measure(
 
 
 def free(device: torch.device) -> None:
-    gc.collect()
+    """A GPU's memory of what was freed back to the device: the next candidate's step, then the run's own model and
+    optimizer, take its place (the CPU's tensors go with their last reference)."""
     if device.type == "cuda":
-        torch.cuda.empty_cache()  # the next candidate's step, then the run's own model and optimizer, take its place
+        gc.collect()  # what a reference cycle holds (a traceback's frames, a compiled graph's) freed now
+        torch.cuda.empty_cache()
 
 
 def reference_prediction(step: TrainStep, batch) -> torch.Tensor:
