@@ -69,7 +69,19 @@ def start_line(out: str) -> str:
 # ----------------------------------------------------------------------------- the choice
 
 
-def test_auto_times_its_candidates_in_the_step_and_trains_as_a_run_of_the_fastest(tmp_path, timings, capsys):
+@pytest.fixture
+def one_thread():
+    """The CPU's kernels on one thread: two runs of one state then compute the same losses to the last bit (on several
+    threads a reduction's order, and its rounding, may differ from run to run)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def test_auto_times_its_candidates_in_the_step_and_trains_as_a_run_of_the_fastest(
+    tmp_path, timings, capsys, one_thread
+):
     timings |= {"padded": ([5.0, 5.1, 5.2], None), "packed": ([2.0, 2.1, 2.2], None)}
     result = run_training(tiny_cfg(tmp_path / "auto", *AUTO))[0]
     out = capsys.readouterr().out
