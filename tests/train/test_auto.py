@@ -69,19 +69,7 @@ def start_line(out: str) -> str:
 # ----------------------------------------------------------------------------- the choice
 
 
-@pytest.fixture
-def one_thread():
-    """The CPU's kernels on one thread: two runs of one state then compute the same losses to the last bit (on several
-    threads a reduction's order, and its rounding, may differ from run to run)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def test_auto_times_its_candidates_in_the_step_and_trains_as_a_run_of_the_fastest(
-    tmp_path, timings, capsys, one_thread
-):
+def test_auto_times_its_candidates_in_the_step_and_trains_as_a_run_of_the_fastest(tmp_path, timings, capsys):
     timings |= {"padded": ([5.0, 5.1, 5.2], None), "packed": ([2.0, 2.1, 2.2], None)}
     result = run_training(tiny_cfg(tmp_path / "auto", *AUTO))[0]
     out = capsys.readouterr().out
@@ -106,7 +94,7 @@ def test_auto_times_its_candidates_in_the_step_and_trains_as_a_run_of_the_fastes
     ]
     assert (made.timed_steps, made.warm_steps, made.short_run, made.device) == (3, 2, True, "cpu")
     # the run builds its own step from the seed: it trains as a run of the chosen strategy does
-    named = run_training(tiny_cfg(tmp_path / "named", "train.strategy=packed", "train.steps=4"))[0]
+    named = run_training(tiny_cfg(tmp_path / "named", AUTO[0], "train.strategy=packed", "train.steps=4"))[0]
     torch.testing.assert_close(torch.tensor(result.losses), torch.tensor(named.losses), rtol=1e-6, atol=0)
     assert named.auto is None
 
