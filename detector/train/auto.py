@@ -227,7 +227,7 @@ def measure(
             batches = iter(loader)
             try:
                 first = next(batches)
-                if reference is None:  # the first candidate's first step compiles (waited for in it)
+                if reference is None:  # the model's first forward: it compiles where the run compiles
                     reference = reference_prediction(step, first)
                 loss = candidate_loss(step, reference, first)
                 step(first)
@@ -291,8 +291,8 @@ def time_candidate(step: TrainStep, batches, count: int, device: torch.device) -
 
 
 def agree(measured: list[tuple[Candidate, float]], device: torch.device) -> None:
-    """Every candidate's first-step loss is finite and the first candidate's, within AGREES: the same model on the
-    same batch computes one loss, whichever way. One line naming the first that does not."""
+    """Every candidate's loss on the reference prediction is finite and the first candidate's, within AGREES: one
+    prediction and one batch make one loss, whichever way it is computed. One line naming the first that does not."""
     (base, expected), *others = measured
     for candidate, loss in [(base, expected), *others]:
         if not torch.isfinite(torch.tensor(loss)):
