@@ -192,29 +192,35 @@ def test_what_was_left_out_is_not_written_back(tmp_path):
     assert "left_out" not in again and again["step_ms"] is None and summary.read(tmp_path).left_out == []
 
 
-def test_full_collections_are_counted_with_their_pauses_and_the_step_they_followed():
+def test_full_collections_are_counted_with_their_pauses_and_the_step_they_followed(monkeypatch):
     """The interpreter's full collections within the steps (wallclock.FullCollections): each counted, timed, the
-    longest with its step; the younger generations' collections are not full ones; none, no line."""
+    longest with its step; the younger generations' collections are not full ones; none, no line. The pauses are the
+    test's (a clock read at each collection's start and end): a loaded machine's would order nothing."""
     import gc
+    import types
 
+    from detector.train import wallclock
     from detector.train.wallclock import FullCollections
 
+    readings = iter([10.0, 10.1, 20.0, 20.5])  # the first full collection pauses 0.1 s, the second 0.5 s
+    monkeypatch.setattr(wallclock, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))
     step = [3]
-    gc.collect()  # the garbage so far: the first collection below walks the living objects alone
-    gc.disable()  # the collections the test makes alone, none the allocations below would trigger
-    with FullCollections(lambda: step[0]) as collections:
-        assert collections.line() is None
-        gc.collect(0)
-        gc.collect(1)
-        assert collections.count == 0
-        gc.collect()
-        step[0] = 9
-        junk = [[i] for i in range(800_000)]  # a far longer walk: the longest pause follows step 9
-        gc.collect()
-        del junk
-    gc.enable()
+    gc.disable()  # the collections the test makes alone
+    try:
+        with FullCollections(lambda: step[0]) as collections:
+            assert collections.line() is None
+            gc.collect(0)
+            gc.collect(1)
+            assert collections.count == 0
+            gc.collect()
+            step[0] = 9
+            gc.collect()  # the longer pause: it follows step 9
+    finally:
+        gc.enable()
     assert collections.count == 2 and collections.after == 9
     assert 0 < collections.longest <= collections.seconds
+    assert (collections.longest, collections.seconds) == pytest.approx((0.5, 0.6))
     assert collections.line().startswith("garbage collection: 2 full collections of the interpreter's objects")
+    assert collections.line().endswith("0.60 s in all (the longest 0.50 s, after step 9)")
     gc.collect()
     assert collections.count == 2  # the callback left with the block
