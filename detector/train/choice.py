@@ -195,8 +195,14 @@ def decide(candidates: list[Candidate]) -> tuple[str, str]:
         return group[0].strategy, FASTER
     if any(c.peak_rise_bytes is None for c in group):
         return group[0].strategy, MEDIAN
-    least = [c for c in group if c.peak_rise_bytes <= MEMORY_ALIKE * min(c.peak_rise_bytes for c in group)]
+    least = least_memory(group)
     return min(least, key=lambda c: c.median).strategy, SMALLER if len(least) == 1 else MEDIAN
+
+
+def least_memory(group: list[Candidate]) -> list[Candidate]:
+    """The candidates of ``group`` whose step's peak rise is within MEMORY_ALIKE of the least (each one measured)."""
+    least = min(c.peak_rise_bytes for c in group)
+    return [c for c in group if c.peak_rise_bytes <= MEMORY_ALIKE * least]
 
 
 def tied(candidates: list[Candidate]) -> list[Candidate]:
@@ -233,8 +239,7 @@ def memory_reason(best: Candidate, alike: list[Candidate]) -> str:
 def memory_alike(best: Candidate, alike: list[Candidate], device: str) -> str:
     """Why memory did not decide: not measured, or as little in several."""
     if best.peak_rise_bytes is not None and all(c.peak_rise_bytes is not None for c in alike):
-        least = min(c.peak_rise_bytes for c in [best, *alike])
-        rises = [c.peak_rise_bytes for c in [best, *alike] if c.peak_rise_bytes <= MEMORY_ALIKE * least]
+        rises = [c.peak_rise_bytes for c in least_memory([best, *alike])]
         low, high = size(min(rises)), size(max(rises))
         span = low if low == high else f"{low} to {high}: within {MEMORY_ALIKE - 1:.0%} of the least"
         return f"of those whose step's peak memory rise is least ({span})"
