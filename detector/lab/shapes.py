@@ -131,8 +131,9 @@ def histogram(counts: np.ndarray, slots: int) -> list[tuple[int, int, int]]:
 # ----------------------------------------------------------------------------- the prediction
 
 
-def find_costs(cfg: DictConfig, kept: np.ndarray, device) -> Costs:
-    """bench losses' result file of this device, else a cheap timing here on a batch of the data's counts."""
+def find_costs(cfg: DictConfig, kept: np.ndarray, device, empty: bool = True) -> Costs:
+    """bench losses' result file of this device, else a cheap timing here on a batch of the data's counts (and, with
+    ``empty``, on the batch with no box: the slots' and the boxes' costs apart, for a prediction at other shapes)."""
     path = Path(cfg.bench.out).parent / "losses.json"
     found, why = costing.from_bench(path, device_name(device), cfg.data.batch_size, cfg.data.max_boxes)
     if found:
@@ -141,7 +142,7 @@ def find_costs(cfg: DictConfig, kept: np.ndarray, device) -> Costs:
         return found
     names, left = costing.quick_strategies(list(cfg.bench.strategies), device)
     batch = np.random.default_rng(cfg.data.seed).choice(kept, size=cfg.data.batch_size)  # a batch of the data
-    timed = costing.timed_here(names, batch, cfg.data.max_boxes, device, why)
+    timed = costing.timed_here(names, batch, cfg.data.max_boxes, device, why, empty)
     if left:
         timed.source += f"; not timed: {', '.join(left)} (compiled, emulated or unavailable here: bench.strategies)"
     return timed
@@ -188,10 +189,11 @@ def cost_sum(cost: Cost, slots: int, boxes: float) -> str:
 
 def auto_ranking(cfg: DictConfig, device) -> Ranking:
     """train.strategy=auto's ranking (detector/train/auto.py, which `make train` hands it to): the strategies by the
-    loss ms this report predicts for the run's boxes, the fastest first."""
+    loss ms this report predicts for the run's boxes, the fastest first: timed at the run's shape alone, which is all
+    the ranking predicts at."""
     kept = np.minimum(box_counts(cfg.data), cfg.data.max_boxes)
     shape = batch_shape(cfg.data, kept)
-    costs = find_costs(cfg, kept, device)
+    costs = find_costs(cfg, kept, device, empty=False)
     return ranking(cfg.data, costs, predict(costs.costs, shape.slots, shape.boxes))
 
 

@@ -26,6 +26,7 @@ strategy would.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gc
 import time
 from collections.abc import Callable
@@ -100,7 +101,7 @@ def choose(
         f"(candidates: {ranking})",
         flush=True,
     )
-    measured = measure(cfg, names, device, env, timed)
+    measured, first_call = measure(cfg, names, device, env, timed, say)
     left_out = [f"{name}: out of memory on {device}" for name, found in measured.items() if found is None]
     measured = [found for found in measured.values() if found is not None]
     if not measured:
@@ -117,6 +118,7 @@ def choose(
         short_run=timed < TIMED,
         seconds=time.perf_counter() - started,
         ranking_seconds=planned if rank is not None and not cfg.train.auto_candidates else 0.0,
+        compile_seconds=first_call,
         device=device_name(device),
         torch=torch.__version__,
         left_out=left_out,
@@ -209,36 +211,48 @@ def timed_steps(steps: int, count: int) -> int:
 
 
 def measure(
-    cfg: DictConfig, names: list[str], device: torch.device, env: DistEnv, timed: int
-) -> dict[str, tuple[Candidate, float] | None]:
-    """{candidate: (its timed steps, its loss on the reference prediction)}: one TrainStep, built and compiled once as
-    the run builds it, its loss swapped for each candidate in turn (the model is compiled without the loss, so every
-    candidate runs the same compiled graphs: the step's time and memory differ by the loss alone), each over the run's
-    first batches in its own layout. None for a candidate whose step runs out of the GPU's memory (padded's B·M slots
-    over crowds). One line where a candidate fails otherwise; the step and its batches freed after."""
+    cfg: DictConfig, names: list[str], device: torch.device, env: DistEnv, timed: int, say=print
+) -> tuple[dict[str, tuple[Candidate, float] | None], float]:
+    """({candidate: (its timed steps, its loss on the reference prediction)}, the seconds of the step's first call):
+    one TrainStep, built and compiled once as the run builds it, its loss swapped for each candidate in turn (the
+    model is compiled without the loss, so every candidate runs the same compiled graphs: the step's time and memory
+    differ by the loss alone), each over the run's first batches in its own layout. Every candidate's batches are
+    drawn while the model builds and compiles (``candidate_batches``): the candidates wait for no loader. None for a
+    candidate whose step runs out of the GPU's memory (padded's B·M slots over crowds). One line where a candidate
+    fails otherwise; the step and its batches freed after."""
     step = reference = None
     found: dict[str, tuple[Candidate, float] | None] = {}
+    drawn = {}
+    first_call = 0.0
     try:
+        for name in names:
+            drawn[name] = candidate_batches(cfg, name, device, env, WARM + timed)
         step = TrainStep(with_strategy(cfg, names[0]), device, env.world_size)
         for name in names:
+            started = time.perf_counter()
             step.strategy = get_strategy(name)
             step.graph = GraphedStep(step) if cfg.train.cuda_graphs else None  # a graph holds the loss it captured
-            loader = rank_loader(cfg.data, step.strategy.layout, device, env.rank, env.world_size, 0, WARM + timed)
-            batches = iter(loader)
+            batches = drawn[name]
             try:
                 first = next(batches)
                 if reference is None:  # the model's first forward: it compiles where the run compiles
                     reference = reference_prediction(step, first)
                 loss = candidate_loss(step, reference, first)
                 step(first)
+                if not first_call:  # the step's first call: its compile, which the run's own first step then skips
+                    synchronize(device)
+                    first_call = time.perf_counter() - started
                 for _ in range(WARM - 1):
                     step(next(batches))
                 step.strategy.nonfinite_gradient()
                 batches.fill(FILL_SECONDS)
-                found[name] = Candidate(name, *time_candidate(step, batches, timed, device)), loss
+                candidate = Candidate(name, *time_candidate(step, batches, timed, device))
+                found[name] = candidate, loss
+                say(f"  {name:<18} {candidate.times()} ms a step, {time.perf_counter() - started:.1f} s", flush=True)
             except torch.cuda.OutOfMemoryError:
                 found[name] = None
                 step.optimizer.zero_grad(set_to_none=True)
+                say(f"  {name:<18} out of memory on {device}", flush=True)
             except Exception as err:  # a loss of the user's that raises (one line already), a kernel this device lacks
                 what = said(err) if isinstance(err, UserError) else f"{type(err).__name__}: {said(err)}"
                 raise UserError(
@@ -246,12 +260,29 @@ def measure(
                 ) from err
             finally:
                 batches.close()
-                del loader, batches
                 free(device)
     finally:
-        del step, reference
+        for batches in drawn.values():
+            batches.close()
+        del step, reference, drawn
         free(device)
-    return found
+    return found, first_call
+
+
+def candidate_batches(cfg: DictConfig, name: str, device: torch.device, env: DistEnv, count: int):
+    """The run's first ``count`` batches in candidate ``name``'s layout, their workers started now: a ring of a slot
+    a batch (of workers no more than batches), so that every batch is drawn and waits while the step is built and
+    compiled, and no worker draws while a candidate is timed."""
+    loader = rank_loader(cfg.data, get_strategy(name).layout, device, env.rank, env.world_size, 0, count)
+    loader = dataclasses.replace(loader, workers=min(loader.workers, count), slots=count)
+    batches = iter(loader)
+    batches.started()
+    return batches
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def free(device: torch.device) -> None:

@@ -47,7 +47,7 @@ from detector.lab.record.shapes import (
     read_shapes,
 )
 from detector.lab.record.spread import Spread
-from detector.lab.shapes import histogram, predict, run_shapes
+from detector.lab.shapes import auto_ranking, histogram, predict, run_shapes
 
 SLOTS, BATCH = 32, 16
 
@@ -356,3 +356,22 @@ def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatc
     assert ms > 0
     # slow: the first call and the second, whose time it is; else one call, then the quick timing's warm-up and repeats
     assert len(calls) == (2 if slow else 1 + costs.QUICK["warmup"] + costs.QUICK["repeats"])
+
+
+def test_auto_s_ranking_times_each_strategy_once_at_the_run_s_shape(tmp_path, dataset, monkeypatch):
+    counts, source = dataset
+    timed, fake = [], {"padded": 3.0, "packed": 1.0, "concat": 2.0}
+
+    def loss_ms(name, batch, slots, device):
+        timed.append((name, int(batch.sum())))
+        return fake[name]
+
+    monkeypatch.setattr(costs, "loss_ms", loss_ms)
+    cfg = shapes_config(tmp_path, source, "bench.strategies=[padded,packed,concat]")
+    ranked = auto_ranking(cfg, torch.device("cpu"))
+    # no bench file: each strategy timed once, on a batch of the data's counts (no empty batch: the ranking predicts
+    # at this shape alone), and ranked by that time
+    assert [name for name, _ in timed] == ["padded", "packed", "concat"]
+    assert len({boxes for _, boxes in timed}) == 1 and timed[0][1] > 0
+    assert ranked.strategies == ["packed", "concat", "padded"]
+    assert "from a timing here" in ranked.source

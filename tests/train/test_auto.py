@@ -76,7 +76,8 @@ def test_auto_times_its_candidates_in_the_step_and_trains_as_a_run_of_the_fastes
     assert "strategy auto: timing padded, packed in the training step, 2 warm-up and 3 timed steps each " in out
     assert re.fullmatch(
         r"strategy auto: packed — 2.1 \[2.05–2.15\] ms a step against padded 5.1 \[5.05–5.15\]; 3 timed steps each "
-        r"\(fewer: a short run\); chosen in \d+\.\d s",
+        r"\(fewer: a short run\); chosen in \d+\.\d s: \d+\.\d s the step's first call \(its compile, which a run "
+        r"pays anyway\), \d+\.\d s timing",
         start_line(out),
     ), start_line(out)
     assert out.index("strategy auto: packed") < out.index("training auto ")  # said before the run starts
@@ -212,6 +213,13 @@ def test_the_rule_of_the_choice():
         "[q1–q3] overlap): the faster median, as memory is not measured on the CPU; against concat 3 [3–3]; 10 timed "
         "steps each; chosen in 1.2 s"
     )
+    # what choosing cost, in its parts: the ranking's timing, the step's first call (its compile), the rest
+    made.seconds, made.ranking_seconds, made.compile_seconds = 47.3, 4.1, 35.2
+    assert made.line().endswith(
+        "chosen in 47.3 s: 4.1 s ranking, 35.2 s the step's first call (its compile, which a run pays anyway), 8.0 s "
+        "timing"
+    )
+    assert choice.Choice.parse(made.to_json(), "x").compile_seconds == 35.2
 
 
 def test_the_candidates_share_one_step_built_and_compiled_once_and_one_prediction(tmp_path, timings, monkeypatch):
@@ -233,6 +241,24 @@ def test_the_candidates_share_one_step_built_and_compiled_once_and_one_predictio
     assert [name for name, _ in losses] == ["padded", "packed", "concat"]
     assert all(pred is losses[0][1] for _, pred in losses)  # every loss on one prediction, before any step
     assert not losses[0][1].requires_grad
+
+
+def test_every_candidates_batches_are_drawn_while_the_step_is_built_and_compiles(tmp_path, timings, monkeypatch):
+    order, real_step, real_batches = [], auto.TrainStep, auto.candidate_batches
+    monkeypatch.setattr(auto, "TrainStep", lambda *a, **k: order.append("step") or real_step(*a, **k))
+    monkeypatch.setattr(auto, "candidate_batches", lambda cfg, n, *a: order.append(n) or real_batches(cfg, n, *a))
+    run_training(tiny_cfg(tmp_path, *AUTO))
+    assert order[:3] == ["padded", "packed", "step"]  # both candidates' workers started before the step is built
+    # a ring of a slot a batch, of no more workers than batches: every batch drawn ahead, and then no worker draws
+    cfg = tiny_cfg(tmp_path / "ring", *AUTO, "data.num_workers=4")
+    for count, workers in ((3, 3), (6, 4)):
+        batches = auto.candidate_batches(cfg, "packed", torch.device("cpu"), auto.DistEnv(), count)
+        try:
+            assert (batches.loader.slot_count, batches.loader.workers) == (count, workers)
+            assert batches.fill(60.0) == (count, count)
+            assert len(list(batches)) == count
+        finally:
+            batches.close()
 
 
 def test_measuring_takes_a_small_share_of_a_long_run_and_fewer_steps_in_a_short_one():

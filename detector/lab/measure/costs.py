@@ -114,19 +114,27 @@ def bench_cost(name: str, cases: dict[tuple[str, str], LossCase], batch: int, sl
 # ----------------------------------------------------------------------------- a cheap timing here
 
 
-def timed_here(names: list[str], counts: np.ndarray, slots: int, device: torch.device, why: str) -> Costs:
+def timed_here(
+    names: list[str], counts: np.ndarray, slots: int, device: torch.device, why: str, empty: bool = True
+) -> Costs:
     """Each strategy's forward+backward at a batch of ``counts`` boxes (each <= ``slots``), and with none: its
-    slots' cost (the time with no box) and its boxes' (the difference, a box)."""
+    slots' cost (the time with no box) and its boxes' (the difference, a box). Without ``empty``, at the batch of
+    ``counts`` alone, all of it counted as the slots' cost: half the calls, for a prediction at this very shape
+    (train.strategy=auto's ranking), which another shape would read wrongly."""
     batch, boxes = len(counts), int(counts.sum())
     print(f"shapes: timing {len(names)} strategies at batch {batch} x {slots} slots here ({why}) ...", flush=True)
     costs = []
     for name in names:
-        empty = loss_ms(name, np.zeros_like(counts), slots, device)
+        none = loss_ms(name, np.zeros_like(counts), slots, device) if empty else None
         full = loss_ms(name, counts, slots, device)
-        per_box = max(0.0, full - empty) / boxes if boxes else 0.0
+        if none is None:
+            costs.append(Cost(name, full / (batch * slots), 0.0, f"batch {batch} x {slots} slots, {boxes:,} boxes"))
+            print(f"  {name:<18} {full:9.3f} ms with {boxes:,} boxes", flush=True)
+            continue
+        per_box = max(0.0, full - none) / boxes if boxes else 0.0
         measured = f"batch {batch} x {slots} slots, 0 and {boxes:,} boxes"
-        costs.append(Cost(name, empty / (batch * slots), per_box, measured))
-        print(f"  {name:<18} {empty:9.3f} ms without boxes, {full:9.3f} ms with {boxes:,}", flush=True)
+        costs.append(Cost(name, none / (batch * slots), per_box, measured))
+        print(f"  {name:<18} {none:9.3f} ms without boxes, {full:9.3f} ms with {boxes:,}", flush=True)
     drawn_inputs.cache_clear()
     source = f"timed here on {device_name(device)}, torch {torch.__version__} ({why})"
     return Costs(source, costs)
