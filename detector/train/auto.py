@@ -245,7 +245,8 @@ def measure(
                 for _ in range(WARM - 1):
                     step(next(batches))
                 step.strategy.nonfinite_gradient()
-                batches.fill(FILL_SECONDS)
+                for waiting in drawn.values():  # every ring full: no worker draws beside the timed steps
+                    waiting.fill(FILL_SECONDS)
                 candidate = Candidate(name, *time_candidate(step, batches, timed, device))
                 found[name] = candidate, loss
                 say(f"  {name:<18} {candidate.times()} ms a step, {time.perf_counter() - started:.1f} s", flush=True)
