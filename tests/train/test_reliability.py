@@ -95,6 +95,12 @@ def stopped(stopped_once, tmp_path):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The summary of a run of RUN not interrupted, trained once for the module: the losses a resume must match."""
+    return run_training(tiny_cfg(tmp_path_factory.mktemp("straight"), *RUN))[0]
+
+
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(stopped, tmp_path, how):
     path = damage(run_dir(tmp_path), how)
@@ -122,8 +128,7 @@ def verifying(monkeypatch):
     return threads
 
 
-def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, verifying, capsys):
-    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
+def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, verifying, capsys, straight):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     assert verifying == []  # a fresh run checks nothing
     cfg = tiny_cfg(tmp_path, *RUN)
@@ -136,10 +141,11 @@ def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, v
     assert f"resuming {run_dir(tmp_path)} at step 3" in capsys.readouterr().out
 
 
-def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(tmp_path, verifying, monkeypatch):
+def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(
+    stopped, tmp_path, verifying, monkeypatch
+):
     """The command begins the checks (None: it found no checkpoint to continue); the run takes that answer, and
     begins its own only where its caller began none (a run from Python)."""
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     begun = []
     monkeypatch.setattr(checkpoint_files.Verification, "start", classmethod(lambda cls, *a: begun.append(a)))
     run_training(tiny_cfg(tmp_path, *RUN), None, None)  # as the command passes what early_check found
@@ -148,18 +154,17 @@ def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(t
     assert len(begun) == 1
 
 
-def test_checks_of_a_checkpoint_replaced_since_they_began_are_not_taken(tmp_path, verifying):
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+def test_checks_of_a_checkpoint_replaced_since_they_began_are_not_taken(stopped, tmp_path, verifying):
     checks = checkpoint_files.Verification.start(run_dir(tmp_path), steps=6)
     later = dataclasses.replace(checks.manifest, step=4)  # as if a save of step 4 had committed since
     assert checks.result(later) is False and not checks.thread.is_alive()
     assert checkpoint_files.Verification.start(run_dir(tmp_path), steps=3) is None  # a complete run continues nothing
 
 
-def test_no_checks_begin_where_the_run_will_not_continue_and_cancelled_ones_stop(tmp_path, verifying):
+def test_no_checks_begin_where_the_run_will_not_continue_and_cancelled_ones_stop(stopped_once, tmp_path, verifying):
     with run_folder.early_check(tiny_cfg(tmp_path, *RUN), None) as checks:
         assert checks is None  # no checkpoint
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    shutil.copytree(stopped_once, tmp_path, symlinks=True, dirs_exist_ok=True)  # the run stopped after step 3
     with run_folder.early_check(tiny_cfg(tmp_path, *RUN, "train.resume=false"), None) as checks:
         assert checks is None
     (run_dir(tmp_path) / "checkpoint.json").write_text("{")  # unreadable: the resume says so, in its turn
@@ -445,10 +450,8 @@ def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     assert {"goodput/share", "goodput/start_up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
 
 
-def test_the_same_command_again_continues_an_unfinished_run(tmp_path, capsys):
-    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))  # as a run killed after its checkpoint of step 3
-    capsys.readouterr()
+def test_the_same_command_again_continues_an_unfinished_run(stopped, tmp_path, capsys, straight):
+    # stopped: as a run killed after its checkpoint of step 3
     again = run_training(tiny_cfg(tmp_path, *RUN))[0]
     assert (
         f"resuming {run_dir(tmp_path)} at step 3 (its checkpoint, this configuration; train.resume=false starts afresh)"
