@@ -128,10 +128,14 @@ def run_fresh(script: str, **env_changes) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
 
 
-def test_importing_the_losses_sets_no_environment_variable():
-    script = "import os; before = dict(os.environ); import detector.losses; print(dict(os.environ) == before)"
+def test_importing_the_losses_sets_no_environment_variable_and_imports_no_torchvision():
+    """One fresh interpreter for both: torchvision is imported lazily, by the torchvision strategies' first call
+    (tests/losses/test_torchvision.py)."""
+    script = "import os, sys; before = dict(os.environ); import detector.losses; "
+    script += "print(dict(os.environ) == before, 'torchvision' in sys.modules)"
     done = run_fresh(script)
-    assert done.returncode == 0 and done.stdout.strip() == "True", done.stderr[-3000:]
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == "True False", "an environment variable set, or torchvision imported at module import"
 
 
 @pytest.mark.skipif(HAS_CUDA, reason="with CUDA the kernels are compiled, not interpreted")

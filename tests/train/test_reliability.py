@@ -95,6 +95,12 @@ def stopped(stopped_once, tmp_path):
     return tmp_path
 
 
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The summary of a run of RUN not interrupted, trained once for the module: the losses a resume must match."""
+    return run_training(tiny_cfg(tmp_path_factory.mktemp("straight"), *RUN))[0]
+
+
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_damaged_checkpoint_is_refused_in_one_line_naming_the_file(stopped, tmp_path, how):
     path = damage(run_dir(tmp_path), how)
@@ -122,8 +128,7 @@ def verifying(monkeypatch):
     return threads
 
 
-def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, verifying, capsys):
-    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
+def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, verifying, capsys, straight):
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     assert verifying == []  # a fresh run checks nothing
     cfg = tiny_cfg(tmp_path, *RUN)
@@ -136,10 +141,11 @@ def test_the_checks_begun_before_the_model_is_built_serve_the_resume(tmp_path, v
     assert f"resuming {run_dir(tmp_path)} at step 3" in capsys.readouterr().out
 
 
-def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(tmp_path, verifying, monkeypatch):
+def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(
+    stopped, tmp_path, verifying, monkeypatch
+):
     """The command begins the checks (None: it found no checkpoint to continue); the run takes that answer, and
     begins its own only where its caller began none (a run from Python)."""
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
     begun = []
     monkeypatch.setattr(checkpoint_files.Verification, "start", classmethod(lambda cls, *a: begun.append(a)))
     run_training(tiny_cfg(tmp_path, *RUN), None, None)  # as the command passes what early_check found
@@ -148,18 +154,17 @@ def test_checks_the_command_found_none_to_begin_are_not_begun_again_by_the_run(t
     assert len(begun) == 1
 
 
-def test_checks_of_a_checkpoint_replaced_since_they_began_are_not_taken(tmp_path, verifying):
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+def test_checks_of_a_checkpoint_replaced_since_they_began_are_not_taken(stopped, tmp_path, verifying):
     checks = checkpoint_files.Verification.start(run_dir(tmp_path), steps=6)
     later = dataclasses.replace(checks.manifest, step=4)  # as if a save of step 4 had committed since
     assert checks.result(later) is False and not checks.thread.is_alive()
     assert checkpoint_files.Verification.start(run_dir(tmp_path), steps=3) is None  # a complete run continues nothing
 
 
-def test_no_checks_begin_where_the_run_will_not_continue_and_cancelled_ones_stop(tmp_path, verifying):
+def test_no_checks_begin_where_the_run_will_not_continue_and_cancelled_ones_stop(stopped_once, tmp_path, verifying):
     with run_folder.early_check(tiny_cfg(tmp_path, *RUN), None) as checks:
         assert checks is None  # no checkpoint
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
+    shutil.copytree(stopped_once, tmp_path, symlinks=True, dirs_exist_ok=True)  # the run stopped after step 3
     with run_folder.early_check(tiny_cfg(tmp_path, *RUN, "train.resume=false"), None) as checks:
         assert checks is None
     (run_dir(tmp_path) / "checkpoint.json").write_text("{")  # unreadable: the resume says so, in its turn
@@ -445,10 +450,8 @@ def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     assert {"goodput/share", "goodput/start_up_s", "checkpoint/blocked_s", "checkpoint/written_s"} <= set(scalars)
 
 
-def test_the_same_command_again_continues_an_unfinished_run(tmp_path, capsys):
-    straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
-    run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))  # as a run killed after its checkpoint of step 3
-    capsys.readouterr()
+def test_the_same_command_again_continues_an_unfinished_run(stopped, tmp_path, capsys, straight):
+    # stopped: as a run killed after its checkpoint of step 3
     again = run_training(tiny_cfg(tmp_path, *RUN))[0]
     assert (
         f"resuming {run_dir(tmp_path)} at step 3 (its checkpoint, this configuration; train.resume=false starts afresh)"
@@ -471,15 +474,15 @@ def test_another_configuration_or_resume_false_moves_the_unfinished_run_aside_an
 
 
 def test_the_eta_and_the_first_log_lines_step_come_from_the_steps_after_the_first(tmp_path, monkeypatch, capsys):
-    """A first step of 3 s (a cold compile) must not make the ETA of 30 steps of milliseconds read a minute, nor the
-    first log line's step time read its share of the window (600 ms): the first step is timed apart."""
+    """A first step of 2 s (a cold compile) must not make the ETA of 30 steps of milliseconds read 10 s, nor the
+    first log line's step time read its share of the window (400 ms): the first step is timed apart."""
     from detector.train.step import TrainStep
 
     real, calls = TrainStep.__call__, []
 
     def first_slow(self, batch):
         if not calls:
-            time.sleep(3.0)
+            time.sleep(2.0)
         calls.append(1)
         return real(self, batch)
 
@@ -488,12 +491,12 @@ def test_the_eta_and_the_first_log_lines_step_come_from_the_steps_after_the_firs
     run_training(tiny_cfg(tmp_path, *run))
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step      5/30"))
     minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
-    assert int(minutes) * 60 + int(seconds) < 3, line  # 25 steps of a few ms, not 25 x (3 s / 5)
-    assert float(re.search(r"step +([\d.]+) ms", line).group(1)) < 300, line  # the steps 2-5, not 3 s / 5
+    assert int(minutes) * 60 + int(seconds) < 3, line  # 25 steps of a few ms, not 25 x (2 s / 5)
+    assert float(re.search(r"step +([\d.]+) ms", line).group(1)) < 300, line  # the steps 2-5, not 2 s / 5
 
 
 def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys):
-    """An evaluation of 3 s at step 10 lies inside the next log window: the ETA of the steps after it is theirs. (The
+    """An evaluation of 2 s at step 10 lies inside the next log window: the ETA of the steps after it is theirs. (The
     evaluations after it, at 20, 30 and 40, come after the line read: they take their own time.)"""
     from detector.train.evaluation import Evaluation
 
@@ -501,7 +504,7 @@ def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys
 
     def slow(self, step, *args, **kwargs):
         if step == 10:
-            time.sleep(3.0)
+            time.sleep(2.0)
         return real(self, step, *args, **kwargs)
 
     monkeypatch.setattr(Evaluation, "__call__", slow)
@@ -509,7 +512,7 @@ def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys
     run_training(tiny_cfg(tmp_path, *run, "train.checkpoint_every=0"))
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("step     15/40"))
     minutes, seconds = re.search(r"eta (\d+)m(\d+)s", line).groups()
-    assert int(minutes) * 60 + int(seconds) < 5, line  # 25 steps of a few ms; evaluations at 20, 30, 40 not in it
+    assert int(minutes) * 60 + int(seconds) < 5, line  # 25 steps of ms, not 25 x (2 s / 5); evals at 20-40 not in it
 
 
 def test_a_stop_that_cannot_save_its_step_in_time_says_why_in_its_line(tmp_path, monkeypatch):
