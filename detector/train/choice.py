@@ -132,8 +132,8 @@ class Choice:
     def cost(self) -> str:
         """``: 4.1 s ranking, 35.2 s the step's first call (its compile, which a run of the strategy pays as well),
         8.0 s timing`` (the parts that were measured)."""
-        parts = [f"{self.ranking_seconds:.1f} s ranking"] if self.ranking_seconds >= 0.05 else []
-        if self.compile_seconds >= 0.05:
+        parts = [f"{self.ranking_seconds:.1f} s ranking"] if self.ranking_seconds > 0 else []
+        if self.compile_seconds > 0:  # 0: a record from before this part was measured
             parts.append(f"{self.compile_seconds:.1f} s the step's first call (its compile, which a run pays anyway)")
         rest = self.seconds - self.ranking_seconds - self.compile_seconds
         return f": {', '.join(parts)}, {rest:.1f} s timing" if parts else ""
