@@ -296,7 +296,7 @@ def test_a_death_is_noticed_when_every_batch_due_is_drawn_already():
     cfg = crowded_cfg(length=128 * 6)  # 6 batches, 6 slots: all drawn after the first
     batches = iter(build_loader(cfg, "packed", "cpu"))
     next(batches)
-    time.sleep(1.5)  # the workers draw the rest, then wait for tasks
+    assert batches.fill(30.0) == (5, 5)  # the workers have drawn the rest, and wait for tasks
     os.kill(worker_processes()[0].pid, signal.SIGKILL)
     time.sleep(0.2)
     with pytest.raises(DataWorkerDied, match="before batch 1 of 6 was loaded"):
