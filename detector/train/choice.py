@@ -130,8 +130,8 @@ class Choice:
         return f"{reason(self.candidates, self.strategy, self.rule, self.device)}{left}; {steps}"
 
     def cost(self) -> str:
-        """``: 4.1 s ranking, 35.2 s the step's first call (its compile, which a run of the strategy pays as well),
-        8.0 s timing`` (the parts that were measured)."""
+        """``: 4.1 s ranking, 35.2 s the step's first call (its compile, which a run pays anyway), 8.0 s timing``
+        (the parts that were measured; the timing: the rest, the step's build and the candidates' rings included)."""
         parts = [f"{self.ranking_seconds:.1f} s ranking"] if self.ranking_seconds > 0 else []
         if self.compile_seconds > 0:  # 0: a record from before this part was measured
             parts.append(f"{self.compile_seconds:.1f} s the step's first call (its compile, which a run pays anyway)")
