@@ -53,18 +53,16 @@ if triton is not None:
     # tl.zeros, ...): those are compiled-only if triton was imported before TRITON_INTERPRET was set
     # (torch._dynamo imports it), and the interpreter cannot call them. Hence tl.reduce and tl.full.
 
-    @triton.jit
-    def _add(a, b):
-        return a + b
+    # Sums and maxima combine with triton's own combiners (a + b, maximum(a, b)), ours in all but name: the
+    # interpreter knows them and reduces in numpy at once, where it calls a combiner of ours once an element in Python.
+    _add = tl.standard._sum_combine
 
     @triton.jit
     def _share_of_max(a, b):
         """d max(a, b) / d a, as PyTorch autograd gives it: 1 if a > b, 1/2 at a tie, else 0."""
         return tl.where(a > b, 1.0, tl.where(a == b, 0.5, 0.0))
 
-    @triton.jit
-    def _maximum(a, b):
-        return tl.maximum(a, b)
+    _maximum = tl.standard._elementwise_max
 
     @triton.jit
     def _tile_counts(counts_ptr, first_image, B, M, IMAGES: tl.constexpr):
