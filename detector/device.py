@@ -39,6 +39,14 @@ def device_name(device: torch.device | str) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
 
 
+def synchronize(device: torch.device | str | None = None) -> None:
+    """Waits for the GPU's work queued so far (``device``, else the GPU where there is one); nothing on the CPU, whose
+    work is done when its call returns."""
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def begin_context(cfg: DictConfig) -> threading.Thread | None:
     """Create this process's CUDA context (seconds on a large GPU) in a thread begun now, while the command goes on
     importing what its run needs; ``context_ready`` waits for it. None off the GPU. Under torchrun the context is the

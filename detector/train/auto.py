@@ -38,7 +38,7 @@ from omegaconf import DictConfig
 
 from detector.checked import RecordError
 from detector.data import to_device
-from detector.device import device_name
+from detector.device import device_name, synchronize
 from detector.errors import UserError, said
 from detector.losses import get_strategy
 from detector.train import choice as records
@@ -279,11 +279,6 @@ def candidate_batches(cfg: DictConfig, name: str, device: torch.device, env: Dis
     batches = iter(loader)
     batches.started()
     return batches
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def free(device: torch.device) -> None:

@@ -358,11 +358,28 @@ def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatc
     assert len(calls) == (2 if slow else 1 + costs.QUICK["warmup"] + costs.QUICK["repeats"])
 
 
+def test_the_ranking_calls_a_slow_strategy_far_behind_the_fastest_once(monkeypatch):
+    """At one shape (auto's ranking), a strategy whose first call is slow and over FAR_BEHIND times the fastest is
+    not called again (its first call already ranks it last); one slow but nearer is timed as loss_ms times it."""
+    calls, first = [], {"padded": 3.0, "loop": 500.0, "concat": 250.0}
+
+    def loss_ms(name, counts, slots, device, first_if_slow=False):
+        calls.append((name, first_if_slow))
+        return first[name] if first_if_slow else first[name] - 10
+
+    monkeypatch.setattr(costs, "loss_ms", loss_ms)
+    found = costs.at_one_shape(list(first), np.array([3, 0, 5]), 8, torch.device("cpu"))
+    assert costs.SLOW_MS <= 250 < costs.FAR_BEHIND * 3 <= 500
+    assert calls == [("padded", True), ("loop", True), ("concat", True), ("concat", False)]
+    assert found["padded"] == (3.0, "") and found["concat"] == (240.0, "")
+    assert found["loop"] == (500.0, " (its first call, 167x the fastest: not called again)")
+
+
 def test_auto_s_ranking_times_each_strategy_once_at_the_run_s_shape(tmp_path, dataset, monkeypatch):
     counts, source = dataset
     timed, fake = [], {"padded": 3.0, "packed": 1.0, "concat": 2.0}
 
-    def loss_ms(name, batch, slots, device):
+    def loss_ms(name, batch, slots, device, first_if_slow=False):
         timed.append((name, int(batch.sum())))
         return fake[name]
 

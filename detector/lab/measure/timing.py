@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from detector.device import synchronize
+
 
 @dataclass(frozen=True)
 class Stats:
@@ -40,12 +42,6 @@ class Stats:
 def budget(bcfg) -> dict:
     """``bcfg``'s (cfg.bench's) warm-up, repeats and time cap, as keyword arguments of the timers below."""
     return {"warmup": bcfg.warmup, "repeats": bcfg.repeats, "max_seconds": bcfg.max_seconds}
-
-
-def synchronize(device: torch.device | str | None = None) -> None:
-    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _host_clock(fn, device: torch.device) -> float:
