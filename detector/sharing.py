@@ -16,7 +16,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Way:
     name: str  # train.shard_optimizer's value
-    implementation: str  # its class in detector/train/sharding/
+    implementation: str  # its class in detector/train/sharding/: "module.Class", imported as a run takes the way
     kind: str  # reference, ours or torch
     sends: tuple[str, ...]  # the collectives of the link's timing (detector/bench/link.py) that its step sends
     description: str
@@ -27,14 +27,14 @@ WAYS: dict[str, Way] = {
     for way in (
         Way(
             "off",
-            "AllReduced",
+            "replicated.AllReduced",
             "reference",
             ("all-reduce",),
             "DDP for the trunk, EarlyAllReduce for the head's blocks: every process updates the whole model",
         ),
         Way(
             "blocks",
-            "ShardedBlocks",
+            "blocks.ShardedBlocks",
             "ours",
             ("reduce", "all-gather"),
             "ZeRO stage 1 for the head's blocks (reduce onto the owner, all-gather under the next forward), DDP for "
@@ -42,14 +42,14 @@ WAYS: dict[str, Way] = {
         ),
         Way(
             "fsdp2",
-            "FullyShardedModel",
+            "fully_sharded.FullyShardedModel",
             "torch",
             (),
             "torch's FSDP2: parameters, gradients and optimizer state sharded",
         ),
         Way(
             "zero",
-            "ZeroOverDDP",
+            "zero.ZeroOverDDP",
             "torch",
             (),
             "torch's ZeRO stage 1: ZeroRedundancyOptimizer over DDP of the whole model",

@@ -1,17 +1,27 @@
 """The ways of sharing (detector/sharing.py), named once: the configuration, the training step's classes, the scaling
 table and the link read them from the registry."""
 
+import importlib
 from dataclasses import fields, replace
 
 from detector.bench import link, sharding
 from detector.config import ReportConfig, TrainConfig
 from detector.sharing import WAYS, of_kind
-from detector.train.sharding import CLASSES
+from detector.train import sharding as sharing_classes
 from detector.train.summary import TrainingSummary
 
 
 def test_each_way_names_one_class_and_each_class_one_way():
-    assert sorted(way.implementation for way in WAYS.values()) == sorted(CLASSES)
+    classes = [sharing_classes.implementation(way) for way in WAYS.values()]
+    assert all(issubclass(c, sharing_classes.Replicated) and c is not sharing_classes.Replicated for c in classes)
+    modules = {way.implementation.rsplit(".", 1)[0] for way in WAYS.values()}
+    found = {  # every class of the package's modules that shares a model
+        c
+        for m in modules
+        for c in vars(importlib.import_module(f"detector.train.sharding.{m}")).values()
+        if isinstance(c, type) and issubclass(c, sharing_classes.Replicated) and c is not sharing_classes.Replicated
+    }
+    assert len(set(classes)) == len(classes) and set(classes) == found
     assert {way.kind for way in WAYS.values()} <= {"reference", "ours", "torch"}
     assert len(of_kind("reference")) == 1
 

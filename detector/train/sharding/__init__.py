@@ -13,19 +13,24 @@ when; ``python -m detector scaling`` measures them against each other.
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 from omegaconf import DictConfig
 
 from detector.model import BlockedLinear
-from detector.sharing import WAYS
+from detector.sharing import WAYS, Way
 from detector.train.sharding.blocks import ShardedBlocks, shard_refusal
-from detector.train.sharding.fully_sharded import FullyShardedModel
-from detector.train.sharding.replicated import AllReduced, Replicated
-from detector.train.sharding.zero import ZeroOverDDP
+from detector.train.sharding.replicated import Replicated
 
-CLASSES = {cls.__name__: cls for cls in (AllReduced, ShardedBlocks, FullyShardedModel, ZeroOverDDP)}
+__all__ = ["Replicated", "ShardedBlocks", "implementation", "share", "shard_refusal"]
 
-__all__ = ["CLASSES", "Replicated", "share", "shard_refusal"]
+
+def implementation(way: Way) -> type[Replicated]:
+    """The class ``way`` names, its module imported now: FSDP's and ZeRO's modules import DTensor and
+    torch.distributed.optim, over a second on a GPU host, which a run that shares no model never needs."""
+    module, name = way.implementation.rsplit(".", 1)
+    return getattr(importlib.import_module(f"{__name__}.{module}"), name)
 
 
 def share(model: torch.nn.Module, cfg: DictConfig, world_size: int, device: torch.device) -> Replicated:
@@ -33,4 +38,4 @@ def share(model: torch.nn.Module, cfg: DictConfig, world_size: int, device: torc
     if world_size == 1:
         return Replicated(model)
     layers = {name: m for name, m in model.named_modules() if isinstance(m, BlockedLinear)}
-    return CLASSES[WAYS[cfg.train.shard_optimizer].implementation](model, layers, world_size, device, cfg)
+    return implementation(WAYS[cfg.train.shard_optimizer])(model, layers, world_size, device, cfg)

@@ -3,12 +3,16 @@ DDP of the whole model."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import Tensor
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from detector.train.optimizer import clip_scale
 from detector.train.sharding.replicated import Replicated, wrap_ddp
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 class ZeroOverDDP(Replicated):
@@ -48,6 +52,9 @@ class ZeroOverDDP(Replicated):
         self.mine: list[Tensor] = []  # the parameters this rank's optimizer updates
 
     def make_optimizer(self, build) -> torch.optim.Optimizer:
+        # imported here: torch.distributed.optim takes a third of a second to import, which only a ZeRO run needs
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         # ZeRO calls build(param_groups) with this rank's groups; its own groups hold every parameter, model order
         zero = ZeroRedundancyOptimizer(self.owned, optimizer_class=build)
         self.mine = [p for group in zero.optim.param_groups for p in group["params"]]
