@@ -358,21 +358,32 @@ def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatc
     assert len(calls) == (2 if slow else 1 + costs.QUICK["warmup"] + costs.QUICK["repeats"])
 
 
-def test_the_ranking_calls_a_slow_strategy_far_behind_the_fastest_once(monkeypatch):
-    """At one shape (auto's ranking), a strategy whose first call is slow and over FAR_BEHIND times the fastest is
-    not called again (its first call already ranks it last); one slow but nearer is timed as loss_ms times it."""
-    calls, first = [], {"padded": 3.0, "loop": 500.0, "concat": 250.0}
+def test_the_ranking_calls_a_slow_strategy_whole_once_where_a_slice_of_the_batch_is_far_behind(monkeypatch):
+    """At one shape (auto's ranking), a strategy whose first call is slow is called on a sixteenth of the batch: far
+    behind the fastest there (the slice's time bounds the whole's from below), it is not called whole again; else
+    its first call held a compile (triton without its cache), and it is timed whole again."""
+    calls = []
+    whole = {"padded": 0.2, "loop": 500.0, "triton": 4000.0}  # first calls; triton's a compile, its own 0.25 ms
+    sliced = {"loop": 31.0, "triton": 0.02}
 
     def loss_ms(name, counts, slots, device, first_if_slow=False):
-        calls.append((name, first_if_slow))
-        return first[name] if first_if_slow else first[name] - 10
+        calls.append((name, len(counts), first_if_slow))
+        if len(counts) < 32:
+            return sliced[name]
+        return whole[name] if first_if_slow else 0.25
 
     monkeypatch.setattr(costs, "loss_ms", loss_ms)
-    found = costs.at_one_shape(list(first), np.array([3, 0, 5]), 8, torch.device("cpu"))
-    assert costs.SLOW_MS <= 250 < costs.FAR_BEHIND * 3 <= 500
-    assert calls == [("padded", True), ("loop", True), ("concat", True), ("concat", False)]
-    assert found["padded"] == (3.0, "") and found["concat"] == (240.0, "")
-    assert found["loop"] == (500.0, " (its first call, 167x the fastest: not called again)")
+    found = costs.at_one_shape(list(whole), np.array([3, 0, 5, 1] * 8), 8, torch.device("cpu"))
+    assert costs.SLICE == 16 and costs.SLOW_MS <= 500 and 0.02 < costs.FAR_BEHIND * 0.2 <= 31
+    assert calls == [
+        ("padded", 32, True), ("loop", 32, True), ("triton", 32, True),
+        ("loop", 2, True), ("triton", 2, True), ("triton", 32, False),
+    ]  # fmt: skip
+    assert found["padded"] == (0.2, "") and found["triton"] == (0.25, "")
+    assert found["loop"] == (
+        500.0,
+        " (its first call; 2 of the 32 images took 31.0 ms, 155x the fastest: not called whole again)",
+    )
 
 
 def test_auto_s_ranking_times_each_strategy_once_at_the_run_s_shape(tmp_path, dataset, monkeypatch):
