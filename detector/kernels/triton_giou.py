@@ -53,8 +53,9 @@ if triton is not None:
     # tl.zeros, ...): those are compiled-only if triton was imported before TRITON_INTERPRET was set
     # (torch._dynamo imports it), and the interpreter cannot call them. Hence tl.reduce and tl.full.
 
-    # Sums and maxima combine with triton's own combiners (a + b, maximum(a, b)), ours in all but name: the
-    # interpreter knows them and reduces in numpy at once, where it calls a combiner of ours once an element in Python.
+    # Sums and maxima combine with triton's own combiners (a + b, maximum(a, b)), handed to tl.reduce and never
+    # called by the kernels: compiled, they are what tl.sum and tl.max hand it; the interpreter knows them and reduces
+    # in numpy at once, where it would call a combiner of ours once an element in Python.
     _add = tl.standard._sum_combine
 
     @triton.jit

@@ -96,7 +96,8 @@ if triton is not None:
     _NO_WINNER = tl.constexpr(NO_WINNER)  # the kernels' copy: a JIT function reads only constexpr globals
 
     # Builtins only (tl.reduce, tl.full, ...), as in triton_giou.py, so that the interpreter runs them; sums combine
-    # with triton's own a + b, which the interpreter reduces in numpy (a combiner of ours, once an element in Python).
+    # with triton's own a + b, handed to tl.reduce and never called, which the interpreter reduces in numpy (a
+    # combiner of ours it calls once an element in Python).
     _add = tl.standard._sum_combine
 
     @triton.jit
