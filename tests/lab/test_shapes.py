@@ -386,6 +386,21 @@ def test_the_ranking_calls_a_slow_strategy_whole_once_where_a_slice_of_the_batch
     )
 
 
+def test_the_ranking_times_a_slow_strategy_whole_where_the_fastest_took_no_time(monkeypatch):
+    """A fastest of 0 ms (a clock too coarse for it) bounds nothing: the slow strategy is timed whole again, and no
+    ratio to it is written."""
+    calls = []
+
+    def loss_ms(name, counts, slots, device, first_if_slow=False):
+        calls.append((name, len(counts), first_if_slow))
+        return {"packed": 0.0, "loop": 500.0}[name] if first_if_slow or name == "packed" else 480.0
+
+    monkeypatch.setattr(costs, "loss_ms", loss_ms)
+    found = costs.at_one_shape(["packed", "loop"], np.array([3, 0, 5, 1] * 8), 8, torch.device("cpu"))
+    assert found == {"packed": (0.0, ""), "loop": (480.0, "")}
+    assert calls[-1] == ("loop", 32, False)
+
+
 def test_auto_s_ranking_times_each_strategy_once_at_the_run_s_shape(tmp_path, dataset, monkeypatch):
     counts, source = dataset
     timed, fake = [], {"padded": 3.0, "packed": 1.0, "concat": 2.0}

@@ -178,7 +178,7 @@ def at_one_shape(names: list[str], counts: np.ndarray, slots: int, device: torch
         note = ""
         if ms >= SLOW_MS:
             sliced = loss_ms(name, part, slots, device, first_if_slow=True)
-            if sliced >= FAR_BEHIND * fastest:
+            if fastest > 0 and sliced >= FAR_BEHIND * fastest:  # a fastest of 0 ms bounds nothing
                 note = (
                     f" (its first call; {len(part)} of the {len(counts)} images took {sliced:,.1f} ms, "
                     f"{sliced / fastest:,.0f}x the fastest: not called whole again)"
