@@ -13,6 +13,7 @@ import json
 import math
 import os
 import sys
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,20 @@ class LeftOut:
 
     def warn(self, err: Damaged, cost: str) -> None:
         self.warnings.append(f"{self.file}: {self.field(err.where)} {err.what}: {cost}")
+
+
+def plain(record) -> Any:
+    """A record (dataclasses, dicts and lists of them) as the dicts and lists JSON writes, as ``dataclasses.asdict``
+    gives it, but with a list of values (a row, a list of rows) handed over as it stands rather than copied leaf by
+    leaf: an extract holds hundreds of thousands of numbers, and asdict's deep copy took most of its write. The
+    result shares those lists with the record: write it, do not change them in place."""
+    if is_dataclass(record) and not isinstance(record, type):
+        return {f.name: plain(getattr(record, f.name)) for f in fields(record)}
+    if isinstance(record, dict):
+        return {key: plain(value) for key, value in record.items()}
+    if isinstance(record, (list, tuple)) and any(isinstance(v, dict) or is_dataclass(v) for v in record):
+        return [plain(value) for value in record]
+    return record
 
 
 def write_atomically(path: Path, data: bytes) -> None:

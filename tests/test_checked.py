@@ -3,13 +3,14 @@ of its type, or it is damaged; a damaged value costs its field, or the part that
 file and the field. The read of a record's JSON: a file nested past the parser's depth or not in Unicode is one line
 naming it; a number past a float's range is read as infinity, which its field refuses by value."""
 
+import dataclasses
 import gzip
 import math
 import sys
 
 import pytest
 
-from detector.checked import LIMIT, Damaged, LeftOut, RecordError, all_fit, measure, measured, read_json
+from detector.checked import LIMIT, Damaged, LeftOut, RecordError, all_fit, measure, measured, plain, read_json
 
 
 @pytest.mark.parametrize(
@@ -99,3 +100,30 @@ def test_a_number_beyond_a_floats_range_is_read_as_infinity_and_its_field_refuse
     assert data["steps"] == int("9" * 300)  # an integer a float can hold stays exact
     with pytest.raises(Damaged, match=r"summary.json.step_ms is -?Infinity, expected a finite number in \[0, 1e15\]"):
         measured(data, "step_ms", str(path))
+
+
+@dataclasses.dataclass
+class _Part:
+    rows: list
+    why: dict
+
+
+@dataclasses.dataclass
+class _Whole:
+    name: str
+    parts: list[_Part]
+    by_name: dict[str, _Part]
+    empty: list
+    none: object = None
+
+
+def test_plain_is_asdict_without_copying_the_rows():
+    """What a record writes: asdict's dicts and lists, field for field (dataclasses in lists and dicts included), but
+    its rows handed over as they stand (an extract's hundreds of thousands of numbers), not copied leaf by leaf."""
+    rows = [[0.5, 1, "a"], [2.0, 3, "b"]]
+    part = _Part(rows=rows, why={"forward": {"ms": 1.5}})
+    whole = _Whole(name="w", parts=[part, _Part([], {})], by_name={"p": part}, empty=[])
+    assert plain(whole) == dataclasses.asdict(whole)
+    assert plain(whole)["parts"][0]["rows"] is rows and plain(whole)["by_name"]["p"]["rows"] is rows
+    assert plain(whole)["parts"][0] is not plain(whole)["by_name"]["p"]  # a dict per place, as asdict's
+    assert plain([part, 3]) == [dataclasses.asdict(part), 3] and plain(_Part) is _Part  # a class is no record

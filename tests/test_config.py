@@ -10,7 +10,7 @@ import pytest
 import torch
 from conftest import child_env
 
-from detector.config import EXPERIMENTS_DIR, load_config
+from detector.config import EXPERIMENTS_DIR, Config, load_config
 from detector.device import resolve_device
 from detector.errors import ConfigError, UserError
 from detector.losses import STRATEGIES
@@ -54,6 +54,21 @@ OUT_OF_RANGE = [
     ("device=mps", "auto, cpu, cuda or cuda:N"),  # a device torch names that none of our steps runs on
     ("model.head_blocks=-1", ">= 0"),
 ]
+
+
+def test_a_load_leaves_the_next_loads_defaults_as_they_were():
+    """Each load merges into a copy of the schema's defaults, built once a process: what one run sets, in its
+    overrides or on the config it got, is not the next run's default (neither field is one a preset sets)."""
+    defaults = Config().train
+    first = load_config(["train.lr=0.5", "train.log_every=7"], announce=None)
+    first.train.steps = defaults.steps + 1
+    again = load_config([], announce=None)
+    assert (first.train.lr, first.train.log_every) == (0.5, 7)
+    assert (again.train.lr, again.train.log_every, again.train.steps) == (
+        defaults.lr,
+        defaults.log_every,
+        defaults.steps,
+    )
 
 
 @pytest.mark.parametrize("override,allowed", OUT_OF_RANGE, ids=[o for o, _ in OUT_OF_RANGE])

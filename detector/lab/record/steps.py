@@ -13,7 +13,7 @@ from __future__ import annotations
 import gzip
 import json
 from bisect import bisect_right
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from detector.checked import (
@@ -28,6 +28,7 @@ from detector.checked import (
     measured,
     need,
     optional,
+    plain,
     read_json,
     short,
     write_atomically,
@@ -143,7 +144,7 @@ class Step:
     memory: StepMemory | None = None  # None where the profile recorded no memory
 
     def to_json(self) -> dict:
-        data = asdict(self)
+        data = plain(self)
         return {key: value for key, value in data.items() if value is not None or key not in ("start", "memory")}
 
     @classmethod
@@ -202,9 +203,8 @@ class Extract:
     left_out: list[str] = field(default_factory=list, compare=False)  # damaged steps, when it was read (not written)
 
     def to_json(self) -> dict:
-        data = asdict(self) | {"steps": {number: step.to_json() for number, step in self.steps.items()}}
-        data.pop("left_out")
-        return data
+        data = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name not in ("steps", "left_out")}
+        return data | {"steps": {number: step.to_json() for number, step in self.steps.items()}}
 
     @classmethod
     def parse(cls, data, where: str) -> Extract:
