@@ -53,17 +53,27 @@ if triton is not None:
     # tl.zeros, ...): those are compiled-only if triton was imported before TRITON_INTERPRET was set
     # (torch._dynamo imports it), and the interpreter cannot call them. Hence tl.reduce and tl.full.
 
-    # Sums and maxima combine with triton's own combiners (a + b, maximum(a, b)), handed to tl.reduce and never
-    # called by the kernels: compiled, they are what tl.sum and tl.max hand it; the interpreter knows them and reduces
-    # in numpy at once, where it would call a combiner of ours once an element in Python.
-    _add = tl.standard._sum_combine
+    # Sums and maxima combine with a + b and maximum(a, b), handed to tl.reduce and never called by the kernels. In
+    # the interpreter they are triton's own combiners (those tl.sum and tl.max hand it), which it knows and reduces in
+    # numpy at once, where it calls a combiner of ours once an element in Python. Compiled, they are ours: torch.compile
+    # (triton_op) writes out the source of every @triton.jit function a kernel names, under the function's own name,
+    # and triton's are named _sum_combine and _elementwise_max, not what the kernels call them.
+    if INTERPRETED:
+        _add, _maximum = tl.standard._sum_combine, tl.standard._elementwise_max
+    else:
+
+        @triton.jit
+        def _add(a, b):
+            return a + b
+
+        @triton.jit
+        def _maximum(a, b):
+            return tl.maximum(a, b)
 
     @triton.jit
     def _share_of_max(a, b):
         """d max(a, b) / d a, as PyTorch autograd gives it: 1 if a > b, 1/2 at a tie, else 0."""
         return tl.where(a > b, 1.0, tl.where(a == b, 0.5, 0.0))
-
-    _maximum = tl.standard._elementwise_max
 
     @triton.jit
     def _tile_counts(counts_ptr, first_image, B, M, IMAGES: tl.constexpr):

@@ -95,10 +95,16 @@ def stem_unavailable(device: torch.device, channels: int) -> str | None:
 if triton is not None:
     _NO_WINNER = tl.constexpr(NO_WINNER)  # the kernels' copy: a JIT function reads only constexpr globals
 
-    # Builtins only (tl.reduce, tl.full, ...), as in triton_giou.py, so that the interpreter runs them; sums combine
-    # with triton's own a + b, handed to tl.reduce and never called, which the interpreter reduces in numpy (a
-    # combiner of ours it calls once an element in Python).
-    _add = tl.standard._sum_combine
+    # Builtins only (tl.reduce, tl.full, ...), as in triton_giou.py, so that the interpreter runs them. Sums combine
+    # with a + b: in the interpreter triton's own, which it reduces in numpy (a combiner of ours runs once an element in
+    # Python); compiled, ours, as in triton_giou.py, whose comment says why.
+    if INTERPRETED:
+        _add = tl.standard._sum_combine
+    else:
+
+        @triton.jit
+        def _add(a, b):
+            return a + b
 
     @triton.jit
     def _round_bf16(v):
