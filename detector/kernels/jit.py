@@ -19,3 +19,22 @@ except ImportError:
     triton = tl = None
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # kernels run as numpy on the host
+
+# The combiners the kernels hand tl.reduce for sums and maxima (a + b, maximum(a, b)); never called by the kernels. In
+# the interpreter they are triton's own (those tl.sum and tl.max hand it), which it knows and reduces in numpy at once,
+# where it calls a combiner of ours once an element in Python. Compiled, they are ours: torch.compile (triton_op)
+# writes out the source of every @triton.jit function a kernel calls under the function's own name, and triton's are
+# named _sum_combine and _elementwise_max, not what the kernels call them (tests/kernels/test_triton_giou.py checks).
+if triton is None:
+    _add = _maximum = None
+elif INTERPRETED:
+    _add, _maximum = tl.standard._sum_combine, tl.standard._elementwise_max
+else:
+
+    @triton.jit
+    def _add(a, b):
+        return a + b
+
+    @triton.jit
+    def _maximum(a, b):
+        return tl.maximum(a, b)

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 from torch.library import wrap_triton
 
-from detector.kernels.jit import INTERPRETED, tl, triton
+from detector.kernels.jit import INTERPRETED, _add, _maximum, tl, triton
 
 PROGRAMS_PER_SM = 4  # the persistent grid: enough resident programs per SM to hide memory latency
 INTERPRETER_PROGRAMS = 2  # the interpreter runs programs one after another; a few keep it honest
@@ -53,22 +53,7 @@ if triton is not None:
     # tl.zeros, ...): those are compiled-only if triton was imported before TRITON_INTERPRET was set
     # (torch._dynamo imports it), and the interpreter cannot call them. Hence tl.reduce and tl.full.
 
-    # Sums and maxima combine with a + b and maximum(a, b), handed to tl.reduce and never called by the kernels. In
-    # the interpreter they are triton's own combiners (those tl.sum and tl.max hand it), which it knows and reduces in
-    # numpy at once, where it calls a combiner of ours once an element in Python. Compiled, they are ours: torch.compile
-    # (triton_op) writes out the source of every @triton.jit function a kernel names, under the function's own name,
-    # and triton's are named _sum_combine and _elementwise_max, not what the kernels call them.
-    if INTERPRETED:
-        _add, _maximum = tl.standard._sum_combine, tl.standard._elementwise_max
-    else:
-
-        @triton.jit
-        def _add(a, b):
-            return a + b
-
-        @triton.jit
-        def _maximum(a, b):
-            return tl.maximum(a, b)
+    # Sums and maxima combine with detector/kernels/jit.py's _add and _maximum (handed to tl.reduce).
 
     @triton.jit
     def _share_of_max(a, b):

@@ -36,12 +36,12 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.kernels.jit import tl, triton
+from detector.kernels.jit import _add, tl, triton
 from detector.model.stem_kernel import is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
     # the same helpers: round as autocast, sum; the no-winner byte
-    from detector.model.stem_kernel import _NO_WINNER, _add, _round_bf16
+    from detector.model.stem_kernel import _NO_WINNER, _round_bf16
 
 # (pooled pixels per program, warps) of each kernel, for a tile of up to MAX_TILE_CHANNELS channels: a first
 # guess, to be replaced by the fastest of `make bench TARGET=blocks` (which sweeps them) on the GPU we train on;

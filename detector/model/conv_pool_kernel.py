@@ -40,12 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from detector.kernels.jit import INTERPRETED, tl, triton
+from detector.kernels.jit import INTERPRETED, _add, tl, triton
 from detector.model.stem_kernel import fold_window, is_channels_last, kernels_unavailable, launch
 
 if triton is not None:
     # the same helpers: round as autocast, sum, dot; the no-winner byte
-    from detector.model.stem_kernel import _NO_WINNER, _add, _dot, _round_bf16
+    from detector.model.stem_kernel import _NO_WINNER, _dot, _round_bf16
 
 # (pixels per block, warps) of each kernel; pixels: pooled for forward and wgrad, 2x2 input quads for dgrad. The
 # fastest of a sweep at seed scale (docs/kernels.md, "Launch configurations"); `make bench TARGET=blocks` sweeps

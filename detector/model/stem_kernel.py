@@ -33,7 +33,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from detector.kernels.jit import INTERPRETED, tl, triton
+from detector.kernels.jit import INTERPRETED, _add, tl, triton
 
 # (pooled pixels per program, or per step of the backward's loop, warps) of each kernel: the fastest of a sweep at
 # seed scale (docs/kernels.md, "Launch configurations"; `make bench TARGET=blocks` sweeps them on yours). In the
@@ -95,16 +95,8 @@ def stem_unavailable(device: torch.device, channels: int) -> str | None:
 if triton is not None:
     _NO_WINNER = tl.constexpr(NO_WINNER)  # the kernels' copy: a JIT function reads only constexpr globals
 
-    # Builtins only (tl.reduce, tl.full, ...), as in triton_giou.py, so that the interpreter runs them. Sums combine
-    # with a + b: in the interpreter triton's own, which it reduces in numpy (a combiner of ours runs once an element in
-    # Python); compiled, ours, as in triton_giou.py, whose comment says why.
-    if INTERPRETED:
-        _add = tl.standard._sum_combine
-    else:
-
-        @triton.jit
-        def _add(a, b):
-            return a + b
+    # Builtins only (tl.reduce, tl.full, ...), as in triton_giou.py, so that the interpreter runs them; sums combine
+    # with detector/kernels/jit.py's _add.
 
     @triton.jit
     def _round_bf16(v):
