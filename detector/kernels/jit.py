@@ -24,7 +24,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"  # kernels run as n
 # the interpreter they are triton's own (those tl.sum and tl.max hand it), which it knows and reduces in numpy at once,
 # where it calls a combiner of ours once an element in Python. Compiled, they are ours: torch.compile (triton_op)
 # writes out the source of every @triton.jit function a kernel calls under the function's own name, and triton's are
-# named _sum_combine and _elementwise_max, not what the kernels call them (tests/kernels/test_compiled_sources.py checks).
+# named _sum_combine and _elementwise_max, not what the kernels call them (tests/kernels/test_compiled_sources.py).
 if triton is None:
     _add = _maximum = None
 elif INTERPRETED:
