@@ -8,12 +8,11 @@ bench losses' cases (detector/lab/measure/costs.py, through ``LossCase``).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from detector.checked import measure, measured, need, optional, read_json, versioned, write_atomically
+from detector.checked import measure, measured, need, optional, plain, read_json, versioned, write_atomically
 
 VERSION = 2  # 1: no "version" key
 BENCH_BYTES = 64 * 2**20  # a target's cases and their times are tens of kB; a larger file is not one
@@ -59,7 +58,7 @@ class BenchResult:
 
     def write(self, path: Path) -> None:
         """``path`` holds this result or what it held before, whenever the process is stopped."""
-        write_atomically(path, json.dumps(dataclasses.asdict(self), indent=2, default=plain).encode())
+        write_atomically(path, json.dumps(plain(self), indent=2).encode())
 
     @classmethod
     def parse(cls, data, where: str) -> BenchResult:
@@ -82,13 +81,6 @@ class BenchResult:
         """bench losses' cases; RecordError naming ``where`` and the first case of the wrong shape."""
         rows = need(self.results, list, f"{where}.results")
         return [LossCase.parse(row, f"{where}.results[{i}]") for i, row in enumerate(rows)]
-
-
-def plain(value):
-    """A target's times (timing.py ``Stats``) and other dataclasses in its rows, as JSON objects."""
-    if dataclasses.is_dataclass(value):
-        return dataclasses.asdict(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
 
 
 def read(path) -> BenchResult:
