@@ -72,16 +72,20 @@ def test_the_traces_tab_draws_each_runs_memory_on_one_scale_coloured_by_region(t
         assert "calc loss" in legend
         for _ in range(2):  # into the loop's step, where it allocates image by image
             in_traces(browser, POINT_AT_MEMORY % ("zooms", 0.4, 1, 1, "wheel", 0.4))
+        # hover where the loop's lane has bars along its foot, as drawn: its bars are image by image, with gaps
+        # between them that a pointer at a fixed place can fall into
+        xs = in_traces(browser, BARS_AT % (1, 1))
+        assert xs, "no bar along the foot of the loop's memory lane after the zoom"
         tip = None
-        # the first place the bars reach the pointer: near the zoom's centre first, then across the whole lane (the
-        # loop's bars are image by image, with gaps between them that a pointer can fall into)
-        for x in (0.4, 0.35, 0.45, 0.3, 0.5, 0.25, 0.55) + tuple(i / 40 for i in range(2, 39)):
+        for x in sorted(xs, key=lambda x: abs(x - 0.4))[:12]:
             in_traces(browser, POINT_AT_MEMORY % ("hovers", x, 1, 1, "mousemove", x))
-            shown_by = time.monotonic() + 1.0  # a browser that shares its cores with the suite draws the tip late
+            shown_by = time.monotonic() + 2.0  # a browser that shares its cores with the suite draws the tip late
             while not (tip := in_traces(browser, SHOWN_TIP)) and time.monotonic() < shown_by:
                 time.sleep(0.1)
             if tip:
                 break
+        if not tip:
+            keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-memory-no-tip.png"))
         assert tip and "allocated" in tip and ("aten::" in tip or "Backward" in tip or "no operator" in tip), tip
         keep(browser.screenshot(browser.profile.parent / "tensorboard-traces-memory.png"))
     finally:
@@ -121,6 +125,23 @@ def gpu_memory(tmp_path_factory):
     yield url, low, high
     stop()
 
+
+BARS_AT = """(doc) => {  // the middles of the runs of drawn pixels along the foot of memory lane %d, as fractions
+  // of the canvas's width (the row MEMORY_LANES reads, the height POINT_AT_MEMORY points at)
+  const canvas = doc.getElementById('canvas');
+  const ratio = canvas.width / canvas.clientWidth;
+  const label = doc.querySelectorAll('.lane-label.memory')[%d];
+  const y = Math.round((label.offsetTop + label.offsetHeight - 4) * ratio);
+  const row = canvas.getContext('2d').getImageData(0, y, canvas.width, 1).data;
+  const out = [];
+  let start = -1;
+  for (let x = 0; x <= canvas.width; x++) {
+    const drawn = x < canvas.width && row[4 * x + 3] > 0;
+    if (drawn && start < 0) start = x;
+    if (!drawn && start >= 0) { if (x - start >= 2) out.push((start + x - 1) / 2 / canvas.width); start = -1; }
+  }
+  return out;
+}"""
 
 SPAN = """(doc) => {  // [x0, x1] px of the canvas where lane '%s' of run %d has colour %s along its middle row, or null
   const canvas = doc.getElementById('canvas');
