@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import os
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,7 @@ QUICK = {"warmup": 2, "repeats": 7, "max_seconds": 1.0}  # the cheap timing: a f
 # a call this slow twice (the first may pay a kernel's compilation) is timed no more: it ranks far behind the
 # millisecond strategies already (loop: ~1.5 s a call at seed scale on an H100), and 3 more calls would cost seconds
 SLOW_MS = 200.0
-FAR_BEHIND = 100.0  # a slice of the batch this many times the fastest's whole batch ranks a strategy last
+FAR_BEHIND = 100.0  # a slice of the batch this many times the fastest's slice: the strategy is not called whole
 SLICE = 16  # the slice: a sixteenth of the batch's images
 
 
@@ -127,9 +128,9 @@ def timed_here(
     print(f"shapes: timing {len(names)} strategies at batch {batch} x {slots} slots here ({why}) ...", flush=True)
     costs = []
     if not empty:
-        for name, (full, note) in at_one_shape(names, counts, slots, device).items():
+        for name, (full, note, seconds) in at_one_shape(names, counts, slots, device).items():
             costs.append(Cost(name, full / (batch * slots), 0.0, f"batch {batch} x {slots} slots, {boxes:,} boxes"))
-            print(f"  {name:<18} {full:9.3f} ms with {boxes:,} boxes{note}", flush=True)
+            print(f"  {name:<18} {full:9.3f} ms with {boxes:,} boxes{note}; timed in {seconds:.2f} s", flush=True)
     else:
         for name in names:
             none = loss_ms(name, np.zeros_like(counts), slots, device)
@@ -164,37 +165,52 @@ def drawn_inputs(counts: tuple[int, ...], slots: int, layout: str, dtype: torch.
 
 
 def at_one_shape(names: list[str], counts: np.ndarray, slots: int, device: torch.device) -> dict[str, tuple]:
-    """{strategy: (its ms at a batch of ``counts``, a note)}: ``loss_ms``, except for a strategy whose first call took
-    over SLOW_MS. A first call may be a compile (triton's kernel, on a machine without its cache), so such a strategy
-    is called again on a slice of the batch (its first SLICE-th), whose time bounds a whole call's from below: where
-    the slice alone takes FAR_BEHIND times the fastest's ms, the strategy ranks last whatever its first call held,
-    and is not called whole again (loop: ~1.5 s a call at seed scale on an H100, its slice ~0.1 s, the fastest
-    ~0.2 ms); else it is timed as ``loss_ms`` times it."""
-    found = {name: loss_ms(name, counts, slots, device, first_if_slow=True) for name in names}
-    fastest = min(found.values(), default=0.0)
+    """{strategy: (its ms at a batch of ``counts``, a note, the seconds its timing took)}. Each strategy is first
+    called on a slice of the batch (its first SLICE-th images, ``slice_ms``), after a call that may compile (triton's
+    kernel, on a machine without its cache) or load its kernels. A strategy whose slice takes FAR_BEHIND times the
+    fastest slice's is far behind at any batch; it is not called whole, and its whole is estimated in proportion to
+    the images (loop at seed scale on an H100: ~0.1 s its slice, ~1.5 s a whole call, ~0.2 ms the fastest). The
+    others are timed whole, as ``loss_ms`` times them."""
     part = counts[: max(1, len(counts) // SLICE)]
+    spent = dict.fromkeys(names, 0.0)
+
+    def timed(name, how, *args, **kwargs):  # the call, and its seconds added to the strategy's
+        started = time.perf_counter()
+        found = how(name, *args, **kwargs)
+        spent[name] += time.perf_counter() - started
+        return found
+
+    sliced = {name: timed(name, slice_ms, part, slots, device) for name in names}
+    fastest = min(sliced.values(), default=0.0)
     out = {}
-    for name, ms in found.items():
-        note = ""
-        if ms >= SLOW_MS:
-            sliced = loss_ms(name, part, slots, device, first_if_slow=True)
-            if fastest > 0 and sliced >= FAR_BEHIND * fastest:  # a fastest of 0 ms bounds nothing
-                note = (
-                    f" (its first call; {len(part)} of the {len(counts)} images took {sliced:,.1f} ms, "
-                    f"{sliced / fastest:,.0f}x the fastest: not called whole again)"
-                )
-            else:  # its first call held a compile: timed as any other
-                ms = loss_ms(name, counts, slots, device)
-        out[name] = ms, note
-    return out
+    for name, ms in sliced.items():
+        if fastest > 0 and ms >= FAR_BEHIND * fastest:  # a second look: one slow call alone ranks no strategy last
+            ms = min(ms, timed(name, slice_ms, part, slots, device, warmup=0))
+        if fastest > 0 and ms >= FAR_BEHIND * fastest:  # a fastest of 0 ms (a coarse clock) bounds nothing
+            note = (
+                f" (estimated: {len(part)} of the {len(counts)} images took {ms:,.1f} ms, {ms / fastest:,.0f}x the "
+                "fastest's, so it was not called whole)"
+            )
+            out[name] = ms * len(counts) / len(part), note
+        else:
+            out[name] = timed(name, loss_ms, counts, slots, device), ""
+    return {name: (ms, note, spent[name]) for name, (ms, note) in out.items()}
 
 
-def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device, first_if_slow: bool = False) -> float:
+def slice_ms(name: str, part: np.ndarray, slots: int, device: torch.device, warmup: int = 1) -> float:
+    """The wall ms of one forward+backward of a strategy on the batch ``part``, after ``warmup`` calls (the first may
+    compile, or load its kernels)."""
+    strategy, pred, targets = loss_inputs(name, part, slots, device)
+    _, forward_backward = loss_closures(strategy, pred, targets)
+    return wall_ms(forward_backward, device, warmup=warmup, repeats=1).median
+
+
+def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> float:
     """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b; the second call's
-    alone where it and the first each took over SLOW_MS (with ``first_if_slow``, the first call's where it did)."""
+    alone where it and the first each took over SLOW_MS."""
     strategy, pred, targets = loss_inputs(name, counts, slots, device)
     _, forward_backward = loss_closures(strategy, pred, targets)
-    for _ in range(1 if first_if_slow else 2):
+    for _ in range(2):
         once = wall_ms(forward_backward, device, warmup=0, repeats=1).median
         if once < SLOW_MS:
             return event_ms(forward_backward, device, **QUICK).median
