@@ -342,8 +342,9 @@ def test_names_from_files_come_out_escaped_in_the_shape_report():
     assert "<script" not in page and f"<code>make profile STRATEGY={SHOWN} BOXES=widerface:{SHOWN}</code>" in page
 
 
+@pytest.mark.parametrize("warm", [False, True])
 @pytest.mark.parametrize("slow", [False, True])
-def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatch, slow):
+def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatch, slow, warm):
     calls, real = [], costs.loss_closures
 
     def counted(strategy, pred, targets):
@@ -352,10 +353,12 @@ def test_the_cheap_timing_times_a_strategy_that_is_slow_twice_no_more(monkeypatc
 
     monkeypatch.setattr(costs, "loss_closures", counted)
     monkeypatch.setattr(costs, "SLOW_MS", 0.0 if slow else float("inf"))
-    ms = costs.loss_ms("padded", np.array([3, 0, 5]), 8, torch.device("cpu"))
+    ms = costs.loss_ms("padded", np.array([3, 0, 5]), 8, torch.device("cpu"), warm=warm)
     assert ms > 0
-    # slow: the first call and the second, whose time it is; else one call, then the quick timing's warm-up and repeats
-    assert len(calls) == (2 if slow else 1 + costs.QUICK["warmup"] + costs.QUICK["repeats"])
+    # slow: the first call and the second, whose time it is (warm: the first, which compiled nothing); else one call,
+    # then the quick timing's warm-up and repeats
+    slow_calls = 1 if warm else 2
+    assert len(calls) == (slow_calls if slow else 1 + costs.QUICK["warmup"] + costs.QUICK["repeats"])
 
 
 def test_the_ranking_calls_a_strategy_whole_only_where_its_slice_of_the_batch_is_not_far_behind(monkeypatch):
@@ -370,8 +373,8 @@ def test_the_ranking_calls_a_strategy_whole_only_where_its_slice_of_the_batch_is
         calls.append((name, len(part), warmup))
         return sliced[name].pop(0)
 
-    def loss_ms(name, counts, slots, device):
-        calls.append((name, len(counts), None))
+    def loss_ms(name, counts, slots, device, warm=False):
+        calls.append((name, len(counts), warm))
         return whole[name]
 
     monkeypatch.setattr(costs, "slice_ms", slice_ms)
@@ -380,7 +383,7 @@ def test_the_ranking_calls_a_strategy_whole_only_where_its_slice_of_the_batch_is
     assert costs.SLICE == 16 and 0.2 * costs.FAR_BEHIND <= min(31, 40)
     assert calls == [
         ("padded", 2, 1), ("loop", 2, 1), ("triton", 2, 1), ("packed", 2, 1),
-        ("padded", 32, None), ("loop", 2, 0), ("triton", 32, None), ("packed", 2, 0), ("packed", 32, None),
+        ("padded", 32, True), ("loop", 2, 0), ("triton", 32, True), ("packed", 2, 0), ("packed", 32, True),
     ]  # fmt: skip
     assert all(seconds > 0 for _, _, seconds in found.values())  # each strategy's timing, its own seconds
     found = {name: (ms, note) for name, (ms, note, _) in found.items()}
@@ -408,7 +411,7 @@ def test_the_ranking_times_every_strategy_whole_where_the_fastest_slice_took_no_
     """A fastest of 0 ms (a clock too coarse for it) bounds nothing: every strategy is timed whole, and no ratio to it
     is written."""
     monkeypatch.setattr(costs, "slice_ms", lambda name, *_, **__: {"packed": 0.0, "loop": 500.0}[name])
-    monkeypatch.setattr(costs, "loss_ms", lambda name, *_: {"packed": 0.1, "loop": 480.0}[name])
+    monkeypatch.setattr(costs, "loss_ms", lambda name, *_, **__: {"packed": 0.1, "loop": 480.0}[name])
     found = costs.at_one_shape(["packed", "loop"], np.array([3, 0, 5, 1] * 8), 8, torch.device("cpu"))
     assert {name: (ms, note) for name, (ms, note, _) in found.items()} == {"packed": (0.1, ""), "loop": (480.0, "")}
 
@@ -417,7 +420,7 @@ def test_auto_s_ranking_times_each_strategy_once_at_the_run_s_shape(tmp_path, da
     counts, source = dataset
     timed, fake = [], {"padded": 3.0, "packed": 1.0, "concat": 2.0}
 
-    def loss_ms(name, batch, slots, device):
+    def loss_ms(name, batch, slots, device, warm=False):
         timed.append((name, int(batch.sum())))
         return fake[name]
 

@@ -169,8 +169,9 @@ def at_one_shape(names: list[str], counts: np.ndarray, slots: int, device: torch
     called on a slice of the batch (its first SLICE-th images, ``slice_ms``), after a call that may compile (triton's
     kernel, on a machine without its cache) or load its kernels. A strategy whose slice takes FAR_BEHIND times the
     fastest slice's is far behind at any batch; it is not called whole, and its whole is estimated in proportion to
-    the images (loop at seed scale on an H100: ~0.1 s its slice, ~1.5 s a whole call, ~0.2 ms the fastest). The
-    others are timed whole, as ``loss_ms`` times them."""
+    the images. The others are timed whole, as ``loss_ms`` times them, once where a call is slow: the slice's calls
+    compiled what there was to compile (loop at seed scale on an H100: ~70 ms its slice, ~1.1 s its one whole call;
+    the fastest ~0.1 ms)."""
     part = counts[: max(1, len(counts) // SLICE)]
     spent = dict.fromkeys(names, 0.0)
 
@@ -193,7 +194,7 @@ def at_one_shape(names: list[str], counts: np.ndarray, slots: int, device: torch
             )
             out[name] = ms * len(counts) / len(part), note
         else:
-            out[name] = timed(name, loss_ms, counts, slots, device), ""
+            out[name] = timed(name, loss_ms, counts, slots, device, warm=True), ""
     return {name: (ms, note, spent[name]) for name, (ms, note) in out.items()}
 
 
@@ -205,12 +206,13 @@ def slice_ms(name: str, part: np.ndarray, slots: int, device: torch.device, warm
     return wall_ms(forward_backward, device, warmup=warmup, repeats=1).median
 
 
-def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device) -> float:
+def loss_ms(name: str, counts: np.ndarray, slots: int, device: torch.device, warm: bool = False) -> float:
     """The median ms of a strategy's forward+backward over random boxes, ``counts[b]`` in image b; the second call's
-    alone where it and the first each took over SLOW_MS."""
+    alone where it and the first each took over SLOW_MS (the first's alone where ``warm``: the strategy was called
+    before, at another batch of the same slots, so its first call here compiles nothing)."""
     strategy, pred, targets = loss_inputs(name, counts, slots, device)
     _, forward_backward = loss_closures(strategy, pred, targets)
-    for _ in range(2):
+    for _ in range(1 if warm else 2):
         once = wall_ms(forward_backward, device, warmup=0, repeats=1).median
         if once < SLOW_MS:
             return event_ms(forward_backward, device, **QUICK).median
