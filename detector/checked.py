@@ -1,6 +1,7 @@
 """JSON read with its types and values checked: every reader of a record the project writes and reads again (a training
-run's summary, detector/train/summary.py; the lab's records, detector/lab/record/) goes through these, so that a file of
-the wrong shape is one line naming the file, the field and what was expected, never a traceback from deep in a reader.
+run's summary, detector/train/observe/summary.py; the lab's records, detector/lab/record/) goes through these, so that a
+file of the wrong shape is one line naming the file, the field and what was expected, never a traceback from deep in a
+reader.
 
 A number is checked by value where it is read (``measure``: finite, in its range, of its type). A damaged one costs
 its field, or the part of the record that holds it (a wall clock, a step, a row), never the record: ``LeftOut``

@@ -5,7 +5,7 @@ A user's mistake (an unknown command or option, a bad config value, a missing fi
 stderr and exit status 2; ``--debug`` or ``DETECTOR_DEBUG=1`` shows the traceback instead. Ctrl-C is one line
 ``interrupted`` (with what was kept, where a command knows) and exit status 130, the shell's for SIGINT; SIGTERM, which
 schedulers send before they kill, is handled the same way: one line ``terminated``, exit status 143. Nothing is printed
-after that line, however many signals follow (detector/train/interrupt.py). One process of several (torchrun's
+after that line, however many signals follow (detector/train/run/interrupt.py). One process of several (torchrun's
 ranks) that fails on its own ends at once, leaving its line to the launcher (detector/launch.py). A thread that raises
 (ours, DCP's writers, TensorBoard's) prints no traceback: what waited on it says it in the command's line, and a
 failure nothing said is one ``warning:`` line as the command ends (detector/errors.py ``ThreadFailures``; ``--debug``
@@ -26,7 +26,7 @@ from detector.arguments import COMMANDS, TOP_LEVEL, check_sections, command_pars
 from detector.bench import TARGETS as BENCH_TARGETS
 from detector.errors import ENVIRONMENT, PeerLost, ThreadFailures, UserError, refuse, said
 from detector.launch import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS
-from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
+from detector.train.run.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
 
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
 TERMINATED = 143  # and by SIGTERM (128 + 15)
@@ -130,7 +130,7 @@ def last_line(err: BaseException) -> str:
 def tie_to_launcher() -> None:
     """A rank of detector.launch ends with it: SIGTERM's stop (a checkpoint, then ``terminated``) when the launcher
     dies, even by kill -9, which leaves it no way to stop us (Linux's parent-death signal, LAUNCHER_LOST, which may
-    come more than once: detector/train/interrupt.py; elsewhere torchrun's own)."""
+    come more than once: detector/train/run/interrupt.py; elsewhere torchrun's own)."""
     try:
         import ctypes
 
@@ -168,7 +168,7 @@ def run(command: str, args: argparse.Namespace) -> int:
         for s in load_strategies().values():
             print(s.name if args.names else f"{s.name:<18} {s.layout:<7} {s.description}")
     elif command == "export":
-        from detector.train.export import export
+        from detector.train.evaluate.export import export
 
         path, read = export(Path(args.run), Path(args.out) if args.out else None)
         print(
@@ -176,7 +176,7 @@ def run(command: str, args: argparse.Namespace) -> int:
             "and load_state_dict(saved['state_dict']) (README: Using what a run trained)"
         )
     elif command == "predict":
-        from detector.train.predict import run_predict
+        from detector.train.evaluate.predict import run_predict
 
         path, read = run_predict(Path(args.run), args.indices, args.images, args.faces, args.out)
         print(f"wrote {path} ({read})")
@@ -237,7 +237,7 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
     announce = None
     if main_process:  # `config > my.yaml` gets pure YAML: its announcement goes to stderr
         announce = (lambda line: print(line, file=sys.stderr)) if command == "config" else print
-    from detector.train.wallclock import early
+    from detector.train.observe.wallclock import early
 
     with early("configuration"):
         cfg = load_config(args.overrides, args.experiment, announce=announce, strategies=strategies)
@@ -259,11 +259,11 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
 
             run_sweep(cfg, args.experiment)
         else:
-            from detector.train.run_folder import early_check
+            from detector.train.run.folder import early_check
 
             # the checkpoint this command will likely continue is read and checked while the compiler is imported
             with early_check(cfg, args.experiment) as checks:
-                from detector.train.entry import run_training
+                from detector.train.run.entry import run_training
 
                 rank = None
                 if cfg.train.strategy == "auto":  # the library ranks nothing: make shapes' prediction ranks for it

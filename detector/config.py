@@ -35,7 +35,7 @@ from detector.data.annotations import (
 )
 from detector.device import resolve_device
 from detector.errors import ConfigError
-from detector.sharing import WAYS
+from detector.train.distributed.sharing import WAYS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
 SHARD_ALIASES = {"True": "blocks", "False": "off"}  # train.shard_optimizer's earlier values, true and false
@@ -144,7 +144,7 @@ class ReportConfig:
 @dataclass
 class TrainConfig:
     # a name from detector.losses.STRATEGIES; "all": one run each (strategy_sweep); "auto": the candidates timed in this
-    # very step before the first, and the fastest trains (detector/train/auto.py), the choice kept for the next run
+    # very step before the first, and the fastest trains (detector/train/run/auto.py), the choice kept for the next run
     strategy: str = ranged("padded", choices=(STRATEGY, "all", "auto"))
     # train.strategy=auto's candidates; empty: the 3 strategies `make shapes` predicts fastest for the data that train
     # here (neither emulated nor refused by the speed options)
@@ -161,7 +161,8 @@ class TrainConfig:
     eval_batches: int = ranged(4, 1)  # held-out batches per evaluation (drawn once, kept in memory)
     eval_start: int = ranged(1_000_000_000, 0)  # first held-out sample index: far beyond any run's training indices
     # steps between checkpoints, plus one at the end; 0 = none (timing runs); -1 = auto: as often as the disk keeps up
-    # with, at most every minute of steps (detector/train/cadence.py), so that the step never waits for a save
+    # with, at most every minute of steps (detector/train/checkpoints/cadence.py), so that the step never waits for a
+    # save
     checkpoint_every: int = ranged(-1, -1)
     out_dir: str = path("runs/train")  # a run writes to <out_dir>/<experiment>/<strategy>[+options]/
     # auto: the same command again continues an unfinished run of this configuration from its checkpoint (another
@@ -190,12 +191,12 @@ class TrainConfig:
     # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
     # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
     float8: bool = False
-    # how several processes share the model, one of the ways of detector/sharing.py: blocks, ours, keeps AdamW's state
-    # of the head's blocks, and updates them, on their owner only; true/false: blocks/off.
+    # how several processes share the model, one of the ways of detector/train/distributed/sharing.py: blocks, ours,
+    # keeps AdamW's state of the head's blocks, and updates them, on their owner only; true/false: blocks/off.
     # `python -m detector scaling` measures them against each other
     shard_optimizer: str = ranged("blocks", choices=tuple(WAYS))
     # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
-    # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
+    # optimizer's state (detector/train/run/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
     # then torch's fused AdamW, then autocast's cast of every weight at the next forward (`make bench-step` times both)
     optimizer: str = ranged("one_pass", choices=("one_pass", "torch"))
     # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update

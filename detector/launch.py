@@ -138,7 +138,7 @@ def continuation(args, argv: list[str]) -> str:
         return "run the command again"
     try:
         run_dir, experiment, overrides = training_run(command[2:])
-        from detector.train import checkpoint_files
+        from detector.train.checkpoints import files as checkpoint_files
 
         step = checkpoint_files.read_manifest(run_dir).step if checkpoint_files.exists(run_dir) else 0
     except Exception as err:  # noqa: BLE001 - a hint, never a second failure
@@ -161,7 +161,7 @@ def training_run(argv: list[str]) -> tuple[Path, str, list[str]]:
     only: the launcher itself starts in a moment)."""
     from detector.arguments import command_parser
     from detector.config import load_config
-    from detector.train.run_folder import run_path
+    from detector.train.run.folder import run_path
 
     parsed = command_parser("train").parse_intermixed_args(argv)
     cfg = load_config(parsed.overrides, parsed.experiment, announce=None)

@@ -169,7 +169,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     import detector.lab.compare
     import detector.lab.profile
     import detector.lab.shapes
-    import detector.train.entry
+    import detector.train.run.entry
     from detector.lab.compare import Comparison
     from detector.lab.record.comparison import ComparisonRecord
     from detector.lab.record.run import RunTimes
@@ -179,7 +179,7 @@ def test_commands_call_the_entry_points_as_the_makefile_does(monkeypatch, tmp_pa
     for module, name, result in [
         (detector.lab.profile, "run_profile", detector.lab.profile.Profiled(tmp_path, record, None, "card")),
         (detector.board.events, "write_profile_events", None),
-        (detector.train.entry, "run_training", None),
+        (detector.train.run.entry, "run_training", None),
         (detector.bench, "run", None),
         (detector.lab.compare, "run_compare", Comparison(ComparisonRecord("", ""), tmp_path / "compare" / "1")),
         (detector.board.events, "write_compare_events", None),

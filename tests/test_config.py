@@ -15,7 +15,7 @@ from detector.device import resolve_device
 from detector.errors import ConfigError, UserError
 from detector.losses import STRATEGIES
 from detector.model import build_model
-from detector.train.speed import build_trained_model
+from detector.train.run.speed_options import build_trained_model
 
 
 def load(*overrides, experiment=None):

@@ -25,10 +25,10 @@ from detector import cli, data
 from detector.config import load_config
 from detector.data.host_memory import GIB, MemoryRefusal
 from detector.data.loader import DataWorkerFailed, WorkerTraceback
-from detector.train import checkpoint_files
-from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.interrupt import LAUNCHER_LOST, CommandSignals, DeferredInterrupt, Terminated
-from detector.train.memory import check_command_memory, check_run_memory, run_memory
+from detector.train.checkpoints import files as checkpoint_files
+from detector.train.checkpoints.state import CheckpointError, read_checkpoint
+from detector.train.observe.memory import check_command_memory, check_run_memory, run_memory
+from detector.train.run.interrupt import LAUNCHER_LOST, CommandSignals, DeferredInterrupt, Terminated
 
 # the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps
 # The CPU pinned: the runs these tests stop and resume in child processes are the CPU's (CUDA_VISIBLE_DEVICES=""),

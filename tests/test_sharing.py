@@ -1,14 +1,14 @@
-"""The ways of sharing (detector/sharing.py), named once: the configuration, the training step's classes, the scaling
-table and the link read them from the registry."""
+"""The ways of sharing (detector/train/distributed/sharing.py), named once: the configuration, the training step's
+classes, the scaling table and the link read them from the registry."""
 
 import importlib
 from dataclasses import fields, replace
 
 from detector.bench import link, sharding
 from detector.config import ReportConfig, TrainConfig
-from detector.sharing import WAYS, of_kind
-from detector.train import sharding as sharing_classes
-from detector.train.summary import TrainingSummary
+from detector.train.distributed import sharding as sharing_classes
+from detector.train.distributed.sharing import WAYS, of_kind
+from detector.train.observe.summary import TrainingSummary
 
 
 def test_each_way_names_one_class_and_each_class_one_way():
@@ -18,7 +18,7 @@ def test_each_way_names_one_class_and_each_class_one_way():
     found = {  # every class of the package's modules that shares a model
         c
         for m in modules
-        for c in vars(importlib.import_module(f"detector.train.sharding.{m}")).values()
+        for c in vars(importlib.import_module(f"detector.train.distributed.sharding.{m}")).values()
         if isinstance(c, type) and issubclass(c, sharing_classes.Replicated) and c is not sharing_classes.Replicated
     }
     assert len(set(classes)) == len(classes) and set(classes) == found

@@ -4,10 +4,10 @@ child process of `bench memory` (detector/bench/memory.py), one per allocator se
     python -m detector ceiling --out RESULTS.json --jobs JOBS.json --seconds S [key=value ...]
 
 ``JOBS.json`` lists ``[source, strategy, part]``: source ``synthetic`` or ``crowd:<file>`` (data.max_boxes from the
-file, data.over_max_boxes=fit), part ``allocator`` or ``ceiling``. One training step (detector/train/step.py) a source
-serves each of its strategies in turn: the step reads its loss at each call, so the same model, optimizer and compiled
-graph run every strategy, as a fresh step of that strategy would after its first step. Batches are drawn once per
-source from its sampler (detector/data/), straight into memory: the loader's workers and ring are not measured.
+file, data.over_max_boxes=fit), part ``allocator`` or ``ceiling``. One training step (detector/train/run/step.py) a
+source serves each of its strategies in turn: the step reads its loss at each call, so the same model, optimizer and
+compiled graph run every strategy, as a fresh step of that strategy would after its first step. Batches are drawn once
+per source from its sampler (detector/data/), straight into memory: the loader's workers and ring are not measured.
 
 - ``allocator``: WARMUP steps, then MEASURED steps, each on a batch of other images and other box counts (the
   shapes a packed or per-image loss sees change every step); per measured step the caching allocator's figures
@@ -48,8 +48,8 @@ from detector.device import resolve_device
 from detector.errors import UserError
 from detector.lab.measure.allocator import StepMeter
 from detector.losses import get_strategy
-from detector.train.speed import speed_option_refusal
-from detector.train.step import TrainStep
+from detector.train.run.speed_options import speed_option_refusal
+from detector.train.run.step import TrainStep
 
 WARMUP, MEASURED = 2, 3  # allocator: steps before it is measured, and steps measured (a loop's: seconds each)
 PROBE_STEPS = 2  # ceiling: the steps a batch must train (the second reuses the optimizer's state the first made)

@@ -44,10 +44,10 @@ from detector.device import device_name, resolve_device
 from detector.errors import UserError
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
-from detector.sharing import WAYS, of_kind
-from detector.train import summary
-from detector.train.cadence import AUTO, interval_steps
-from detector.train.summary import TrainingSummary
+from detector.train.checkpoints.cadence import AUTO, interval_steps
+from detector.train.distributed.sharing import WAYS, of_kind
+from detector.train.observe import summary
+from detector.train.observe.summary import TrainingSummary
 
 REFERENCE = of_kind("reference")[0]  # plain DDP: the others' losses are held to its
 KEEP_OURS_ABOVE = 1.03  # our ShardedBlocks stays only where it is more than 3 % faster than the best of torch's

@@ -9,7 +9,7 @@ configuration runs first, unmeasured: it fills the page cache and the compile ca
   configuration: torch, the step's code (the model, the loss, the optimizer), the step built on the device, the
   compile cache that `train` keeps loaded, and one step on a batch already on the device, waited for;
 - **train**: ``python -m detector train`` of the configuration for 2 steps (no evaluation, no checkpoint), its
-  start-up's parts and first step as its summary.json records them (detector/train/wallclock.py).
+  start-up's parts and first step as its summary.json records them (detector/train/observe/wallclock.py).
 
 ``bench.repeats`` rounds at most 5 (each a floor and a train); medians [min–max]. Train's overhead is its start-up and
 first step less the floor's: what the command adds to what torch itself needs (the configuration's checks, the
@@ -109,7 +109,7 @@ def train_once(cfg: DictConfig, work: Path) -> dict[str, float]:
     wall = time.perf_counter() - start
     if done.returncode:
         raise UserError(f"bench startup: its train failed: {done.stderr.strip()[-400:]}")
-    from detector.train.summary import read
+    from detector.train.observe.summary import read
 
     run = next(Path(cfg.train.out_dir).rglob("summary.json")).parent
     clock = read(run).wall_clock

@@ -14,7 +14,7 @@ PARTS = ("import torch", "import the step's code", "build the step", "load the c
 
 
 def floor(config: str) -> dict[str, float]:
-    from detector.train.wallclock import process_age  # the standard library's alone
+    from detector.train.observe.wallclock import process_age  # the standard library's alone
 
     parts = {}
     import torch  # noqa: F401  the first part: the interpreter and torch, timed from the process's start
@@ -26,8 +26,8 @@ def floor(config: str) -> dict[str, float]:
     from detector.bench.step import device_batch
     from detector.device import resolve_device
     from detector.losses import get_strategy
-    from detector.train.speed import compile_cache_file, load_compile_cache
-    from detector.train.step import TrainStep
+    from detector.train.run.speed_options import compile_cache_file, load_compile_cache
+    from detector.train.run.step import TrainStep
 
     parts["import the step's code"] = time.perf_counter() - start
     cfg = OmegaConf.load(config)

@@ -31,8 +31,8 @@ from detector.lab.measure.timing import event_ms
 from detector.lab.present.tables import markdown_table, significant, spread_cell
 from detector.lab.record.provenance import run_header
 from detector.model import build_model
-from detector.train.memory import check_command_memory
-from detector.train.step import TrainStep
+from detector.train.observe.memory import check_command_memory
+from detector.train.run.step import TrainStep
 
 # The bytes one optimizer pass must move per parameter (train/optimizer.py): the clip's norm reads the fp32
 # gradient (4 B) before anything can be updated; then one pass reads param, grad, m and v (16 B) and writes
@@ -70,7 +70,7 @@ def _ladder() -> dict[str, list[str]]:
 
 VARIANTS = _ladder()
 # Not a rung: the configured step (the defaults: every speed option that pays) with the head in float8
-# (train.float8, detector/train/float8.py), against the config's row and the bf16 floor in the same run
+# (train.float8, detector/train/run/float8.py), against the config's row and the bf16 floor in the same run
 VARIANTS["+float8"] = ["train.float8=true"]
 
 

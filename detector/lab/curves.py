@@ -16,7 +16,7 @@ from pathlib import Path
 from detector.checked import RecordError
 from detector.errors import UserError
 from detector.lab.present.tables import markdown_table
-from detector.train import summary
+from detector.train.observe import summary
 
 EVERY = 50  # steps between the table's rows, and the running mean's window
 

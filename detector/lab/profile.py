@@ -1,4 +1,4 @@
-"""`make profile`: the training step of a config (detector/train/step.py) under torch.profiler.
+"""`make profile`: the training step of a config (detector/train/run/step.py) under torch.profiler.
 
 The step is the one `make train` runs with the same config: the same optimizer, schedule, clipping,
 autocast and speed options (train.compile, train.cuda_graphs); profile.strategy picks the loss.
@@ -32,12 +32,12 @@ flag a loader-paced run (detector/lab/record/run.py ``LOADER_PACED_SHARE``), who
 run the loader does not pace.
 
 Where the step compiles (train.compile; on a GPU the optimizer's pass too), the profile shares `make train`'s portable
-cache of the compiled step, one file per configuration in ``<train.out_dir>/compile-cache/`` (detector/train/speed.py
-``compile_cache_file``): a profile after a training run or another profile of that configuration loads it, and the
-first step saves what it compiled for the next run (MODE=forward compiles other graphs, and keeps a file of its own).
-The command's last line, and summary.json's ``times``, say where the run's wall clock went, part by part: the model,
-the first step (and what it found in that cache), the other steps, the profiler's stop, the trace's writing, the timed
-steps, the analysis, the TensorBoard events.
+cache of the compiled step, one file per configuration in ``<train.out_dir>/compile-cache/``
+(detector/train/run/speed_options.py ``compile_cache_file``): a profile after a training run or another profile of that
+configuration loads it, and the first step saves what it compiled for the next run (MODE=forward compiles other graphs,
+and keeps a file of its own). The command's last line, and summary.json's ``times``, say where the run's wall clock
+went, part by part: the model, the first step (and what it found in that cache), the other steps, the profiler's stop,
+the trace's writing, the timed steps, the analysis, the TensorBoard events.
 
 A failed run removes only its own new folder (a rank, its rank's); older runs are never touched.
 """
@@ -68,13 +68,19 @@ from detector.lab.record.run import FIRST_STEP, LoaderFill, ProfileRecord, RunTi
 from detector.lab.record.source import DataSource
 from detector.lab.record.steps import Extract, write_extract
 from detector.losses import get_strategy
-from detector.train import distributed
-from detector.train.batches import rank_loader
-from detector.train.distributed import DistEnv
-from detector.train.memory import check_command_memory
-from detector.train.profile_window import make_profiler
-from detector.train.speed import COMPILING, compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
-from detector.train.step import TrainStep, time_steps
+from detector.train.distributed import processes as distributed
+from detector.train.distributed.processes import DistEnv
+from detector.train.observe.memory import check_command_memory
+from detector.train.observe.profile_window import make_profiler
+from detector.train.run.batches import rank_loader
+from detector.train.run.speed_options import (
+    COMPILING,
+    compile_cache_file,
+    compile_caches,
+    load_compile_cache,
+    save_compile_cache,
+)
+from detector.train.run.step import TrainStep, time_steps
 
 # The bound on the wait for the loader's ring to fill before the first step. A loader that keeps up with a step fills
 # its 2 slots per worker (and 2 more) in seconds (`make bench-step` prints its images/s); one that cannot in this long

@@ -57,8 +57,8 @@ from detector.lab.record.comparison import ComparisonRecord, ModeComparison, rea
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.lab.record.run import read_summary
 from detector.losses import STRATEGIES, get_strategy
-from detector.train import summary
-from detector.train.step import speed_option_refusal
+from detector.train.observe import summary
+from detector.train.run.step import speed_option_refusal
 
 SYNCED = "padded"  # profiled once more with profile.sync_regions=true on a GPU: what the article's protocol costs
 GPU_BATCHES = (1024, 16384)  # bench losses on a GPU: the seed's batch, and one where the loss's own work shows

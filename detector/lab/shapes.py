@@ -54,8 +54,8 @@ from detector.lab.record.shapes import (
     ShapesRecord,
     write_shapes,
 )
-from detector.train import auto
-from detector.train.auto import Ranking
+from detector.train.run import auto
+from detector.train.run.auto import Ranking
 
 SYNTHETIC_SAMPLES = 20_000  # the synthetic faces' counts are drawn: enough for a 1 % share to show
 
@@ -188,7 +188,7 @@ def cost_sum(cost: Cost, slots: int, boxes: float) -> str:
 
 
 def auto_ranking(cfg: DictConfig, device) -> Ranking:
-    """train.strategy=auto's ranking (detector/train/auto.py, which `make train` hands it to): the strategies by the
+    """train.strategy=auto's ranking (detector/train/run/auto.py, which `make train` hands it to): the strategies by the
     loss ms this report predicts for the run's boxes, the fastest first: timed at the run's shape alone, which is all
     the ranking predicts at."""
     kept = np.minimum(box_counts(cfg.data), cfg.data.max_boxes)

@@ -12,10 +12,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.lab.present.tables import markdown_table
 from detector.losses import STRATEGIES
-from detector.train.entry import train, training_processes
-from detector.train.run_folder import experiment_name
-from detector.train.step import speed_option_refusal
-from detector.train.summary import TrainingSummary
+from detector.train.observe.summary import TrainingSummary
+from detector.train.run.entry import train, training_processes
+from detector.train.run.folder import experiment_name
+from detector.train.run.step import speed_option_refusal
 
 
 def sweep_table(summaries: list[TrainingSummary], skipped: dict[str, str]) -> str:

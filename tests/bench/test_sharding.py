@@ -17,8 +17,8 @@ from detector.bench import sharding
 from detector.bench.sharding import Run
 from detector.config import TrainConfig, load_config
 from detector.lab import report
-from detector.train.summary import Checkpoints, Save, TrainingSummary
-from detector.train.wallclock import PARTS, Account
+from detector.train.observe.summary import Checkpoints, Save, TrainingSummary
+from detector.train.observe.wallclock import PARTS, Account
 
 
 def summary(world_size: int, step_ms: float, losses: list[float], peak=30.0) -> TrainingSummary:

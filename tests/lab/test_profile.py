@@ -22,8 +22,8 @@ from detector.lab.present.text import run_card
 from detector.lab.record.measures import format_value
 from detector.lab.record.run import ProfileRecord, read_summary
 from detector.lab.record.spread import Spread
-from detector.train.speed import compile_cache_file
-from detector.train.step import TrainStep
+from detector.train.run.speed_options import compile_cache_file
+from detector.train.run.step import TrainStep
 
 TINY = TINY_PROFILE
 TRAIN_REGIONS = ["data wait", "copy data", "forward", "calc loss", "backward", "optimizer step", "other", "step"]

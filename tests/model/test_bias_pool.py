@@ -180,7 +180,7 @@ def test_unavailable_says_why(monkeypatch):
 
 def test_train_step_refuses_it_in_one_line_and_the_cpu_preset_leaves_it_off(monkeypatch):
     from detector.config import load_config
-    from detector.train.step import TrainStep
+    from detector.train.run.step import TrainStep
 
     assert load_config(["preset=cpu"], announce=None).train.fused_pool is False  # the interpreter would be slow
     assert load_config(["preset=seed_scale"], announce=None).train.fused_pool is True
@@ -195,7 +195,7 @@ def test_train_step_keeps_the_losses_in_the_interpreter():
 
     from detector.bench.step import device_batch
     from detector.config import load_config
-    from detector.train.step import TrainStep
+    from detector.train.run.step import TrainStep
 
     skip_if_unavailable("cpu")
     losses = {}
@@ -211,7 +211,7 @@ def test_train_step_keeps_the_losses_in_the_interpreter():
 def test_cuda_graphs_refuse_the_fused_pool_in_one_line():
     from detector.config import load_config
     from detector.losses import get_strategy
-    from detector.train.step import speed_option_refusal
+    from detector.train.run.step import speed_option_refusal
 
     overrides = ["preset=cpu", "train.cuda_graphs=true", "train.fused_pool=true"]
     tcfg = load_config(overrides, announce=None).train

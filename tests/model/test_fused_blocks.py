@@ -306,7 +306,7 @@ def test_unavailable_says_why(monkeypatch):
 
 def test_train_step_refuses_it_in_one_line(monkeypatch):
     from detector.config import load_config
-    from detector.train.step import TrainStep
+    from detector.train.run.step import TrainStep
 
     monkeypatch.setattr(stem_module, "INTERPRETED", False)
     cfg = load_config(["preset=cpu", "train.fused_blocks=2", "data.image_size=16", "model.hidden=8"], announce=None)
@@ -342,7 +342,7 @@ def test_cuda_graphs_refuse_the_fused_blocks_in_one_line():
     """Capturing their backward failed on an H200 (see speed_option_refusal): refused, with what to do."""
     from detector.config import load_config
     from detector.losses import get_strategy
-    from detector.train.step import speed_option_refusal
+    from detector.train.run.step import speed_option_refusal
 
     tcfg = load_config(["preset=cpu", "train.cuda_graphs=true", "train.fused_blocks=2"], announce=None).train
     reason = speed_option_refusal(get_strategy("padded"), tcfg, 1, torch.device("cuda"))

@@ -1,5 +1,5 @@
-"""train.strategy=auto (detector/train/auto.py, choice.py): the candidates timed in the training step, the choice and
-its line, the record in summary.json, the run folder, the kept file and TensorBoard, the kept choice taken at once,
+"""train.strategy=auto (detector/train/run/auto.py, choice.py): the candidates timed in the training step, the choice
+and its line, the record in summary.json, the run folder, the kept file and TensorBoard, the kept choice taken at once,
 a resume that keeps the strategy, the rule where the spreads overlap, and the one-line errors; on the tiny CPU
 detector of the training tests (milliseconds a step)."""
 
@@ -15,10 +15,11 @@ from train_helpers import TINY, tiny_cfg
 from detector import cli
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
-from detector.train import auto, choice, summary
-from detector.train.auto import Ranking
-from detector.train.choice import FASTER, MEDIAN, SMALLER, Candidate, Choice
-from detector.train.entry import run_training
+from detector.train.observe import summary
+from detector.train.run import auto, choice
+from detector.train.run.auto import Ranking
+from detector.train.run.choice import FASTER, MEDIAN, SMALLER, Candidate, Choice
+from detector.train.run.entry import run_training
 
 # on the CPU on every machine: the times, the memory and the lines the tests read are the CPU's (a GPU's are
 # another test's to read)

@@ -1,13 +1,14 @@
-"""train.checkpoint_every=auto (detector/train/cadence.py): a save is never due before the one before it is written."""
+"""train.checkpoint_every=auto (detector/train/checkpoints/cadence.py): a save is never due before the one before it is
+written."""
 
 import re
 
 import pytest
 from train_helpers import tiny_cfg
 
-from detector.train import cadence
-from detector.train.cadence import Cadence, interval_steps
-from detector.train.entry import run_training
+from detector.train.checkpoints import cadence
+from detector.train.checkpoints.cadence import Cadence, interval_steps
+from detector.train.run.entry import run_training
 
 
 def test_the_interval_is_a_minute_of_steps_or_four_writes_whichever_is_longer():

@@ -16,9 +16,9 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_helpers import tiny_cfg
 
 from detector import cli
-from detector.train import checkpoint_files as files
-from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.entry import run_training
+from detector.train.checkpoints import files
+from detector.train.checkpoints.state import CheckpointError, read_checkpoint
+from detector.train.run.entry import run_training
 
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3"]
 
@@ -221,8 +221,8 @@ def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, 
     them, into the very rows they came from: the losses are an uninterrupted run's."""
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from detector.train import checkpointer
-    from detector.train.checkpoint import RowsLoadPlanner
+    from detector.train.checkpoints import writer as checkpointer
+    from detector.train.checkpoints.state import RowsLoadPlanner
 
     straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
     monkeypatch.setattr(checkpointer, "CHUNK_BYTES", 4096)  # the head's weight in rows of a few KiB
@@ -286,7 +286,7 @@ def test_the_reads_are_cut_into_runs_of_a_file_of_about_equal_bytes():
 def test_a_checkpoint_saved_where_more_gpus_were_visible_restores_those_this_process_sees(monkeypatch):
     """Rank 0 of 2 processes on 2 GPUs saves both devices' generator states; one process on one GPU resumes it: the
     state of the device it has is restored, and the other's is left (it raised IndexError deep in torch)."""
-    from detector.train import checkpoint
+    from detector.train.checkpoints import state as checkpoint
 
     restored = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -303,7 +303,7 @@ def test_the_first_save_times_the_disk_by_a_write_of_probe_bytes(tmp_path, monke
     """Where no probe ran before the first save (any cadence but the automatic one), that save measures the disk with
     PROBE bytes of its largest staged chunk: its first chunk may be a few bytes (a bias), whose write with fsync times
     the disk's latency, and a 12 GiB save was then said to need days (the disk alone at 0.00 GB/s)."""
-    from detector.train import checkpointer
+    from detector.train.checkpoints import writer as checkpointer
 
     writes = []
     measure = files.disk_speed

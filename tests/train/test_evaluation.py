@@ -1,5 +1,6 @@
-"""The evaluation's picture is drawn by a process of its own (detector/train/evaluation.py ``Painter``): the run's
-process never holds the interpreter's lock for matplotlib's import and drawing, which slowed the steps beside it."""
+"""The evaluation's picture is drawn by a process of its own (detector/train/evaluate/evaluation.py ``Painter``): the
+run's process never holds the interpreter's lock for matplotlib's import and drawing, which slowed the steps beside
+it."""
 
 import os
 
@@ -7,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from detector.train.evaluation import PICTURE_SECONDS, Painter
-from detector.train.pictures import pixels, prediction_figure
+from detector.train.evaluate.evaluation import PICTURE_SECONDS, Painter
+from detector.train.evaluate.pictures import pixels, prediction_figure
 
 
 def test_the_painter_draws_in_its_own_process_the_picture_the_run_would_have_drawn():

@@ -1,6 +1,6 @@
-"""What a run trained, outside it (detector/train/export.py, pictures.py): an export that plain torch reads into a fresh
-model with the trained predictions, read from the checkpoint's model rows alone, the evaluation's picture in
-TensorBoard, and `detector predict`."""
+"""What a run trained, outside it (detector/train/evaluate/export.py, pictures.py): an export that plain torch reads
+into a fresh model with the trained predictions, read from the checkpoint's model rows alone, the evaluation's picture
+in TensorBoard, and `detector predict`."""
 
 import json
 import shutil
@@ -18,10 +18,10 @@ from train_helpers import tiny_cfg
 from detector import cli
 from detector.data import build_loader
 from detector.model import FaceDetector
-from detector.train import checkpoint_files
-from detector.train.checkpoint import CheckpointError, layout, read_checkpoint
-from detector.train.entry import run_training
-from detector.train.export import described, export, load_model
+from detector.train.checkpoints import files as checkpoint_files
+from detector.train.checkpoints.state import CheckpointError, layout, read_checkpoint
+from detector.train.evaluate.export import described, export, load_model
+from detector.train.run.entry import run_training
 
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=4", "train.eval_every=2"]  # its checkpoint: at the end
 
@@ -222,7 +222,10 @@ def test_a_model_loaded_from_an_export_holds_the_files_pages_uncopied_and_the_ru
 
 
 def test_predict_imports_matplotlib_only_to_draw():
-    code = "import sys, detector.train.predict; print([m for m in ('matplotlib', 'tensorboard') if m in sys.modules])"
+    code = (
+        "import sys, detector.train.evaluate.predict; "
+        "print([m for m in ('matplotlib', 'tensorboard') if m in sys.modules])"
+    )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=child_env(), capture_output=True, text=True)
     assert done.returncode == 0 and done.stdout.strip() == "[]", (done.stdout, done.stderr)
 

@@ -1,8 +1,8 @@
-"""A checkpoint's fingerprint against the run that resumes it (detector/train/checkpoint.py): a setting added
+"""A checkpoint's fingerprint against the run that resumes it (detector/train/checkpoints/state.py): a setting added
 after the checkpoint was written is no difference at its default, and a difference where the run changes it."""
 
 from detector.config import load_config
-from detector.train.checkpoint import differences, fingerprint
+from detector.train.checkpoints.state import differences, fingerprint
 
 
 def test_a_setting_the_checkpoint_predates_is_no_difference_at_its_default():

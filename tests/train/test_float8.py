@@ -11,11 +11,11 @@ from detector.config import load_config
 from detector.data import build_loader
 from detector.errors import UserError
 from detector.model import BlockedLinear, compile_model
-from detector.train import speed
-from detector.train.checkpoint import RUN_CONTROL, differences, fingerprint
-from detector.train.float8 import float8_refusal, to_float8
-from detector.train.run_folder import run_name
-from detector.train.step import TrainStep
+from detector.train.checkpoints.state import RUN_CONTROL, differences, fingerprint
+from detector.train.run import speed_options as speed
+from detector.train.run.float8 import float8_refusal, to_float8
+from detector.train.run.folder import run_name
+from detector.train.run.step import TrainStep
 
 HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
 needs_torchao = pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed: pip install torchao")

@@ -18,8 +18,8 @@ from conftest import ROOT, child_env
 from train_helpers import TINY, spawn_two
 
 from detector.errors import PeerLost, UserError
-from detector.train.checkpoint import read_checkpoint
-from detector.train.distributed import Control, DistEnv, shared_folder
+from detector.train.checkpoints.state import read_checkpoint
+from detector.train.distributed.processes import Control, DistEnv, shared_folder
 
 RUN = [*TINY, "device=cpu", "data.num_workers=0", "train.checkpoint_every=3"]
 

@@ -24,15 +24,15 @@ from detector.lab import sweep
 from detector.lab.measure.analysis import measure_steps
 from detector.losses import STRATEGIES, Strategy, get_strategy
 from detector.model import BlockedLinear, build_model
-from detector.train import distributed
-from detector.train.batches import REPLACEMENTS, HeldOut, RankBlocks, rank_loader
-from detector.train.checkpoint import read_checkpoint
-from detector.train.distributed import count_valid, global_mean
-from detector.train.entry import run_training
-from detector.train.metrics import box_iou, box_metrics, evaluate
-from detector.train.progress import Log
-from detector.train.sharding import shard_refusal
-from detector.train.step import lr_factor, speed_option_refusal
+from detector.train.checkpoints.state import read_checkpoint
+from detector.train.distributed import processes as distributed
+from detector.train.distributed.processes import count_valid, global_mean
+from detector.train.distributed.sharding import shard_refusal
+from detector.train.evaluate.metrics import box_iou, box_metrics, evaluate
+from detector.train.observe.progress import Log
+from detector.train.run.batches import REPLACEMENTS, HeldOut, RankBlocks, rank_loader
+from detector.train.run.entry import run_training
+from detector.train.run.step import lr_factor, speed_option_refusal
 
 # ----------------------------------------------------------------------------- checkpoints
 

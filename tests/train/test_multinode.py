@@ -17,8 +17,8 @@ from conftest import ROOT, child_env, fails_after
 from train_helpers import TINY, losses, spawn_two
 
 from detector.config import load_config
-from detector.train.checkpoint import CheckpointError, read_checkpoint, shared_checkpoint
-from detector.train.entry import run_training
+from detector.train.checkpoints.state import CheckpointError, read_checkpoint, shared_checkpoint
+from detector.train.run.entry import run_training
 
 RUN = [*TINY, "device=cpu", "data.num_workers=0", "train.steps=4", "train.checkpoint_every=4"]
 

@@ -1,11 +1,11 @@
-"""The evaluation's picture (detector/train/pictures.py) laid out to be read at its size in TensorBoard: no image's
-title over another image, everything inside the picture, and the picture as wide as TensorBoard's image cards, which
-show it at its own size (the picture in the Images tab: test_export.py)."""
+"""The evaluation's picture (detector/train/evaluate/pictures.py) laid out to be read at its size in TensorBoard: no
+image's title over another image, everything inside the picture, and the picture as wide as TensorBoard's image cards,
+which show it at its own size (the picture in the Images tab: test_export.py)."""
 
 import pytest
 import torch
 
-from detector.train.pictures import SHOWN, pixels, prediction_figure
+from detector.train.evaluate.pictures import SHOWN, pixels, prediction_figure
 
 CARD = 350  # px: TensorBoard's image cards (Images, Time Series) are as wide: a picture that wide shows at its size
 

@@ -19,13 +19,15 @@ from train_helpers import losses, tiny_cfg
 from detector import data
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
-from detector.train import checkpoint_files, run_checkpoints, run_folder
-from detector.train.checkpoint import CheckpointError, read_checkpoint
-from detector.train.entry import run_training
-from detector.train.interrupt import Terminated
-from detector.train.loop import NonFiniteLoss, Steps
-from detector.train.progress import StepClock
-from detector.train.summary import read
+from detector.train.checkpoints import files as checkpoint_files
+from detector.train.checkpoints import manager as run_checkpoints
+from detector.train.checkpoints.state import CheckpointError, read_checkpoint
+from detector.train.observe.progress import StepClock
+from detector.train.observe.summary import read
+from detector.train.run import folder as run_folder
+from detector.train.run.entry import run_training
+from detector.train.run.interrupt import Terminated
+from detector.train.run.loop import NonFiniteLoss, Steps
 
 RUN = ["train.steps=6", "train.checkpoint_every=3"]
 
@@ -476,7 +478,7 @@ def test_another_configuration_or_resume_false_moves_the_unfinished_run_aside_an
 def test_the_eta_and_the_first_log_lines_step_come_from_the_steps_after_the_first(tmp_path, monkeypatch, capsys):
     """A first step of 2 s (a cold compile) must not make the ETA of 30 steps of milliseconds read 10 s, nor the
     first log line's step time read its share of the window (400 ms): the first step is timed apart."""
-    from detector.train.step import TrainStep
+    from detector.train.run.step import TrainStep
 
     real, calls = TrainStep.__call__, []
 
@@ -498,7 +500,7 @@ def test_the_eta_and_the_first_log_lines_step_come_from_the_steps_after_the_firs
 def test_the_eta_is_not_stretched_by_an_evaluation(tmp_path, monkeypatch, capsys):
     """An evaluation of 2 s at step 10 lies inside the next log window: the ETA of the steps after it is theirs. (The
     evaluations after it, at 20, 30 and 40, come after the line read: they take their own time.)"""
-    from detector.train.evaluation import Evaluation
+    from detector.train.evaluate.evaluation import Evaluation
 
     real = Evaluation.__call__
 

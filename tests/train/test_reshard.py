@@ -10,11 +10,11 @@ import torch
 import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
-from detector.sharing import WAYS
-from detector.train import checkpointer
-from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, read_checkpoint
-from detector.train.entry import run_training
-from detector.train.step import TrainStep
+from detector.train.checkpoints import writer as checkpointer
+from detector.train.checkpoints.state import CheckpointError, fingerprint, load_checkpoint, read_checkpoint
+from detector.train.distributed.sharing import WAYS
+from detector.train.run.entry import run_training
+from detector.train.run.step import TrainStep
 
 # channels_last as on a GPU: FSDP2 shards only contiguous parameters, and the NHWC conv weights are not
 RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_every=3", "train.channels_last=true"]

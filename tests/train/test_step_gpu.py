@@ -6,7 +6,7 @@ from train_helpers import TINY
 
 from detector.bench.step import device_batch
 from detector.config import load_config
-from detector.train.step import TrainStep
+from detector.train.run.step import TrainStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the speed options are CUDA's: no GPU here")
 PLAIN = ["train.fused_blocks=0", "train.fused_pool=false", "train.cuda_graphs=false", "train.channels_last=false"]

@@ -1,5 +1,5 @@
-"""A training run's summary.json (detector/train/summary.py): one typed record, written and read back the same; a
-summary of version 1 (written before the record was typed) converted; a file of the wrong shape refused in one line
+"""A training run's summary.json (detector/train/observe/summary.py): one typed record, written and read back the same;
+a summary of version 1 (written before the record was typed) converted; a file of the wrong shape refused in one line
 naming the file and the field; a damaged value left out with one warning naming the file and the field."""
 
 import json
@@ -9,9 +9,9 @@ import re
 import pytest
 
 from detector.checked import RecordError
-from detector.train import summary
-from detector.train.summary import Checkpoints, Save, TrainingSummary
-from detector.train.wallclock import PARTS, Account
+from detector.train.observe import summary
+from detector.train.observe.summary import Checkpoints, Save, TrainingSummary
+from detector.train.observe.wallclock import PARTS, Account
 
 # A version-1 summary as `make train` wrote it before the record was typed: no version, no wall clock, no checkpoints
 VERSION_1 = {
@@ -199,8 +199,8 @@ def test_full_collections_are_counted_with_their_pauses_and_the_step_they_follow
     import gc
     import types
 
-    from detector.train import wallclock
-    from detector.train.wallclock import FullCollections
+    from detector.train.observe import wallclock
+    from detector.train.observe.wallclock import FullCollections
 
     readings = iter([10.0, 10.1, 20.0, 20.5])  # the first full collection pauses 0.1 s, the second 0.5 s
     monkeypatch.setattr(wallclock, "time", types.SimpleNamespace(perf_counter=lambda: next(readings)))

@@ -16,7 +16,7 @@ HOLDERS = ["nothing", "mesh", "dynamo"]
 SCRIPT = """
 import sys, tempfile, time
 sys.path.insert(0, "tests")
-from detector.train import distributed
+from detector.train.distributed import processes as distributed
 import torch.distributed as dist
 distributed.before_groups()  # as make train's setup does before it makes its group
 from train_helpers import gloo_threads
@@ -75,7 +75,8 @@ def test_teardown_ends_the_group_and_its_gloo_threads_whatever_holds_it():
 def test_an_agreed_stops_teardown_that_meets_a_gone_peer_leaves_the_stops_own_error(monkeypatch, teardown_error, seen):
     import torch
 
-    from detector.train import distributed, entry
+    from detector.train.distributed import processes as distributed
+    from detector.train.run import entry
 
     monkeypatch.setattr(distributed, "setup", lambda cfg: (distributed.DistEnv(1, 2, True), torch.device("cpu")))
 

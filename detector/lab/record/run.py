@@ -12,7 +12,7 @@ before the noise was recorded) is converted: its noise is unknown. A value no me
 negative, beyond 10^15) is left out with the part that holds it (a spread, a profiled step, the timed steps, the
 noise), as if not measured, with a warning in ``left_out`` (detector/checked.py ``LeftOut``); but a profiled step's
 wall time that is not such a value, or no usable profiled step, is refused: every reader times the run by its steps.
-(A `make train` run's summary.json is detector/train/summary.py's ``TrainingSummary``.)
+(A `make train` run's summary.json is detector/train/observe/summary.py's ``TrainingSummary``.)
 
 A run is *loader-paced* (``ProfileRecord.loader_paced``) where its step waited for the loader at least
 LOADER_PACED_SHARE of its time and, on a GPU, the device idled as long a share of it: the loader, not the step's
@@ -214,7 +214,7 @@ FIRST_STEP = "first step"  # RunTimes' part that the compile cache's note goes w
 class RunTimes:
     """Where a profile run's wall clock went (detector/lab/profile.py): seconds by part, in the order the run first met
     each, one part after the other (so they sum to the run's, its TensorBoard events and the lines it prints aside);
-    and what the first step found in the compiled step's cache (detector/train/speed.py), None where nothing
+    and what the first step found in the compiled step's cache (detector/train/run/speed_options.py), None where nothing
     compiles."""
 
     seconds: dict[str, float]

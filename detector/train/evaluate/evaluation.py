@@ -1,5 +1,5 @@
 """A training run's evaluations: the held-out set, drawn once, and each evaluation's line and scalars
-(the measures themselves are detector/train/metrics.py's)."""
+(the measures themselves are detector/train/evaluate/metrics.py's)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import time
 import torch
 from omegaconf import DictConfig
 
-from detector.train.batches import HeldOut
-from detector.train.metrics import evaluate
+from detector.train.evaluate.metrics import evaluate
+from detector.train.run.batches import HeldOut
 
 
 class Evaluation:
@@ -61,7 +61,7 @@ class Evaluation:
     def draw(self, model, autocast, step: int, writer) -> None:
         """The first held-out images with their true boxes and the model's (pictures.py) into TensorBoard's Images:
         the model's boxes now; the picture drawn by the painter's process, and written by a thread that waits for it."""
-        from detector.train.pictures import SHOWN, predict
+        from detector.train.evaluate.pictures import SHOWN, predict
 
         self.close()  # the previous picture, drawn by now
         images, targets = self.held_out.batches[0]
@@ -155,7 +155,7 @@ def paint_loop(conn) -> None:
     import matplotlib.backends.backend_agg  # noqa: F401
     import matplotlib.font_manager
 
-    from detector.train.pictures import pixels, prediction_figure
+    from detector.train.evaluate.pictures import pixels, prediction_figure
 
     matplotlib.font_manager.findfont("DejaVu Sans")
     while True:

@@ -35,11 +35,11 @@ from detector.errors import UserError
 from detector.losses import get_strategy
 from detector.model import BlockedLinear, compile_model
 from detector.regions import BACKWARD, COPY, FORWARD, LOSS, OPTIMIZER, Regions
-from detector.train.distributed import count_valid, global_mean
-from detector.train.graphed import GraphedStep
-from detector.train.optimizer import OnePassAdamW
-from detector.train.sharding import Replicated, share
-from detector.train.speed import build_trained_model, speed_option_refusal
+from detector.train.distributed.processes import count_valid, global_mean
+from detector.train.distributed.sharding import Replicated, share
+from detector.train.run.graphed import GraphedStep
+from detector.train.run.optimizer import OnePassAdamW
+from detector.train.run.speed_options import build_trained_model, speed_option_refusal
 
 
 def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:

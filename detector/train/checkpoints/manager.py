@@ -1,42 +1,96 @@
-"""A training run's checkpoints as its loop sees them: which steps save, the save before a stop, each save's line and
-scalars, and the one "last checkpoint" that the run's lines and its summary name.
+"""A training run's checkpoints as its loop sees them, behind one door (``RunCheckpoints``): the resume, which steps
+save, the save before a stop, each save's line and scalars, and the one "last checkpoint" that the run's lines and
+its summary name.
 
 - Which steps save: those of ``train.checkpoint_every`` (cadence.py: ``auto`` is decided at the first log line past
   the first steps, in one line), the last step and ``train.stop_after``'s.
 - A stop that Ctrl-C or SIGTERM asked for first waits for the save under way, then saves the steps since, where the
   last save's time says it fits in ``STOP_SECONDS``; process 0 decides, for every process.
+- The resume (``resume``): the checkpoint this run continues, its state restored into the run's step, or a fresh
+  start; every process reads its own rows, and one that finds them damaged stops every process, with its line.
 - ``last_step``: the step the run can continue from, the one the manifest names (process 0's ``Checkpointer`` commits
   it), or the one the run resumed from. The stop's line, the non-finite loss's and summary.json's ``checkpoint_step``
   read it; the stop's line first abandons a save it did not wait for, so that the step it names stays the manifest's.
 
-The saves themselves (staging memory, the writer thread, the commit, a save's line) are checkpointer.py's.
+The saves themselves (staging memory, the writer thread, the commit, a save's line) are checkpoints/writer.py's.
 """
 
 from __future__ import annotations
 
 import time
 
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
-from detector.train import distributed, summary
-from detector.train.cadence import Cadence
-from detector.train.checkpoint import param_groups, rng_state, state_pieces
-from detector.train.checkpointer import Checkpointer, Save, token
-from detector.train.progress import TIMING_SKIP, Log, throughput
+from detector.train.checkpoints import files
+from detector.train.checkpoints.cadence import Cadence
+from detector.train.checkpoints.state import (
+    CheckpointError,
+    load_checkpoint,
+    param_groups,
+    rng_state,
+    same_run,
+    shared_checkpoint,
+    state_pieces,
+)
+from detector.train.checkpoints.writer import Checkpointer, Save, token
+from detector.train.distributed import processes as distributed
+from detector.train.observe import summary
+from detector.train.observe.progress import TIMING_SKIP, Log, throughput
 
 STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
 
 
 class RunCheckpoints:
-    """The checkpoints of ``run`` (loop.py's ``Run``: its folder, processes, step and clock), resumed at step
-    ``resumed`` (0: a fresh run). Its saves start with the loop (``start``), where the settings ask for any."""
+    """The checkpoints of ``run`` (loop.py's ``Run``: its folder, processes, step and clock), the one door the loop
+    goes through: ``resume`` before the first step (the run's state restored, or a fresh start), ``start`` with the
+    loop, then ``due`` and ``save`` between steps, ``close`` at its end. ``resumed``: the step resumed from (0: a
+    fresh run), ``resume``'s to set."""
 
-    def __init__(self, run, resumed: int):
+    def __init__(self, run, resumed: int = 0):
         self.run, self.tcfg, self.resumed = run, run.tcfg, resumed
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
         self.writer = None  # TensorBoard's, on the main process: each save's times
         self.unsaved: str | None = None  # why a stop did not save the step it stopped at, for its line
+
+    def resume(self) -> dict:
+        """The checkpoint's saved state (model, optimizer, ... restored into the run's step), or a fresh start's; its
+        step is the one the run resumes from. train.resume=auto continues the folder's unfinished run of this very
+        configuration, and says so; true continues any (and refuses another configuration's in one line); false starts
+        afresh."""
+        run = self.run
+        mode, found = self.tcfg.resume, shared_checkpoint(run.run_dir, run.env.world_size)
+        earlier = files.earlier_format(run.run_dir) if found and mode != "false" else None
+        if earlier:
+            raise CheckpointError(earlier)
+        if found and mode == "auto":
+            step = same_run(run.run_dir, run.expected, run.global_batch)
+            found = 0 < step < self.tcfg.steps  # another configuration's, or a complete run: a fresh one starts
+        if not found or mode == "false":
+            if run.checks is not None:
+                run.checks.cancel()
+            if mode == "true":
+                run.say(f"train.resume=true but {run.run_dir} holds no checkpoint: starting from step 0")
+            return {"step": 0, "losses": [], "evals": []}
+        group = run.control.group
+        try:
+            state = load_checkpoint(run.run_dir, run.step_fn, run.expected, run.global_batch, group, run.checks)
+            error = None
+        except CheckpointError as err:
+            state, error = None, str(err)
+        # every process reads its own rows: one that finds them damaged stops every process, with its line
+        errors = [error]
+        if run.env.world_size > 1:
+            errors = [None] * run.env.world_size
+            dist.all_gather_object(errors, error, group=group)
+        first = next((e for e in errors if e), None)
+        if first:
+            raise CheckpointError(first)
+        how = "" if mode == "true" else " (its checkpoint, this configuration; train.resume=false starts afresh)"
+        run.say(f"resuming {run.run_dir} at step {state['step']}{how}")
+        self.resumed = state["step"]
+        return state
 
     def start(self, writer) -> None:
         """Where train.checkpoint_every or train.stop_after asks for saves: the staging memory, allocated now and

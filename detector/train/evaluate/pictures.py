@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from detector.train.metrics import box_iou
+from detector.train.evaluate.metrics import box_iou
 
 if TYPE_CHECKING:  # matplotlib is imported where a picture is drawn: a run's in its drawing thread, which keeps its
     # import (most of a second) off the loop's thread, where the first evaluation would wait for it

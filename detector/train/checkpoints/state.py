@@ -1,6 +1,6 @@
 """What a checkpoint holds and means: the state of a run in one process's layout, whatever wrote it, and the resume
 that refuses anything it cannot trust. How it lies on disk (torch.distributed.checkpoint's format, checksummed) is
-checkpoint_files.py's; how a save stays off the step's path, checkpointer.py's.
+checkpoints/files.py's; how a save stays off the step's path, checkpoints/writer.py's.
 
 One process's layout: each tensor is named as one process's model names it, each BlockedLinear as one Linear
 (``<layer>.weight``: the blocks' rows joined, and their optimizer state with them). Every process holds rows of
@@ -45,8 +45,8 @@ from detector.checked import RecordError, need, read_json
 from detector.config import Config
 from detector.errors import said
 from detector.model import BlockedLinear
-from detector.train import checkpoint_files as files
-from detector.train.checkpoint_files import CheckpointError
+from detector.train.checkpoints import files
+from detector.train.checkpoints.files import CheckpointError
 
 # Settings that change how a run is watched or how fast it goes, never its losses: a checkpoint
 # written under other values of these still resumes.

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from detector.errors import UserError
 from detector.model import BlockedLinear, build_model, fused_blocks_unavailable
 from detector.model.bias_pool_kernel import bias_pool_unavailable
-from detector.train.float8 import float8_unavailable, to_float8
+from detector.train.run.float8 import float8_unavailable, to_float8
 
 # Why a CUDA graph cannot replay a strategy of this target layout (the step must have static shapes).
 GRAPH_REFUSALS = {

@@ -1,6 +1,6 @@
 """The torch.profiler window of `make profile` and of `make train` with train.profile=true.
 
-Both commands record the same step (detector/train/step.py) on the same schedule; this module sits below
+Both commands record the same step (detector/train/run/step.py) on the same schedule; this module sits below
 both, so that training needs nothing of the profile command.
 """
 

@@ -15,12 +15,15 @@ from omegaconf import DictConfig
 
 from detector.device import context_ready
 from detector.errors import UserError
-from detector.train import checkpoint_files, distributed, run_folder, summary
-from detector.train.auto import Rank
-from detector.train.distributed import DistEnv
-from detector.train.loop import Run
-from detector.train.memory import check_run_memory
-from detector.train.wallclock import early
+from detector.train.checkpoints import files as checkpoint_files
+from detector.train.distributed import processes as distributed
+from detector.train.distributed.processes import DistEnv
+from detector.train.observe import summary
+from detector.train.observe.memory import check_run_memory
+from detector.train.observe.wallclock import early
+from detector.train.run import folder as run_folder
+from detector.train.run.auto import Rank
+from detector.train.run.loop import Run
 
 
 def train(

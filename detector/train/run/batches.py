@@ -11,7 +11,7 @@ from omegaconf import DictConfig
 
 from detector.data import build_dataset, build_loader, loader_for
 from detector.data.loader import Batches, BatchLoader, DataWorkerDied
-from detector.train.distributed import DistEnv
+from detector.train.distributed.processes import DistEnv
 
 
 class RankBlocks(torch.utils.data.Dataset):

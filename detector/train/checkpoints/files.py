@@ -262,7 +262,7 @@ def tensor_spans(metadata: Metadata, keys) -> Spans:
 
 class Verification:
     """``verify`` of every file of a committed checkpoint, begun in the background by the command that will likely
-    continue it (detector/train/run_folder.py, ``early_check``): the files are read while the interpreter imports
+    continue it (detector/train/run/folder.py, ``early_check``): the files are read while the interpreter imports
     the compiler and the model and optimizer are built, so that the resume waits only for what is left of the
     read, and DCP's load then reads the same bytes from the page cache. The resume takes its outcome where the
     manifest it reads is the one checked (``result``), and checks again otherwise."""

@@ -1,8 +1,8 @@
 """The ways the processes of a run share the model (``train.shard_optimizer``), each named once, here, in the order
 the scaling table shows them: the configuration takes its choices from ``WAYS``, the training step builds the class
-each names (detector/train/sharding/), the scaling table runs and judges them (detector/bench/sharding.py) and the
-link's timing says which collectives each sends (detector/bench/link.py). docs/training.md ("Several GPUs") says what
-each sends and when.
+each names (detector/train/distributed/sharding/), the scaling table runs and judges them (detector/bench/sharding.py)
+and the link's timing says which collectives each sends (detector/bench/link.py). docs/training.md ("Several GPUs") says
+what each sends and when.
 
 A way's ``kind``: ``reference``, plain DDP, against which the others' losses are held; ``ours``, which stays only where
 it is faster than the best of ``torch``'s own engines.
@@ -16,7 +16,8 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Way:
     name: str  # train.shard_optimizer's value
-    implementation: str  # its class in detector/train/sharding/: "module.Class", imported as a run takes the way
+    # its class in detector/train/distributed/sharding/: "module.Class", imported as a run takes the way
+    implementation: str
     kind: str  # reference, ours or torch
     sends: tuple[str, ...]  # the collectives of the link's timing (detector/bench/link.py) that its step sends
     description: str

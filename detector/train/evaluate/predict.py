@@ -15,7 +15,7 @@ from detector.config import DataConfig
 from detector.data import build_dataset
 from detector.data.targets import make_targets
 from detector.errors import UserError
-from detector.train.export import load_model
+from detector.train.evaluate.export import load_model
 
 MOST_FACES = 16  # boxes drawn on an image file: each is a slot the model fills whether or not a face is there
 
@@ -45,7 +45,7 @@ def run_predict(run: Path, indices: list[int], files: list[str], faces: int, out
         counts.append(min(faces, slots))
         truth.append(torch.full((slots, 4), float("nan")))
         titles.append(Path(name).name)
-    from detector.train.pictures import predict, prediction_figure
+    from detector.train.evaluate.pictures import predict, prediction_figure
 
     batch = torch.stack(images)  # [N, 1, S, S] uint8
     pred = predict(model, batch, torch.device("cpu"))

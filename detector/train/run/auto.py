@@ -41,14 +41,14 @@ from detector.data import to_device
 from detector.device import device_name, synchronize
 from detector.errors import UserError, said
 from detector.losses import get_strategy
-from detector.train import choice as records
-from detector.train.batches import rank_loader
-from detector.train.checkpoint import fingerprint, same_run, saved_strategy
-from detector.train.choice import Candidate, Choice
-from detector.train.distributed import Control, DistEnv, count_valid, global_mean
-from detector.train.graphed import GraphedStep
-from detector.train.speed import speed_option_refusal
-from detector.train.step import TrainStep, time_steps
+from detector.train.checkpoints.state import fingerprint, same_run, saved_strategy
+from detector.train.distributed.processes import Control, DistEnv, count_valid, global_mean
+from detector.train.run import choice as records
+from detector.train.run.batches import rank_loader
+from detector.train.run.choice import Candidate, Choice
+from detector.train.run.graphed import GraphedStep
+from detector.train.run.speed_options import speed_option_refusal
+from detector.train.run.step import TrainStep, time_steps
 
 AUTO = "auto"
 TOP = 3  # candidates from the ranking: the prediction is a model of a few timed cases, its first few are close

@@ -9,7 +9,7 @@ A save, on every process at once:
 2. (a thread of ours, at a lower CPU priority) ``torch.distributed.checkpoint.save`` writes every process's rows as
    chunks of one DCP checkpoint (``RowsSavePlanner``; its plans travel on a gloo group of the checkpoints' own, never
    beside a step's collectives), each process then checksums the files it wrote, and process 0 commits the save by
-   replacing the manifest (checkpoint_files.py). This is DCP's ``async_save``, a stage and then ``save`` in a
+   replacing the manifest (checkpoints/files.py). This is DCP's ``async_save``, a stage and then ``save`` in a
    thread, with our stager: staging memory page-locked once, which DCP's would lock at the first save, in the
    step's way, and a thread that goes on to checksum and commit.
 
@@ -39,10 +39,10 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from detector.checked import write_atomically
-from detector.train import checkpoint_files as files
-from detector.train.checkpoint import Piece, RowsSavePlanner, chunk_offsets, meta_bytes, one_line, written_rows
-from detector.train.checkpoint_files import CheckpointError, background_priority, human_bytes
-from detector.train.distributed import lost_peer
+from detector.train.checkpoints import files
+from detector.train.checkpoints.files import CheckpointError, background_priority, human_bytes
+from detector.train.checkpoints.state import Piece, RowsSavePlanner, chunk_offsets, meta_bytes, one_line, written_rows
+from detector.train.distributed.processes import lost_peer
 
 PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pass any write cache of the page cache
 # A save's rows lie in chunks of at most this many bytes (each a chunk of DCP's metadata, its own staging buffer): a
@@ -119,7 +119,7 @@ class Checkpointer:
         self.saves: list[Save] = []
         self.finished: list[Save] = []  # finished since the last ``poll``: each gets its line
         # the step the manifest names (process 0's; a save commits it), the run's one "last checkpoint" as
-        # run_checkpoints.py reads it, and the step of the last save started (every process's alike)
+        # checkpoints/manager.py reads it, and the step of the last save started (every process's alike)
         self.committed_step = resumed or -1
         self.started_step = resumed or -1
         self.lock, self.abandoned = threading.Lock(), False
@@ -384,5 +384,5 @@ def host_peak() -> int | None:
 
 
 def token() -> str:
-    """A run attempt's token (process 0's, sent to the others): its save folders are its own (checkpoint_files.py)."""
+    """A run attempt's token (process 0's, sent to the others): its save folders are its own (checkpoints/files.py)."""
     return f"{time.strftime('%Y%m%d%H%M%S')}p{os.getpid()}"

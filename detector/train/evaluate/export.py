@@ -23,9 +23,9 @@ import torch
 
 from detector.errors import UserError
 from detector.model import FaceDetector
-from detector.train import checkpoint_files as files
-from detector.train.checkpoint import BytesRead, layout, read_checkpoint
-from detector.train.checkpoint_files import human_bytes
+from detector.train.checkpoints import files
+from detector.train.checkpoints.files import human_bytes
+from detector.train.checkpoints.state import BytesRead, layout, read_checkpoint
 
 FORMAT, VERSION = "detector-export", 1
 EXPORT = Path("export") / "model.pt"

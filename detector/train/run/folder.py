@@ -21,7 +21,8 @@ from omegaconf import OmegaConf
 
 from detector.checked import RecordError
 from detector.errors import UserError
-from detector.train import checkpoint_files, summary
+from detector.train.checkpoints import files as checkpoint_files
+from detector.train.observe import summary
 
 
 def run_name(tcfg) -> str:
@@ -44,7 +45,7 @@ def run_path(cfg, experiment: str | None) -> Path:
 def early_check(cfg, experiment: str | None):
     """The checks of the checkpoint a `train` command will likely continue (train.resume not false, a checkpoint of an
     unfinished run in its folder), begun now in the background and stopped when the command ends; None where there
-    is none. The resume takes their outcome (detector/train/checkpoint_files.py, ``Verification``)."""
+    is none. The resume takes their outcome (detector/train/checkpoints/files.py, ``Verification``)."""
     checks = None
     if cfg.train.resume != "false":
         checks = checkpoint_files.Verification.start(run_path(cfg, experiment), cfg.train.steps)

@@ -1,7 +1,7 @@
 """A training run of the detector with one GIoU loss strategy (`make train EXPERIMENT=<name>`), from its start-up to
 its summary; entry.py enters it (the processes, the run folder's lock).
 
-``Run.go`` reads top to bottom: the step (detector/train/step.py, the same step that `make profile` times), the
+``Run.go`` reads top to bottom: the step (detector/train/run/step.py, the same step that `make profile` times), the
 checkpoint to resume from, the run folder, the loop over the data (``Steps``), the summary. A run writes to
 ``runs/train/<experiment>/<run>/`` with run = ``<strategy>[+compile][+cuda_graphs][+float8]``, whatever the number
 of processes (a run resumes on another number of them, with the same global batch); ``auto[+...]`` for
@@ -11,16 +11,17 @@ train.strategy=auto, which chooses its strategy before the first step (auto.py) 
     events.out.*      TensorBoard scalars: train/, eval/, time/, memory/, goodput/
     checkpoint.json   the last checkpoint's manifest: model, optimizer, schedule, step, RNG states, data position,
     checkpoint-*/     the loss of every step and the evaluations so far, written by every process in the background
-                      and committed atomically, checksummed (checkpoint.py, checkpoint_files.py, checkpointer.py)
+                      and committed atomically, checksummed (checkpoints/state.py, checkpoints/files.py,
+                      checkpoints/writer.py)
     summary.json      final loss and metrics, step times, images/s, the loss curve, where the wall clock went
     strategy-auto.json  train.strategy=auto's choice: the candidates' times and memory, the rule (choice.py)
     profile/          with train.profile=true: one torch.profiler window, regions as in `make profile`
 
-Its parts, each a module here: the run folder and its lock (run_folder.py), what the run allocates (memory.py),
-the data it reads (batches.py), the step's losses and times and the log line (progress.py), the evaluations
-(evaluation.py), the checkpoints (run_checkpoints.py: which steps save, a stop's save, the last checkpoint; the saves
-themselves: checkpointer.py), Ctrl-C and SIGTERM (interrupt.py), where the wall clock went (wallclock.py), the summary
-(summary.py); this module holds the run and its loop.
+Its parts, by package of detector/train: here in run/, the run folder and its lock (folder.py), the data it reads
+(batches.py), Ctrl-C and SIGTERM (interrupt.py); the checkpoints behind one door (checkpoints/manager.py: which steps
+save, a stop's save, the resume, the last checkpoint); what the run allocates, the step's losses and times and the log
+line, where the wall clock went and the summary (observe/); the evaluations (evaluate/). This module holds the run and
+its loop.
 
 Guarantees:
 - Resuming gives the weights, the logged curve and the summary of an uninterrupted run (the loss of
@@ -28,7 +29,7 @@ Guarantees:
 - A non-finite loss stops the run at the next log line, naming the first bad step, with the last
   good checkpoint kept (train.nonfinite=skip skips such steps' updates instead).
 - One process per run folder (a lock, removed at the end); a fresh run moves the folder's earlier run to a
-  visible sibling ``<run>-<its start time>/`` and says so (run_folder.py): a re-run never destroys results.
+  visible sibling ``<run>-<its start time>/`` and says so (run/folder.py): a re-run never destroys results.
 - What cannot fit is refused before it is allocated, in one line with the figures (memory.py).
 - A checkpoint stops the step only while its state is copied to host memory; it is written in the background,
   every process its own part, and logged with its times against the disk's.
@@ -40,10 +41,10 @@ Guarantees:
   and the device's idle time between steps: the part of the host's waits (data, Python) that reached the GPU.
 
 Multi-GPU: under torchrun each rank reads its own block of every global batch and the loss is the
-global mean over valid boxes (detector/train/distributed.py); rank 0 (the global one, on several nodes)
+global mean over valid boxes (detector/train/distributed/processes.py); rank 0 (the global one, on several nodes)
 evaluates, logs and commits checkpoints (under train.shard_optimizer=fsdp2 every rank takes part in the
 evaluation's forward). Every rank writes its own part of a checkpoint, in one process's layout, whatever the
-setting or number of processes that resumes it (detector/train/checkpoint.py).
+setting or number of processes that resumes it (detector/train/checkpoints/state.py).
 """
 
 from __future__ import annotations
@@ -56,7 +57,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
@@ -64,19 +64,29 @@ from detector.checked import RecordError
 from detector.data.loader import DataWorkerDied
 from detector.device import device_name
 from detector.errors import ENVIRONMENT, PeerLost, UserError, said
-from detector.train import checkpoint_files, choice, distributed, run_folder, summary
-from detector.train.auto import AUTO, Rank, choose, with_strategy
-from detector.train.batches import training_batches
-from detector.train.checkpoint import CheckpointError, fingerprint, load_checkpoint, same_run, shared_checkpoint
-from detector.train.distributed import Control, DistEnv
-from detector.train.evaluation import Evaluation
-from detector.train.interrupt import DeferredInterrupt, Handlers
-from detector.train.profile_window import make_profiler
-from detector.train.progress import TIMING_SKIP, Log, throughput
-from detector.train.run_checkpoints import RunCheckpoints
-from detector.train.speed import COMPILING, compile_cache_file, compile_caches, load_compile_cache, save_compile_cache
-from detector.train.step import TrainStep
-from detector.train.wallclock import FullCollections, WallClock
+from detector.train.checkpoints import files as checkpoint_files
+from detector.train.checkpoints.manager import RunCheckpoints
+from detector.train.checkpoints.state import fingerprint
+from detector.train.distributed import processes as distributed
+from detector.train.distributed.processes import Control, DistEnv
+from detector.train.evaluate.evaluation import Evaluation
+from detector.train.observe import summary
+from detector.train.observe.profile_window import make_profiler
+from detector.train.observe.progress import TIMING_SKIP, Log, throughput
+from detector.train.observe.wallclock import FullCollections, WallClock
+from detector.train.run import choice
+from detector.train.run import folder as run_folder
+from detector.train.run.auto import AUTO, Rank, choose, with_strategy
+from detector.train.run.batches import training_batches
+from detector.train.run.interrupt import DeferredInterrupt, Handlers
+from detector.train.run.speed_options import (
+    COMPILING,
+    compile_cache_file,
+    compile_caches,
+    load_compile_cache,
+    save_compile_cache,
+)
+from detector.train.run.step import TrainStep
 
 
 class NonFiniteLoss(UserError):
@@ -121,8 +131,9 @@ class Run:
             self.step_fn = TrainStep(self.cfg, self.device, self.env.world_size)
         # rank 0 evaluates; under FSDP2 every rank runs the forward with it, since each forward gathers the shards
         evaluates = self.env.is_main or bool(self.step_fn.shard and self.step_fn.shard.collective_forward)
+        self.checkpoints = RunCheckpoints(self)
         with wall.startup("resume"):
-            saved = self.resume()
+            saved = self.checkpoints.resume()
         complete = saved["step"] >= self.tcfg.steps
         if complete:
             self.say(f"{self.run_dir} is complete ({saved['step']} steps): nothing to resume")
@@ -225,41 +236,6 @@ class Run:
         checkpoints.close(wait=wait)
         return "; ".join(filter(None, [what, f"the run stopped after step {self.steps.step}", checkpoints.kept()]))
 
-    def resume(self) -> dict:
-        """The checkpoint's saved state (model, optimizer, ... restored), or a fresh start's. train.resume=auto
-        continues the folder's unfinished run of this very configuration, and says so; true continues any (and refuses
-        another configuration's in one line); false starts afresh."""
-        mode, found = self.tcfg.resume, shared_checkpoint(self.run_dir, self.env.world_size)
-        earlier = checkpoint_files.earlier_format(self.run_dir) if found and mode != "false" else None
-        if earlier:
-            raise CheckpointError(earlier)
-        if found and mode == "auto":
-            step = same_run(self.run_dir, self.expected, self.global_batch)
-            found = 0 < step < self.tcfg.steps  # another configuration's, or a complete run: a fresh one starts
-        if not found or mode == "false":
-            if self.checks is not None:
-                self.checks.cancel()
-            if mode == "true":
-                self.say(f"train.resume=true but {self.run_dir} holds no checkpoint: starting from step 0")
-            return {"step": 0, "losses": [], "evals": []}
-        group = self.control.group
-        try:
-            state = load_checkpoint(self.run_dir, self.step_fn, self.expected, self.global_batch, group, self.checks)
-            error = None
-        except CheckpointError as err:
-            state, error = None, str(err)
-        # every process reads its own rows: one that finds them damaged stops every process, with its line
-        errors = [error]
-        if self.env.world_size > 1:
-            errors = [None] * self.env.world_size
-            dist.all_gather_object(errors, error, group=group)
-        first = next((e for e in errors if e), None)
-        if first:
-            raise CheckpointError(first)
-        how = "" if mode == "true" else " (its checkpoint, this configuration; train.resume=false starts afresh)"
-        self.say(f"resuming {self.run_dir} at step {state['step']}{how}")
-        return state
-
     def finish(self) -> summary.TrainingSummary:
         with self.wall.part("checkpoints"):
             self.steps.checkpoints.close(wait=True)  # the final checkpoint, committed before the summary says so
@@ -296,7 +272,7 @@ class Steps:
         with run.wall.startup("held-out set"):
             self.evaluation = Evaluation(run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.step)
         self.writer = None  # TensorBoard's, on the main process, once the loop starts
-        self.checkpoints = RunCheckpoints(run, self.step)
+        self.checkpoints = run.checkpoints
         self.stopping = False  # a stop that every process agreed on is under way
 
     def loop(self, interrupt: DeferredInterrupt) -> None:

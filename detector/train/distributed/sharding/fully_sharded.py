@@ -8,7 +8,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-from detector.train.sharding.replicated import Replicated
+from detector.train.distributed.sharding.replicated import Replicated
 
 
 def head_policy(cfg) -> MixedPrecisionPolicy:

@@ -1,6 +1,6 @@
 """Data-parallel plumbing: the process group from torchrun's environment, each rank's slice of the data,
 and the loss normalised by the *global* number of valid boxes. How the ranks share the model
-(train.shard_optimizer) is detector/train/sharding/.
+(train.shard_optimizer) is detector/train/distributed/sharding/.
 
 Processes: one node or several alike. ``RANK``/``WORLD_SIZE`` are global (the data block, who writes
 files: global rank 0); only the device is the node's own, ``cuda:LOCAL_RANK``.

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.checked import RecordError, measure, measured, need, optional, read_json, versioned, write_atomically
 from detector.data.annotations import SYNTHETIC
-from detector.train.speed import digest, step_settings
+from detector.train.run.speed_options import digest, step_settings
 
 VERSION = 1
 KEPT_FOLDER = "strategy-auto"  # under train.out_dir, beside the compile cache's folder (train/speed.py)

@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from detector.train.optimizer import clip_scale
-from detector.train.sharding.replicated import Replicated, wrap_ddp
+from detector.train.distributed.sharding.replicated import Replicated, wrap_ddp
+from detector.train.run.optimizer import clip_scale
 
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer
