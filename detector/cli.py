@@ -91,7 +91,7 @@ def command(argv: list[str], debug: bool) -> int:
 
 
 def writing() -> bool:
-    """Whether a checkpoint's writer thread is still at work (train/checkpointer.py): a save a stop abandoned."""
+    """Whether a checkpoint's writer thread is still at work (train/checkpoints/writer.py): a save a stop abandoned."""
     return any(t.name == "checkpoint-writer" and t.is_alive() for t in threading.enumerate())
 
 

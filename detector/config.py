@@ -187,7 +187,7 @@ class TrainConfig:
     # (`make bench-step` times the step with and without)
     fused_pool: bool = True
     cuda_graphs: bool = False  # capture the whole step in one CUDA graph (padded layout, one GPU)
-    # the head's big Linear in float8 (torchao's float8 training, tensorwise dynamic scaling; train/float8.py):
+    # the head's big Linear in float8 (torchao's float8 training, tensorwise dynamic scaling; train/run/float8.py):
     # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
     # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
     float8: bool = False
@@ -339,7 +339,7 @@ def dotted_keys(layer: DictConfig, prefix: str = "") -> set[str]:
 def step_aside(cfg: DictConfig, given: set[str]) -> list[str]:
     """The speed options that a preset or the defaults left on and that cannot run for this model on this device,
     turned down to what can (a line each, saying why). A value the user gave (``given``: the experiment file's keys
-    and the overrides') is left as it is: the model's build refuses it in one line (train/speed.py)."""
+    and the overrides') is left as it is: the model's build refuses it in one line (train/run/speed_options.py)."""
     # imported here, not with this module: the kernels read TRITON_INTERPRET once, when first imported, and the CLI
     # sets it (no GPU) after importing the configuration and before loading the strategies
     from detector.model import fused_blocks_unavailable

@@ -6,7 +6,7 @@ report or bench memory) and the work folder of a command that resumes where it s
 - ``prepare_work``: the work folder of a command that resumes where it stopped, and ``WorkState``, the record in it
   (report.json) of the overrides it was started with.
 
-A training run's own folder, its lock and the runs it sets aside are train/run_folder.py's.
+A training run's own folder, its lock and the runs it sets aside are train/run/folder.py's.
 """
 
 from __future__ import annotations

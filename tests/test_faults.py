@@ -93,7 +93,7 @@ def children(pid: int) -> list[int]:
 def data_workers(pid: int, training: int) -> tuple[list[int], list[int]]:
     """The run's ``training`` loader workers and the held-out set's one (TINY's train.eval_batches=1), started after
     them: the later pid, while it lives (it stops once its batch is drawn). The newest child, forked after both, is
-    the process that draws the evaluations' pictures (train/evaluation.py ``Painter``), no data worker."""
+    the process that draws the evaluations' pictures (train/evaluate/evaluation.py ``Painter``), no data worker."""
     found = sorted(children(pid))
     assert training + 1 <= len(found) <= training + 2, found
     return found[:training], found[training:-1]

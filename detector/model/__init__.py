@@ -47,7 +47,7 @@ class _LowPrecisionLinear(torch.autograd.Function):
 
 
 def low_precision(param: Tensor, dtype: torch.dtype) -> Tensor:
-    """``param.to(dtype)``: the copy the optimizer wrote in the same pass as the update (train/optimizer.py)
+    """``param.to(dtype)``: the copy the optimizer wrote in the same pass as the update (train/run/optimizer.py)
     while ``param`` is unchanged since (its version counter), else a fresh cast."""
     held = getattr(param, "low_precision", None)
     if held is not None and held[0].dtype == dtype and held[1] == param._version:
@@ -80,7 +80,8 @@ class BlockedLinear(nn.Module):
             raise ValueError(f"model.head_blocks={blocks}: expected 1 to {out_features} (the head's hidden width)")
         whole = nn.Linear(in_features, out_features)
         # The blocks' parameters are views of `whole`'s, one after the other in memory: the weights of
-        # consecutive blocks are one tensor, which ShardedBlocks (train/sharding/blocks.py) gathers in one call.
+        # consecutive blocks are one tensor, which ShardedBlocks (train/distributed/sharding/blocks.py) gathers in one
+        # call.
         self._whole = (whole.weight.detach(), whole.bias.detach())
         self.blocks = nn.ModuleList()
         for weight, bias in zip(*(t.tensor_split(blocks) for t in self._whole), strict=True):
@@ -88,11 +89,11 @@ class BlockedLinear(nn.Module):
             block.weight, block.bias = nn.Parameter(weight), nn.Parameter(bias)
             self.blocks.append(block)
         self.in_features, self.out_features = in_features, out_features
-        # ShardedBlocks (train/sharding/blocks.py) sets these: the blocks' order of computation (this rank's own
-        # first, while the others' weights are still on their way), and a call before block i's weights are read
+        # ShardedBlocks (train/distributed/sharding/blocks.py) sets these: the blocks' order of computation (this rank's
+        # own first, while the others' weights are still on their way), and a call before block i's weights are read
         self.order: list[int] | None = None
         self.before_block = None
-        # train/float8.py sets this: the blocks are then torchao's Float8Linear, each called as itself (its own
+        # train/run/float8.py sets this: the blocks are then torchao's Float8Linear, each called as itself (its own
         # float8 casts and products; compiled one by one under train.compile) in place of `linear`
         self.float8 = False
 
@@ -113,7 +114,7 @@ class BlockedLinear(nn.Module):
     # Not compiled (``compile_model``): under torch.compile the whole head's backward would be one autograd node, and
     # all the blocks' gradients would arrive together at its end. Eager, each block's gradient is ready (and its
     # all-reduce can start) before the next block's backward runs. A Linear has nothing to fuse but its
-    # casts, and `linear` needs no cast of the weight gradient. (Float8 blocks have casts to fuse: train/float8.py
+    # casts, and `linear` needs no cast of the weight gradient. (Float8 blocks have casts to fuse: train/run/float8.py
     # compiles each block on its own, which keeps one autograd node per block.)
     def forward(self, x: Tensor) -> Tensor:
         outputs = [None] * len(self.blocks)

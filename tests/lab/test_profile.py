@@ -144,7 +144,7 @@ def test_the_last_line_says_where_the_runs_time_went_part_by_part(tmp_path, caps
 
 
 def wait_for_cache_writes() -> None:
-    """Until the compile cache's writer threads (train/speed.py ``save_compile_cache``) are done."""
+    """Until the compile cache's writer threads (train/run/speed_options.py ``save_compile_cache``) are done."""
     for thread in threading.enumerate():
         if thread.name == "compile-cache":
             thread.join(timeout=60)
@@ -152,8 +152,8 @@ def wait_for_cache_writes() -> None:
 
 def test_a_second_profile_loads_the_compile_cache_the_first_saved_which_is_trainings(tmp_path, capsys):
     """train.compile=true on the CPU: the first profile compiles and saves the compiled step's portable cache into the
-    file `make train` of the same configuration reads and writes (train/speed.py ``compile_cache_file``, under
-    train.out_dir); a second profile, as on a fresh machine with runs/ copied, loads it."""
+    file `make train` of the same configuration reads and writes (train/run/speed_options.py ``compile_cache_file``,
+    under train.out_dir); a second profile, as on a fresh machine with runs/ copied, loads it."""
     run = ["profile.strategy=padded", "device=cpu", "train.compile=true", "profile.timed=2"]
     folders = [f"profile.out_dir={tmp_path}", f"train.out_dir={tmp_path / 'train'}"]
     trained = load_config([*TINY, *folders, *run, "train.strategy=padded"], announce=None)  # as `make train` has it

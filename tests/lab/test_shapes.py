@@ -126,7 +126,7 @@ def test_the_shape_report_of_a_file_and_its_prediction_from_bench_losses(tmp_pat
     assert predicted.reason.startswith("packed pays mostly for the boxes: 0.100 µs a slot × 512 slots + 2.00 µs")
     assert "; the fastest that pays mostly for the slots, padded: 1.00 µs a slot × 512 slots" in predicted.reason
     assert predicted.ties == []
-    assert report.auto == (  # the ranking's first that train here, in its order (train/auto.py)
+    assert report.auto == (  # the ranking's first that train here, in its order (train/run/auto.py)
         "train.strategy=auto would time packed, padded in the training step (the 2 first of make shapes' prediction "
         f"for widerface-wider_like at batch 16 x 32 slots, from bench losses' {path})"
     )

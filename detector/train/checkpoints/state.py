@@ -4,10 +4,10 @@ checkpoints/files.py's; how a save stays off the step's path, checkpoints/writer
 
 One process's layout: each tensor is named as one process's model names it, each BlockedLinear as one Linear
 (``<layer>.weight``: the blocks' rows joined, and their optimizer state with them). Every process holds rows of
-some of these tensors (``Piece``): the whole of each on one process; under a way of sharing (train/sharding/) its
-own shard, block or parameters, and copies of the rest. On save each row is written by one process (``Piece.write``:
-its own rows by their holder, rows that every process holds split among them), all at once; on resume each
-process reads the rows it holds, whatever number of processes and way of sharing wrote them.
+some of these tensors (``Piece``): the whole of each on one process; under a way of sharing
+(train/distributed/sharding/) its own shard, block or parameters, and copies of the rest. On save each row is written by
+one process (``Piece.write``: its own rows by their holder, rows that every process holds split among them), all at
+once; on resume each process reads the rows it holds, whatever number of processes and way of sharing wrote them.
 
 "The same run" is the same global batch (``world_size x data.batch_size``): the data position is ``step x global
 batch`` whoever reads it, so 2 processes of batch B resume on 1 of batch 2B, and the other way round; another global

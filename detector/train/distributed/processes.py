@@ -9,7 +9,7 @@ Data: a step consumes one global batch of ``world_size * B`` consecutive sample 
 r-th block of B of them. The union over ranks of step s is therefore exactly the batch a single process
 with batch ``world_size * B`` reads at step s, so a run's data does not depend on how many processes
 share it, and resuming at step s means starting the indices at ``s * world_size * B``, whatever number
-of processes wrote the checkpoint (train/checkpoint.py: the same global batch is the same run).
+of processes wrote the checkpoint (train/checkpoints/state.py: the same global batch is the same run).
 
 Loss: every strategy returns the mean over the valid boxes of its own (rank-local) batch,
 ``S_r / max(n_r, 1)``. The contract's loss of the global batch is ``sum_r S_r / max(n, 1)`` with

@@ -8,7 +8,7 @@ The record is kept in three places, each read back through ``read``:
   settings, which the next run of them takes at once (the key: the device, torch, the model and data configuration,
   the boxes' source, the speed options and the candidates asked for);
 - ``<run>/strategy-auto.json``: the run's own, which a resumed run reports;
-- summary.json's ``auto`` (train/summary.py).
+- summary.json's ``auto`` (train/observe/summary.py).
 
 ``read`` raises RecordError, one line naming the file and the field, for a file that is not such a record.
 """
@@ -28,7 +28,7 @@ from detector.data.annotations import SYNTHETIC
 from detector.train.run.speed_options import digest, step_settings
 
 VERSION = 1
-KEPT_FOLDER = "strategy-auto"  # under train.out_dir, beside the compile cache's folder (train/speed.py)
+KEPT_FOLDER = "strategy-auto"  # under train.out_dir, beside the compile cache's folder (train/run/speed_options.py)
 RUN_FILE = "strategy-auto.json"  # in the run folder
 CHOICE_BYTES = 2**20  # a few candidates of a few dozen steps: a few kB
 # what the rules are called in the record, and said in the line

@@ -36,7 +36,7 @@ def train(
 ) -> summary.TrainingSummary:
     """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json). ``checks``:
     those of the checkpoint it will likely continue, begun already (run_folder.early_check). ``rank``: the ranking of
-    the strategies train.strategy=auto times (train/auto.py), the command's."""
+    the strategies train.strategy=auto times (train/run/auto.py), the command's."""
     tcfg = cfg.train
     global_batch = cfg.data.batch_size * env.world_size
     if tcfg.steps * global_batch > tcfg.eval_start:
@@ -87,7 +87,7 @@ def run_training(
     """`python -m detector train`: one run of ``train.strategy``; returns [its summary]. ``train.strategy=all`` is
     the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
     the command before it imported this module (None: the command found none to begin); begun here otherwise.
-    ``rank``: train.strategy=auto's ranking of the strategies (train/auto.py; the command hands in make shapes').
+    ``rank``: train.strategy=auto's ranking of the strategies (train/run/auto.py; the command hands in make shapes').
     ``context``: the thread making the CUDA context, begun by the command (detector.device ``begin_context``)."""
     if cfg.train.strategy == "all":
         raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")

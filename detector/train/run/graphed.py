@@ -1,4 +1,4 @@
-"""``train.cuda_graphs``: the whole training step (train/step.py), forward to optimizer step, as one CUDA graph."""
+"""``train.cuda_graphs``: the whole training step (train/run/step.py), forward to optimizer step, as one CUDA graph."""
 
 from __future__ import annotations
 

@@ -3,10 +3,10 @@
     batch to device -> forward (bf16 autocast) -> loss (any strategy) -> backward -> clip -> optimizer
     -> schedule
 
-``TrainStep`` builds the model (with train/speed.py's options), shares it among the processes
-(train/sharding/), and builds the optimizer and the schedule from a config (the same config gives the same
+``TrainStep`` builds the model (with train/run/speed_options.py's options), shares it among the processes
+(train/distributed/sharding/), and builds the optimizer and the schedule from a config (the same config gives the same
 step in both commands); it runs the step eagerly, compiled (``train.compile``) or as one CUDA graph
-(``train.cuda_graphs``, train/graphed.py). ``forward_only`` is the article's protocol (`make profile
+(``train.cuda_graphs``, train/run/graphed.py). ``forward_only`` is the article's protocol (`make profile
 MODE=forward`): copy, forward and loss with no gradient.
 
 Profiler regions ("copy data", "forward", "calc loss", "backward", "optimizer step"; a CUDA-graph step
@@ -52,7 +52,7 @@ def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
 
 def build_optimizer(params, tcfg, device: torch.device, low_precision=(), kind: str | None = None):
     """AdamW over ``params`` (tensors or parameter groups): ``OnePassAdamW`` (train.optimizer=one_pass,
-    train/optimizer.py: clipping, AdamW and the bf16 copies of ``low_precision`` in one pass, compiled on CUDA),
+    train/run/optimizer.py: clipping, AdamW and the bf16 copies of ``low_precision`` in one pass, compiled on CUDA),
     or torch's own (fused on CUDA); ``kind`` in place of train.optimizer where a way of sharing needs torch's.
     With CUDA graphs the lr is a device tensor that the schedule updates in place (the graph reads its address)."""
     lr = torch.tensor(tcfg.lr, device=device) if tcfg.cuda_graphs else tcfg.lr
@@ -99,7 +99,7 @@ class TrainStep:
 
     @property
     def shard(self) -> Replicated | None:
-        """How the processes share the model (train/sharding/); None on one process."""
+        """How the processes share the model (train/distributed/sharding/); None on one process."""
         return self.sharing if self.world_size > 1 else None
 
     def __call__(self, batch) -> Tensor:

@@ -2,8 +2,8 @@
 (``train.shard_optimizer=off``: DDP for the trunk, ``EarlyAllReduce`` for the head's blocks). Also the DDP pieces
 that the other ways share: the averaging comm hook and ``wrap_ddp``.
 
-``Replicated`` is the interface that every way of sharing offers the step (train/step.py) and the loop
-(train/loop.py), so that they use any of them the same way.
+``Replicated`` is the interface that every way of sharing offers the step (train/run/step.py) and the loop
+(train/run/loop.py), so that they use any of them the same way.
 """
 
 from __future__ import annotations
@@ -93,8 +93,8 @@ class Replicated:
     ``wait_gradients`` before reading the gradients, ``clip`` for the global gradient norm, and
     ``gather_weights`` after the optimizer; anything that reads the weights outside a forward calls
     ``wait_weights`` first. A checkpoint asks ``writes`` who writes each parameter's rows and its optimizer
-    state's (train/checkpoint.py: each process writes its part), and a resume calls ``loaded`` once it has put the
-    state in place.
+    state's (train/checkpoints/state.py: each process writes its part), and a resume calls ``loaded`` once it has put
+    the state in place.
     """
 
     collective_forward = False
@@ -105,7 +105,7 @@ class Replicated:
         self.owned = list(model.parameters())  # model order: the checkpoint's
 
     def make_optimizer(self, build) -> torch.optim.Optimizer:
-        """The optimizer of ``owned``: ``build(params, kind=None)`` is train/step.py's ``build_optimizer``."""
+        """The optimizer of ``owned``: ``build(params, kind=None)`` is train/run/step.py's ``build_optimizer``."""
         return build(self.owned)
 
     def local(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
