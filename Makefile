@@ -128,7 +128,7 @@ profile: $(SETUP)
 ifeq ($(NPROC),1)
 	$(PY) -m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
 else
-	$(PY) -m detector.launch --standalone --nproc_per_node=$(NPROC) \
+	$(PY) -m detector.cli.launch --standalone --nproc_per_node=$(NPROC) \
 		-m detector profile profile.strategy=$(STRATEGY) profile.mode=$(MODE) $(DATA_BOXES) $(ARGS)
 endif
 
@@ -164,13 +164,13 @@ bench-step: $(SETUP)
 
 train: $(SETUP)
 ifneq ($(NNODES),1)
-	$(PY) -m detector.launch --nnodes=$(NNODES) --node_rank=$(NODE_RANK) --rdzv-backend=$(RDZV_BACKEND) \
+	$(PY) -m detector.cli.launch --nnodes=$(NNODES) --node_rank=$(NODE_RANK) --rdzv-backend=$(RDZV_BACKEND) \
 		--rdzv-endpoint=$(RDZV_ENDPOINT) --rdzv-id=$(RDZV_ID) --nproc_per_node=$(NPROC) \
 		-m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 else ifeq ($(NPROC),1)
 	$(PY) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 else
-	$(PY) -m detector.launch --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
+	$(PY) -m detector.cli.launch --standalone --nproc_per_node=$(NPROC) -m detector train --experiment $(EXPERIMENT) $(DATA_BOXES) $(ARGS)
 endif
 
 # The model a run trained, as FaceDetector's state_dict: RUN=runs/train/<experiment>/<run> -> <run>/export/model.pt

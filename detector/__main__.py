@@ -1,5 +1,5 @@
 import sys
 
-from detector.cli import main
+from detector.cli.main import main
 
 sys.exit(main())

@@ -12,9 +12,10 @@ import torch
 import yaml
 from conftest import ROOT, child_env
 
-from detector import arguments, cli
 from detector.bench import TARGETS as BENCH_TARGETS
-from detector.config import load_config
+from detector.cli import arguments
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.errors import ConfigError, UserError
 from detector.losses import STRATEGIES
 
@@ -319,8 +320,8 @@ def test_an_output_folder_where_a_file_stands_is_one_line(tmp_path, capsys, argv
 
 HELP = """
 import sys
-from detector.cli import main
-from detector.arguments import COMMANDS
+from detector.cli.main import main
+from detector.cli.arguments import COMMANDS
 for argv in [["--help"], *([name, "--help"] for name in COMMANDS)]:
     try:
         main(argv)
@@ -333,7 +334,7 @@ print(sorted(name for name in ("torch", "omegaconf", "numpy", "matplotlib") if n
 
 
 def test_every_help_is_the_grammar_alone_and_imports_no_torch():
-    """`python -m detector --help` and each command's --help answer at once: the grammar (detector/arguments.py) and
+    """`python -m detector --help` and each command's --help answer at once: the grammar (detector/cli/arguments.py) and
     the command line import neither torch nor the configuration's library (torch alone takes seconds to import)."""
     done = subprocess.run([sys.executable, "-c", HELP], capture_output=True, text=True, env=child_env(), timeout=60)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -10,8 +10,8 @@ import pytest
 import torch
 from conftest import child_env
 
-from detector.config import EXPERIMENTS_DIR, Config, load_config
-from detector.device import resolve_device
+from detector.config.device import resolve_device
+from detector.config.schema import EXPERIMENTS_DIR, Config, load_config
 from detector.errors import ConfigError, UserError
 from detector.losses import STRATEGIES
 from detector.model import build_model
@@ -290,7 +290,7 @@ def test_preset_auto_is_the_cpus_for_a_run_on_the_cpu_and_says_why(monkeypatch):
 # exit status and what it said on stderr, one JSON list a command.
 EVERY_COMMAND = """
 import contextlib, io, json, sys
-from detector import cli
+from detector.cli import main as cli
 said = []
 for command in json.loads(sys.argv[1]):
     err = io.StringIO()

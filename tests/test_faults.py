@@ -21,8 +21,9 @@ from tensorboard.compat.tensorflow_stub.io import gfile
 from torch.distributed.checkpoint import filesystem
 from train_helpers import TINY as TRAIN_TINY
 
-from detector import cli, data
-from detector.config import load_config
+from detector import data
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.data.host_memory import GIB, MemoryRefusal
 from detector.data.loader import DataWorkerFailed, WorkerTraceback
 from detector.train.checkpoints import files as checkpoint_files
@@ -262,7 +263,7 @@ def test_a_signal_within_the_loop_asks_for_a_stop_between_steps_and_a_second_sto
 
 
 def test_the_launchers_death_is_one_stop_however_often_linux_signals_it():
-    """kill -9 of detector.launch: Linux sends the rank's parent-death signal (LAUNCHER_LOST) each time the rank's
+    """kill -9 of detector.cli.launch: Linux sends the rank's parent-death signal (LAUNCHER_LOST) each time the rank's
     parent thread ends, two or three times as the launcher's threads end. In the loop that is one stop asked for, as
     SIGTERM's, never the second signal that abandons the stop's checkpoint; a user's SIGTERM after it still is; and
     it asks nothing where a stop is already asked for. Outside the loop the first raises SIGTERM's stop, once."""

@@ -1,4 +1,4 @@
-"""New output folders (detector/folders.py ``new_run_dir``), the one way every command makes one: made
+"""New output folders (detector/lab/folders.py ``new_run_dir``), the one way every command makes one: made
 atomically, so that commands started in the same second each get their own, under a race too."""
 
 import json
@@ -8,8 +8,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from detector import folders
 from detector.checked import RecordError
+from detector.lab import folders
 
 
 def test_commands_in_the_same_second_each_get_their_own_folder(tmp_path, monkeypatch):

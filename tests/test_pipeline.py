@@ -8,8 +8,8 @@ import pytest
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-from detector import cli
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.lab.compare import latest_runs
 from detector.lab.record.comparison import read_comparison
 from detector.lab.record.run import ProfileRecord

@@ -13,9 +13,10 @@ from lab_helpers import TINY_PROFILE
 from tensorboard.plugins.base_plugin import TBContext
 from werkzeug.test import Client
 
-from detector import arguments, cli
 from detector.board.plugin import TracesPlugin
-from detector.config import load_config
+from detector.cli import arguments
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.lab import report
 from detector.losses import KnownStrategies
 

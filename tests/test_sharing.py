@@ -5,7 +5,7 @@ import importlib
 from dataclasses import fields, replace
 
 from detector.bench import link, sharding
-from detector.config import ReportConfig, TrainConfig
+from detector.config.schema import ReportConfig, TrainConfig
 from detector.train.distributed import sharding as sharing_classes
 from detector.train.distributed.sharing import WAYS, of_kind
 from detector.train.observe.summary import TrainingSummary

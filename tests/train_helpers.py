@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.train.distributed import processes as distributed
 
 # A detector of a few thousand parameters on 32 px images: a step takes milliseconds.

@@ -77,7 +77,7 @@ def run(cfg: DictConfig, target: str = "losses") -> list | dict | None:
 def gpu_device(cfg: DictConfig, target: str, unavailable) -> torch.device | None:
     """The CUDA device of a GPU-only target, or None after one line saying why it cannot run here;
     ``unavailable(device)`` is the kernels' own reason (e.g. the extension is not built)."""
-    from detector.device import resolve_device
+    from detector.config.device import resolve_device
 
     device = resolve_device(cfg)
     if device.type != "cuda":

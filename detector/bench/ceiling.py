@@ -41,10 +41,10 @@ import torch
 from omegaconf import DictConfig
 
 from detector.checked import RecordError, need, optional, read_json, versioned, write_atomically
-from detector.config import load_config
+from detector.config.device import resolve_device
+from detector.config.schema import load_config
 from detector.data import build_sampler
 from detector.data.targets import make_targets
-from detector.device import resolve_device
 from detector.errors import UserError
 from detector.lab.measure.allocator import StepMeter
 from detector.losses import get_strategy
@@ -372,6 +372,6 @@ def allocator_setting() -> str:
 
 
 def run_file(overrides: list[str], jobs_file: Path, out: Path, seconds: float = math.inf) -> dict:
-    """``run_jobs`` of the jobs listed in ``jobs_file``: ``python -m detector ceiling`` (detector/cli.py)."""
+    """``run_jobs`` of the jobs listed in ``jobs_file``: ``python -m detector ceiling`` (detector/cli/main.py)."""
     jobs = read_jobs(jobs_file)
     return run_jobs(overrides, jobs, out, seconds)

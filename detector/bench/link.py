@@ -32,8 +32,8 @@ import torch.distributed as dist
 
 from detector import checked
 from detector.checked import RecordError, need, read_json, versioned, write_atomically
-from detector.config import load_config
-from detector.device import device_name
+from detector.config.device import device_name
+from detector.config.schema import load_config
 from detector.errors import UserError
 from detector.lab.present.tables import markdown_table, significant
 from detector.train.distributed import processes as distributed
@@ -205,7 +205,7 @@ def step_sends(way, medians: dict[str, float]) -> str:
 
 def run_link(overrides: list[str], out: Path) -> dict:
     """``measure`` on every rank, rank 0 writing the times to ``out`` and printing their table:
-    ``python -m detector link`` (detector/cli.py)."""
+    ``python -m detector link`` (detector/cli/main.py)."""
     cfg = load_config(overrides, announce=None)
     link = measure(cfg)
     if dist.get_rank() == 0:

@@ -14,8 +14,8 @@ import torch
 from omegaconf import DictConfig
 
 from detector import bench
+from detector.config.device import resolve_device
 from detector.data.targets import make_targets
-from detector.device import resolve_device
 from detector.lab.measure.cases import random_case
 from detector.lab.measure.timing import budget, event_ms, graph_ms, loss_closures
 from detector.lab.present.tables import WHICH_HEADING, markdown_table, speedup, speedup_cell, spread_cell, times

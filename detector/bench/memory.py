@@ -40,9 +40,9 @@ from omegaconf import DictConfig, OmegaConf
 from detector.bench.ceiling import MEASURED, PROBE_STEPS, RESOLUTION, WARMUP, ChildResults, Jobs
 from detector.bench.crowd import write_crowd
 from detector.checked import RecordError
-from detector.config import load_config
-from detector.device import device_name, resolve_device
-from detector.folders import new_run_dir, prepare_work
+from detector.config.device import device_name, resolve_device
+from detector.config.schema import load_config
+from detector.lab.folders import new_run_dir, prepare_work
 from detector.lab.measure.allocator import EXPANDABLE
 from detector.lab.present.tables import cell_text, code_block, markdown_table
 from detector.lab.record.measures import memory_text

@@ -39,8 +39,8 @@ from omegaconf import DictConfig
 
 from detector.bench.link import read_link, summary_lines
 from detector.checked import RecordError
-from detector.config import TrainConfig, load_config
-from detector.device import device_name, resolve_device
+from detector.config.device import device_name, resolve_device
+from detector.config.schema import TrainConfig, load_config
 from detector.errors import UserError
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
@@ -78,7 +78,7 @@ class Run:
         args += [f"train.shard_optimizer={self.mode}"] if self.mode else []
         if self.processes == 1:
             return args
-        return ["-m", "detector.launch", "--standalone", f"--nproc_per_node={self.processes}", *args]
+        return ["-m", "detector.cli.launch", "--standalone", f"--nproc_per_node={self.processes}", *args]
 
 
 def plan(processes: int, modes=tuple(WAYS)) -> list[Run]:
@@ -124,7 +124,7 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
     if not path.exists():
         (work / "logs").mkdir(parents=True, exist_ok=True)
         log = work / "logs" / f"link-x{processes}.log"
-        command = ["-m", "detector.launch", "--standalone", f"--nproc_per_node={processes}"]
+        command = ["-m", "detector.cli.launch", "--standalone", f"--nproc_per_node={processes}"]
         command += ["-m", "detector", "link", f"--out={path}", *overrides]
         print(f"the link alone: python {' '.join(quote(a) for a in command)}", flush=True)
         with open(log, "w") as out:

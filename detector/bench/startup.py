@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector import bench
 from detector.bench.startup_floor import PARTS as FLOOR_PARTS
-from detector.device import resolve_device
+from detector.config.device import resolve_device
 from detector.errors import UserError
 from detector.lab.present.tables import markdown_table, significant
 from detector.lab.record.provenance import run_header

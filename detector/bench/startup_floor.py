@@ -24,7 +24,7 @@ def floor(config: str) -> dict[str, float]:
     from omegaconf import OmegaConf
 
     from detector.bench.step import device_batch
-    from detector.device import resolve_device
+    from detector.config.device import resolve_device
     from detector.losses import get_strategy
     from detector.train.run.speed_options import compile_cache_file, load_compile_cache
     from detector.train.run.step import TrainStep

@@ -24,8 +24,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from detector import bench
+from detector.config.device import resolve_device
 from detector.data import build_loader, build_sampler, to_device
-from detector.device import resolve_device
 from detector.errors import UserError
 from detector.lab.measure.timing import event_ms
 from detector.lab.present.tables import markdown_table, significant, spread_cell

@@ -68,7 +68,7 @@ def build_dataset(cfg, start: int = 0, length: int | None = None) -> SyntheticFa
 
 def build_sampler(cfg) -> FaceSampler | BoxFileSampler:
     """The sampler of a DataConfig: the synthetic faces, or the boxes of ``cfg.boxes``'s annotation file cut to
-    ``cfg.max_boxes`` slots (detector/config.py has set the slots already where ``cfg.over_max_boxes=fit``)."""
+    ``cfg.max_boxes`` slots (detector/config/schema.py has set the slots already where ``cfg.over_max_boxes=fit``)."""
     if cfg.boxes == SYNTHETIC:
         return FaceSampler(
             image_size=cfg.image_size,

@@ -9,7 +9,7 @@ measure/   what makes a record: a torch.profiler trace read (trace.py) and measu
 present/   what a person reads: tables and numbers (tables.py), verdicts (verdicts.py), the run's card and the
            comparison's markdown (text.py), charts (charts.py), step timelines (timeline.py) and the shape report
            (shapes.py)
-the commands, one module each, which detector/cli.py composes and none of which imports another: profile.py
+the commands, one module each, which detector/cli/main.py composes and none of which imports another: profile.py
            (make profile), compare.py (make compare), report.py (make report), shapes.py (make shapes), curves.py
            (make curves), sweep.py (the strategy sweep)
 """

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from detector.checked import RecordError
 from detector.errors import UserError
-from detector.folders import new_run_dir
+from detector.lab.folders import new_run_dir
 from detector.lab.measure.extract import load
 from detector.lab.present import charts, text
 from detector.lab.present.tables import cell_text, speedup

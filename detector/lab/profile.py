@@ -55,9 +55,9 @@ import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 
+from detector.config.device import device_name
 from detector.data import build_loader
-from detector.device import device_name
-from detector.folders import new_run_dir
+from detector.lab.folders import new_run_dir
 from detector.lab.measure import analysis, extract
 from detector.lab.measure.allocator import StepMeter
 from detector.lab.measure.cpu_load import LoadMeter
@@ -125,7 +125,7 @@ class Laps:
 
 def run_profile(cfg: DictConfig) -> Profiled:
     """Profile the config's training step, into a new run folder; its TensorBoard events are the profile command's
-    (detector/cli.py ``profile``: detector/board/ draws on the lab, not the other way round)."""
+    (detector/cli/main.py ``profile``: detector/board/ draws on the lab, not the other way round)."""
     cfg = OmegaConf.merge(cfg, {"train": {"strategy": cfg.profile.strategy}})
     env, device = distributed.setup(cfg)  # one process: no group, the config's device
     try:

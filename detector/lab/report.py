@@ -39,9 +39,9 @@ import torch
 from omegaconf import DictConfig
 
 from detector.checked import RecordError
-from detector.device import device_name, resolve_device
+from detector.config.device import device_name, resolve_device
 from detector.errors import UserError
-from detector.folders import new_run_dir, prepare_work
+from detector.lab.folders import new_run_dir, prepare_work
 from detector.lab.present.tables import (
     WHICH_HEADING,
     cell_text,

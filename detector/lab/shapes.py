@@ -30,11 +30,11 @@ import numpy as np
 from omegaconf import DictConfig
 
 from detector.checked import RecordError
+from detector.config.device import device_name, resolve_device
 from detector.data import FaceSampler
 from detector.data.annotations import SYNTHETIC, read_annotations
-from detector.device import device_name, resolve_device
 from detector.errors import UserError
-from detector.folders import new_run_dir
+from detector.lab.folders import new_run_dir
 from detector.lab.measure import costs as costing
 from detector.lab.present.shapes import draw_histogram, shapes_markdown
 from detector.lab.present.tables import significant, speedup

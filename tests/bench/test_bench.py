@@ -8,7 +8,7 @@ import torch
 
 from detector import bench
 from detector.bench import losses
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.lab.measure.timing import Stats
 from detector.lab.record import bench as bench_record
 from detector.lab.record.spread import Spread

@@ -8,8 +8,8 @@ import socket
 import pytest
 from train_helpers import spawn_two
 
-from detector import cli
 from detector.bench import link
+from detector.cli import main as cli
 
 SMALL = ["device=cpu", "preset=cpu", "data.image_size=32", "model.hidden=64", "model.channels=[4,8]"]
 

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from detector import cli
 from detector.bench import ceiling
 from detector.bench.ceiling import GRANULE, RESOLUTION, Probe, next_batch, search
 from detector.bench.crowd import CROWD_FEWEST, CROWD_MOST, crowd_counts, write_crowd
 from detector.bench.memory import allocator_lines, ceiling_lines, config_args, read_child, run_bench
 from detector.checked import RecordError
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.data.annotations import read_annotations, slots_for
 from detector.lab.measure.allocator import EXPANDABLE
 

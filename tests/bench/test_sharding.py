@@ -12,10 +12,11 @@ from conftest import ROOT
 from lab_helpers import MARKUP_NAME, SHOWN, rendered
 from train_helpers import TINY
 
-from detector import arguments, cli
 from detector.bench import sharding
 from detector.bench.sharding import Run
-from detector.config import TrainConfig, load_config
+from detector.cli import arguments
+from detector.cli import main as cli
+from detector.config.schema import TrainConfig, load_config
 from detector.lab import report
 from detector.train.observe.summary import Checkpoints, Save, TrainingSummary
 from detector.train.observe.wallclock import PARTS, Account
@@ -149,7 +150,7 @@ def test_the_plan_and_its_commands():
     assert [r.name for r in sharding.plan(2, ["zero", "off"])] == ["1x", "2x-off", "2x-zero"]
     one, two = Run(1, None).command(ROOT, 40, ["device=cpu"]), Run(2, "zero").command(ROOT, 40, ["device=cpu"])
     assert one[:3] == ["-m", "detector", "train"] and "train.shard_optimizer" not in " ".join(one)
-    assert two[:4] == ["-m", "detector.launch", "--standalone", "--nproc_per_node=2"]
+    assert two[:4] == ["-m", "detector.cli.launch", "--standalone", "--nproc_per_node=2"]
     assert two[-1] == "train.shard_optimizer=zero" and f"train.out_dir={ROOT / '2x-zero'}" in two
 
 
@@ -189,7 +190,7 @@ def test_the_scaling_table_of_two_gloo_processes(tmp_path, monkeypatch, capsys):
     assert cli.main(["scaling", *args]) == 0
     doc = (tmp_path / "docs" / "cpu-x2.md").read_text()
     assert doc.startswith("# Scaling on 2 × cpu\n") and "commit abc1234 (a copy of its tree)" in doc
-    assert "python -m detector.launch --standalone --nproc_per_node=2 -m detector train train.steps=11" in doc
+    assert "python -m detector.cli.launch --standalone --nproc_per_node=2 -m detector train train.steps=11" in doc
     rows = {tuple(cells[:2]): cells for cells in (line.strip("|").split(" | ") for line in doc.splitlines())}
     rows = {key: [c.strip() for c in cells] for key, cells in rows.items()}
     for mode in ("off", "blocks", "fsdp2", "zero"):

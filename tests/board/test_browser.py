@@ -18,9 +18,9 @@ import pytest
 from browser_helpers import CHROMIUM, CLICK_ACTUAL_SIZE, get, get_json, keep, serve
 from lab_helpers import make_run
 
-from detector import cli
 from detector.board.events import COMPARE_GROUP, RUN_GROUP, scalar_tag, write_compare_events, write_profile_events
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.lab.compare import run_compare
 from detector.lab.record.run import read_summary
 from detector.lab.record.steps import read_extract

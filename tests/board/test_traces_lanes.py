@@ -11,7 +11,7 @@ from browser_helpers import CHROMIUM, in_traces, keep, serve, wait_for
 from conftest import REAL_SAMPLE_SECONDS
 from lab_helpers import H100_TRACES, TINY_PROFILE, make_run
 
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.lab.measure import cpu_load
 from detector.lab.profile import run_profile
 from detector.lab.record.measures import memory_text

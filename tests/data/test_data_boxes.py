@@ -1,5 +1,5 @@
 """Images drawn over the boxes of an annotation file (data.boxes, detector/data/synthetic.py's BoxFileSampler), through
-the configuration (detector/config.py reads the file and sets the slots) and the loader, in every layout."""
+the configuration (detector/config/schema.py reads the file and sets the slots) and the loader, in every layout."""
 
 import os
 import shlex
@@ -12,7 +12,7 @@ from annotation_helpers import coco_json, widerface_text, write_coco
 from conftest import ROOT
 from omegaconf import OmegaConf
 
-from detector.config import DataConfig, load_config
+from detector.config.schema import DataConfig, load_config
 from detector.data import BoxFileSampler, FaceSampler, build_loader, build_sampler
 from detector.data.annotations import AnnotationError, fit_boxes, read_annotations
 from detector.data.targets import to_padded

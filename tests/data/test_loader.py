@@ -22,7 +22,7 @@ import torch
 from conftest import ROOT, child_env, fails_after
 from omegaconf import OmegaConf
 
-from detector.config import DataConfig
+from detector.config.schema import DataConfig
 from detector.data import LAYOUTS, build_dataset, build_loader, collate_fn, loader_for, to_device
 from detector.data.loader import DataWorkerDied, DataWorkerFailed, DataWorkerStalled, WorkerTraceback, page_unlock
 from detector.data.worker import HEADER, host_arrays, unpack_targets
@@ -367,7 +367,7 @@ def alive(pid: int) -> bool:
 CHILD = """
 import os, signal, sys, time, torch
 from omegaconf import OmegaConf
-from detector.config import DataConfig
+from detector.config.schema import DataConfig
 from detector.data import build_loader
 cfg = OmegaConf.merge(OmegaConf.structured(DataConfig), {{"image_size": 32, "batch_size": 8, "num_workers": 2}})
 batches = iter(build_loader(cfg, "padded", torch.device("cpu")))

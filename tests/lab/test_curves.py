@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from detector.cli import main as cli_main
+from detector.cli.main import main as cli_main
 from detector.errors import UserError
 from detector.lab.curves import compare_curves, running_mean
 

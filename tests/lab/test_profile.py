@@ -9,8 +9,8 @@ import torch
 from conftest import REAL_SAMPLE_SECONDS
 from lab_helpers import TINY_PROFILE, make_run
 
-from detector import cli
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.data import batches
 from detector.data.targets import make_targets
 from detector.errors import UserError

@@ -10,8 +10,8 @@ import pytest
 import torch
 from lab_helpers import BUSY, MARKUP_NAME, QUIET, SHOWN, edit_summary, make_run, rendered
 
-from detector import cli
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.errors import UserError
 from detector.lab import report
 from detector.lab.record.comparison import ComparisonRecord

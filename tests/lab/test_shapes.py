@@ -26,8 +26,8 @@ from lab_helpers import (
 )
 from omegaconf import OmegaConf
 
-from detector import cli
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.lab.measure import costs
 from detector.lab.measure.cases import sample_counts
 from detector.lab.present.shapes import MEMORY_AGREES, check_lines, memory_lines, prediction_lines, shapes_markdown

@@ -12,8 +12,8 @@ import torch
 from conftest import ROOT, child_env
 from lab_helpers import TINY_PROFILE
 
-from detector import cli
-from detector.config import load_config
+from detector.cli import main as cli
+from detector.config.schema import load_config
 from detector.data.targets import make_targets
 from detector.lab.compare import run_compare
 from detector.lab.measure.cases import random_case

@@ -179,7 +179,7 @@ def test_unavailable_says_why(monkeypatch):
 
 
 def test_train_step_refuses_it_in_one_line_and_the_cpu_preset_leaves_it_off(monkeypatch):
-    from detector.config import load_config
+    from detector.config.schema import load_config
     from detector.train.run.step import TrainStep
 
     assert load_config(["preset=cpu"], announce=None).train.fused_pool is False  # the interpreter would be slow
@@ -194,7 +194,7 @@ def test_train_step_keeps_the_losses_in_the_interpreter():
     from train_helpers import TINY
 
     from detector.bench.step import device_batch
-    from detector.config import load_config
+    from detector.config.schema import load_config
     from detector.train.run.step import TrainStep
 
     skip_if_unavailable("cpu")
@@ -209,7 +209,7 @@ def test_train_step_keeps_the_losses_in_the_interpreter():
 
 
 def test_cuda_graphs_refuse_the_fused_pool_in_one_line():
-    from detector.config import load_config
+    from detector.config.schema import load_config
     from detector.losses import get_strategy
     from detector.train.run.step import speed_option_refusal
 
@@ -258,7 +258,7 @@ def test_compiles_with_fullgraph():
 
 def test_bench_blocks_times_the_blocks_after_the_fused_ones():
     from detector.bench.blocks import pool_calls
-    from detector.config import load_config
+    from detector.config.schema import load_config
 
     skip_if_unavailable("cpu")
     tiny = ["preset=cpu", "data.image_size=16", "data.batch_size=2", "model.channels=[4,8,16]", "train.fused_pool=true"]

@@ -305,7 +305,7 @@ def test_unavailable_says_why(monkeypatch):
 
 
 def test_train_step_refuses_it_in_one_line(monkeypatch):
-    from detector.config import load_config
+    from detector.config.schema import load_config
     from detector.train.run.step import TrainStep
 
     monkeypatch.setattr(stem_module, "INTERPRETED", False)
@@ -340,7 +340,7 @@ def test_compiles_with_fullgraph():
 
 def test_cuda_graphs_refuse_the_fused_blocks_in_one_line():
     """Capturing their backward failed on an H200 (see speed_option_refusal): refused, with what to do."""
-    from detector.config import load_config
+    from detector.config.schema import load_config
     from detector.losses import get_strategy
     from detector.train.run.step import speed_option_refusal
 

@@ -12,7 +12,7 @@ from lab_helpers import bench_file
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import TINY, tiny_cfg
 
-from detector import cli
+from detector.cli import main as cli
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
 from detector.train.observe import summary

@@ -15,7 +15,7 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_helpers import tiny_cfg
 
-from detector import cli
+from detector.cli import main as cli
 from detector.train.checkpoints import files
 from detector.train.checkpoints.state import CheckpointError, read_checkpoint
 from detector.train.run.entry import run_training

@@ -15,7 +15,7 @@ from conftest import ROOT, child_env
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from train_helpers import tiny_cfg
 
-from detector import cli
+from detector.cli import main as cli
 from detector.data import build_loader
 from detector.model import FaceDetector
 from detector.train.checkpoints import files as checkpoint_files

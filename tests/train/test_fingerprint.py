@@ -1,7 +1,7 @@
 """A checkpoint's fingerprint against the run that resumes it (detector/train/checkpoints/state.py): a setting added
 after the checkpoint was written is no difference at its default, and a difference where the run changes it."""
 
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.train.checkpoints.state import differences, fingerprint
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from train_helpers import TINY, tiny_cfg
 
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.data import build_loader
 from detector.errors import UserError
 from detector.model import BlockedLinear, compile_model

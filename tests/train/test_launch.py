@@ -1,5 +1,5 @@
 """Several processes as users live them, on gloo: a stop that every process agrees on, a process that dies, SIGTERM
-under torchrun (detector.launch), and a resume that continues exactly."""
+under torchrun (detector.cli.launch), and a resume that continues exactly."""
 
 import json
 import os
@@ -76,7 +76,7 @@ def test_a_process_that_dies_stops_the_others_at_their_next_step(tmp_path):
 
 def launch(out: Path, *overrides: str) -> subprocess.Popen:
     """`make train NPROC=2`'s command, in a session of its own, its ranks on gloo; its temporary files in out/tmp."""
-    args = ["-m", "detector.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
+    args = ["-m", "detector.cli.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
     args += [*RUN, f"train.out_dir={out}", *overrides]
     (out / "tmp").mkdir(parents=True, exist_ok=True)
     return subprocess.Popen(
@@ -230,7 +230,7 @@ def test_a_rank_that_raises_ends_every_rank_in_one_line_naming_it(tmp_path):
     (tmp_path / "boom_loss.py").write_text(BOOM_FILE)
     env = child_env(CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = f"{tmp_path}{os.pathsep}{env['PYTHONPATH']}"
-    args = ["-m", "detector.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
+    args = ["-m", "detector.cli.launch", "--standalone", "--nproc_per_node=2", "-m", "detector", "train"]
     args += [*RUN, "train.steps=1000", "train.strategy=boom_loss:boom", f"train.out_dir={tmp_path / 'out'}"]
     start = time.monotonic()
     process = subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
@@ -280,7 +280,7 @@ def test_the_launcher_takes_the_first_stop_signal_and_ignores_the_next_while_the
     with the two 0.02-0.05 s apart). The launcher's handler takes the first stop signal and ignores the next ones."""
     import signal
 
-    from detector.launch import stop_once
+    from detector.cli.launch import stop_once
 
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     seen = []

@@ -15,8 +15,8 @@ import torch.distributed as dist
 from torch import nn
 from train_helpers import losses, spawn_two, tiny_cfg
 
-from detector.cli import main as cli_main
-from detector.config import load_config
+from detector.cli.main import main as cli_main
+from detector.config.schema import load_config
 from detector.data import PaddedTargets, build_loader
 from detector.data.loader import DataWorkerDied
 from detector.errors import UserError

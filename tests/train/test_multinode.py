@@ -16,7 +16,7 @@ import torch.distributed as dist
 from conftest import ROOT, child_env, fails_after
 from train_helpers import TINY, losses, spawn_two
 
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.train.checkpoints.state import CheckpointError, read_checkpoint, shared_checkpoint
 from detector.train.run.entry import run_training
 

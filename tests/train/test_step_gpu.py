@@ -5,7 +5,7 @@ import torch
 from train_helpers import TINY
 
 from detector.bench.step import device_batch
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.train.run.step import TrainStep
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the speed options are CUDA's: no GPU here")

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from detector.checked import RecordError
+from detector.config.device import device_name
 from detector.data.targets import make_targets
-from detector.device import device_name
 from detector.lab.measure.cases import random_boxes, sample_counts
 from detector.lab.measure.timing import event_ms, loss_closures, wall_ms
 from detector.lab.measure.trace import peak_rise, read_events

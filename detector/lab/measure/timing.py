@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from detector.device import synchronize
+from detector.config.device import synchronize
 
 
 @dataclass(frozen=True)

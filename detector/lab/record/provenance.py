@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from detector.device import device_name
+from detector.config.device import device_name
 
 ROOT = Path(__file__).resolve().parents[3]  # the project: the folder that holds detector/
 

@@ -42,7 +42,7 @@ from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWrite
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from detector.checked import RecordError, need, read_json
-from detector.config import Config
+from detector.config.schema import Config
 from detector.errors import said
 from detector.model import BlockedLinear
 from detector.train.checkpoints import files

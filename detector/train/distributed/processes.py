@@ -34,8 +34,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from detector.config.device import resolve_device
 from detector.data import ListTargets, Targets
-from detector.device import resolve_device
 from detector.errors import PeerLost, UserError
 
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from detector.config import DataConfig
+from detector.config.schema import DataConfig
 from detector.data import build_dataset
 from detector.data.targets import make_targets
 from detector.errors import UserError

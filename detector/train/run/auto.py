@@ -37,8 +37,8 @@ import torch
 from omegaconf import DictConfig
 
 from detector.checked import RecordError
+from detector.config.device import device_name, synchronize
 from detector.data import to_device
-from detector.device import device_name, synchronize
 from detector.errors import UserError, said
 from detector.losses import get_strategy
 from detector.train.checkpoints.state import fingerprint, same_run, saved_strategy

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig
 
-from detector.device import context_ready
+from detector.config.device import context_ready
 from detector.errors import UserError
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.distributed import processes as distributed
@@ -61,7 +61,7 @@ def training_processes(cfg: DictConfig):
     except BaseException as err:
         # a stop every process agreed on ends them all at one step: the group's teardown meets every one of them. Any
         # other failure is this process's alone: the others may wait for it inside a step's collective, where the
-        # teardown's barrier would wait for them in turn; it ends at once instead (cli.py), and they with it
+        # teardown's barrier would wait for them in turn; it ends at once instead (cli/main.py), and they with it
         if env.world_size == 1 or getattr(err, "agreed", False):
             try:
                 distributed.teardown(env)
@@ -88,7 +88,7 @@ def run_training(
     the strategy sweep (detector/lab/sweep.py). ``checks``: those of the checkpoint it will likely continue, begun by
     the command before it imported this module (None: the command found none to begin); begun here otherwise.
     ``rank``: train.strategy=auto's ranking of the strategies (train/run/auto.py; the command hands in make shapes').
-    ``context``: the thread making the CUDA context, begun by the command (detector.device ``begin_context``)."""
+    ``context``: the thread making the CUDA context, begun by the command (detector.config.device ``begin_context``)."""
     if cfg.train.strategy == "all":
         raise UserError("train.strategy=all is the strategy sweep: run it with `python -m detector train` (make train)")
     begun = run_folder.early_check(cfg, experiment) if checks is BEGIN_HERE else contextlib.nullcontext(checks)

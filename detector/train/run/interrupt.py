@@ -7,8 +7,8 @@ steps, after a checkpoint (``DeferredInterrupt``); a second stops it at once. On
 every later signal is ignored, so that nothing interrupts the wind-down (closing the data workers and
 TensorBoard's writer, the interpreter's exit) and nothing is printed after the one line.
 
-A rank of detector.launch learns of its launcher's death by ``LAUNCHER_LOST``, its parent-death signal
-(detector/cli.py ``tie_to_launcher``): a stop as SIGTERM's, however often it comes. Linux sends it each time the
+A rank of detector.cli.launch learns of its launcher's death by ``LAUNCHER_LOST``, its parent-death signal
+(detector/cli/main.py ``tie_to_launcher``): a stop as SIGTERM's, however often it comes. Linux sends it each time the
 rank's parent thread exits, and a launcher killed with kill -9 passes the rank from thread to thread of its own as
 they end: two or three signals, milliseconds apart, which as SIGTERMs would read as a second signal and abandon
 the stop's checkpoint.

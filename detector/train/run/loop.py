@@ -61,8 +61,8 @@ from omegaconf import DictConfig
 from torch.utils.tensorboard import SummaryWriter
 
 from detector.checked import RecordError
+from detector.config.device import device_name
 from detector.data.loader import DataWorkerDied
-from detector.device import device_name
 from detector.errors import ENVIRONMENT, PeerLost, UserError, said
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints.manager import RunCheckpoints

@@ -12,7 +12,7 @@ import torch
 from lab_helpers import H100_TRACES, TINY_PROFILE
 from trace_helpers import MAIN, MEMORY_EVENTS, mark, memory, synthetic_events, synthetic_memory
 
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.lab.measure.allocator import snapshot, step_figures
 from detector.lab.measure.analysis import allocator_checks, check_steps, measure_steps, summarise
 from detector.lab.measure.extract import MEMORY_ROWS, build

@@ -9,7 +9,7 @@ from annotation_helpers import coco_json, widerface_text, write_coco
 from lab_helpers import edit_summary, make_run
 
 from detector.checked import RecordError
-from detector.config import load_config
+from detector.config.schema import load_config
 from detector.lab.compare import run_compare
 from detector.lab.present.text import run_card
 from detector.lab.record.run import read_summary

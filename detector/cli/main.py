@@ -1,13 +1,13 @@
-"""The command line's entry, ``main`` (``python -m detector``): a command parsed (its grammar: detector/arguments.py),
-run, and its process ended.
+"""The command line's entry, ``main`` (``python -m detector``): a command parsed (its grammar:
+detector/cli/arguments.py), run, and its process ended.
 
 A user's mistake (an unknown command or option, a bad config value, a missing file) is one line ``error: ...`` on
 stderr and exit status 2; ``--debug`` or ``DETECTOR_DEBUG=1`` shows the traceback instead. Ctrl-C is one line
 ``interrupted`` (with what was kept, where a command knows) and exit status 130, the shell's for SIGINT; SIGTERM, which
 schedulers send before they kill, is handled the same way: one line ``terminated``, exit status 143. Nothing is printed
 after that line, however many signals follow (detector/train/run/interrupt.py). One process of several (torchrun's
-ranks) that fails on its own ends at once, leaving its line to the launcher (detector/launch.py). A thread that raises
-(ours, DCP's writers, TensorBoard's) prints no traceback: what waited on it says it in the command's line, and a
+ranks) that fails on its own ends at once, leaving its line to the launcher (detector/cli/launch.py). A thread that
+raises (ours, DCP's writers, TensorBoard's) prints no traceback: what waited on it says it in the command's line, and a
 failure nothing said is one ``warning:`` line as the command ends (detector/errors.py ``ThreadFailures``; ``--debug``
 prints the tracebacks too).
 """
@@ -22,10 +22,10 @@ import threading
 import traceback
 from pathlib import Path
 
-from detector.arguments import COMMANDS, TOP_LEVEL, check_sections, command_parser, top_parser
 from detector.bench import TARGETS as BENCH_TARGETS
+from detector.cli.arguments import COMMANDS, TOP_LEVEL, check_sections, command_parser, top_parser
+from detector.cli.launch import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS
 from detector.errors import ENVIRONMENT, PeerLost, ThreadFailures, UserError, refuse, said
-from detector.launch import FAILURES, LAUNCHED, LAUNCHER_PID, STOP_STATUS
 from detector.train.run.interrupt import LAUNCHER_LOST, CommandSignals, Handlers, Terminated
 
 INTERRUPTED = 130  # the shell's exit status for a program stopped by SIGINT (Ctrl-C)
@@ -55,7 +55,7 @@ def command(argv: list[str], debug: bool) -> int:
         # intermixed: `train --experiment NAME key=value` and `profile key=value --experiment NAME` alike
         args = command_parser(top.command).parse_intermixed_args(argv[at + 1 :])
         status = run(top.command, args)
-    except PeerLost as err:  # under detector.launch, the launcher names the process that stopped
+    except PeerLost as err:  # under detector.cli.launch, the launcher names the process that stopped
         if debug:
             raise
         Handlers.stopping = True  # torchrun's SIGTERM follows: nothing is printed after this
@@ -106,7 +106,7 @@ def alone(status: int, err: BaseException | None = None) -> int:
     """End one process of several that failed on its own: the others may be waiting for it inside a step's collective,
     so the process group's teardown (a barrier), and the interpreter's exit with gloo's threads alive, would wait or
     abort; the process ends at once instead, and they learn of it at their next collective (``PeerLost``). Its line
-    (``err``) goes to the launcher, which names the rank (detector.launch), or to stderr with the rank's name."""
+    (``err``) goes to the launcher, which names the rank (detector.cli.launch), or to stderr with the rank's name."""
     if not in_group():
         return status
     if err is not None:
@@ -128,7 +128,7 @@ def last_line(err: BaseException) -> str:
 
 
 def tie_to_launcher() -> None:
-    """A rank of detector.launch ends with it: SIGTERM's stop (a checkpoint, then ``terminated``) when the launcher
+    """A rank of detector.cli.launch ends with it: SIGTERM's stop (a checkpoint, then ``terminated``) when the launcher
     dies, even by kill -9, which leaves it no way to stop us (Linux's parent-death signal, LAUNCHER_LOST, which may
     come more than once: detector/train/run/interrupt.py; elsewhere torchrun's own)."""
     try:
@@ -219,7 +219,7 @@ def scaling(args: argparse.Namespace) -> int:
 def run_with_config(command: str, args: argparse.Namespace) -> None:
     from omegaconf import OmegaConf
 
-    from detector.config import load_config
+    from detector.config.schema import load_config
 
     target = "losses"
     if command == "bench" and args.overrides and "=" not in args.overrides[0]:  # a target, not an override
@@ -242,7 +242,7 @@ def run_with_config(command: str, args: argparse.Namespace) -> None:
     with early("configuration"):
         cfg = load_config(args.overrides, args.experiment, announce=announce, strategies=strategies)
     if command in ("train", "profile"):
-        from detector.device import begin_context
+        from detector.config.device import begin_context
 
         # the GPU's context is made in a thread while this process imports the run's code (the driver's work, which
         # leaves the interpreter free); the run waits for what is left of it before its first use of the device

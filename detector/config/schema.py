@@ -8,7 +8,7 @@ experiment file ``experiments/<name>.yaml`` <- dotlist overrides from the comman
 Each field's allowed values sit next to its default (``ranged``); ``load_config`` checks them all, so a
 bad value fails at load, as one ``ConfigError`` line naming the field, the value and what is allowed,
 instead of mid-run. How the files and overrides are read as text, and each value checked against its field's rule,
-is detector/config_reading.py's.
+is detector/config/reading.py's.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from detector.config_reading import STRATEGY, check_values, load_yaml, parse_overrides, path, path_keys, ranged
+from detector.config.device import resolve_device
+from detector.config.reading import STRATEGY, check_values, load_yaml, parse_overrides, path, path_keys, ranged
 from detector.data.annotations import (
     OVER_MAX_BOXES,
     SYNTHETIC,
@@ -33,11 +34,10 @@ from detector.data.annotations import (
     read_annotations,
     slots_for,
 )
-from detector.device import resolve_device
 from detector.errors import ConfigError
 from detector.train.distributed.sharing import WAYS
 
-EXPERIMENTS_DIR = Path(__file__).resolve().parent.parent / "experiments"
+EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "experiments"  # the project: the folder that holds detector/
 SHARD_ALIASES = {"True": "blocks", "False": "off"}  # train.shard_optimizer's earlier values, true and false
 
 

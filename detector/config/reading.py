@@ -1,7 +1,7 @@
 """Reading the configuration's values and checking them: the rule a field declares beside its default (``ranged``:
 its range or choices; ``path``: it names a file), YAML files and ``key=value`` overrides read as text, and every value
 checked against its field's rule. The settings themselves, and the order their layers merge in, are
-detector/config.py's.
+detector/config/schema.py's.
 
 A path-valued field takes an override's text after the ``=`` as written: a ``#``, spaces and quotes inside a file's
 name are the name's, not YAML's. A field that takes words takes them as written, in a file, an override and a list

@@ -1,4 +1,4 @@
-"""torchrun, with the project's one-line endings: ``python -m detector.launch <torchrun's arguments>`` (make train
+"""torchrun, with the project's one-line endings: ``python -m detector.cli.launch <torchrun's arguments>`` (make train
 and make profile with NPROC or NNODES).
 
 torchrun (``torch.distributed.run``) starts one process per rank and, when one fails, stops the others (SIGTERM,
@@ -29,12 +29,12 @@ import sys
 import tempfile
 from pathlib import Path
 
-# the launcher's contract with its ranks (detector/cli.py reads them in each rank)
+# the launcher's contract with its ranks (detector/cli/main.py reads them in each rank)
 LAUNCHED = "DETECTOR_LAUNCHED"  # set for the ranks: the launcher names a process that died, not they
 FAILURES = "DETECTOR_FAILURES"  # the folder where a rank that fails on its own leaves its error's line
 STOP_STATUS = "stop-status"  # and where rank 0 leaves the exit status of the word its stop's line said
 LAUNCHER_PID = "DETECTOR_LAUNCHER_PID"  # the launcher's pid: a rank that finds another parent has lost it
-OWN_LINE = (2, 130, 143)  # exit statuses of a rank that printed its own line (detector/cli.py)
+OWN_LINE = (2, 130, 143)  # exit statuses of a rank that printed its own line (detector/cli/main.py)
 STOP_SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP", "SIGQUIT")  # torchrun's: each raises its SignalException
 
 
@@ -67,7 +67,8 @@ def main(argv: list[str]) -> int:
     # torchrun gives each rank this where it is unset, with a banner of five lines saying so: the same, unsaid
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     with tempfile.TemporaryDirectory(prefix="detector-launch-") as failures:
-        os.environ[FAILURES] = failures  # where a rank that fails on its own leaves its error's line (detector/cli.py)
+        # where a rank that fails on its own leaves its error's line (detector/cli/main.py)
+        os.environ[FAILURES] = failures
         if args.log_dir is None and args.redirects == args.tee == "0":
             # torchrun makes a log folder in /tmp at every launch even where it logs nothing, and leaves it: this one
             # goes with the launcher's (a user who redirects the ranks' output keeps torchrun's, or names --log-dir)
@@ -152,15 +153,15 @@ def continuation(args, argv: list[str]) -> str:
             f"make train EXPERIMENT={experiment} NPROC={args.nproc_per_node}{nodes} ARGS={shlex.quote(' '.join(again))}"
         )
     else:
-        command = shlex.join([sys.executable, "-m", "detector.launch", *argv, "train.resume=true"])
+        command = shlex.join([sys.executable, "-m", "detector.cli.launch", *argv, "train.resume=true"])
     return f"its last checkpoint is step {step} in {run_dir / checkpoint_files.MANIFEST}: continue with {command}"
 
 
 def training_run(argv: list[str]) -> tuple[Path, str, list[str]]:
     """The run folder, experiment and overrides of ``python -m detector train <argv>`` (imported here, on a failure
     only: the launcher itself starts in a moment)."""
-    from detector.arguments import command_parser
-    from detector.config import load_config
+    from detector.cli.arguments import command_parser
+    from detector.config.schema import load_config
     from detector.train.run.folder import run_path
 
     parsed = command_parser("train").parse_intermixed_args(argv)

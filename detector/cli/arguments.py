@@ -3,7 +3,7 @@
 The command line's grammar: the commands (``COMMANDS``: what each does, the config sections it reads), the
 arguments each takes, and its parser (``python -m detector <command> --help``), which takes only the options and the
 config sections the command uses: anything else is a ``UserError``, one line. Which code a command runs, and how its
-process ends, is detector/cli.py's.
+process ends, is detector/cli/main.py's.
 """
 
 from __future__ import annotations
@@ -122,7 +122,7 @@ OWN_CONFIG = ("scaling", "link", "ceiling")
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse that raises UserError (printed as one line by detector.cli.main) instead of printing usage and
+    """argparse that raises UserError (printed as one line by detector.cli.main.main) instead of printing usage and
     exiting."""
 
     def error(self, message: str):
