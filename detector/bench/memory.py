@@ -28,11 +28,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tarfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -42,11 +41,12 @@ from detector.bench.crowd import write_crowd
 from detector.checked import RecordError
 from detector.config.device import device_name, resolve_device
 from detector.config.schema import load_config
+from detector.lab.children import Child, run_child
 from detector.lab.folders import new_run_dir, prepare_work
 from detector.lab.measure.allocator import EXPANDABLE
 from detector.lab.present.tables import cell_text, code_block, markdown_table
 from detector.lab.record.measures import memory_text
-from detector.lab.record.provenance import machine_line, now, quote, run_info
+from detector.lab.record.provenance import machine_line, now, run_info
 from detector.lab.record.run import SUMMARY
 from detector.lab.record.steps import EXTRACT
 
@@ -61,17 +61,6 @@ TOTAL_SECONDS = 570
 LAST_PART_SECONDS = 60  # kept for each part still to come when one starts
 TOP_LEVEL = ("device", "autocast")  # the config's keys outside its sections (preset: always passed)
 SECTIONS = ("data", "model", "train")  # what the profiles and the children take of this command's configuration
-
-
-@dataclass
-class Part:
-    """One process of the bench: its title, its arguments after ``python``, its time limit and its environment."""
-
-    title: str
-    args: list[str]
-    seconds: float
-    env: dict = field(default_factory=dict)  # variables set (a value) or removed (None) for it
-    done: Path | None = None  # exists once it has run: a resumed run skips it
 
 
 def config_args(cfg: DictConfig) -> list[str]:
@@ -96,7 +85,7 @@ def dotvalue(value) -> str:
     return str(value)
 
 
-def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path) -> list[Part]:
+def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path) -> list[Child]:
     """The bench's parts (see the module docstring), with what each runs."""
     args = config_args(cfg)
     parts = []
@@ -105,9 +94,9 @@ def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path
         profile = ["-m", "detector", "profile", f"profile.strategy={name}", f"profile.out_dir={work / 'profile'}"]
         seconds = PART_SECONDS["profile loop" if name in SHORT else "profile"]
         profile += ["profile.profile_memory=true", *schedule, *args]
-        parts.append(Part(f"profile {name}", profile, seconds, done=work / "profile" / name / "done"))
+        parts.append(Child(f"profile {name}", profile, seconds, done=work / "profile" / name / "done"))
     compare = ["-m", "detector", "compare", "--dir", str(work / "profile"), "--out", str(work / "compare")]
-    parts.append(Part("compare", compare, PART_SECONDS["compare"], done=work / "compare" / "compare.json"))
+    parts.append(Child("compare", compare, PART_SECONDS["compare"], done=work / "compare" / "compare.json"))
     sources = {"crowd": f"crowd:{crowd}", "synthetic": "synthetic"}  # the crowd first: its shapes change most
     allocator = {s: [[sources[s], n, "allocator"] for n in strategies] for s in sources}
     ceiling = {s: [[sources[s], n, "ceiling"] for n in strategies] for s in sources}
@@ -121,40 +110,17 @@ def plan(cfg: DictConfig, device, work: Path, strategies: list[str], crowd: Path
         Jobs(jobs).write(jobs_file)
         child = ["-m", "detector", "ceiling", f"--out={work / f'{name}.json'}", f"--jobs={jobs_file}", *args]
         title = "allocator and ceiling, default allocator" if name == "default" else f"allocator, {EXPANDABLE}"
-        parts.append(Part(title, child, PART_SECONDS[name], {"PYTORCH_CUDA_ALLOC_CONF": conf}, work / f"{name}.done"))
+        parts.append(Child(title, child, PART_SECONDS[name], {"PYTORCH_CUDA_ALLOC_CONF": conf}, work / f"{name}.done"))
     return parts
 
 
-def run_part(part: Part, log, seconds: float) -> dict:
-    """Run one part within ``seconds``, its output into ``log``; what became of it."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    for key, value in part.env.items():
-        env.pop(key, None) if value is None else env.__setitem__(key, value)
+def run_part(part: Child, log, seconds: float) -> dict:
+    """Run one part within ``seconds`` (lab/children.py), its output into ``log``; what became of it."""
     args = part.args
     if args[:3] == ["-m", "detector", "ceiling"]:  # the child shares its time among its jobs: it is told how much
         args = args[:5] + [f"--seconds={max(10.0, seconds - 30):.0f}"] + args[5:]  # its last write within the limit
-    log.write(f"\n===== {part.title}: python {' '.join(quote(a) for a in args)} (at most {seconds:.0f} s)\n")
-    log.flush()
-    began = time.perf_counter()
-    try:
-        code = subprocess.run([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT, env=env, timeout=seconds)
-        code = code.returncode
-    except subprocess.TimeoutExpired:
-        code = None
-    took = time.perf_counter() - began
-    state = "done" if code == 0 else f"stopped at its limit of {seconds:.0f} s" if code is None else f"exit {code}"
-    log.write(f"===== {part.title}: {state} after {took:.0f} s\n")
-    log.flush()
-    if code == 0 and part.done is not None:
-        part.done.parent.mkdir(parents=True, exist_ok=True)
-        if not part.done.exists():
-            part.done.write_text(now())
-    return {
-        "title": part.title,
-        "command": "python " + " ".join(quote(a) for a in args),
-        "state": state,
-        "seconds": took,
-    }
+    ran = run_child(replace(part, args=args, seconds=seconds), log)
+    return {"title": ran.title, "command": ran.command, "state": ran.state, "seconds": ran.seconds}
 
 
 def run_bench(cfg: DictConfig) -> dict:

@@ -28,9 +28,7 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +40,7 @@ from detector.checked import RecordError
 from detector.config.device import device_name, resolve_device
 from detector.config.schema import TrainConfig, load_config
 from detector.errors import UserError
+from detector.lab.children import Child, run_child
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.train.checkpoints.cadence import AUTO, interval_steps
@@ -107,13 +106,12 @@ def run_all(runs: list[Run], work: Path, steps: int, overrides: list[str]) -> di
             continue
         command = run.command(work, steps, overrides)
         print(f"[{i}/{len(runs)}] {run.name}: python {' '.join(quote(a) for a in command)}", flush=True)
-        began, log = time.perf_counter(), work / "logs" / f"{run.name}.log"
+        log = work / "logs" / f"{run.name}.log"
         with open(log, "w") as out:
-            env = os.environ | {"PYTHONUNBUFFERED": "1"}
-            code = subprocess.run([sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env).returncode
-        if code:
-            failed[run.name] = f"exit {code}, its output in {log}"
-        print(f"[{i}/{len(runs)}] {run.name}: {failed.get(run.name, 'done')} in {time.perf_counter() - began:.0f} s")
+            ran = run_child(Child(run.name, command), out)
+        if ran.code:
+            failed[run.name] = f"exit {ran.code}, its output in {log}"
+        print(f"[{i}/{len(runs)}] {run.name}: {failed.get(run.name, 'done')} in {ran.seconds:.0f} s")
     return failed
 
 
@@ -127,17 +125,12 @@ def measure_link(work: Path, processes: int, overrides: list[str]) -> tuple[dict
         command = ["-m", "detector.cli.launch", "--standalone", f"--nproc_per_node={processes}"]
         command += ["-m", "detector", "link", f"--out={path}", *overrides]
         print(f"the link alone: python {' '.join(quote(a) for a in command)}", flush=True)
-        with open(log, "w") as out:
-            env = os.environ | {"PYTHONUNBUFFERED": "1"}
-            try:  # seconds at seed scale: a link that hangs must not hold up the table
-                run = subprocess.run(
-                    [sys.executable, *command], stdout=out, stderr=subprocess.STDOUT, env=env, timeout=LINK_SECONDS
-                )
-            except subprocess.TimeoutExpired:
-                return None, f"no result in {LINK_SECONDS} s, its output in {log}"
-            code = run.returncode
-        if code or not path.exists():
-            return None, f"exit {code}, its output in {log}"
+        with open(log, "w") as out:  # seconds at seed scale: a link that hangs must not hold up the table
+            ran = run_child(Child("the link alone", command, LINK_SECONDS), out)
+        if ran.code is None:
+            return None, f"no result in {LINK_SECONDS} s, its output in {log}"
+        if ran.code or not path.exists():
+            return None, f"exit {ran.code}, its output in {log}"
     try:
         return read_link(path).to_json(), None
     except RecordError as err:

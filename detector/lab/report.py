@@ -29,8 +29,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +39,7 @@ from omegaconf import DictConfig
 from detector.checked import RecordError
 from detector.config.device import device_name, resolve_device
 from detector.errors import UserError
+from detector.lab.children import Child, run_child
 from detector.lab.folders import new_run_dir, prepare_work
 from detector.lab.present.tables import (
     WHICH_HEADING,
@@ -207,27 +206,15 @@ def plan(cfg, device, work: Path, strategies: list[str], overrides: list[str], s
 
 
 def run_part(part: Part, log: Path) -> None:
-    """Run one part, its output shown and kept in ``log``; a failure stops the report in one line."""
+    """Run one part (lab/children.py), its output shown and kept in ``log``; a failure stops the report in one
+    line."""
     with open(log, "w") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "detector", *part.args],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=os.environ | {"PYTHONUNBUFFERED": "1"},
-        )
-        for line in process.stdout:
-            out.write(line)
-            print(f"    {line}", end="", flush=True)
-        code = process.wait()
-    if code:
+        ran = run_child(Child(part.title, ["-m", "detector", *part.args], done=part.done), out, echo=True)
+    if ran.code:
         raise UserError(
-            f"report: `{part.command()}` failed (exit {code}); its output is in {log}. "
+            f"report: `{part.command()}` failed (exit {ran.code}); its output is in {log}. "
             "Run make report again to resume after fixing it"
         )
-    if part.done.name == "done":  # a profile's or a training's own folder is named by the run: mark the part done
-        part.done.parent.mkdir(parents=True, exist_ok=True)
-        part.done.write_text(now())
 
 
 # ----------------------------------------------------------------------------- the document

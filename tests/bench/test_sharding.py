@@ -256,10 +256,7 @@ def test_a_damaged_link_file_is_named_in_one_line_and_not_shown(tmp_path):
 
 
 def test_a_link_that_hangs_is_given_up_and_measured_again_next_time(tmp_path, monkeypatch):
-    def hangs(*args, **kwargs):
-        raise sharding.subprocess.TimeoutExpired(args[0], kwargs["timeout"])
-
-    monkeypatch.setattr(sharding.subprocess, "run", hangs)
+    monkeypatch.setattr(sharding, "LINK_SECONDS", 0.3)  # less than torchrun's own start: the link never answers
     times, why = sharding.measure_link(tmp_path, 2, ["device=cpu"])
     assert times is None and why == f"no result in {sharding.LINK_SECONDS} s, its output in {tmp_path}/logs/link-x2.log"
     assert not (tmp_path / "link-x2.json").exists()  # nothing kept: the next table measures it again

@@ -1,0 +1,48 @@
+"""The one runner of the lab's and the benches' child commands (detector/lab/children.py): its log, its echo, its
+exit status, its time limit, its environment and its done file."""
+
+import os
+import time
+
+from detector.lab.children import Child, run_child
+
+
+def test_a_child_that_succeeds_is_logged_shown_indented_and_marked_done(tmp_path, capsys):
+    done = tmp_path / "part" / "done"
+    child = Child("two lines", ["-c", "print('one'); print('two')"], done=done)
+    with open(tmp_path / "log", "w") as log:
+        ran = run_child(child, log, echo=True)
+    assert ran.code == 0 and ran.state == "done" and ran.command == child.command() and ran.seconds > 0
+    lines = (tmp_path / "log").read_text().splitlines()
+    assert lines[0] == f"===== two lines: {child.command()}" and lines[1:3] == ["one", "two"]
+    assert lines[3].startswith("===== two lines: done after ") and len(lines) == 4
+    assert capsys.readouterr().out == "    one\n    two\n"
+    assert done.read_text()  # the time it was done
+
+
+def test_a_child_that_fails_says_its_exit_and_is_not_marked_done(tmp_path, capsys):
+    done = tmp_path / "done"
+    with open(tmp_path / "log", "w") as log:
+        ran = run_child(Child("fails", ["-c", "import sys; print('why'); sys.exit(3)"], done=done), log)
+    assert ran.code == 3 and ran.state == "exit 3" and not done.exists()
+    assert "why\n===== fails: exit 3 after" in (tmp_path / "log").read_text()
+    assert capsys.readouterr().out == ""  # no echo asked for
+
+
+def test_a_child_past_its_limit_is_stopped(tmp_path):
+    began = time.perf_counter()
+    with open(tmp_path / "log", "w") as log:
+        ran = run_child(Child("hangs", ["-c", "print('started', flush=True); import time; time.sleep(60)"], 1.0), log)
+    assert ran.code is None and ran.state == "stopped at its limit of 1 s" and time.perf_counter() - began < 20
+    text = (tmp_path / "log").read_text()
+    assert text.startswith("===== hangs: python -c ") and "(at most 1 s)\nstarted\n" in text
+    assert "===== hangs: stopped at its limit of 1 s after 1 s" in text
+
+
+def test_a_child_gets_the_variables_set_and_not_those_removed(tmp_path, monkeypatch):
+    monkeypatch.setenv("CHILD_REMOVED", "here")
+    code = "import os; print(*(os.environ.get(k) for k in ('CHILD_SET', 'CHILD_REMOVED', 'PYTHONUNBUFFERED')))"
+    with open(tmp_path / "log", "w") as log:
+        run_child(Child("env", ["-c", code], env={"CHILD_SET": "x", "CHILD_REMOVED": None}), log)
+    assert (tmp_path / "log").read_text().splitlines()[1] == "x None 1"
+    assert os.environ["CHILD_REMOVED"] == "here"  # the parent's own environment is left as it was
