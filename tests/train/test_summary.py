@@ -10,6 +10,7 @@ import pytest
 
 from detector.checked import RecordError
 from detector.train.observe import summary
+from detector.train.observe.board import Board
 from detector.train.observe.summary import Checkpoints, Save, TrainingSummary
 from detector.train.observe.wallclock import PARTS, Account
 
@@ -57,17 +58,15 @@ def test_the_wall_clock_scalars_are_named_like_every_other_tag():
     """goodput/ holds one tag per part, each of lower-case words joined by underscores (``goodput/start_up_s``, not
     ``start-up_s``)."""
 
-    class Writer:
+    class Recorded(Board):  # a board that keeps the tags it is given
         def __init__(self):
+            super().__init__()
             self.tags = []
 
-        def add_scalar(self, tag, value, step):
+        def scalar(self, tag, value, step):
             self.tags.append(tag)
 
-        def flush(self):
-            pass
-
-    writer = Writer()
+    writer = Recorded()
     Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.5, 3.4).add_scalars(writer, 6)
     assert writer.tags[:3] == ["goodput/share", "goodput/start_up_s", "goodput/first_step_s"], writer.tags
     assert len(writer.tags) == len(PARTS) + 1 and all(re.fullmatch(r"goodput/[a-z_]+", t) for t in writer.tags)

@@ -36,6 +36,7 @@ from detector.train.checkpoints.state import (
 from detector.train.checkpoints.writer import Checkpointer, Save, token
 from detector.train.distributed import processes as distributed
 from detector.train.observe import summary
+from detector.train.observe.board import Board
 from detector.train.observe.progress import TIMING_SKIP, Log, throughput
 
 STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
@@ -51,7 +52,7 @@ class RunCheckpoints:
         self.run, self.tcfg, self.resumed = run, run.tcfg, resumed
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
-        self.writer = None  # TensorBoard's, on the main process: each save's times
+        self.board = Board()  # TensorBoard's, from the loop's start (process 0's writes): each save's times
         self.unsaved: str | None = None  # why a stop did not save the step it stopped at, for its line
 
     def resume(self) -> dict:
@@ -92,10 +93,10 @@ class RunCheckpoints:
         self.resumed = state["step"]
         return state
 
-    def start(self, writer) -> None:
+    def start(self, board: Board) -> None:
         """Where train.checkpoint_every or train.stop_after asks for saves: the staging memory, allocated now and
         page-locked while the first steps run, and the disk's probe where the cadence waits for it."""
-        run, self.writer = self.run, writer
+        run, self.board = self.run, board
         if not (self.tcfg.checkpoint_every or self.tcfg.stop_after):
             return
         with run.wall.startup("checkpoint staging"):
@@ -148,8 +149,7 @@ class RunCheckpoints:
             pieces = state_pieces(run.step_fn)
             meta = checkpoint_meta(run, step, losses, evals) if run.env.is_main else None
             save = self.checkpointer.save(step, pieces, meta)
-        if self.writer:
-            self.writer.add_scalar("checkpoint/blocked_s", save.blocked, step)
+        self.board.scalar("checkpoint/blocked_s", save.blocked, step)
 
     def stop_saves(self, step: int) -> bool:
         """Before a stop that Ctrl-C or SIGTERM asked for (of any process), where train.checkpoint_every saves: the
@@ -193,8 +193,7 @@ class RunCheckpoints:
         for save in saves:
             if self.run.env.is_main and save.error is None:
                 self.run.say(self.checkpointer.line(save), flush=True)
-                if self.writer:
-                    self.writer.add_scalar("checkpoint/written_s", save.written, save.step)
+                self.board.scalar("checkpoint/written_s", save.written, save.step)
 
     # -------------------------------------------------------------------- what the run's lines and summary say
 

@@ -14,6 +14,7 @@ import torch
 from omegaconf import DictConfig
 
 from detector.train.evaluate.metrics import evaluate
+from detector.train.observe.board import Board
 from detector.train.run.batches import HeldOut
 
 
@@ -27,17 +28,16 @@ class Evaluation:
         self.drawing: threading.Thread | None = None
         self.painter: Painter | None = None
 
-    def __call__(self, step: int, model, autocast, say=print, writer=None) -> dict:
-        """Evaluate ``model`` at ``step``: one line, the eval/ scalars and the picture of its predictions."""
+    def __call__(self, step: int, model, autocast, board: Board, say=print) -> dict:
+        """Evaluate ``model`` at ``step``: one line, the eval/ scalars and the picture of its predictions (where the
+        board writes: process 0's)."""
         start = time.perf_counter()
         metrics = evaluate(model, self.held_out.batches, self.device, autocast)
         self.evals.append((step, metrics))
         self.step = step
-        if writer:
-            for name, value in metrics.items():
-                if name != "boxes":
-                    writer.add_scalar(f"eval/{name}", value, step)
-            self.draw(model, autocast, step, writer)
+        board.scalars({f"eval/{name}": value for name, value in metrics.items() if name != "boxes"}, step)
+        if board.writes:
+            self.draw(model, autocast, step, board)
         say(
             f"eval   {step:6d}  mean IoU {metrics['mean_iou']:.3f}  recall@0.5 {metrics['recall50']:.3f}  "
             f"recall@[.5:.95] {metrics['recall50_95']:.3f}  (mean box: {metrics['trivial_mean_iou']:.3f}, "
@@ -58,7 +58,7 @@ class Evaluation:
         if self.held_out is not None and self.painter is None:
             self.painter = Painter()
 
-    def draw(self, model, autocast, step: int, writer) -> None:
+    def draw(self, model, autocast, step: int, board: Board) -> None:
         """The first held-out images with their true boxes and the model's (pictures.py) into TensorBoard's Images:
         the model's boxes now; the picture drawn by the painter's process, and written by a thread that waits for it."""
         from detector.train.evaluate.pictures import SHOWN, predict
@@ -72,7 +72,7 @@ class Evaluation:
         drawn = self.painter.draw(images, pred, counts, truth, step)
 
         def picture() -> None:
-            writer.add_image("eval/predictions", drawn.get(PICTURE_SECONDS)[0], step, dataformats="HWC")
+            board.image("eval/predictions", drawn.get(PICTURE_SECONDS)[0], step)
 
         self.drawing = threading.Thread(target=picture, name="eval-picture", daemon=True)
         self.drawing.start()

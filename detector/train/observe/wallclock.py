@@ -148,12 +148,11 @@ class Account:
             text += f"; checkpoints wrote {self.checkpoint_background_s:.1f} s in the background"
         return text
 
-    def add_scalars(self, writer, step: int) -> None:
-        """The account as TensorBoard scalars under goodput/."""
-        writer.add_scalar("goodput/share", self.goodput or 0.0, step)
-        for part in PARTS:
-            writer.add_scalar(f"goodput/{scalar_name(part)}_s", self.seconds[part], step)
-        writer.flush()
+    def add_scalars(self, board, step: int) -> None:
+        """The account as TensorBoard scalars under goodput/ (observe/board.py's ``Board``)."""
+        board.scalar("goodput/share", self.goodput or 0.0, step)
+        board.scalars({f"goodput/{scalar_name(part)}_s": self.seconds[part] for part in PARTS}, step)
+        board.flush()
 
     @classmethod
     def parse(cls, data, where: str) -> Account:

@@ -58,7 +58,6 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig
-from torch.utils.tensorboard import SummaryWriter
 
 from detector.checked import RecordError
 from detector.config.device import device_name
@@ -71,6 +70,7 @@ from detector.train.distributed import processes as distributed
 from detector.train.distributed.processes import Control, DistEnv
 from detector.train.evaluate.evaluation import Evaluation
 from detector.train.observe import summary
+from detector.train.observe.board import Board
 from detector.train.observe.profile_window import make_profiler
 from detector.train.observe.progress import TIMING_SKIP, Log, throughput
 from detector.train.observe.wallclock import FullCollections, WallClock
@@ -185,8 +185,7 @@ class Run:
         self.control.close()
         self.steps.evaluation.end()  # its last picture, before the writer closes
         try:
-            if self.steps.writer:
-                self.steps.writer.close()  # the scalars so far; a resume purges those past its checkpoint
+            self.steps.board.close()  # the scalars so far; a resume purges those past its checkpoint
         except Exception as err:
             if failed:  # the same full disk, mostly: the run's line is the one (--debug: the writer's traceback)
                 return
@@ -216,7 +215,7 @@ class Run:
             if isinstance(err, OSError) and err.errno in ENVIRONMENT:
                 # a refused write, TensorBoard's mostly: its writer raises the same error at every later write, which
                 # the saves' times (logged as the save under way finishes) would raise in place of the run's line
-                self.steps.checkpoints.writer = None
+                self.steps.board.refuse()
             self.steps.checkpoints.close(wait=True)
             if isinstance(err, OSError) and err.errno in ENVIRONMENT:  # TensorBoard's event file, a full disk
                 what = said(err)
@@ -271,7 +270,7 @@ class Steps:
         self.log = Log(run.device, saved["losses"])
         with run.wall.startup("held-out set"):
             self.evaluation = Evaluation(run.cfg, run.device, run.global_batch, saved["evals"], evaluates, self.step)
-        self.writer = None  # TensorBoard's, on the main process, once the loop starts
+        self.board = Board()  # TensorBoard's: process 0's writes, once the loop starts
         self.checkpoints = run.checkpoints
         self.stopping = False  # a stop that every process agreed on is under way
 
@@ -281,10 +280,10 @@ class Steps:
         with contextlib.closing(self.start_loader()) as batches:
             if run.env.is_main:
                 with wall.startup("TensorBoard"):
-                    self.writer = SummaryWriter(str(run.run_dir), purge_step=self.step + 1 if self.step else None)
+                    self.board = Board(run.run_dir, purge_step=self.step + 1 if self.step else None)
                 if run.choice is not None:
-                    self.writer.add_text("strategy auto", run.choice.table(), self.step)
-            self.checkpoints.start(self.writer)
+                    self.board.text("strategy auto", run.choice.table(), self.step)
+            self.checkpoints.start(self.board)
             profiling = tcfg.profile and run.env.is_main
             profile_dir = run.run_dir / "profile"
             profiler = make_profiler(cfg.profile, profile_dir, run.device, tcfg.strategy) if profiling else None
@@ -394,7 +393,7 @@ class Steps:
         started = time.perf_counter()
         if eval_due:
             with wall.part("evaluations"):
-                self.evaluation(step, step_fn.model, step_fn.autocast, self.say, self.writer)
+                self.evaluation(step, step_fn.model, step_fn.autocast, self.board, self.say)
         if checkpoint_due:
             self.checkpoints.save(step, self.log.losses, self.evaluation.evals)
         self.log.exclude(time.perf_counter() - started)  # the steps' times are the steps' alone
@@ -420,9 +419,7 @@ class Steps:
         tcfg = self.tcfg
         line, scalars = self.log.line(self.step, tcfg.steps, tcfg.log_every, self.resumed_at, lr, self.run.global_batch)
         self.say(line, flush=True)
-        if self.writer:
-            for tag, value in scalars.items():
-                self.writer.add_scalar(tag, value, self.step)
+        self.board.scalars(scalars, self.step)
 
 
 def from_tensorboard(err: BaseException) -> bool:
@@ -453,8 +450,7 @@ def summarise(run: Run) -> summary.TrainingSummary:
     steps, device = run.steps, run.device
     step, log, evals = steps.step, steps.log, steps.evaluation.evals
     wall = run.wall.account(steps.checkpoints.written_seconds(), images=(step - steps.resumed_at) * run.global_batch)
-    if steps.writer:
-        wall.add_scalars(steps.writer, step)
+    wall.add_scalars(steps.board, step)
     return summary.TrainingSummary(
         experiment=run.experiment,
         run=run.run_dir.name,
