@@ -34,7 +34,7 @@ from detector.model import build_model
 from detector.train.observe.memory import check_command_memory
 from detector.train.run.step import TrainStep
 
-# The bytes one optimizer pass must move per parameter (train/run/optimizer.py): the clip's norm reads the fp32
+# The bytes one optimizer pass must move per parameter (train/optimizer.py): the clip's norm reads the fp32
 # gradient (4 B) before anything can be updated; then one pass reads param, grad, m and v (16 B) and writes
 # param, m and v (12 B) and the bf16 weight the next forward reads (2 B). torch's pieces (train.optimizer=torch)
 # move 46 B: the clip also rescales the gradient in place (8 B) and autocast casts each weight at the forward

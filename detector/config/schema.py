@@ -196,7 +196,7 @@ class TrainConfig:
     # `python -m detector scaling` measures them against each other
     shard_optimizer: str = ranged("blocks", choices=tuple(WAYS))
     # one_pass: the gradient clip, AdamW and the head's bf16 weights for the next forward in one pass over the
-    # optimizer's state (detector/train/run/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
+    # optimizer's state (detector/train/optimizer.py; compiled on CUDA at the first step); torch: clip_grad_norm_,
     # then torch's fused AdamW, then autocast's cast of every weight at the next forward (`make bench-step` times both)
     optimizer: str = ranged("one_pass", choices=("one_pass", "torch"))
     # a non-finite loss: stop (naming the step, the last good checkpoint kept), or skip that step's update

@@ -37,7 +37,7 @@ from detector.lab.record.run import MODES, SUMMARY, ProfileRecord, read_summary
 from detector.lab.record.steps import StepModel
 from detector.losses import STRATEGIES
 from detector.regions import STEP
-from detector.train.run.choice import Candidate, decide, reason
+from detector.train.choice import Candidate, decide, reason
 
 Run = tuple[str, ProfileRecord]  # (its column's label, its record)
 
@@ -183,7 +183,7 @@ def baseline(runs: list[Run]) -> ProfileRecord | None:
 
 def auto_line(runs: list[Run], base: ProfileRecord | None) -> str | None:
     """What train.strategy=auto would train with were these runs (of one setting: the baseline's) its candidates: its
-    rule (detector/train/run/choice.py) over their timed steps and their step's peak memory rise, in one line; None
+    rule (detector/train/choice.py) over their timed steps and their step's peak memory rise, in one line; None
     where fewer than two runs have timed steps."""
     first = base or runs[0][1]
     found = [(label, r) for label, r in runs if setting(r) == setting(first) and r.timed and r.timed.wall_ms]

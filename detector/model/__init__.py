@@ -47,7 +47,7 @@ class _LowPrecisionLinear(torch.autograd.Function):
 
 
 def low_precision(param: Tensor, dtype: torch.dtype) -> Tensor:
-    """``param.to(dtype)``: the copy the optimizer wrote in the same pass as the update (train/run/optimizer.py)
+    """``param.to(dtype)``: the copy the optimizer wrote in the same pass as the update (train/optimizer.py)
     while ``param`` is unchanged since (its version counter), else a fresh cast."""
     held = getattr(param, "low_precision", None)
     if held is not None and held[0].dtype == dtype and held[1] == param._version:

@@ -79,7 +79,7 @@ def test_compare_latest_runs(profiles, tmp_path, capsys):
         "*backward*."
     )
     md = (tmp_path / "out" / "compare.md").read_text()
-    assert (  # the run auto would train with, were these its candidates (detector/train/run/choice.py's rule)
+    assert (  # the run auto would train with, were these its candidates (detector/train/choice.py's rule)
         "**train.strategy=auto** would train with cuda_fused of these runs, by its rule over their timed steps and "
         "their step's peak memory rise: cuda_fused — 50.5 [50.2–50.7] ms a step against padded 101 [100–101], triton "
         "101 [100–101]."

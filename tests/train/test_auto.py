@@ -15,10 +15,11 @@ from train_helpers import TINY, tiny_cfg
 from detector.cli import main as cli
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
+from detector.train import choice
+from detector.train.choice import FASTER, MEDIAN, SMALLER, Candidate, Choice
 from detector.train.observe import summary
-from detector.train.run import auto, choice
+from detector.train.run import auto
 from detector.train.run.auto import Ranking
-from detector.train.run.choice import FASTER, MEDIAN, SMALLER, Candidate, Choice
 from detector.train.run.entry import run_training
 
 # on the CPU on every machine: the times, the memory and the lines the tests read are the CPU's (a GPU's are
@@ -107,7 +108,7 @@ def test_the_choice_is_in_the_summary_the_run_folder_the_kept_file_and_tensorboa
     run = tmp_path / "default" / "auto"
     assert summary.read(run).auto == made
     assert choice.read(run / choice.RUN_FILE) == made
-    (kept,) = (tmp_path / choice.KEPT_FOLDER).iterdir()
+    (kept,) = (tmp_path / auto.KEPT_FOLDER).iterdir()
     assert choice.read(kept) == made
     events = EventAccumulator(str(run), size_guidance={"tensors": 0}).Reload()
     (text,) = events.Tensors("strategy auto/text_summary")
@@ -131,7 +132,7 @@ def test_the_choice_is_in_the_summary_the_run_folder_the_kept_file_and_tensorboa
 def test_a_second_run_of_the_same_settings_takes_the_kept_choice_at_once(tmp_path, timings, monkeypatch, capsys):
     timings |= {"padded": ([5.0, 5.1, 5.2], None), "packed": ([2.0, 2.1, 2.2], None)}
     first = run_training(tiny_cfg(tmp_path, *AUTO))[0].auto
-    kept = choice.kept_file(tiny_cfg(tmp_path, *AUTO), torch.device("cpu"), 1)
+    kept = auto.kept_file(tiny_cfg(tmp_path, *AUTO), torch.device("cpu"), 1)
     capsys.readouterr()
 
     def times_nothing(*args):
@@ -147,14 +148,14 @@ def test_a_second_run_of_the_same_settings_takes_the_kept_choice_at_once(tmp_pat
     assert again.auto.candidates == first.candidates
     # other settings are another file: the boxes, the model, the candidates asked for
     for other in ("data.max_boxes=8", "model.hidden=16", "train.auto_candidates=[packed,padded,concat]"):
-        assert choice.kept_file(tiny_cfg(tmp_path, *AUTO, other), torch.device("cpu"), 1) != kept, other
-    assert choice.kept_file(tiny_cfg(tmp_path, *AUTO, "train.log_every=2"), torch.device("cpu"), 1) == kept
+        assert auto.kept_file(tiny_cfg(tmp_path, *AUTO, other), torch.device("cpu"), 1) != kept, other
+    assert auto.kept_file(tiny_cfg(tmp_path, *AUTO, "train.log_every=2"), torch.device("cpu"), 1) == kept
 
 
 def test_a_resumed_auto_run_continues_with_the_strategy_it_chose(tmp_path, timings, capsys):
     timings |= {"padded": ([5.0, 5.1, 5.2], None), "packed": ([2.0, 2.1, 2.2], None)}
     run_training(tiny_cfg(tmp_path, *AUTO, "train.stop_after=2", "train.checkpoint_every=2"))
-    for kept in (tmp_path / choice.KEPT_FOLDER).iterdir():
+    for kept in (tmp_path / auto.KEPT_FOLDER).iterdir():
         kept.unlink()  # no kept choice: only the checkpoint says packed
     timings |= {"padded": ([1.0, 1.1, 1.2], None)}  # padded would be chosen now
     capsys.readouterr()
@@ -311,7 +312,7 @@ def test_a_candidate_that_cannot_train_here_is_one_line(tmp_path, odd, candidate
     with pytest.raises(UserError) as err:
         run_training(tiny_cfg(tmp_path, "device=cpu", "train.strategy=auto", "train.steps=4", candidates))
     assert str(err.value).startswith(ERRORS[candidates]) and "\n" not in str(err.value), str(err.value)
-    assert not (tmp_path / choice.KEPT_FOLDER).exists()  # nothing kept
+    assert not (tmp_path / auto.KEPT_FOLDER).exists()  # nothing kept
 
 
 def test_no_candidate_is_one_line(tmp_path, odd):

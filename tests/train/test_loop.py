@@ -28,9 +28,10 @@ from detector.train.checkpoints.state import read_checkpoint
 from detector.train.distributed import processes as distributed
 from detector.train.distributed.processes import count_valid, global_mean
 from detector.train.distributed.sharding import shard_refusal
+from detector.train.evaluate.held_out import REPLACEMENTS, HeldOut
 from detector.train.evaluate.metrics import box_iou, box_metrics, evaluate
 from detector.train.observe.progress import Log
-from detector.train.run.batches import REPLACEMENTS, HeldOut, RankBlocks, rank_loader
+from detector.train.run.batches import RankBlocks, rank_loader
 from detector.train.run.entry import run_training
 from detector.train.run.step import lr_factor, speed_option_refusal
 

@@ -5,8 +5,8 @@ import torch
 from train_helpers import losses, tiny_cfg
 
 from detector.model import low_precision
+from detector.train.optimizer import OnePassAdamW, adamw_pass, clip_scale
 from detector.train.run.entry import run_training
-from detector.train.run.optimizer import OnePassAdamW, adamw_pass, clip_scale
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="the compiled pass and its copies are CUDA's: no GPU")
 

@@ -15,7 +15,7 @@ from train_helpers import spawn_two
 
 from detector.model import BlockedLinear, low_precision
 from detector.train.distributed.sharding import ShardedBlocks
-from detector.train.run.optimizer import OnePassAdamW
+from detector.train.optimizer import OnePassAdamW
 
 STEPS, LR, DECAY, MAX_NORM = 3, 1e-2, 0.1, 0.05  # a max norm the gradients exceed: the clip scale is used
 

@@ -13,9 +13,9 @@ import time
 import torch
 from omegaconf import DictConfig
 
+from detector.train.evaluate.held_out import HeldOut
 from detector.train.evaluate.metrics import evaluate
 from detector.train.observe.board import Board
-from detector.train.run.batches import HeldOut
 
 
 class Evaluation:

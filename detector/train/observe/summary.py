@@ -34,8 +34,8 @@ from detector.checked import (
     versioned,
     write_atomically,
 )
+from detector.train.choice import Choice
 from detector.train.observe.wallclock import Account
-from detector.train.run.choice import Choice
 
 VERSION = 2  # 1: no "version" key
 SUMMARY = "summary.json"
@@ -120,7 +120,7 @@ class TrainingSummary:
     eval_step: int = 0
     wall_clock: Account | None = None
     checkpoints: Checkpoints | None = None
-    auto: Choice | None = None  # train.strategy=auto's choice (train/run/choice.py); None: the strategy was named
+    auto: Choice | None = None  # train.strategy=auto's choice (train/choice.py); None: the strategy was named
     version: int = VERSION
     left_out: list[str] = field(default_factory=list, compare=False)  # damaged values, when it was read (not written)
 

@@ -5,7 +5,7 @@ settings. The record of a choice, its rule and its line are choice.py's.
 A run comes by its strategy in the first of these ways that applies (``choose``):
 
 1. resumed: an unfinished run of this configuration in the run folder continues with the strategy its checkpoint holds;
-2. kept: the choice of these settings in ``<train.out_dir>/strategy-auto/`` (choice.kept_file) is taken at once;
+2. kept: the choice of these settings in ``<train.out_dir>/strategy-auto/`` (``kept_file``) is taken at once;
 3. measured: the candidates, ``train.auto_candidates`` or else the ``TOP`` strategies that the ranking puts first
    among those that train here (neither unavailable, nor emulated, nor refused by the speed options), are timed in
    one TrainStep built as the run builds it (``measure``: the model is compiled without the loss, so the candidates
@@ -34,20 +34,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from detector.checked import RecordError
 from detector.config.device import device_name, synchronize
 from detector.data import to_device
+from detector.data.annotations import SYNTHETIC
 from detector.errors import UserError, said
 from detector.losses import get_strategy
+from detector.train import choice as records
 from detector.train.checkpoints.state import fingerprint, same_run, saved_strategy
+from detector.train.choice import Candidate, Choice
 from detector.train.distributed.processes import Control, DistEnv, count_valid, global_mean
-from detector.train.run import choice as records
 from detector.train.run.batches import rank_loader
-from detector.train.run.choice import Candidate, Choice
 from detector.train.run.graphed import GraphedStep
-from detector.train.run.speed_options import speed_option_refusal
+from detector.train.run.speed_options import digest, speed_option_refusal, step_settings
 from detector.train.run.step import TrainStep, time_steps
 
 AUTO = "auto"
@@ -125,7 +126,7 @@ def choose(
     )
     made = control.broadcast(made)  # process 0's times decide
     if env.is_main:
-        made.write(records.kept_file(cfg, device, env.world_size))
+        made.write(kept_file(cfg, device, env.world_size))
     return made
 
 
@@ -134,7 +135,7 @@ def plan_choice(cfg: DictConfig, device: torch.device, env: DistEnv, run_dir: Pa
     found = resumed(cfg, run_dir, env.world_size)
     if found:
         return found
-    file = records.kept_file(cfg, device, env.world_size)
+    file = kept_file(cfg, device, env.world_size)
     if file.is_file():
         try:
             kept = records.read(file)
@@ -332,3 +333,27 @@ def agree(measured: list[tuple[Candidate, float]], device: torch.device) -> None
                 f"step where {base.strategy}'s is {expected:.6g} (the same model and batch); auto chooses among ways "
                 "of computing one loss: name candidates of one loss in train.auto_candidates"
             )
+
+
+# ----------------------------------------------------------------------------- the choice kept for these settings
+
+
+KEPT_FOLDER = "strategy-auto"  # under train.out_dir, beside the compile cache's folder (speed_options.py)
+
+
+def settings_key(cfg: DictConfig, device: torch.device, world_size: int) -> dict:
+    """What the choice depends on: the device, torch, the model and data configuration (the loader's own settings
+    aside), the boxes' source (an annotation file by its path, size and time), the step's speed options and the
+    candidates asked for."""
+    data = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if k not in ("num_workers", "worker_timeout")}
+    if cfg.data.boxes != SYNTHETIC:
+        path = Path(cfg.data.boxes.partition(":")[2]).resolve()
+        stat = path.stat() if path.is_file() else None
+        kind = cfg.data.boxes.partition(":")[0]
+        data["boxes"] = [kind, str(path), stat.st_size if stat else None, stat.st_mtime_ns if stat else None]
+    return step_settings(cfg, device, world_size) | {"data": data, "candidates": list(cfg.train.auto_candidates)}
+
+
+def kept_file(cfg: DictConfig, device: torch.device, world_size: int) -> Path:
+    """``<train.out_dir>/strategy-auto/<digest of settings_key>.json``."""
+    return Path(cfg.train.out_dir) / KEPT_FOLDER / f"{digest(settings_key(cfg, device, world_size))}.json"

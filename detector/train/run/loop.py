@@ -63,6 +63,7 @@ from detector.checked import RecordError
 from detector.config.device import device_name
 from detector.data.loader import DataWorkerDied
 from detector.errors import ENVIRONMENT, PeerLost, UserError, said
+from detector.train import choice
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints.manager import RunCheckpoints
 from detector.train.checkpoints.state import fingerprint
@@ -74,7 +75,6 @@ from detector.train.observe.board import Board
 from detector.train.observe.profile_window import make_profiler
 from detector.train.observe.progress import TIMING_SKIP, Log, throughput
 from detector.train.observe.wallclock import FullCollections, WallClock
-from detector.train.run import choice
 from detector.train.run import folder as run_folder
 from detector.train.run.auto import AUTO, Rank, choose, with_strategy
 from detector.train.run.batches import training_batches

@@ -104,7 +104,7 @@ STEP_KEYS = ("compile", "cuda_graphs", "channels_last", "fused_blocks", "fused_p
 def step_settings(cfg: DictConfig, device: torch.device, world_size: int) -> dict:
     """What the training step of ``cfg`` is built from, the loss and the batch aside: this GPU (or the device's
     type), torch, the processes, autocast, the model and train's speed options. The compile cache's key and
-    train.strategy=auto's kept choice (train/run/choice.py) each add what else theirs depends on."""
+    train.strategy=auto's kept choice (train/choice.py) each add what else theirs depends on."""
     return {
         "torch": torch.__version__,
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,

@@ -37,8 +37,8 @@ from detector.model import BlockedLinear, compile_model
 from detector.regions import BACKWARD, COPY, FORWARD, LOSS, OPTIMIZER, Regions
 from detector.train.distributed.processes import count_valid, global_mean
 from detector.train.distributed.sharding import Replicated, share
+from detector.train.optimizer import OnePassAdamW
 from detector.train.run.graphed import GraphedStep
-from detector.train.run.optimizer import OnePassAdamW
 from detector.train.run.speed_options import build_trained_model, speed_option_refusal
 
 
@@ -52,7 +52,7 @@ def lr_factor(step: int, steps: int, warmup: int, min_ratio: float) -> float:
 
 def build_optimizer(params, tcfg, device: torch.device, low_precision=(), kind: str | None = None):
     """AdamW over ``params`` (tensors or parameter groups): ``OnePassAdamW`` (train.optimizer=one_pass,
-    train/run/optimizer.py: clipping, AdamW and the bf16 copies of ``low_precision`` in one pass, compiled on CUDA),
+    train/optimizer.py: clipping, AdamW and the bf16 copies of ``low_precision`` in one pass, compiled on CUDA),
     or torch's own (fused on CUDA); ``kind`` in place of train.optimizer where a way of sharing needs torch's.
     With CUDA graphs the lr is a device tensor that the schedule updates in place (the graph reads its address)."""
     lr = torch.tensor(tcfg.lr, device=device) if tcfg.cuda_graphs else tcfg.lr

@@ -21,7 +21,7 @@ from torch import Tensor
 
 from detector.errors import UserError
 from detector.train.distributed.sharding.replicated import Replicated, keep_outside_ddp, wrap_ddp
-from detector.train.run.optimizer import OnePassAdamW, norm_scale
+from detector.train.optimizer import OnePassAdamW, norm_scale
 
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); torch 2.11 has only the old name
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

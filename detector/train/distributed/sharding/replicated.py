@@ -13,7 +13,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from detector.train.distributed.processes import all_reduce_mean
-from detector.train.run.optimizer import clip_scale
+from detector.train.optimizer import clip_scale
 
 
 def average_gradients(process_group, bucket):  # -> Future[Tensor]; DDP checks a real annotation, not a string

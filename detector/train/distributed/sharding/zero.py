@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from detector.train.distributed.sharding.replicated import Replicated, wrap_ddp
-from detector.train.run.optimizer import clip_scale
+from detector.train.optimizer import clip_scale
 
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer

@@ -1,12 +1,12 @@
 """train.strategy=auto's choice as one typed, versioned record, ``Choice``: the candidates it timed in the training
 step (each one's step times and peak memory rise), the strategy it chose, by which rule, and what choosing cost. The
-choosing itself is auto.py's.
+choosing itself is run/auto.py's.
 
 The record is kept in three places, each read back through ``read``:
 
-- ``<train.out_dir>/strategy-auto/<key>.json`` (``kept_file``), beside the compile cache: the choice for these
-  settings, which the next run of them takes at once (the key: the device, torch, the model and data configuration,
-  the boxes' source, the speed options and the candidates asked for);
+- ``<train.out_dir>/strategy-auto/<key>.json`` (run/auto.py's ``kept_file``), beside the compile cache: the choice
+  for these settings, which the next run of them takes at once (the key: the device, torch, the model and data
+  configuration, the boxes' source, the speed options and the candidates asked for);
 - ``<run>/strategy-auto.json``: the run's own, which a resumed run reports;
 - summary.json's ``auto`` (train/observe/summary.py).
 
@@ -20,15 +20,9 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-import torch
-from omegaconf import DictConfig, OmegaConf
-
 from detector.checked import RecordError, measure, measured, need, optional, read_json, versioned, write_atomically
-from detector.data.annotations import SYNTHETIC
-from detector.train.run.speed_options import digest, step_settings
 
 VERSION = 1
-KEPT_FOLDER = "strategy-auto"  # under train.out_dir, beside the compile cache's folder (train/run/speed_options.py)
 RUN_FILE = "strategy-auto.json"  # in the run folder
 CHOICE_BYTES = 2**20  # a few candidates of a few dozen steps: a few kB
 # what the rules are called in the record, and said in the line
@@ -268,24 +262,3 @@ def size(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
-
-
-# ----------------------------------------------------------------------------- the choice kept for these settings
-
-
-def settings_key(cfg: DictConfig, device: torch.device, world_size: int) -> dict:
-    """What the choice depends on: the device, torch, the model and data configuration (the loader's own settings
-    aside), the boxes' source (an annotation file by its path, size and time), the step's speed options and the
-    candidates asked for."""
-    data = {k: v for k, v in OmegaConf.to_container(cfg.data).items() if k not in ("num_workers", "worker_timeout")}
-    if cfg.data.boxes != SYNTHETIC:
-        path = Path(cfg.data.boxes.partition(":")[2]).resolve()
-        stat = path.stat() if path.is_file() else None
-        kind = cfg.data.boxes.partition(":")[0]
-        data["boxes"] = [kind, str(path), stat.st_size if stat else None, stat.st_mtime_ns if stat else None]
-    return step_settings(cfg, device, world_size) | {"data": data, "candidates": list(cfg.train.auto_candidates)}
-
-
-def kept_file(cfg: DictConfig, device: torch.device, world_size: int) -> Path:
-    """``<train.out_dir>/strategy-auto/<digest of settings_key>.json``."""
-    return Path(cfg.train.out_dir) / KEPT_FOLDER / f"{digest(settings_key(cfg, device, world_size))}.json"
