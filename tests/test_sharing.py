@@ -1,4 +1,4 @@
-"""The ways of sharing (detector/train/distributed/sharing.py), named once: the configuration, the training step's
+"""The ways of sharing (detector/config/sharing.py), named once: the configuration, the training step's
 classes, the scaling table and the link read them from the registry."""
 
 import importlib
@@ -6,8 +6,8 @@ from dataclasses import fields, replace
 
 from detector.bench import link, sharding
 from detector.config.schema import ReportConfig, TrainConfig
+from detector.config.sharing import WAYS, of_kind
 from detector.train.distributed import sharding as sharing_classes
-from detector.train.distributed.sharing import WAYS, of_kind
 from detector.train.observe.summary import TrainingSummary
 
 

@@ -6,7 +6,7 @@ the same run as its training runs:
     python -m torch.distributed.run --standalone --nproc_per_node=N -m detector link --out=l.json [key=value]
 
 The collectives, on the head's first Linear (65536 × 16384 at seed scale; its bias and the trunk add ~1 %), and the
-ways of sharing that send them (``Way.sends``, detector/train/distributed/sharing.py):
+ways of sharing that send them (``Way.sends``, detector/config/sharing.py):
 
     reduce       each rank's fp32 gradient of each share of rows, reduced onto the share's owner, in one NCCL group as
                  ShardedBlocks sends them (gloo: one reduce after another)
@@ -34,11 +34,11 @@ from detector import checked
 from detector.checked import RecordError, need, read_json, versioned, write_atomically
 from detector.config.device import device_name
 from detector.config.schema import load_config
+from detector.config.sharing import WAYS
 from detector.errors import UserError
 from detector.lab.present.tables import markdown_table, significant
 from detector.train.distributed import processes as distributed
 from detector.train.distributed.sharding.blocks import all_gather_single, reduce_onto_owners
-from detector.train.distributed.sharing import WAYS
 
 VERSION = 2  # of the link's JSON; 1: no "version" key
 LINK_BYTES = 2**20  # three collectives' times: a few kB; a larger file is not one

@@ -39,12 +39,12 @@ from detector.bench.link import read_link, summary_lines
 from detector.checked import RecordError
 from detector.config.device import device_name, resolve_device
 from detector.config.schema import TrainConfig, load_config
+from detector.config.sharing import WAYS, of_kind
 from detector.errors import UserError
 from detector.lab.children import Child, run_child
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
 from detector.train.checkpoints.cadence import AUTO, interval_steps
-from detector.train.distributed.sharing import WAYS, of_kind
 from detector.train.observe import summary
 from detector.train.observe.summary import TrainingSummary
 

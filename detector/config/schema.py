@@ -25,6 +25,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from detector.config.device import resolve_device
 from detector.config.reading import STRATEGY, check_values, load_yaml, parse_overrides, path, path_keys, ranged
+from detector.config.sharing import WAYS
 from detector.data.annotations import (
     OVER_MAX_BOXES,
     SYNTHETIC,
@@ -35,7 +36,6 @@ from detector.data.annotations import (
     slots_for,
 )
 from detector.errors import ConfigError
-from detector.train.distributed.sharing import WAYS
 
 EXPERIMENTS_DIR = Path(__file__).resolve().parents[2] / "experiments"  # the project: the folder that holds detector/
 SHARD_ALIASES = {"True": "blocks", "False": "off"}  # train.shard_optimizer's earlier values, true and false
@@ -191,7 +191,7 @@ class TrainConfig:
     # CUDA only, needs `pip install torchao` and a GPU with float8 tensor cores (sm89+). Off: it changes the
     # losses, and is on only once its curve matches bf16's (`make bench-step` times it, docs/training.md)
     float8: bool = False
-    # how several processes share the model, one of the ways of detector/train/distributed/sharing.py: blocks, ours,
+    # how several processes share the model, one of the ways of detector/config/sharing.py: blocks, ours,
     # keeps AdamW's state of the head's blocks, and updates them, on their owner only; true/false: blocks/off.
     # `python -m detector scaling` measures them against each other
     shard_optimizer: str = ranged("blocks", choices=tuple(WAYS))

@@ -10,9 +10,9 @@ import torch
 import torch.distributed as dist
 from train_helpers import losses, spawn_two, tiny_cfg
 
+from detector.config.sharing import WAYS
 from detector.train.checkpoints import writer as checkpointer
 from detector.train.checkpoints.state import CheckpointError, fingerprint, load_checkpoint, read_checkpoint
-from detector.train.distributed.sharing import WAYS
 from detector.train.run.entry import run_training
 from detector.train.run.step import TrainStep
 

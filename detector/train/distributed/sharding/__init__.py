@@ -1,4 +1,4 @@
-"""How the processes of a run share the model: the class that each way of detector/train/distributed/sharing.py names
+"""How the processes of a run share the model: the class that each way of detector/config/sharing.py names
 (``train.shard_optimizer``), each with the interface of ``Replicated`` (replicated.py), so that the step and the loop
 use any of them alike.
 
@@ -18,10 +18,10 @@ import importlib
 import torch
 from omegaconf import DictConfig
 
+from detector.config.sharing import WAYS, Way
 from detector.model import BlockedLinear
 from detector.train.distributed.sharding.blocks import ShardedBlocks, shard_refusal
 from detector.train.distributed.sharding.replicated import Replicated
-from detector.train.distributed.sharing import WAYS, Way
 
 __all__ = ["Replicated", "ShardedBlocks", "implementation", "share", "shard_refusal"]
 
