@@ -70,14 +70,19 @@ def test_the_traces_tab_draws_each_runs_memory_on_one_scale_coloured_by_region(t
             assert all(rgb in colours for rgb in regions.values()), (label, colours)
         legend = in_traces(browser, "(doc) => doc.getElementById('legend').textContent")
         assert "calc loss" in legend
-        for _ in range(2):  # into the loop's step, where it allocates image by image
-            in_traces(browser, POINT_AT_MEMORY % ("zooms", 0.4, 1, 1, "wheel", 0.4))
+        # into the loop's step, where it allocates image by image: zoomed at its bars (the axis is the longer step's,
+        # and a loaded machine can make either run's step the longer)
+        for _ in range(2):
+            xs = in_traces(browser, BARS_AT % (1, 1))
+            assert xs, "no bar along the foot of the loop's memory lane"
+            at = xs[len(xs) // 2]
+            in_traces(browser, POINT_AT_MEMORY % ("zooms", at, 1, 1, "wheel", at))
         # hover where the loop's lane has bars along its foot, as drawn: its bars are image by image, with gaps
         # between them that a pointer at a fixed place can fall into
         xs = in_traces(browser, BARS_AT % (1, 1))
         assert xs, "no bar along the foot of the loop's memory lane after the zoom"
         tip = None
-        for x in sorted(xs, key=lambda x: abs(x - 0.4))[:12]:
+        for x in sorted(xs, key=lambda x: abs(x - at))[:12]:
             in_traces(browser, POINT_AT_MEMORY % ("hovers", x, 1, 1, "mousemove", x))
             shown_by = time.monotonic() + 2.0  # a browser that shares its cores with the suite draws the tip late
             while not (tip := in_traces(browser, SHOWN_TIP)) and time.monotonic() < shown_by:
@@ -126,8 +131,9 @@ def gpu_memory(tmp_path_factory):
     stop()
 
 
-BARS_AT = """(doc) => {  // the middles of the runs of drawn pixels along the foot of memory lane %d, as fractions
-  // of the canvas's width (the row MEMORY_LANES reads, the height POINT_AT_MEMORY points at)
+BARS_AT = """(doc) => {  // the middles of the runs of coloured pixels (bars in their regions' colours, not the grey
+  // grid lines) along the foot of memory lane %d, as fractions of the canvas's width (the row MEMORY_LANES reads, the
+  // height POINT_AT_MEMORY points at)
   const canvas = doc.getElementById('canvas');
   const ratio = canvas.width / canvas.clientWidth;
   const label = doc.querySelectorAll('.lane-label.memory')[%d];
@@ -136,7 +142,8 @@ BARS_AT = """(doc) => {  // the middles of the runs of drawn pixels along the fo
   const out = [];
   let start = -1;
   for (let x = 0; x <= canvas.width; x++) {
-    const drawn = x < canvas.width && row[4 * x + 3] > 0;
+    const [r, g, b, a] = x < canvas.width ? row.slice(4 * x, 4 * x + 4) : [0, 0, 0, 0];
+    const drawn = a > 0 && Math.max(r, g, b) - Math.min(r, g, b) > 30;
     if (drawn && start < 0) start = x;
     if (!drawn && start >= 0) { if (x - start >= 2) out.push((start + x - 1) / 2 / canvas.width); start = -1; }
   }
