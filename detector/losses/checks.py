@@ -30,7 +30,7 @@ def _check_tensor(value, what: str) -> None:
     if not isinstance(value, Tensor):
         raise TypeError(
             f"{what} must be a torch.Tensor, got {type(value).__name__} "
-            "(detector.targets.make_targets builds targets from tensors, numpy arrays or lists)"
+            "(detector.data.targets.make_targets builds targets from tensors, numpy arrays or lists)"
         )
 
 
@@ -104,7 +104,7 @@ def check_targets(pred: Tensor, targets: Targets) -> None:
         check_packed(pred, *targets)
     else:
         raise TypeError(
-            f"targets must be ListTargets, PaddedTargets or PackedTargets (detector.targets.make_targets), "
+            f"targets must be ListTargets, PaddedTargets or PackedTargets (detector.data.targets.make_targets), "
             f"got {type(targets).__name__}"
         )
 

@@ -54,7 +54,7 @@ def giou_loss_reference(pred: Tensor, targets: Targets | Tensor, counts: Tensor 
           +-inf in every strategy. That box's gradient is not specified (autograd and the kernels
           differ); every other box's gradient is as without it.
 
-    Targets, hand-built or from ``detector.targets.make_targets``, get one behaviour in every strategy
+    Targets, hand-built or from ``detector.data.targets.make_targets``, get one behaviour in every strategy
     (a strategy's ``__call__`` checks shapes, dtypes and devices once, never device values):
         - ``targets`` is a ListTargets, PaddedTargets or PackedTargets; anything else, a plain tuple
           included, is a TypeError naming ``targets``. A strategy takes only its ``layout`` (TypeError).

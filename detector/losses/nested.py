@@ -73,7 +73,7 @@ def giou_loss_njt(pred: Tensor, targets: PackedTargets) -> Tensor:
 
 def check_rows(pred: Tensor, targets: PackedTargets) -> None:
     """On the CPU: N packed boxes must be the sum of the counts clamped to [0, M], else the ValueError of the
-    contract's host-side checks (``detector.targets.to_padded``)."""
+    contract's host-side checks (``detector.data.targets.to_padded``)."""
     if pred.device.type != "cpu":
         return
     boxes, counts = targets

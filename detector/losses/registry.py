@@ -44,7 +44,7 @@ OUTSIDE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")  # module:at
 @dataclass(frozen=True)
 class Strategy:
     name: str
-    layout: str  # which targets it consumes: "list", "padded" or "packed" (detector.targets)
+    layout: str  # which targets it consumes: "list", "padded" or "packed" (detector.data.targets)
     fn: Callable[[Tensor, Targets], Tensor]
     description: str  # one line, shown by `python -m detector strategies`
     # Why it cannot run on a device (e.g. "the extension is not built: run make setup"), or None if it can.
@@ -67,7 +67,7 @@ class Strategy:
         if targets.layout != self.layout:
             raise TypeError(
                 f"strategy {self.name!r} takes {self.layout!r} targets, got {targets.layout!r} "
-                f"(build them with detector.targets.make_targets(boxes_list, {self.layout!r}, max_boxes))"
+                f"(build them with detector.data.targets.make_targets(boxes_list, {self.layout!r}, max_boxes))"
             )
         reason = self.unavailable(pred.device)
         if reason:
@@ -167,7 +167,7 @@ def outside(name: str, found) -> Strategy:
         fn = getattr(found, "__name__", "the function")
         raise OutsideStrategyError(
             f"strategy {name!r}: {fn}.layout is {layout!r}; set it to the targets it takes, one of "
-            f"{', '.join(LAYOUTS)} (detector.targets), e.g. {fn}.layout = 'padded'"
+            f"{', '.join(LAYOUTS)} (detector.data.targets), e.g. {fn}.layout = 'padded'"
         )
     doc = (getattr(found, "__doc__", None) or "").strip().splitlines()
     description = getattr(found, "description", None) or (doc[0] if doc else f"{name}, from outside the package")

@@ -116,7 +116,7 @@ def test_bool_boxes_are_refused(name, device):
 def test_a_plain_tuple_is_refused(name, device):
     strategy = runnable(name, device)
     pred, boxes = batch([2, 1], 3)
-    with pytest.raises(TypeError, match=r"targets must be ListTargets, .* \(detector.targets.make_targets\)"):
+    with pytest.raises(TypeError, match=r"targets must be ListTargets, .* \(detector.data.targets.make_targets\)"):
         strategy(pred.to(device), (boxes.to(device), torch.tensor([2, 1], device=device)))
 
 
