@@ -3,7 +3,8 @@ table's runs): ``python <args>`` in a process of its own, its output kept in a l
 asked), stopped at its time limit where it has one, and its part marked done once it succeeded, so that a command
 stopped half-way resumes after it.
 
-The child stays in the parent's process group: a Ctrl-C at the terminal stops both.
+The child stays in the parent's process group: a Ctrl-C at the terminal reaches both. The parent then gives the child
+up to STOP_SECONDS to end by itself (a training child checkpoints the steps since its last save) before it kills it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 from detector.lab.record.provenance import now, quote
+
+STOP_SECONDS = 30.0  # a child's own stop on Ctrl-C: a training run's takes up to 20 s (its last save), then its exit
 
 
 @dataclass
@@ -73,9 +76,12 @@ def run_child(child: Child, log: TextIO, echo: bool = False) -> Ran:
         process.kill()
         process.wait()
         code = None
-    except BaseException:  # Ctrl-C: the child got it too (one process group); it is not left behind
-        process.kill()
-        process.wait()
+    except BaseException:  # Ctrl-C: the child got it too (one process group): its own stop, then it is not left behind
+        try:
+            process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
         raise
     finally:
         copier.join(timeout=10)  # the pipe closes with the child (a grandchild that keeps it open is not waited for)

@@ -2,8 +2,13 @@
 exit status, its time limit, its environment and its done file."""
 
 import os
+import signal
+import threading
 import time
 
+import pytest
+
+from detector.lab import children
 from detector.lab.children import Child, run_child
 
 
@@ -46,3 +51,19 @@ def test_a_child_gets_the_variables_set_and_not_those_removed(tmp_path, monkeypa
         run_child(Child("env", ["-c", code], env={"CHILD_SET": "x", "CHILD_REMOVED": None}), log)
     assert (tmp_path / "log").read_text().splitlines()[1] == "x None 1"
     assert os.environ["CHILD_REMOVED"] == "here"  # the parent's own environment is left as it was
+
+
+@pytest.mark.parametrize("stops_itself", [True, False])
+def test_a_ctrl_c_gives_the_child_its_own_stop_then_ends_it(tmp_path, monkeypatch, stops_itself):
+    """A Ctrl-C in the parent (here to the parent alone; a terminal's would reach the child too): the child
+    finishes by itself where it does within STOP_SECONDS (a training child's last save), else it is killed; the Ctrl-C
+    goes on up either way."""
+    monkeypatch.setattr(children, "STOP_SECONDS", 5.0 if stops_itself else 0.5)
+    mark = tmp_path / "stopped"
+    seconds = 1.0 if stops_itself else 60.0
+    code = f"import time; time.sleep({seconds}); open({str(mark)!r}, 'w').write('by itself')"
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # to this process alone
+    began = time.perf_counter()
+    with open(tmp_path / "log", "w") as log, pytest.raises(KeyboardInterrupt):
+        run_child(Child("stops", ["-c", code]), log)
+    assert mark.exists() == stops_itself and time.perf_counter() - began < 10
