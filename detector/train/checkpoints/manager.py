@@ -45,11 +45,11 @@ STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kil
 class RunCheckpoints:
     """The checkpoints of ``run`` (loop.py's ``Run``: its folder, processes, step and clock), the one door the loop
     goes through: ``resume`` before the first step (the run's state restored, or a fresh start), ``start`` with the
-    loop, then ``due`` and ``save`` between steps, ``close`` at its end. ``resumed``: the step resumed from (0: a
-    fresh run), ``resume``'s to set."""
+    loop, then ``due`` and ``save`` between steps, ``close`` at its end."""
 
-    def __init__(self, run, resumed: int = 0):
-        self.run, self.tcfg, self.resumed = run, run.tcfg, resumed
+    def __init__(self, run):
+        self.run, self.tcfg = run, run.tcfg
+        self.resumed = 0  # the step the run resumed from (0: a fresh run), which ``resume`` sets
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
         self.board = Board()  # TensorBoard's, from the loop's start (process 0's writes): each save's times
