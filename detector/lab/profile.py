@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import NamedTuple
@@ -117,7 +118,10 @@ class Laps:
         self.last = time.perf_counter()
         self.seconds: dict[str, float] = {}
 
-    def lap(self, part: str) -> None:
+    def lap(self, part: str, listed: bool = True) -> None:
+        """``listed`` false: no lap now (the time since the last joins the next part's)."""
+        if not listed:
+            return
         now = time.perf_counter()
         self.seconds[part] = self.seconds.get(part, 0.0) + now - self.last
         self.last = now
@@ -136,26 +140,29 @@ def run_profile(cfg: DictConfig) -> Profiled:
 
 def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> Profiled:
     pcfg = cfg.profile
-    laps = Laps()
+    laps, meter = Laps(), LoadMeter()
+    meter.start()  # the machine's load before the steps: a window over the model's build (its own CPU left out)
     check_command_memory(cfg, device, "profile", batches=pcfg.wait + pcfg.warmup + pcfg.active + pcfg.timed)
     step = TrainStep(cfg, device, env.world_size)  # the training step of this config; refuses what cannot run here
     folder = pcfg.strategy if pcfg.mode == "train" else f"{pcfg.strategy}-forward"
     run_dir = rank_run_dir(Path(pcfg.out_dir) / folder, env)
     try:
-        meter = LoadMeter()
         laps.lap("model and optimizer")
-        before = meter.sample()
-        laps.lap("load samples")  # the machine's load before the run, and after it
+        before = meter.stop(sample=True)
+        laps.lap("load samples", listed=meter.slept > 0)  # the window's rest, where the build was shorter
         meter.start()
         allocator = StepMeter(device)  # the caching allocator's own figures of each step, on a GPU
         ran = profile_steps(step, cfg, device, run_dir / "trace", env, laps, allocator)
         step.strategy.nonfinite_gradient()  # a user's backward of NaN: its profile would time a broken step
         during, own = meter.stop(), meter.own
+        meter.start()  # the load after the steps: a window over the trace's analysis
         spread = Timed.of(ran.timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"
-        after = meter.sample()
-        laps.lap("load samples")
-        noise = Noise(meter.cores, before, during, after, spread, load_own=own, timed_by=timed_by)
+
+        def noise() -> tuple[Noise, float]:
+            after = meter.stop(sample=True)
+            return Noise(meter.cores, before, during, after, spread, load_own=own, timed_by=timed_by), meter.slept
+
         warnings = nonfinite(ran.losses)
         record, steps_extract = summarise_run(cfg, device, run_dir, ran, noise, laps, warnings, allocator.steps)
     except BaseException:
@@ -320,18 +327,22 @@ def summarise_run(
     device: torch.device,
     run_dir: Path,
     ran: Stepped,
-    noise: Noise,
+    noise: Callable[[], tuple[Noise, float]],
     laps: Laps,
     warnings: list[str] = (),
     allocator: dict[int, dict] | None = None,
 ) -> tuple[ProfileRecord, Extract]:
-    """summary.json and extract.json.gz of a finished profile run (``ran``: what its steps left); ``laps``: its parts so
-    far, to which the analysis adds its own (the trace read and measured, extract.json.gz written), recorded as the
-    record's ``times``; ``warnings`` join the analysis' own; ``allocator``: the caching allocator's figures of each
-    step (a GPU's), which the trace's memory is held against."""
+    """summary.json and extract.json.gz of a finished profile run (``ran``: what its steps left; ``noise``: the
+    machine's load around it and the seconds slept for it, once the trace is read, whose reading is the load's window
+    after the steps); ``laps``: its parts so far, to which the analysis adds its own (the trace read and measured,
+    extract.json.gz written), recorded as the record's ``times``; ``warnings`` join the analysis' own; ``allocator``:
+    the caching allocator's figures of each step (a GPU's), which the trace's memory is held against."""
     print("  analysing the trace ...", flush=True)
     parsed = load_trace(ran.trace)
     steps = analysis.measure_steps(parsed)
+    laps.lap("analysed")
+    measured_noise, slept = noise()
+    laps.lap("load samples", listed=slept > 0)
     record = ProfileRecord(
         strategy=cfg.profile.strategy,
         mode=cfg.profile.mode,
@@ -343,7 +354,7 @@ def summarise_run(
         analysis=analysis.summarise(parsed, steps, allocator),
         per_step=steps,
         timed=Timed.of(ran.timed),
-        noise=noise,
+        noise=measured_noise,
         preset=cfg.preset,
         sync_regions=bool(cfg.profile.sync_regions and device.type == "cuda"),
         emulated=get_strategy(cfg.profile.strategy).emulated(device),  # its times are an emulator's

@@ -3,9 +3,10 @@
 Linux's /proc/stat counts every core's busy time since boot; this process and its descendants (the loader's
 workers; under torchrun, every rank of the run) count their own in /proc/<pid>/stat. Their difference over a
 window, divided by the window, is the number of cores that other programs kept busy: 0 on a quiet machine, 2
-on 2 cores with two busy loops beside the run. A profile samples it for a moment before it starts, over its
-whole run, and for a moment after it ends; ``Noise``, part of the run record (detector/lab/record/noise.py), judges
-it. Where /proc cannot be read, the load is None: unknown, not zero.
+on 2 cores with two busy loops beside the run. A profile samples it before its steps, over its whole run, and after
+them, each sample a window of at least SAMPLE_SECONDS laid over the run's own work (the model's build, the trace's
+analysis: its own CPU time, which the difference leaves out), not a wait of its own; ``Noise``, part of the run record
+(detector/lab/record/noise.py), judges it. Where /proc cannot be read, the load is None: unknown, not zero.
 """
 
 from __future__ import annotations
@@ -79,6 +80,7 @@ class LoadMeter:
         self.cores = os.cpu_count() or 1
         self.began: tuple[float, float | None, float | None] | None = None
         self.own: float | None = None  # the run's own cores over the last window stop() measured
+        self.slept = 0.0  # seconds the last stop() slept to make its window ``least`` long
 
     @staticmethod
     def _now() -> tuple[float, float | None, float | None]:
@@ -87,9 +89,14 @@ class LoadMeter:
     def start(self) -> None:
         self.began = self._now()
 
-    def stop(self) -> float | None:
+    def stop(self, least: float = 0.0, sample: bool = False) -> float | None:
         """The other processes' load since ``start``, in cores; None where it cannot be read. ``own`` is then the
-        cores this run kept busy."""
+        cores this run kept busy. ``least`` (with ``sample``: SAMPLE_SECONDS): the window's shortest, slept up to
+        where it was shorter."""
+        short = (SAMPLE_SECONDS if sample else least) - (time.monotonic() - self.began[0])
+        self.slept = max(short, 0.0)
+        if short > 0:
+            time.sleep(short)
         (t0, all0, own0), (t1, all1, own1) = self.began, self._now()
         self.own = None
         if None in (all0, own0, all1, own1) or t1 <= t0:
@@ -101,5 +108,4 @@ class LoadMeter:
         """The other processes' load over the next ``seconds`` (by default SAMPLE_SECONDS, read as it samples; this
         process sleeps meanwhile)."""
         self.start()
-        time.sleep(SAMPLE_SECONDS if seconds is None else seconds)
-        return self.stop()
+        return self.stop(least=SAMPLE_SECONDS if seconds is None else seconds)
