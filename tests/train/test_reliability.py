@@ -21,6 +21,7 @@ from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints import manager as run_checkpoints
+from detector.train.checkpoints import writer as checkpoint_writer
 from detector.train.checkpoints.state import CheckpointError, read_checkpoint
 from detector.train.observe.progress import StepClock
 from detector.train.observe.summary import read
@@ -416,6 +417,27 @@ def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_backgroun
     assert first.step == 4 and last.step == 8
     assert first.blocked_s < 0.5 and first.written_s >= 1.0
     assert read_checkpoint(run_dir(tmp_path))["step"] == 8  # committed before the run said done
+
+
+def test_the_last_save_which_the_run_waits_for_writes_with_more_threads_at_the_steps_priority(tmp_path, monkeypatch):
+    """A save beside the steps writes in 2 threads at a lower priority, leaving the cores to the loader and the step;
+    the run's last save, which the run waits for with nothing beside it, writes in ALONE_THREADS at the step's, and
+    reads back the same."""
+    seen = []
+    real = checkpoint_files.Writer.write_data
+
+    def watched(self, plan, planner):
+        seen.append((self.thread_count, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
+        return real(self, plan, planner)
+
+    monkeypatch.setattr(checkpoint_files.Writer, "write_data", watched)
+    monkeypatch.setattr(checkpoint_writer, "ALONE_THREADS", 3)  # the machine's own may be 2, like the background's
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]
+    assert [s.step for s in summary.checkpoints.saves] == [4, 8]
+    assert seen == [(2, max(base, checkpoint_files.BACKGROUND_NICE)), (3, base)]
+    assert len(list(run_dir(tmp_path).glob("*/__0_*.distcp"))) == 3  # the last save's folder: the earlier one replaced
+    assert read_checkpoint(run_dir(tmp_path))["step"] == 8
 
 
 def test_a_save_that_waits_for_the_previous_one_is_timed_apart_from_the_wait(tmp_path, monkeypatch):

@@ -384,15 +384,18 @@ def read_groups(items: list, storage: dict, parts: int) -> list[list]:
 
 
 class Writer(FileSystemWriter):
-    """DCP's writer, at a lower CPU priority (its IO threads inherit it): a save's writing takes the cores the loader
-    and the step leave. An IO thread of DCP's that raises (a full disk) leaves its items unwritten and its exception
-    to the thread's hook, and DCP carries on: the save raises it (``ThreadFailures``), never commits without them."""
+    """DCP's writer, in ``threads`` files of each process, at a lower CPU priority where ``background`` (its IO threads
+    inherit it): a save's writing takes the cores the loader and the step leave. An IO thread of DCP's that raises (a
+    full disk) leaves its items unwritten and its exception to the thread's hook, and DCP carries on: the save raises
+    it (``ThreadFailures``), never commits without them."""
 
-    def __init__(self, path: Path, threads: int = 2):
+    def __init__(self, path: Path, threads: int = 2, background: bool = True):
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=threads)
+        self.background = background
 
     def write_data(self, plan, planner):
-        background_priority()
+        if self.background:
+            background_priority()
         future = super().write_data(plan, planner)
         written = {result.index for result in future.value()}
         lost = sum(item.index not in written for item in plan.items)

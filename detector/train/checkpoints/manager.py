@@ -140,15 +140,17 @@ class RunCheckpoints:
             self.cadence.decide(*figures)
             run.say(self.cadence.describe(*figures, saver.state_bytes(), saver.disk_speed))
 
-    def save(self, step: int, losses: list, evals: list) -> None:
+    def save(self, step: int, losses: list, evals: list, alone: bool = False) -> None:
         """Start a checkpoint of ``step``: every process copies its part to host memory (the step's only wait) and
         writes it in the background; process 0 commits it (``Checkpointer``). ``losses`` and ``evals``: the run's
-        record so far, which the checkpoint keeps."""
+        record so far, which the checkpoint keeps. The run's last step's save, train.stop_after's and ``alone`` (a
+        stop's) are waited for: they write with every thread the machine gives them."""
         run = self.run
+        alone = alone or step in (self.tcfg.steps, self.tcfg.stop_after)
         with run.wall.part("checkpoints"):
             pieces = state_pieces(run.step_fn)
             meta = checkpoint_meta(run, step, losses, evals) if run.env.is_main else None
-            save = self.checkpointer.save(step, pieces, meta)
+            save = self.checkpointer.save(step, pieces, meta, alone=alone)
         self.board.scalar("checkpoint/blocked_s", save.blocked, step)
 
     def stop_saves(self, step: int) -> bool:

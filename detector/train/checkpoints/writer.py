@@ -50,6 +50,9 @@ PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pa
 # seed scale, and its two AdamW moments) would be read, deserialised and copied by one thread.
 CHUNK_BYTES = 256 * 2**20
 PIN_LEAST = 2**20  # spans smaller than this stay pageable: they may share a page with another allocation
+# A save the run waits for (its last, a stop's) has the machine to itself: its writes and checksums take more threads,
+# at the step's priority, where a save beside the steps takes two writers and HASHERS checksummers at a lower one
+ALONE_THREADS = max(2, min(8, os.cpu_count() or 1))
 SAVE_TIMEOUT = datetime.timedelta(
     seconds=600
 )  # the checkpoints' gloo group: a process gone ends a save, never hangs it
@@ -93,6 +96,7 @@ class Save:
     written: float | None = None
     total_bytes: int = 0  # every process's (process 0, once committed)
     error: BaseException | None = None
+    alone: bool = False  # the run waits for it (its last save, a stop's): nothing runs beside it
     done: threading.Event = field(default_factory=threading.Event)
 
 
@@ -209,9 +213,10 @@ class Checkpointer:
 
     # -------------------------------------------------------------------- saving
 
-    def save(self, step: int, pieces: list[Piece], meta: dict | None) -> Save:
+    def save(self, step: int, pieces: list[Piece], meta: dict | None, alone: bool = False) -> Save:
         """Copy this process's share of ``pieces`` to host memory, then write it in a thread; ``meta`` (process 0:
-        the rest of the state) is serialised now. Returns the save, ``blocked`` set."""
+        the rest of the state) is serialised now; ``alone``: the run waits for this save (ALONE_THREADS). Returns the
+        save, ``blocked`` set."""
         started = time.perf_counter()
         waited = self.wait()
         if self.pinning is not None:
@@ -231,6 +236,7 @@ class Checkpointer:
             torch.cuda.current_stream(self.device).synchronize()  # the copies, after the step's last update
         payload = meta_bytes(meta) if meta is not None else None
         save = Save(step, self.run_dir / files.folder_name(step, self.token), started, bytes=self.state_bytes())
+        save.alone = alone
         self.started_step = step
         save.blocked, save.waited = time.perf_counter() - started, waited
         try:
@@ -247,14 +253,15 @@ class Checkpointer:
         return save
 
     def write(self, save: Save, staged: list, payload: bytes | None) -> None:
-        background_priority()
+        if not save.alone:
+            background_priority()
         try:
             if self.rank == 0 and self.disk_speed is None and staged:
                 self.measure_disk(save.folder, [view for *_, view in staged])
             if payload is not None:
                 write_atomically(save.folder / files.META, payload)
             planner = RowsSavePlanner(staged)
-            writer = files.Writer(save.folder)
+            writer = files.Writer(save.folder, threads=ALONE_THREADS if save.alone else 2, background=not save.alone)
             dcp.save({}, storage_writer=writer, planner=planner, process_group=self.group, no_dist=self.group is None)
             self.commit(save)
         except BaseException as err:
@@ -267,7 +274,7 @@ class Checkpointer:
         """Checksum the files this process wrote; process 0 gathers every process's and commits the save, unless a
         stop abandoned it meanwhile."""
         try:
-            mine = {p.name: files.file_entry(p, self.pool) for p in save.folder.glob(f"__{self.rank}_*.distcp")}
+            mine = self.checksums(save)
         except OSError as err:  # every process still reaches the gather: none waits there for good
             mine = f"process {self.rank} could not checksum its files ({one_line(err)})"
         found = [mine]
@@ -289,6 +296,15 @@ class Checkpointer:
             files.commit(self.run_dir, manifest)
             self.committed_step = save.step
         save.total_bytes = manifest.total_bytes()
+
+    def checksums(self, save: Save) -> dict[str, files.FileEntry]:
+        """The entries of the files this process wrote of ``save``: in the run's background pool, or for a save the
+        run waits for in ALONE_THREADS at the step's priority."""
+        written = sorted(save.folder.glob(f"__{self.rank}_*.distcp"))
+        if not save.alone:
+            return {p.name: files.file_entry(p, self.pool) for p in written}
+        with concurrent.futures.ThreadPoolExecutor(ALONE_THREADS, thread_name_prefix="checksum") as pool:
+            return {p.name: files.file_entry(p, pool) for p in written}
 
     def abandon(self) -> int:
         """No save under way is committed from now on (a stop that cannot wait); the step the manifest names."""

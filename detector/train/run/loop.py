@@ -369,7 +369,7 @@ class Steps:
         the time allow (``RunCheckpoints.stop_saves``), its losses checked first."""
         if self.checkpoints.stop_saves(self.step):
             self.check_finite(self.log.flush(self.step))
-            self.checkpoints.save(self.step, self.log.losses, self.evaluation.evals)
+            self.checkpoints.save(self.step, self.log.losses, self.evaluation.evals, alone=True)
             self.checkpoints.close(wait=True)
 
     def after_step(self) -> bool:
