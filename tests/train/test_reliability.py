@@ -459,6 +459,7 @@ def test_the_summary_says_where_the_wall_clock_went(tmp_path):
     summary = run_training(tiny_cfg(tmp_path, "train.steps=6", "train.checkpoint_every=3", "data.num_workers=0"))[0]
     wall = summary.wall_clock
     assert set(wall.seconds) == {"start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end"}
+    assert wall.data_stalls[1] == 6 and 0 <= wall.data_stalls[0] <= 6  # every step's wait for its batch counted
     assert wall.total_s == pytest.approx(sum(wall.seconds.values()))
     assert wall.seconds["start-up"] > 0 and wall.seconds["first step"] > 0 and wall.seconds["steps"] > 0
     assert 0 < wall.goodput < 1 and wall.goodput == pytest.approx(wall.seconds["steps"] / wall.total_s)

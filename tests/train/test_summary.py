@@ -43,7 +43,7 @@ VERSION_1 = {
 
 
 def test_a_summary_is_written_and_read_back_the_same(tmp_path):
-    wall = Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.5, 3.4)
+    wall = Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.5, 3.4, {"model and optimizer": 0.5}, (2, 6))
     saves = Checkpoints([Save(3, 1024, 0.01, 0.2), Save(6, 1024, 0.01, None)], 1e9, 2048, False, 0.0, 2**30)
     record = TrainingSummary(
         [(3, 0.95), (6, 0.91)], [1.0] * 6, run="padded", steps=6, final_loss=0.91, wall_clock=wall, checkpoints=saves
@@ -52,6 +52,19 @@ def test_a_summary_is_written_and_read_back_the_same(tmp_path):
     assert not list(tmp_path.glob("*.tmp-*")), "written to a temporary file, then renamed"
     assert summary.read(tmp_path) == record == summary.read(tmp_path / "summary.json")
     assert json.loads((tmp_path / "summary.json").read_text())["version"] == summary.VERSION
+
+
+def test_the_closing_line_counts_the_steps_that_found_no_batch_ready():
+    wall = Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.0, 3.4, None, (2, 6))
+    assert "data 1.0 s (2 of 6 steps stalled)," in wall.line()
+    assert "stalled" not in Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.0).line()  # an older summary's
+
+
+@pytest.mark.parametrize("stalls", [[7, 6], [1], [1.5, 6], [-1, 6]])
+def test_stall_counts_that_cannot_be_are_refused_naming_the_field(stalls):
+    data = Account(dict.fromkeys(PARTS, 1.0), 7.0, 1 / 7, 0.0).__dict__ | {"data_stalls": stalls}
+    with pytest.raises(RecordError, match=r"wall_clock\.data_stalls"):
+        Account.parse(data, "wall_clock")
 
 
 def test_the_wall_clock_scalars_are_named_like_every_other_tag():

@@ -8,6 +8,9 @@
     checkpoints   the step's waits for checkpoints: the copy to host memory, and a save still under way
     end           from the last step to the summary (the final checkpoint's write included)
 
+A step whose wait for the loader took over ``STALL_SECONDS`` is a stalled step (a batch ready takes microseconds to
+hand over): the account counts them beside the steps it counted.
+
 Goodput is ``steps / total``. The checkpoints' writes in the background are reported beside, not in the total: they
 overlap the steps. ``Account`` is what the run's summary keeps of it (summary.json's ``wall_clock``).
 
@@ -27,10 +30,11 @@ import re
 import time
 from dataclasses import dataclass
 
-from detector.checked import measure, measured, need
+from detector.checked import Damaged, measure, measured, need
 
 PARTS = ("start-up", "first step", "steps", "data", "evaluations", "checkpoints", "end")
 BEFORE = "interpreter and imports"
+STALL_SECONDS = 1e-3  # a wait for the loader longer than this: the step had no batch ready (a data stall)
 EARLY: dict[str, float] = {}  # the start-up's parts timed before the run's clock existed (``early``), this process's
 
 
@@ -71,6 +75,12 @@ class WallClock:
         self.loop_end: float | None = None
         self.loop_seconds = 0.0
         self.in_loop = 0.0  # the parts' seconds inside the loop (the steps are the rest of it)
+        self.data_waits, self.stalls = 0, 0  # the steps' waits for the loader, and of them the stalls
+
+    def waited_for_data(self, seconds: float) -> None:
+        """A step's wait for its batch (already in ``data``): counted, and as a stall past STALL_SECONDS."""
+        self.data_waits += 1
+        self.stalls += seconds > STALL_SECONDS
 
     @contextlib.contextmanager
     def part(self, name: str):
@@ -125,7 +135,8 @@ class WallClock:
             seconds["end"] = max(0.0, now - self.loop_end - after)
         total = sum(seconds.values())
         goodput, rate = (seconds["steps"] / total, images / total) if total else (None, None)
-        return Account(seconds, total, goodput, background, rate, self.startup_account())
+        stalls = (self.stalls, self.data_waits) if self.data_waits else None
+        return Account(seconds, total, goodput, background, rate, self.startup_account(), stalls)
 
 
 @dataclass
@@ -139,14 +150,27 @@ class Account:
     checkpoint_background_s: float
     images_per_s_lived: float | None = None
     startup: dict[str, float] | None = None  # the start-up's parts (module docstring); None in older summaries
+    # (stalled steps, steps that waited for the loader): STALL_SECONDS; None in older summaries and runs of no step
+    data_stalls: tuple[int, int] | None = None
 
     def line(self) -> str:
         """The closing log line's account: goodput, then each part that took time."""
-        parts = ", ".join(f"{name} {self.seconds[name]:.1f} s" for name in PARTS if self.seconds[name] >= 0.05)
+        parts = ", ".join(
+            f"{name} {self.seconds[name]:.1f} s" + (self.stall_note() if name == "data" else "")
+            for name in PARTS
+            if self.seconds[name] >= 0.05
+        )
         text = f"goodput {100 * (self.goodput or 0):.0f} % of {self.total_s:.1f} s ({parts})"
         if self.checkpoint_background_s:
             text += f"; checkpoints wrote {self.checkpoint_background_s:.1f} s in the background"
         return text
+
+    def stall_note(self) -> str:
+        """`` (3 of 1000 steps stalled)``: the steps that found no batch ready, where counted."""
+        if self.data_stalls is None:
+            return ""
+        stalled, counted = self.data_stalls
+        return f" ({stalled} of {counted} steps stalled)"
 
     def add_scalars(self, board, step: int) -> None:
         """The account as TensorBoard scalars under goodput/ (observe/board.py's ``Board``)."""
@@ -166,6 +190,7 @@ class Account:
             checkpoint_background_s=measured(data, "checkpoint_background_s", where, default=0.0),
             images_per_s_lived=measured(data, "images_per_s_lived", where),
             startup=startup_parts(data.get("startup"), f"{where}.startup"),
+            data_stalls=stall_counts(data.get("data_stalls"), f"{where}.data_stalls"),
         )
 
 
@@ -173,6 +198,19 @@ def startup_parts(data, where: str) -> dict[str, float] | None:
     if data is None:
         return None
     return {name: measure(seconds, f"{where}.{name}") for name, seconds in need(data, dict, where).items()}
+
+
+def stall_counts(data, where: str) -> tuple[int, int] | None:
+    """[stalled, counted]: two whole numbers, the first at most the second; None where absent (older summaries)."""
+    if data is None:
+        return None
+    need(data, list, where)
+    if len(data) != 2:
+        raise Damaged(where, data, "[stalled steps, counted steps]")
+    stalled, counted = (measure(value, f"{where}[{i}]", kind=int) for i, value in enumerate(data))
+    if stalled > counted:
+        raise Damaged(where, data, "[stalled steps, counted steps], the first at most the second")
+    return stalled, counted
 
 
 def scalar_name(part: str) -> str:

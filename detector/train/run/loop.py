@@ -336,6 +336,7 @@ class Steps:
                 started = time.perf_counter()
                 batch = next(batches)
                 data_seconds = time.perf_counter() - started
+            run.wall.waited_for_data(data_seconds)
             first = index == 0
             compiling = first and (tcfg.compile or run.device.type == "cuda")
             if compiling:
