@@ -44,7 +44,8 @@ def versioned(data, where: str, version: int) -> int:
         raise RecordError(f"{where}: not a JSON object")
     found = data.get("version", 1)
     if found not in (1, version):
-        raise RecordError(f"{where}: version {short(found)}, this detector reads versions 1 and {version}")
+        reads = "version 1" if version == 1 else f"versions 1 and {version}"
+        raise RecordError(f"{where}: version {short(found)}, this detector reads {reads}")
     return found
 
 

@@ -216,6 +216,19 @@ def child_env(**overrides: str) -> dict[str, str]:
     return {**env, **overrides}
 
 
+def stop_before_rename(monkeypatch, name: str) -> None:
+    """A Ctrl-C the moment a file called ``name`` would be renamed into place (``os.replace``, write_atomically's
+    last step): what a stop in the middle of its write leaves behind."""
+    real = os.replace
+
+    def replace(source, target):
+        if Path(target).name == name:
+            raise KeyboardInterrupt
+        return real(source, target)
+
+    monkeypatch.setattr(os, "replace", replace)
+
+
 @contextlib.contextmanager
 def fails_after(seconds: int):
     """A hang inside the block fails the test after ``seconds`` (SIGALRM) instead of blocking the suite."""

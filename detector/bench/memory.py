@@ -38,7 +38,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from detector.bench.ceiling import MEASURED, PROBE_STEPS, RESOLUTION, WARMUP, ChildResults, Jobs
 from detector.bench.crowd import write_crowd
-from detector.checked import RecordError
+from detector.checked import RecordError, write_atomically
 from detector.config.device import device_name, resolve_device
 from detector.config.schema import load_config
 from detector.lab.children import Child, run_child
@@ -169,7 +169,8 @@ def finish(cfg: DictConfig, device, work: Path, root: Path, strategies: list[str
     pack_runs(work / "profile", out / "runs.tar.gz")
     text = document(cfg, device, work, results)
     (out / "memory.md").write_text(text + "\n")
-    (out / "memory.json").write_text(json.dumps(results, indent=1, default=str))
+    # every value is JSON's own (strings, numbers, the children's records as read): no ``default`` to hide another
+    write_atomically(out / "memory.json", json.dumps(results, indent=1).encode())
     shutil.copy(work / "memory.log", out / "memory.log")
     print(text)
     if all(p["state"].startswith("done") for p in ran):

@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from detector.checked import write_atomically
 from detector.lab.present.tables import markdown_table
 from detector.losses import STRATEGIES
 from detector.train.observe.summary import TrainingSummary
@@ -83,12 +84,13 @@ def run_sweep(cfg: DictConfig, experiment: str | None = None) -> list[TrainingSu
 
 
 def write_sweep(out: Path, summaries: list[TrainingSummary], skipped: dict[str, str]) -> None:
-    """sweep.md, sweep.json and loss_curves.png in ``out``, and the table printed."""
+    """sweep.md, sweep.json (``{"runs": [summary.json's record of each run], "skipped": {name: reason}}``, written
+    whole or not at all) and loss_curves.png in ``out``, and the table printed."""
     table = sweep_table(summaries, skipped)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.md").write_text(table + "\n")
     runs = [s.to_json() for s in summaries]
-    (out / "sweep.json").write_text(json.dumps({"runs": runs, "skipped": skipped}, indent=2))
+    write_atomically(out / "sweep.json", json.dumps({"runs": runs, "skipped": skipped}, indent=2).encode())
     if summaries:
         plot_losses(summaries, out / "loss_curves.png")
     print(f"\n{table}\n\ntable, summaries and loss_curves.png in {out}/")

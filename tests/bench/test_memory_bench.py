@@ -9,12 +9,13 @@ import tarfile
 import numpy as np
 import pytest
 import torch
+from conftest import stop_before_rename
 
 from detector.bench import ceiling
 from detector.bench.ceiling import GRANULE, RESOLUTION, Probe, next_batch, search
 from detector.bench.crowd import CROWD_FEWEST, CROWD_MOST, crowd_counts, write_crowd
-from detector.bench.memory import allocator_lines, ceiling_lines, config_args, read_child, run_bench
-from detector.checked import RecordError
+from detector.bench.memory import allocator_lines, ceiling_lines, config_args, finish, read_child, run_bench
+from detector.checked import RecordError, read_json
 from detector.cli import main as cli
 from detector.config.schema import load_config
 from detector.data.annotations import read_annotations, slots_for
@@ -209,6 +210,24 @@ def test_a_damaged_childs_results_are_one_warning_naming_the_file_and_field(tmp_
     assert capsys.readouterr().err == expected
     with pytest.raises(RecordError, match=r"default.json.jobs\[0\].slots is str"):
         ceiling.ChildResults.read(tmp_path / "default.json")
+
+
+def test_memory_json_reads_back_and_a_bench_stopped_in_its_write_leaves_no_half_of_it(tmp_path, monkeypatch):
+    """memory.json was written in place (``write_text``): a bench stopped in its write left half a file."""
+    cfg = load_config(["device=cpu", f"bench.out={tmp_path / 'bench.json'}"], announce=None)
+    ran = [{"title": "profile padded", "state": "done", "seconds": 1.5, "command": "python -m detector profile"}]
+    work = tmp_path / "memory-work" / "current"
+    work.mkdir(parents=True)
+    (work / "memory.log").write_text("")
+    stop_before_rename(monkeypatch, "memory.json")
+    with pytest.raises(KeyboardInterrupt):
+        finish(cfg, torch.device("cpu"), work, tmp_path, ["padded"], ran)
+    (stopped,) = (tmp_path / "memory").iterdir()
+    assert not [p.name for p in stopped.iterdir() if "memory.json" in p.name]  # neither half of it nor its temporary
+    monkeypatch.undo()
+    results = finish(cfg, torch.device("cpu"), work, tmp_path, ["padded"], ran)
+    (out,) = set((tmp_path / "memory").iterdir()) - {stopped}
+    assert read_json(out / "memory.json", 2**20) == results
 
 
 def test_bench_memory_writes_its_proof_folder_on_the_cpu(tmp_path):

@@ -174,6 +174,16 @@ def test_a_manifest_or_meta_the_json_parser_refuses_is_one_line(stopped, tmp_pat
     assert expected in message and "is not a checkpoint's meta.json" in message, message
 
 
+def test_a_meta_of_a_later_version_is_refused_in_one_line(stopped, tmp_path):
+    """meta.json names its version; one this code does not read is refused (re-signed: its checksum holds), not
+    resumed as if it were this version's."""
+    meta = save_folder(stopped) / files.META
+    meta.write_text(json.dumps(json.loads(meta.read_text()) | {"version": 2}))
+    resign(stopped)
+    message = resume(tmp_path)
+    assert f"{meta}: version 2, this detector reads version 1" in message and "train.resume=false" in message, message
+
+
 @pytest.mark.parametrize("what", ["a folder", "a FIFO", "a dangling link"])
 def test_a_manifest_that_is_not_a_file_is_refused_and_never_waited_on(stopped, tmp_path, what):
     path = stopped / files.MANIFEST

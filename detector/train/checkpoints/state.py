@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from detector.checked import RecordError, need, read_json
+from detector.checked import RecordError, need, read_json, versioned
 from detector.config.schema import Config
 from detector.errors import said
 from detector.model import BlockedLinear
@@ -323,7 +323,10 @@ META_KEYS = {  # meta.json's fields and their JSON types
 
 
 def meta_bytes(meta: dict) -> bytes:
-    """meta.json's bytes; a one-value tensor (a learning rate on the device, train.cuda_graphs) as its number."""
+    """meta.json's bytes (written through write_atomically by the checkpoint's writer thread). Its own ``default``:
+    under train.cuda_graphs the learning rate is a one-value device tensor, in the schedule's state too, which JSON
+    has no type for: it is written as its number; anything else that is not JSON's is a TypeError, never a string
+    that the resume would read back as a value."""
 
     def number(value):
         if isinstance(value, Tensor) and value.numel() == 1:
@@ -334,10 +337,10 @@ def meta_bytes(meta: dict) -> bytes:
 
 
 def read_meta(path: Path) -> dict:
-    """meta.json, each field of its type; one line naming the file otherwise."""
+    """meta.json, of a version this code reads and each field of its type; one line naming the file otherwise."""
     try:
         meta = read_json(path, META_BYTES)
-        need(meta, dict, str(path))
+        versioned(meta, str(path), META_VERSION)
         for key, kind in META_KEYS.items():
             need(meta.get(key), kind, f"{path}.{key}")
     except RecordError as err:
