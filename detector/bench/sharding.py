@@ -44,7 +44,7 @@ from detector.errors import UserError
 from detector.lab.children import Child, run_child
 from detector.lab.present.tables import cell_text, code_block, code_text, markdown_table, ms
 from detector.lab.record.provenance import device_slug, machine_line, now, quote
-from detector.train.checkpoints.cadence import AUTO, interval_steps
+from detector.train.checkpoints import AUTO, interval_steps
 from detector.train.observe import summary
 from detector.train.observe.summary import TrainingSummary
 

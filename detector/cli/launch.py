@@ -139,9 +139,9 @@ def continuation(args, argv: list[str]) -> str:
         return "run the command again"
     try:
         run_dir, experiment, overrides = training_run(command[2:])
-        from detector.train.checkpoints import files as checkpoint_files
+        from detector.train import checkpoints
 
-        step = checkpoint_files.read_manifest(run_dir).step if checkpoint_files.exists(run_dir) else 0
+        step = checkpoints.committed_step(run_dir)
     except Exception as err:  # noqa: BLE001 - a hint, never a second failure
         return f"its last checkpoint could not be read ({err})"
     if not step:
@@ -154,7 +154,7 @@ def continuation(args, argv: list[str]) -> str:
         )
     else:
         command = shlex.join([sys.executable, "-m", "detector.cli.launch", *argv, "train.resume=true"])
-    return f"its last checkpoint is step {step} in {run_dir / checkpoint_files.MANIFEST}: continue with {command}"
+    return f"its last checkpoint is step {step} in {checkpoints.manifest_path(run_dir)}: continue with {command}"
 
 
 def training_run(argv: list[str]) -> tuple[Path, str, list[str]]:

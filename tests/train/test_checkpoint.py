@@ -1,4 +1,4 @@
-"""Checkpoints in torch.distributed.checkpoint's format with our checks on top (detector/train/checkpoint*.py): what
+"""Checkpoints in torch.distributed.checkpoint's format with our checks on top (detector/train/checkpoints/): what
 torch alone reads of them, and every file or record that does not describe what it holds refused in one line."""
 
 import builtins
@@ -328,3 +328,32 @@ def test_the_first_save_times_the_disk_by_a_write_of_probe_bytes(tmp_path, monke
     assert writes == [16384]  # once, PROBE bytes
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("checkpoint step")]
     assert len(lines) == 2 and all(" GB/s)" in line for line in lines), lines
+
+
+def test_code_outside_the_package_goes_through_its_door():
+    """Outside detector/train/checkpoints/, code imports the package's face (a run folder's checkpoint, outside a run)
+    and manager.py (a run's checkpoints; what reads a checkpoint's state) and none of its other modules: those are
+    the door's own, free to change behind it."""
+    import ast
+
+    import detector
+
+    root = Path(detector.__file__).parent
+    package = root / "train" / "checkpoints"
+    behind = {f"detector.train.checkpoints.{p.stem}" for p in package.glob("*.py")} - {
+        "detector.train.checkpoints.__init__",
+        "detector.train.checkpoints.manager",
+    }
+    reached = []
+    for path in sorted(root.rglob("*.py")):
+        if path.is_relative_to(package):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            else:
+                continue
+            reached += [f"{path.relative_to(root)}: {name}" for name in names if name in behind]
+    assert len(behind) == 4 and not reached, reached

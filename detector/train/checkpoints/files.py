@@ -161,6 +161,17 @@ def exists(run_dir: Path) -> bool:
     return path.exists() or path.is_symlink() or (run_dir / LEGACY).exists()
 
 
+def manifest_path(run_dir: Path) -> Path:
+    """The file that names ``run_dir``'s committed checkpoint: where a run's lines say it can continue from."""
+    return run_dir / MANIFEST
+
+
+def committed_step(run_dir: Path) -> int:
+    """The step of ``run_dir``'s committed checkpoint (0: it holds none); CheckpointError where its manifest cannot be
+    read."""
+    return read_manifest(run_dir).step if exists(run_dir) else 0
+
+
 def earlier_format(run_dir: Path) -> str | None:
     """Why ``run_dir``'s checkpoint cannot be resumed by this version (one of our formats before DCP), or None."""
     if (run_dir / LEGACY).exists() and not (run_dir / MANIFEST).exists():

@@ -13,6 +13,10 @@ its summary name.
   read it; the stop's line first abandons a save it did not wait for, so that the step it names stays the manifest's.
 
 The saves themselves (staging memory, the writer thread, the commit, a save's line) are checkpoints/writer.py's.
+
+Besides the door, what reads a checkpoint's state outside a run, handed on from state.py: the configuration's
+``fingerprint``, ``same_run`` and ``saved_strategy`` (train.strategy=auto's resume), ``read_model`` and ``layout``
+(export).
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ from omegaconf import OmegaConf
 from detector.train.checkpoints import files
 from detector.train.checkpoints.cadence import Cadence
 from detector.train.checkpoints.state import (
+    BytesRead,
     CheckpointError,
+    fingerprint,
+    layout,
     load_checkpoint,
     param_groups,
+    read_model,
     rng_state,
     same_run,
+    saved_strategy,
     shared_checkpoint,
     state_pieces,
 )
@@ -38,6 +47,8 @@ from detector.train.distributed import processes as distributed
 from detector.train.observe import summary
 from detector.train.observe.board import Board
 from detector.train.observe.progress import TIMING_SKIP, Log, throughput
+
+__all__ = ["BytesRead", "RunCheckpoints", "fingerprint", "layout", "read_model", "same_run", "saved_strategy"]
 
 STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kills 30 s after its SIGTERM)
 
@@ -49,6 +60,8 @@ class RunCheckpoints:
 
     def __init__(self, run):
         self.run, self.tcfg = run, run.tcfg
+        self.expected = fingerprint(run.cfg, run.env.world_size)  # the run's configuration, which a resume must match
+        self.path = files.manifest_path(run.run_dir)  # what the run's lines name as where it can continue from
         self.resumed = 0  # the step the run resumed from (0: a fresh run), which ``resume`` sets
         self.cadence = Cadence(run.tcfg.checkpoint_every, run.tcfg.steps)
         self.checkpointer: Checkpointer | None = None  # once the loop starts, where the run checkpoints
@@ -66,7 +79,7 @@ class RunCheckpoints:
         if earlier:
             raise CheckpointError(earlier)
         if found and mode == "auto":
-            step = same_run(run.run_dir, run.expected, run.global_batch)
+            step = same_run(run.run_dir, self.expected, run.global_batch)
             found = 0 < step < self.tcfg.steps  # another configuration's, or a complete run: a fresh one starts
         if not found or mode == "false":
             if run.checks is not None:
@@ -76,7 +89,7 @@ class RunCheckpoints:
             return {"step": 0, "losses": [], "evals": []}
         group = run.control.group
         try:
-            state = load_checkpoint(run.run_dir, run.step_fn, run.expected, run.global_batch, group, run.checks)
+            state = load_checkpoint(run.run_dir, run.step_fn, self.expected, run.global_batch, group, run.checks)
             error = None
         except CheckpointError as err:
             state, error = None, str(err)
@@ -149,7 +162,7 @@ class RunCheckpoints:
         alone = alone or step in (self.tcfg.steps, self.tcfg.stop_after)
         with run.wall.part("checkpoints"):
             pieces = state_pieces(run.step_fn)
-            meta = checkpoint_meta(run, step, losses, evals) if run.env.is_main else None
+            meta = checkpoint_meta(run, self.expected, step, losses, evals) if run.env.is_main else None
             save = self.checkpointer.save(step, pieces, meta, alone=alone)
         self.board.scalar("checkpoint/blocked_s", save.blocked, step)
 
@@ -207,10 +220,7 @@ class RunCheckpoints:
             saver.abandon()  # no save commits after this line: the step it names is the manifest's
         step, unsaved = self.last_step, f" ({self.unsaved})" if self.unsaved else ""
         if step >= 1:
-            return (
-                f"its last checkpoint is step {step} in {self.run.checkpoint_path}{unsaved}: continue with "
-                "train.resume=true"
-            )
+            return f"its last checkpoint is step {step} in {self.path}{unsaved}: continue with train.resume=true"
         if saver is None or not self.tcfg.checkpoint_every:
             return "no checkpoint was written (train.checkpoint_every)"
         if saver.started_step > 0:  # a second signal abandoned the stop's save
@@ -221,7 +231,7 @@ class RunCheckpoints:
         """The non-finite loss's line: the checkpoint the run can continue from, all of whose steps were finite."""
         if self.last_step < 1:
             return "no checkpoint was written"
-        return f"the last good checkpoint is step {self.last_step} in {self.run.checkpoint_path}"
+        return f"the last good checkpoint is step {self.last_step} in {self.path}"
 
     def written_seconds(self) -> float:
         """The saves' writes, in the background beside the steps."""
@@ -232,9 +242,9 @@ class RunCheckpoints:
         return summary.Checkpoints.parse(self.checkpointer.record(), "checkpoints") if self.checkpointer else None
 
 
-def checkpoint_meta(run, step: int, losses: list, evals: list) -> dict:
+def checkpoint_meta(run, expected: dict, step: int, losses: list, evals: list) -> dict:
     """What a checkpoint of ``step`` holds besides the model's and the optimizer's tensors: the schedule, the step, the
-    RNG states, the data position and the run's record so far."""
+    RNG states, the data position, the run's record so far and its configuration (``expected``: its fingerprint)."""
     return {
         "step": step,
         "param_groups": param_groups(run.step_fn.optimizer),
@@ -243,6 +253,6 @@ def checkpoint_meta(run, step: int, losses: list, evals: list) -> dict:
         "data": {"next_index": step * run.global_batch, "global_batch": run.global_batch},
         "losses": list(losses),
         "evals": list(evals),
-        "fingerprint": run.expected,
+        "fingerprint": expected,
         "config": OmegaConf.to_container(run.cfg, resolve=True),
     }

@@ -59,7 +59,16 @@ RUN_CONTROL |= {"auto_candidates"}  # how train.strategy=auto chose: the checkpo
 
 MINE, SPLIT, HELD = "mine", "split", "held"  # Piece.write: see there
 
-__all__ = ["BytesRead", "CheckpointError", "Piece", "fingerprint", "load_checkpoint", "read_checkpoint", "state_pieces"]
+__all__ = [
+    "BytesRead",
+    "CheckpointError",
+    "Piece",
+    "fingerprint",
+    "load_checkpoint",
+    "read_checkpoint",
+    "read_model",
+    "state_pieces",
+]
 META_VERSION = 1  # meta.json's
 META_BYTES = 256 * 2**20  # a loss a step, about 20 bytes: 10^7 steps are 200 MB; a larger file is not one
 
@@ -487,3 +496,9 @@ def read_checkpoint(run_dir: Path, only: tuple[str, ...] | None = None) -> dict:
     rows = sum(length for ranges in where.values() for _, length in ranges)
     meta["read"] = BytesRead(read, rows, manifest.total_bytes())
     return meta
+
+
+def read_model(run_dir: Path) -> dict:
+    """``read_checkpoint`` of the model's tensors alone (``model``), the optimizer's state left unread: what a run
+    trained, for use outside it."""
+    return read_checkpoint(run_dir, only=("model",))

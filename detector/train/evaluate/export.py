@@ -23,9 +23,9 @@ import torch
 
 from detector.errors import UserError
 from detector.model import FaceDetector
-from detector.train.checkpoints import files
-from detector.train.checkpoints.files import human_bytes
-from detector.train.checkpoints.state import BytesRead, layout, read_checkpoint
+from detector.train import checkpoints
+from detector.train.checkpoints import human_bytes
+from detector.train.checkpoints.manager import BytesRead, layout, read_model
 
 FORMAT, VERSION = "detector-export", 1
 EXPORT = Path("export") / "model.pt"
@@ -46,9 +46,9 @@ def trained_state(run_dir: Path) -> tuple[dict, dict]:
     """(FaceDetector's state_dict of ``run_dir``'s last checkpoint, its meta) on the CPU: the checkpoint's model tensors
     in one process's layout, cut into the model's own parameters (one head block); the optimizer's state left unread
     (meta's ``read``: the BytesRead)."""
-    if not files.exists(run_dir):
+    if not checkpoints.exists(run_dir):
         raise UserError(f"{run_dir} holds no checkpoint (checkpoint.json): train it first (make train)")
-    saved = read_checkpoint(run_dir, only=("model",))
+    saved = read_model(run_dir)
     arguments = model_arguments(saved["config"])
     with torch.device("meta"):  # names and shapes only: no weights drawn
         model = FaceDetector(**arguments)

@@ -43,7 +43,7 @@ from detector.data.annotations import SYNTHETIC
 from detector.errors import UserError, said
 from detector.losses import get_strategy
 from detector.train import choice as records
-from detector.train.checkpoints.state import fingerprint, same_run, saved_strategy
+from detector.train.checkpoints.manager import fingerprint, same_run, saved_strategy
 from detector.train.choice import Candidate, Choice
 from detector.train.distributed.processes import Control, DistEnv, count_valid, global_mean
 from detector.train.run.batches import rank_loader

@@ -15,7 +15,7 @@ from omegaconf import DictConfig
 
 from detector.config.device import context_ready
 from detector.errors import UserError
-from detector.train.checkpoints import files as checkpoint_files
+from detector.train.checkpoints import Verification
 from detector.train.distributed import processes as distributed
 from detector.train.distributed.processes import DistEnv
 from detector.train.observe import summary
@@ -31,7 +31,7 @@ def train(
     experiment: str,
     env: DistEnv,
     device: torch.device,
-    checks: checkpoint_files.Verification | None = None,
+    checks: Verification | None = None,
     rank: Rank | None = None,
 ) -> summary.TrainingSummary:
     """One training run of ``cfg.train.strategy``; returns its summary (also written to summary.json). ``checks``:

@@ -21,7 +21,7 @@ from omegaconf import OmegaConf
 
 from detector.checked import RecordError
 from detector.errors import UserError
-from detector.train.checkpoints import files as checkpoint_files
+from detector.train import checkpoints
 from detector.train.observe import summary
 
 
@@ -45,10 +45,10 @@ def run_path(cfg, experiment: str | None) -> Path:
 def early_check(cfg, experiment: str | None):
     """The checks of the checkpoint a `train` command will likely continue (train.resume not false, a checkpoint of an
     unfinished run in its folder), begun now in the background and stopped when the command ends; None where there
-    is none. The resume takes their outcome (detector/train/checkpoints/files.py, ``Verification``)."""
+    is none. The resume takes their outcome (``checkpoints.Verification``)."""
     checks = None
     if cfg.train.resume != "false":
-        checks = checkpoint_files.Verification.start(run_path(cfg, experiment), cfg.train.steps)
+        checks = checkpoints.Verification.start(run_path(cfg, experiment), cfg.train.steps)
     try:
         yield checks
     finally:
@@ -115,7 +115,7 @@ def set_aside(run_dir: Path, say=print) -> Path | None:
     os.replace(run_dir, aside)
     run_dir.mkdir()
     line = f"{run_dir} held an earlier run ({describe(aside)}): moved to {aside}/ (nothing is deleted)"
-    if checkpoint_files.exists(aside) and unfinished(aside):
+    if checkpoints.exists(aside) and unfinished(aside):
         line += (
             f". It was unfinished: to continue it instead, stop this run, move {aside}/ back to {run_dir}/ and run "
             "its own configuration again (its config.yaml)"
@@ -165,6 +165,6 @@ def describe(folder: Path) -> str:
         found = summary.read(folder)
         what = f"{found.steps} steps, final loss {found.final_loss:.4f}"
     except RecordError:
-        what = "no summary: unfinished" + (", with a checkpoint" if checkpoint_files.exists(folder) else "")
+        what = "no summary: unfinished" + (", with a checkpoint" if checkpoints.exists(folder) else "")
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     return f"{what}; {size / 2**20:.1f} MiB" if size < 2**30 else f"{what}; {size / 2**30:.1f} GiB"

@@ -64,9 +64,8 @@ from detector.config.device import device_name
 from detector.data.loader import DataWorkerDied
 from detector.errors import ENVIRONMENT, PeerLost, UserError, said
 from detector.train import choice
-from detector.train.checkpoints import files as checkpoint_files
+from detector.train.checkpoints import Verification
 from detector.train.checkpoints.manager import RunCheckpoints
-from detector.train.checkpoints.state import fingerprint
 from detector.train.distributed import processes as distributed
 from detector.train.distributed.processes import Control, DistEnv
 from detector.train.evaluate.evaluation import Evaluation
@@ -109,14 +108,13 @@ class Run:
         env: DistEnv,
         device: torch.device,
         run_dir: Path,
-        checks: checkpoint_files.Verification | None = None,
+        checks: Verification | None = None,
         rank: Rank | None = None,
     ):
         self.cfg, self.tcfg, self.experiment, self.env, self.device = cfg, cfg.train, experiment, env, device
-        self.run_dir, self.checkpoint_path, self.checks = run_dir, run_dir / checkpoint_files.MANIFEST, checks
+        self.run_dir, self.checks = run_dir, checks
         self.say = print if env.is_main else (lambda *args, **kwargs: None)
         self.global_batch = cfg.data.batch_size * env.world_size
-        self.expected = fingerprint(cfg, env.world_size)
         self.wall = WallClock()
         self.rank, self.choice = rank, None  # train.strategy=auto's ranking (the command's) and choice
 
@@ -162,7 +160,6 @@ class Run:
         self.say(self.choice.line(), flush=True)
         self.cfg = with_strategy(self.cfg, self.choice.strategy)
         self.tcfg = self.cfg.train
-        self.expected = fingerprint(self.cfg, self.env.world_size)
 
     def run_steps(self) -> None:
         """The loop, a signal only asking for a stop between two steps (``DeferredInterrupt``); whatever it raises
