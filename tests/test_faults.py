@@ -26,6 +26,7 @@ from detector.cli import main as cli
 from detector.config.schema import load_config
 from detector.data.host_memory import GIB, MemoryRefusal
 from detector.data.loader import DataWorkerFailed, WorkerTraceback
+from detector.train.checkpoints import dcp_io
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints.state import CheckpointError, read_checkpoint
 from detector.train.observe.memory import check_command_memory, check_run_memory, run_memory
@@ -385,7 +386,7 @@ def test_a_save_stopped_anywhere_keeps_the_previous_checkpoint(stopped, tmp_path
     failed, in one line."""
     run = [*TINY, "train.steps=6", f"train.out_dir={tmp_path}"]  # stopped: its run, stopped after step 3
     owner, name = {
-        "the data": (checkpoint_files.Writer, "write_data"),
+        "the data": (dcp_io.Writer, "write_data"),
         "the checksums": (checkpoint_files, "file_entry"),
         "the manifest": (checkpoint_files, "commit"),
     }[where]
@@ -497,7 +498,7 @@ def test_tensorboards_writer_failing_as_a_save_fails_leaves_the_saves_line(stopp
         fail_tensorboard(monkeypatch, 0, OSError(28, "No space left on device"))  # from now on
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint_files.Writer, "write_data", full)
+    monkeypatch.setattr(dcp_io.Writer, "write_data", full)
     capsys.readouterr()
     assert cli.main(["train", *run, "train.resume=true"]) == 2
     line = one_error_line(capsys.readouterr().err)

@@ -6,17 +6,19 @@ import json
 import os
 import pickle
 import shutil
+import subprocess
 import sys
 import threading
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import ROOT, child_env
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from train_helpers import tiny_cfg
 
 from detector.cli import main as cli
-from detector.train.checkpoints import files
+from detector.train.checkpoints import dcp_io, files
 from detector.train.checkpoints.state import CheckpointError, read_checkpoint
 from detector.train.run.entry import run_training
 
@@ -92,7 +94,7 @@ def test_every_save_gets_its_line(tmp_path, capsys):
 
 def test_a_forged_metadata_of_another_dtype_re_signed_is_refused_not_trained_on(stopped, tmp_path):
     path = save_folder(stopped) / files.DCP_METADATA
-    metadata = files.MetadataUnpickler(path.open("rb")).load()
+    metadata = dcp_io.MetadataUnpickler(path.open("rb")).load()
     metadata.state_dict_metadata["model/head.1.weight"].properties.dtype = torch.float64
     path.write_bytes(pickle.dumps(metadata))
     resign(stopped)
@@ -102,7 +104,7 @@ def test_a_forged_metadata_of_another_dtype_re_signed_is_refused_not_trained_on(
 
 def test_a_forged_metadata_of_fewer_rows_re_signed_is_refused(stopped, tmp_path):
     path = save_folder(stopped) / files.DCP_METADATA
-    metadata = files.MetadataUnpickler(path.open("rb")).load()
+    metadata = dcp_io.MetadataUnpickler(path.open("rb")).load()
     head = metadata.state_dict_metadata["model/head.1.weight"]
     chunk = head.chunks[0]
     head.chunks[0] = type(chunk)(offsets=chunk.offsets, sizes=torch.Size([chunk.sizes[0] - 1, *chunk.sizes[1:]]))
@@ -232,13 +234,12 @@ def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, 
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     from detector.train.checkpoints import writer as checkpointer
-    from detector.train.checkpoints.state import RowsLoadPlanner
 
     straight = run_training(tiny_cfg(tmp_path / "straight", *RUN))[0]
     monkeypatch.setattr(checkpointer, "CHUNK_BYTES", 4096)  # the head's weight in rows of a few KiB
     monkeypatch.setattr(files, "READERS", 3)
     run_training(tiny_cfg(tmp_path, *RUN, "train.stop_after=3"))
-    metadata = files.Reader(save_folder(run_dir(tmp_path))).read_metadata()
+    metadata = dcp_io.Reader(save_folder(run_dir(tmp_path))).read_metadata()
     chunks = {
         key: [(c.offsets[0], c.sizes[0]) for c in md.chunks]
         for key, md in metadata.state_dict_metadata.items()
@@ -251,20 +252,20 @@ def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, 
         assert len(spans) > 1 and spans[0][0] == 0 and sum(size for _, size in spans) == rows, (key, spans)
         assert all(a + n == b for (a, n), (b, _) in zip(spans, spans[1:], strict=False)), (key, spans)
     readers = set()
-    resolve = RowsLoadPlanner.resolve_tensor
+    resolve = dcp_io.RowsLoadPlanner.resolve_tensor
 
     def recorded(self, read_item):
         readers.add(threading.current_thread().name)
         return resolve(self, read_item)
 
-    monkeypatch.setattr(RowsLoadPlanner, "resolve_tensor", recorded)
-    cut, real_groups = [], files.read_groups
+    monkeypatch.setattr(dcp_io.RowsLoadPlanner, "resolve_tensor", recorded)
+    cut, real_groups = [], dcp_io.read_groups
 
     def groups(items, storage, parts):
         cut.append(real_groups(items, storage, parts))
         return cut[-1]
 
-    monkeypatch.setattr(files, "read_groups", groups)
+    monkeypatch.setattr(dcp_io, "read_groups", groups)
     again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
     assert again.resumed_at == 3 and len(again.losses) == len(straight.losses) == 6
     # within float32's rounding, as test_loop's exact-resume test: two fresh CPU runs in one loaded worker can differ
@@ -285,12 +286,12 @@ def test_the_reads_are_cut_into_runs_of_a_file_of_about_equal_bytes():
         )
     }
     items = [Item(storage_index=i) for i in storage]
-    groups = files.read_groups(items, storage, 3)
+    groups = dcp_io.read_groups(items, storage, 3)
     where = [[(storage[it.storage_index].relative_path, storage[it.storage_index].offset) for it in g] for g in groups]
     assert where == [[("a", 0), ("a", 30)], [("a", 40)], [("b", 0), ("b", 10), ("b", 20)]]
-    assert [len(g) for g in files.read_groups(items, storage, 1)] == [6]
-    assert [len(g) for g in files.read_groups(items, storage, 9)] == [1] * 6  # never an empty run
-    assert files.read_groups([], storage, 4) == []
+    assert [len(g) for g in dcp_io.read_groups(items, storage, 1)] == [6]
+    assert [len(g) for g in dcp_io.read_groups(items, storage, 9)] == [1] * 6  # never an empty run
+    assert dcp_io.read_groups([], storage, 4) == []
 
 
 def test_a_checkpoint_saved_where_more_gpus_were_visible_restores_those_this_process_sees(monkeypatch):
@@ -356,4 +357,23 @@ def test_code_outside_the_package_goes_through_its_door():
             else:
                 continue
             reached += [f"{path.relative_to(root)}: {name}" for name in names if name in behind]
-    assert len(behind) == 4 and not reached, reached
+    assert len(behind) == 5 and not reached, reached  # cadence, dcp_io, files, state, writer
+
+
+def test_a_run_imports_dcp_only_where_a_checkpoint_is_written_or_read(tmp_path):
+    """DCP (with DTensor and sympy: a fraction of a second) is imported by the first save's thread, a resume or an
+    export, never with the run's code: a fresh run starts its steps without it. The first save then imports it."""
+    code = (
+        "import sys\n"
+        "import detector.cli.main, detector.train.run.entry, detector.train.run.loop, detector.train.evaluate.export\n"
+        "print('before', 'torch.distributed.checkpoint' in sys.modules)\n"
+        "from detector.config.schema import load_config\n"
+        f"cfg = load_config({list(RUN)!r} + ['train.out_dir=' + sys.argv[1], 'train.steps=2'], announce=None)\n"
+        "detector.train.run.entry.run_training(cfg)\n"
+        "print('after', 'torch.distributed.checkpoint' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path)], cwd=ROOT, env=child_env(), capture_output=True, text=True
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(("before", "after"))]
+    assert done.returncode == 0 and lines == ["before False", "after True"], (done.stdout, done.stderr[-2000:])

@@ -18,6 +18,7 @@ from train_helpers import tiny_cfg
 from detector.cli import main as cli
 from detector.data import build_loader
 from detector.model import FaceDetector
+from detector.train.checkpoints import dcp_io
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints.state import CheckpointError, layout, read_checkpoint
 from detector.train.evaluate.export import described, export, load_model
@@ -107,19 +108,19 @@ def save_folder(run):
 
 def spans_of(run, part: str) -> dict:
     """Where the tensors of ``part`` ("model", "optimizer") lie in the run's checkpoint files."""
-    metadata = checkpoint_files.Reader(save_folder(run)).read_metadata()
+    metadata = dcp_io.Reader(save_folder(run)).read_metadata()
     keys = [key for key in metadata.state_dict_metadata if key.startswith(f"{part}/")]
     return checkpoint_files.tensor_spans(metadata, keys)
 
 
 def test_export_reads_the_models_rows_alone_and_writes_what_the_whole_read_gives(small_chunks, monkeypatch, capsys):
-    items, read_data = [], checkpoint_files.Reader.read_data
+    items, read_data = [], dcp_io.Reader.read_data
 
     def recorded(self, plan, planner):
         items.extend(item.storage_index.fqn for item in plan.items)
         return read_data(self, plan, planner)
 
-    monkeypatch.setattr(checkpoint_files.Reader, "read_data", recorded)
+    monkeypatch.setattr(dcp_io.Reader, "read_data", recorded)
     assert cli.main(["export", str(small_chunks)]) == 0
     part = read_checkpoint(small_chunks, only=("model",))
     assert set(items) == {f"model/{name}" for name in part["model"]}  # DCP read no optimizer/... item

@@ -19,6 +19,7 @@ from train_helpers import losses, tiny_cfg
 from detector import data
 from detector.errors import UserError
 from detector.losses import STRATEGIES, Strategy
+from detector.train.checkpoints import dcp_io
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints import manager as run_checkpoints
 from detector.train.checkpoints import writer as checkpoint_writer
@@ -399,13 +400,13 @@ def test_the_step_clock_reports_the_idle_time_between_steps():
 
 def slow_disk(monkeypatch, seconds: float) -> None:
     """Every save's write takes ``seconds`` more."""
-    real = checkpoint_files.Writer.write_data
+    real = dcp_io.Writer.write_data
 
     def slow(self, plan, planner):
         time.sleep(seconds)
         return real(self, plan, planner)
 
-    monkeypatch.setattr(checkpoint_files.Writer, "write_data", slow)
+    monkeypatch.setattr(dcp_io.Writer, "write_data", slow)
 
 
 def test_a_checkpoint_waits_only_for_its_copy_and_the_slow_disk_is_the_background_s(tmp_path, monkeypatch):
@@ -424,13 +425,13 @@ def test_the_last_save_which_the_run_waits_for_writes_with_more_threads_at_the_s
     the run's last save, which the run waits for with nothing beside it, writes in ALONE_THREADS at the step's, and
     reads back the same."""
     seen = []
-    real = checkpoint_files.Writer.write_data
+    real = dcp_io.Writer.write_data
 
     def watched(self, plan, planner):
         seen.append((self.thread_count, os.getpriority(os.PRIO_PROCESS, threading.get_native_id())))
         return real(self, plan, planner)
 
-    monkeypatch.setattr(checkpoint_files.Writer, "write_data", watched)
+    monkeypatch.setattr(dcp_io.Writer, "write_data", watched)
     monkeypatch.setattr(checkpoint_writer, "ALONE_THREADS", 3)  # the machine's own may be 2, like the background's
     base = os.getpriority(os.PRIO_PROCESS, 0)
     summary = run_training(tiny_cfg(tmp_path, "train.steps=8", "train.checkpoint_every=4", "data.num_workers=0"))[0]

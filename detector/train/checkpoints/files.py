@@ -25,11 +25,9 @@ nothing else.
 from __future__ import annotations
 
 import concurrent.futures
-import dataclasses
 import hashlib
 import json
 import os
-import pickle
 import re
 import shutil
 import stat
@@ -38,15 +36,13 @@ import time
 import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import LoadPlan, LoadPlanner
-from torch.futures import Future
+from typing import TYPE_CHECKING
 
 from detector.checked import RecordError, need, read_json, short, versioned, write_atomically
-from detector.errors import ThreadFailures, UserError
+from detector.errors import UserError, said
+
+if TYPE_CHECKING:  # DCP itself is imported where a checkpoint is written or read (checkpoints/dcp_io.py)
+    from torch.distributed.checkpoint.metadata import Metadata
 
 FORMAT = "detector-checkpoint-dcp"
 VERSION = 3  # 1: one checkpoint.pt; 2: our own part files (detector before its checkpoints moved to DCP)
@@ -320,104 +316,6 @@ class Verification:
         self.thread.join()
 
 
-# ----------------------------------------------------------------------------- DCP's files, read safely
-
-ALLOWED = {  # what DCP's .metadata pickle may build: its metadata classes, torch's sizes and dtypes, paths
-    "torch.distributed.checkpoint.metadata": None,
-    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
-    "torch.serialization": {"_get_layout"},
-    "torch": {"Size"} | {name for name in dir(torch) if isinstance(getattr(torch, name, None), torch.dtype)},
-    "pathlib": {"PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath", "Path"},
-    "collections": {"OrderedDict"},
-}
-
-
-class MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str):
-        allowed = ALLOWED.get(module, set())
-        if module not in ALLOWED or (allowed is not None and name not in allowed):
-            raise pickle.UnpicklingError(f"{module}.{name} is not part of DCP's metadata")
-        return super().find_class(module, name)
-
-
-class Reader(FileSystemReader):
-    """DCP's reader of a save folder whose .metadata is unpickled by ``MetadataUnpickler`` (the caller has checked its
-    checksum first). ``refused``: why it refused the .metadata, kept because DCP's load catches what read_metadata
-    raises and, in some torch versions, says only "metadata is None"."""
-
-    refused: CheckpointError | None = None
-
-    def read_metadata(self, *args, **kwargs) -> Metadata:
-        path = Path(self.path) / DCP_METADATA
-        try:
-            with open(path, "rb") as f:
-                metadata = MetadataUnpickler(f).load()
-        except (pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError) as err:
-            self.refused = CheckpointError(f"{path} is not DCP's metadata ({err}): {FIX}")
-            raise self.refused from None
-        if not isinstance(metadata, Metadata):
-            self.refused = CheckpointError(f"{path} is not DCP's metadata (a {type(metadata).__name__}): {FIX}")
-            raise self.refused
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
-        return metadata
-
-    def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> Future:
-        """DCP's read of ``plan``, its items split among READERS threads: each thread reads a run of items that lie
-        one after the other in a file (DCP's own reader runs them all in one thread)."""
-        groups = read_groups(plan.items, self.storage_data, READERS)
-        if len(groups) <= 1:
-            return super().read_data(plan, planner)
-        read = super().read_data
-        with concurrent.futures.ThreadPoolExecutor(len(groups), thread_name_prefix="checkpoint-read") as pool:
-            for done in [pool.submit(read, dataclasses.replace(plan, items=group), planner) for group in groups]:
-                done.result()
-        future: Future = Future()
-        future.set_result(None)
-        return future
-
-
-def read_groups(items: list, storage: dict, parts: int) -> list[list]:
-    """``items`` (DCP's ReadItems) in file order, cut into at most ``parts`` runs of about equal bytes."""
-    where = {id(item): storage[item.storage_index] for item in items}
-    ordered = sorted(items, key=lambda item: (where[id(item)].relative_path, where[id(item)].offset))
-    total = sum(where[id(item)].length for item in ordered)
-    groups, size = [[]], 0
-    for item in ordered:
-        length = where[id(item)].length
-        # a new run where this item would end past the current run's share by more than half of itself
-        if groups[-1] and len(groups) < parts and size + length / 2 > total * len(groups) / parts:
-            groups.append([])
-        groups[-1].append(item)
-        size += length
-    return [group for group in groups if group]
-
-
-class Writer(FileSystemWriter):
-    """DCP's writer, in ``threads`` files of each process, at a lower CPU priority where ``background`` (its IO threads
-    inherit it): a save's writing takes the cores the loader and the step leave. An IO thread of DCP's that raises (a
-    full disk) leaves its items unwritten and its exception to the thread's hook, and DCP carries on: the save raises
-    it (``ThreadFailures``), never commits without them."""
-
-    def __init__(self, path: Path, threads: int = 2, background: bool = True):
-        super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=threads)
-        self.background = background
-
-    def write_data(self, plan, planner):
-        if self.background:
-            background_priority()
-        future = super().write_data(plan, planner)
-        written = {result.index for result in future.value()}
-        lost = sum(item.index not in written for item in plan.items)
-        if lost:
-            failed = ThreadFailures.take("_write_files_from_queue")  # the thread's name, after its target
-            raise failed or CheckpointError(
-                f"DCP's writer threads wrote {len(plan.items) - lost} of {len(plan.items)} items"
-            )
-        return future
-
-
 def root(err: BaseException) -> BaseException:
     """The failure inside DCP's CheckpointException (whose message holds every process's traceback): the first
     process's own exception (an OSError, or one of ours, as it was raised); the OSError behind either (``cause``)."""
@@ -431,6 +329,12 @@ def root(err: BaseException) -> BaseException:
         if isinstance(found, BaseException):
             return RuntimeError(f"process {rank}: {type(found).__name__}: {found}")
     return cause(err)
+
+
+def one_line(err: BaseException) -> str:
+    """``err`` said in one line of at most 300 characters (a checkpoint's own lines name it)."""
+    text = said(err)
+    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def cause(err: BaseException) -> BaseException:

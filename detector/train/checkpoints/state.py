@@ -1,6 +1,7 @@
 """What a checkpoint holds and means: the state of a run in one process's layout, whatever wrote it, and the resume
 that refuses anything it cannot trust. How it lies on disk (torch.distributed.checkpoint's format, checksummed) is
-checkpoints/files.py's; how a save stays off the step's path, checkpoints/writer.py's.
+checkpoints/files.py's, and what DCP's save and load are given checkpoints/dcp_io.py's; how a save stays off the
+step's path, checkpoints/writer.py's.
 
 One process's layout: each tensor is named as one process's model names it, each BlockedLinear as one Linear
 (``<layer>.weight``: the blocks' rows joined, and their optimizer state with them). Every process holds rows of
@@ -17,9 +18,7 @@ batch is refused in one line, as is another configuration (``fingerprint``).
 from __future__ import annotations
 
 import base64
-import dataclasses
 import json
-import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,23 +26,11 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
-from torch.distributed.checkpoint.metadata import (
-    ChunkStorageMetadata,
-    MetadataIndex,
-    TensorProperties,
-    TensorStorageMetadata,
-)
-from torch.distributed.checkpoint.planner import LoadPlan, SavePlan, TensorWriteData, WriteItem, WriteItemType
-from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
 from detector.checked import RecordError, need, read_json, versioned
 from detector.config.schema import Config
-from detector.errors import said
 from detector.model import BlockedLinear
 from detector.train.checkpoints import files
 from detector.train.checkpoints.files import CheckpointError
@@ -199,72 +186,6 @@ def chunk_offsets(piece: Piece, first: int) -> torch.Size:
     return torch.Size([piece.row + first] + [0] * (len(piece.shape) - 1) if piece.shape else [])
 
 
-class RowsSavePlanner(DefaultSavePlanner):
-    """DCP's save plan of this process's rows: each (key, offsets, rows) it writes (``staged``) is one chunk of the
-    checkpoint tensor ``key``; DCP's global plan checks that the processes' chunks cover every tensor once."""
-
-    def __init__(self, staged: list[tuple[str, torch.Size, torch.Size, Tensor]]):
-        super().__init__(flatten_state_dict=False)
-        self.staged = {(key, tuple(offsets)): (shape, tensor) for key, offsets, shape, tensor in staged}
-
-    def create_local_plan(self) -> SavePlan:
-        items = []
-        for (key, offsets), (shape, tensor) in self.staged.items():
-            whole = tuple(tensor.shape) == tuple(shape)
-            chunk = ChunkStorageMetadata(offsets=torch.Size(offsets), sizes=tensor.size())
-            data = TensorWriteData(chunk, TensorProperties.create_from_tensor(tensor), torch.Size(shape))
-            kind = WriteItemType.TENSOR if whole else WriteItemType.SHARD
-            items.append(WriteItem(MetadataIndex(key, torch.Size(offsets)), kind, tensor_data=data))
-        self.plan = SavePlan(items)
-        return self.plan
-
-    def resolve_data(self, write_item: WriteItem) -> Tensor:
-        return self.staged[(write_item.index.fqn, tuple(write_item.index.offset))][1]
-
-
-class RowsLoadPlanner(DefaultLoadPlanner):
-    """DCP's load plan of this process's pieces: the rows of each, read from whichever chunks of the checkpoint hold
-    them (DCP's resharding), straight into the live tensors. A tensor of another shape or dtype than the model's is
-    refused in one line naming ``name``."""
-
-    def __init__(self, pieces: list[Piece], name: Path):
-        super().__init__(flatten_state_dict=False)
-        self.pieces, self.name = pieces, name
-
-    def create_local_plan(self) -> LoadPlan:
-        requests = []
-        for i, piece in enumerate(self.pieces):
-            saved = self.metadata.state_dict_metadata.get(piece.key)
-            if saved is None and piece.key.startswith("optimizer/"):
-                continue  # a parameter that never had a gradient: AdamW makes its state at its first
-            found = "nothing" if saved is None else "not a tensor"
-            if isinstance(saved, TensorStorageMetadata):
-                found = f"{list(saved.size)} {str(saved.properties.dtype).removeprefix('torch.')}"
-            wanted = f"{list(piece.shape)} {str(piece.tensor.dtype).removeprefix('torch.')}"
-            if found != wanted:
-                raise CheckpointError(f"checkpoint {self.name} holds {piece.key} as {found}, this model as {wanted}")
-            local = ChunkStorageMetadata(offsets=chunk_offsets(piece, 0), sizes=piece.tensor.size())
-            items = create_read_items_for_chunk_list(piece.key, saved, [local])
-            covered = sum(math.prod(item.lengths) for item in items)
-            if covered != piece.tensor.numel():  # chunks that leave rows out: those would keep the model's values
-                raise CheckpointError(
-                    f"checkpoint {self.name}: the chunks of {piece.key} hold {covered} of the {piece.tensor.numel()} "
-                    f"values of its rows {piece.row}..{piece.row + piece.rows() - 1}: {files.FIX}"
-                )
-            requests += [dataclasses.replace(it, dest_index=MetadataIndex(piece.key, local.offsets, i)) for it in items]
-        self.plan = LoadPlan(requests)
-        return self.plan
-
-    def resolve_tensor(self, read_item) -> Tensor:
-        tensor = self.pieces[read_item.dest_index.index].tensor.detach()
-        for dim, (offset, length) in enumerate(zip(read_item.dest_offsets, read_item.lengths, strict=True)):
-            tensor = tensor.narrow(dim, offset, length)
-        return tensor
-
-    def commit_tensor(self, read_item, tensor: Tensor) -> None:
-        pass  # DCP copied the rows into the live tensor's view itself
-
-
 # ----------------------------------------------------------------------------- what else a checkpoint holds: meta.json
 
 
@@ -374,26 +295,14 @@ def load_checkpoint(
         files.verify(folder, manifest)
     meta = read_meta(folder / files.META)
     check_meta(meta, name, expected, global_batch, step_fn.world_size)
-    planner = RowsLoadPlanner(state_pieces(step_fn), name)
-    files.quiet_dcp()
-    reader = files.Reader(folder)
-    try:
-        dcp.load({}, storage_reader=reader, planner=planner, process_group=group, no_dist=group is None)
-    except (Exception, CheckpointException) as err:  # ours or DCP's own checks, raised on any process
-        found = reader.refused or files.root(err)
-        if isinstance(found, CheckpointError):
-            raise found from err
-        raise CheckpointError(f"checkpoint {folder} could not be read ({one_line(found)}): {files.FIX}") from err
+    from detector.train.checkpoints import dcp_io  # DCP's imports, only where a checkpoint is read (its docstring)
+
+    dcp_io.load_pieces(folder, state_pieces(step_fn), name, group)
     set_param_groups(step_fn.optimizer, meta["param_groups"])
     step_fn.sharing.loaded()
     step_fn.scheduler.load_state_dict(meta["scheduler"])
     set_rng_state(meta["rng"])
     return meta
-
-
-def one_line(err: BaseException) -> str:
-    text = said(err)
-    return text if len(text) <= 300 else text[:297] + "..."
 
 
 def check_meta(meta: dict, name: Path, expected: dict, global_batch: int, processes: int) -> None:
@@ -480,17 +389,18 @@ def read_checkpoint(run_dir: Path, only: tuple[str, ...] | None = None) -> dict:
     records = {name: [(0, manifest.files[name].bytes)] for name in (files.DCP_METADATA, files.META)}
     read = files.verify(folder, manifest, spans=None if only is None else records)  # .metadata is checked first
     meta = read_meta(folder / files.META)
-    metadata = files.Reader(folder).read_metadata()
+    from detector.train.checkpoints import dcp_io  # DCP's imports, only where a checkpoint is read (its docstring)
+
+    metadata = dcp_io.read_metadata(folder)
     tensors = {
-        key: torch.empty(md.size, dtype=md.properties.dtype)
-        for key, md in metadata.state_dict_metadata.items()
-        if isinstance(md, TensorStorageMetadata) and (only is None or key.split("/")[0] in only)
+        key: torch.empty(size, dtype=dtype)
+        for key, (size, dtype) in dcp_io.tensors(metadata).items()
+        if only is None or key.split("/")[0] in only
     }
     where = files.tensor_spans(metadata, tensors)
     if only is not None:
         read += files.verify(folder, manifest, spans=where)
-    files.quiet_dcp()
-    dcp.load(tensors, storage_reader=files.Reader(folder), no_dist=True)  # DCP reads the items of these keys alone
+    dcp_io.read_into(folder, tensors)  # DCP reads the items of these keys alone
     meta["tensors"] = tensors
     meta["model"] = {k.removeprefix("model/"): v for k, v in tensors.items() if k.startswith("model/")}
     rows = sum(length for ranges in where.values() for _, length in ranges)

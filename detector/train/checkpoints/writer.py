@@ -7,11 +7,11 @@ A save, on every process at once:
    once per run, in a thread while the first steps run, its pages touched first) so that the device-to-host copy runs
    at the link's speed;
 2. (a thread of ours, at a lower CPU priority) ``torch.distributed.checkpoint.save`` writes every process's rows as
-   chunks of one DCP checkpoint (``RowsSavePlanner``; its plans travel on a gloo group of the checkpoints' own, never
-   beside a step's collectives), each process then checksums the files it wrote, and process 0 commits the save by
-   replacing the manifest (checkpoints/files.py). This is DCP's ``async_save``, a stage and then ``save`` in a
-   thread, with our stager: staging memory page-locked once, which DCP's would lock at the first save, in the
-   step's way, and a thread that goes on to checksum and commit.
+   chunks of one DCP checkpoint (``dcp_io.RowsSavePlanner``; its plans travel on a gloo group of the checkpoints' own,
+   never beside a step's collectives), each process then checksums the files it wrote, and process 0 commits the save by
+   replacing the manifest (checkpoints/files.py). This is DCP's ``async_save``, a stage and then ``save`` in a thread,
+   with our stager: staging memory page-locked once, which DCP's would lock at the first save, in the step's way, and a
+   thread that goes on to checksum and commit.
 
 A new save first waits for the previous one. Host memory for a save is the process's share of the state and no more.
 Process 0 measures the disk once (a write of up to ``PROBE`` bytes with fsync) and logs each save against it::
@@ -36,17 +36,16 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 
 from detector.checked import write_atomically
 from detector.train.checkpoints import files
-from detector.train.checkpoints.files import CheckpointError, background_priority, human_bytes
-from detector.train.checkpoints.state import Piece, RowsSavePlanner, chunk_offsets, meta_bytes, one_line, written_rows
+from detector.train.checkpoints.files import CheckpointError, background_priority, human_bytes, one_line
+from detector.train.checkpoints.state import Piece, chunk_offsets, meta_bytes, written_rows
 from detector.train.distributed.processes import lost_peer
 
 PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pass any write cache of the page cache
 # A save's rows lie in chunks of at most this many bytes (each a chunk of DCP's metadata, its own staging buffer): a
-# resume reads them in parallel (checkpoint_files.Reader), where a tensor of one piece (the head's 4.3 GB weight at
+# resume reads them in parallel (dcp_io.Reader), where a tensor of one piece (the head's 4.3 GB weight at
 # seed scale, and its two AdamW moments) would be read, deserialised and copied by one thread.
 CHUNK_BYTES = 256 * 2**20
 PIN_LEAST = 2**20  # spans smaller than this stay pageable: they may share a page with another allocation
@@ -260,9 +259,11 @@ class Checkpointer:
                 self.measure_disk(save.folder, [view for *_, view in staged])
             if payload is not None:
                 write_atomically(save.folder / files.META, payload)
-            planner = RowsSavePlanner(staged)
-            writer = files.Writer(save.folder, threads=ALONE_THREADS if save.alone else 2, background=not save.alone)
-            dcp.save({}, storage_writer=writer, planner=planner, process_group=self.group, no_dist=self.group is None)
+            # DCP's imports, at the run's first save, in this thread (dcp_io's docstring)
+            from detector.train.checkpoints import dcp_io
+
+            threads = ALONE_THREADS if save.alone else 2
+            dcp_io.write(save.folder, staged, threads, background=not save.alone, group=self.group)
             self.commit(save)
         except BaseException as err:
             save.error = err
