@@ -18,6 +18,7 @@ import dataclasses
 import math
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -54,7 +55,9 @@ from detector.train.checkpoints.files import (
     one_line,
     quiet_dcp,
 )
-from detector.train.checkpoints.state import Piece, chunk_offsets
+
+if TYPE_CHECKING:  # state.py imports this module where it reads: this one imports nothing of it
+    from detector.train.checkpoints.state import Piece
 
 # ----------------------------------------------------------------------------- the plans
 
@@ -103,7 +106,7 @@ class RowsLoadPlanner(DefaultLoadPlanner):
             wanted = f"{list(piece.shape)} {str(piece.tensor.dtype).removeprefix('torch.')}"
             if found != wanted:
                 raise CheckpointError(f"checkpoint {self.name} holds {piece.key} as {found}, this model as {wanted}")
-            local = ChunkStorageMetadata(offsets=chunk_offsets(piece, 0), sizes=piece.tensor.size())
+            local = ChunkStorageMetadata(offsets=piece.offsets(0), sizes=piece.tensor.size())
             items = create_read_items_for_chunk_list(piece.key, saved, [local])
             covered = sum(math.prod(item.lengths) for item in items)
             if covered != piece.tensor.numel():  # chunks that leave rows out: those would keep the model's values

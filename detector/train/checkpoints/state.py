@@ -106,6 +106,10 @@ class Piece:
     def rows(self) -> int:
         return self.tensor.shape[0] if self.tensor.dim() else 1
 
+    def offsets(self, first: int) -> torch.Size:
+        """Where rows from ``first`` of this piece begin in its checkpoint tensor (0-dim: nowhere)."""
+        return torch.Size([self.row + first] + [0] * (len(self.shape) - 1) if self.shape else [])
+
 
 def layout(model: torch.nn.Module) -> dict[str, tuple[str, int, tuple[int, ...]]]:
     """Each parameter's name -> (its name in a checkpoint, its first row there, the checkpoint tensor's shape): block
@@ -179,11 +183,6 @@ def written_rows(piece: Piece, rank: int, world_size: int) -> tuple[int, int] | 
 
 
 # ----------------------------------------------------------------------------- DCP's plans: each process its rows
-
-
-def chunk_offsets(piece: Piece, first: int) -> torch.Size:
-    """Where rows from ``first`` of ``piece`` begin in its checkpoint tensor (0-dim: nowhere)."""
-    return torch.Size([piece.row + first] + [0] * (len(piece.shape) - 1) if piece.shape else [])
 
 
 # ----------------------------------------------------------------------------- what else a checkpoint holds: meta.json

@@ -40,7 +40,7 @@ import torch.distributed as dist
 from detector.checked import write_atomically
 from detector.train.checkpoints import files
 from detector.train.checkpoints.files import CheckpointError, background_priority, human_bytes, one_line
-from detector.train.checkpoints.state import Piece, chunk_offsets, meta_bytes, written_rows
+from detector.train.checkpoints.state import Piece, meta_bytes, written_rows
 from detector.train.distributed.processes import lost_peer
 
 PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pass any write cache of the page cache
@@ -146,7 +146,7 @@ class Checkpointer:
         layer holds, the same in each, is one value of the checkpoint)."""
         seen, out = set(), []
         for piece, rows in writes(pieces, self.rank, self.world_size):
-            where = (piece.key, tuple(chunk_offsets(piece, rows[0])))
+            where = (piece.key, tuple(piece.offsets(rows[0])))
             if where not in seen:
                 seen.add(where)
                 out.append((piece, rows))
@@ -230,7 +230,7 @@ class Checkpointer:
             source = span_source(piece, rows)
             view = memory.view(source.dtype).view(source.shape)
             view.copy_(source, non_blocking=True)
-            staged.append((piece.key, chunk_offsets(piece, rows[0]), torch.Size(piece.shape), view))
+            staged.append((piece.key, piece.offsets(rows[0]), torch.Size(piece.shape), view))
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies, after the step's last update
         payload = meta_bytes(meta) if meta is not None else None
