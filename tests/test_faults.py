@@ -29,7 +29,7 @@ from detector.data.loader import DataWorkerFailed, WorkerTraceback
 from detector.train.checkpoints import dcp_io
 from detector.train.checkpoints import files as checkpoint_files
 from detector.train.checkpoints.state import CheckpointError, read_checkpoint
-from detector.train.observe.memory import check_command_memory, check_run_memory, run_memory
+from detector.train.observe.memory_estimate import check_command_memory, check_run_memory, run_memory
 from detector.train.run.interrupt import LAUNCHER_LOST, CommandSignals, DeferredInterrupt, Terminated
 
 # the training tests' tiny detector (tests/train_helpers.py), from the command line, with a checkpoint every 3 steps

@@ -31,7 +31,7 @@ from detector.lab.measure.timing import event_ms
 from detector.lab.present.tables import markdown_table, significant, spread_cell
 from detector.lab.record.provenance import run_header
 from detector.model import build_model
-from detector.train.observe.memory import check_command_memory
+from detector.train.observe.memory_estimate import check_command_memory
 from detector.train.run.step import TrainStep
 
 # The bytes one optimizer pass must move per parameter (train/optimizer.py): the clip's norm reads the fp32

@@ -1,5 +1,5 @@
 """The host's memory, and the one-line refusal of what would not fit in it: the loader checks its ring of slots
-with it, and detector/train/observe/memory.py a whole command's estimate."""
+with it, and detector/train/observe/memory_estimate.py a whole command's estimate."""
 
 from __future__ import annotations
 

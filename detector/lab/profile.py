@@ -71,9 +71,9 @@ from detector.lab.record.steps import Extract, write_extract
 from detector.losses import get_strategy
 from detector.train.distributed import processes as distributed
 from detector.train.distributed.processes import DistEnv
-from detector.train.observe.memory import check_command_memory
+from detector.train.observe.memory_estimate import check_command_memory
 from detector.train.observe.profile_window import make_profiler
-from detector.train.run.batches import rank_loader
+from detector.train.run.rank_data import rank_loader
 from detector.train.run.speed_options import (
     COMPILING,
     compile_cache_file,

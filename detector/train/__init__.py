@@ -1,7 +1,7 @@
 """make train: a training run of the detector with one GIoU loss strategy, a package by concern.
 
-- run/: the run and its loop (loop.py), entered by entry.py; the one step (step.py) that make profile times too;
-  train.strategy=auto (auto.py).
+- run/: the run and its loop (training_loop.py), entered by entry.py; the one step (step.py) that make profile times
+  too; train.strategy=auto (auto.py).
 - checkpoints/: saving and resuming behind one door (manager.py), the files and their checks, the format.
 - distributed/: the processes and their collectives, and a class per way of sharing the model (sharding/).
 - observe/: where the run's time and memory went, the log line, summary.json.

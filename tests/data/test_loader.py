@@ -28,7 +28,7 @@ from detector.data.loader import DataWorkerDied, DataWorkerFailed, DataWorkerSta
 from detector.data.worker import HEADER, host_arrays, unpack_targets
 from detector.errors import UserError
 from detector.regions import DATA_WAIT, LOADER_LABEL, region_of_label
-from detector.train.run.batches import rank_loader
+from detector.train.run.rank_data import rank_loader
 
 
 def data_cfg(**overrides):

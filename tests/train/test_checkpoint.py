@@ -365,7 +365,8 @@ def test_a_run_imports_dcp_only_where_a_checkpoint_is_written_or_read(tmp_path):
     export, never with the run's code: a fresh run starts its steps without it. The first save then imports it."""
     code = (
         "import sys\n"
-        "import detector.cli.main, detector.train.run.entry, detector.train.run.loop, detector.train.evaluate.export\n"
+        "import detector.cli.main, detector.train.run.entry, detector.train.run.training_loop\n"
+        "import detector.train.evaluate.export\n"
         "print('before', 'torch.distributed.checkpoint' in sys.modules)\n"
         "from detector.config.schema import load_config\n"
         f"cfg = load_config({list(RUN)!r} + ['train.out_dir=' + sys.argv[1], 'train.steps=2'], announce=None)\n"

@@ -31,8 +31,8 @@ from detector.train.distributed.sharding import shard_refusal
 from detector.train.evaluate.held_out import REPLACEMENTS, HeldOut
 from detector.train.evaluate.metrics import box_iou, box_metrics, evaluate
 from detector.train.observe.progress import Log
-from detector.train.run.batches import RankBlocks, rank_loader
 from detector.train.run.entry import run_training
+from detector.train.run.rank_data import RankBlocks, rank_loader
 from detector.train.run.step import lr_factor, speed_option_refusal
 
 # ----------------------------------------------------------------------------- checkpoints

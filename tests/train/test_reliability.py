@@ -29,7 +29,7 @@ from detector.train.observe.summary import read
 from detector.train.run import folder as run_folder
 from detector.train.run.entry import run_training
 from detector.train.run.interrupt import Terminated
-from detector.train.run.loop import NonFiniteLoss, Steps
+from detector.train.run.training_loop import NonFiniteLoss, Steps
 
 RUN = ["train.steps=6", "train.checkpoint_every=3"]
 

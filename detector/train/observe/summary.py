@@ -1,9 +1,9 @@
 """A training run's summary.json: one typed, versioned record, ``TrainingSummary``, that `make train` writes
-(loop.py ``summarise``) and every reader reads through ``read``: the lab (curves, the strategy sweep, the report), the
-scaling table (detector/bench/sharding.py) and the run folders (run/folder.py). It holds what the run trained, its final
-loss and metrics, its step times and images/s, the loss of every step, where the wall clock went (wallclock.py),
-the checkpoints' times (checkpoints/writer.py) and train.strategy=auto's choice (choice.py); ``done_line`` is the run's
-last line.
+(run/training_loop.py ``summarise``) and every reader reads through ``read``: the lab (curves, the strategy sweep, the
+report), the scaling table (detector/bench/sharding.py) and the run folders (run/folder.py). It holds what the run
+trained, its final loss and metrics, its step times and images/s, the loss of every step, where the wall clock went
+(wallclock.py), the checkpoints' times (checkpoints/writer.py) and train.strategy=auto's choice (choice.py);
+``done_line`` is the run's last line.
 
 ``read`` raises RecordError, one line naming the file and the field, for a file that is not such a record. Version 1
 (no ``version`` key: written before the record was typed) is read as it is: what it lacks (the wall clock, the

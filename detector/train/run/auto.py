@@ -46,8 +46,8 @@ from detector.train import choice as records
 from detector.train.checkpoints.manager import fingerprint, same_run, saved_strategy
 from detector.train.choice import Candidate, Choice
 from detector.train.distributed.processes import Control, DistEnv, count_valid, global_mean
-from detector.train.run.batches import rank_loader
 from detector.train.run.graphed import GraphedStep
+from detector.train.run.rank_data import rank_loader
 from detector.train.run.speed_options import digest, speed_option_refusal, step_settings
 from detector.train.run.step import TrainStep, time_steps
 

@@ -1,7 +1,8 @@
 """`make train` (`python -m detector train`) enters a training run here: its processes, their group set up before the
 run and torn down after it however it ends (``training_processes``), and the run's front door (``train``): the
 settings that would train on held-out images refused, what the run allocates checked, its folder locked. The run itself
-is loop.py's; the strategy sweep (detector/lab/sweep.py) runs one ``train`` a strategy in one ``training_processes``.
+is training_loop.py's; the strategy sweep (detector/lab/sweep.py) runs one ``train`` a strategy in one
+``training_processes``.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from detector.train.checkpoints import Verification
 from detector.train.distributed import processes as distributed
 from detector.train.distributed.processes import DistEnv
 from detector.train.observe import summary
-from detector.train.observe.memory import check_run_memory
+from detector.train.observe.memory_estimate import check_run_memory
 from detector.train.observe.wallclock import early
 from detector.train.run import folder as run_folder
 from detector.train.run.auto import Rank
-from detector.train.run.loop import Run
+from detector.train.run.training_loop import Run
 
 
 def train(

@@ -3,7 +3,7 @@
 that the other ways share: the averaging comm hook and ``wrap_ddp``.
 
 ``Replicated`` is the interface that every way of sharing offers the step (train/run/step.py) and the loop
-(train/run/loop.py), so that they use any of them the same way.
+(train/run/training_loop.py), so that they use any of them the same way.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ train.strategy=auto, which chooses its strategy before the first step (auto.py) 
     profile/          with train.profile=true: one torch.profiler window, regions as in `make profile`
 
 Its parts, by package of detector/train: here in run/, the run folder and its lock (folder.py), the data it reads
-(batches.py), Ctrl-C and SIGTERM (interrupt.py); the checkpoints behind one door (checkpoints/manager.py: which steps
+(rank_data.py), Ctrl-C and SIGTERM (interrupt.py); the checkpoints behind one door (checkpoints/manager.py: which steps
 save, a stop's save, the resume, the last checkpoint); what the run allocates, the step's losses and times and the log
 line, where the wall clock went and the summary (observe/); the evaluations (evaluate/). This module holds the run and
 its loop.
@@ -30,7 +30,7 @@ Guarantees:
   good checkpoint kept (train.nonfinite=skip skips such steps' updates instead).
 - One process per run folder (a lock, removed at the end); a fresh run moves the folder's earlier run to a
   visible sibling ``<run>-<its start time>/`` and says so (run/folder.py): a re-run never destroys results.
-- What cannot fit is refused before it is allocated, in one line with the figures (memory.py).
+- What cannot fit is refused before it is allocated, in one line with the figures (observe/memory_estimate.py).
 - A checkpoint stops the step only while its state is copied to host memory; it is written in the background,
   every process its own part, and logged with its times against the disk's.
 - A data worker that dies, raises or delivers nothing for data.worker_timeout seconds stops the run in one
@@ -76,8 +76,8 @@ from detector.train.observe.progress import TIMING_SKIP, Log, throughput
 from detector.train.observe.wallclock import FullCollections, WallClock
 from detector.train.run import folder as run_folder
 from detector.train.run.auto import AUTO, Rank, choose, with_strategy
-from detector.train.run.batches import training_batches
 from detector.train.run.interrupt import DeferredInterrupt, Handlers
+from detector.train.run.rank_data import training_batches
 from detector.train.run.speed_options import (
     COMPILING,
     compile_cache_file,
