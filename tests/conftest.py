@@ -107,7 +107,7 @@ TEST_ALL = (
     # the evaluation's picture in TensorBoard's Images tab, in Chromium; make test keeps what is ours of it: the
     # picture in the events at each evaluated step, no wider than the tab's card (test_export.py's
     # test_each_evaluation_draws_its_predictions_into_tensorboard), laid out to be read at that size (test_pictures.py)
-    "tests/train/test_export.py::test_the_evaluations_picture_shows_in_tensorboards_images_tab",
+    "tests/train/evaluate/test_export.py::test_the_evaluations_picture_shows_in_tensorboards_images_tab",
     "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
     "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
     "tests/test_faults.py::test_kill_9",
@@ -116,10 +116,10 @@ TEST_ALL = (
     # line, exit status 2 and last checkpoint (test_faults.py's test_a_worker_that_raises_stops_the_run_in_one_line...)
     "tests/test_faults.py::test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_timeout",
     "tests/test_faults.py::test_ctrl_c_is_one_line_exit_130_and_the_run_resumes",
-    "tests/train/test_multinode.py",  # several processes over gloo
-    "tests/train/test_launch.py",
-    "tests/train/test_reshard.py",
-    "tests/train/test_loop.py::test_ddp_",
+    "tests/train/distributed/test_multinode.py",  # several processes over gloo
+    "tests/cli/test_launch.py",
+    "tests/train/checkpoints/test_reshard.py",
+    "tests/train/run/test_training_loop.py::test_ddp_",
     "tests/data/test_loader.py::test_workers_killed_at_random_points",  # worker processes killed and counted
     "tests/data/test_loader.py::test_workers_do_not_outlive",
     "tests/data/test_sampler.py::test_batches_are_identical_with_0_and_2_workers",

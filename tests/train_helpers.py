@@ -1,4 +1,4 @@
-"""The tiny training configuration the training tests share (tests/train/, tests/test_faults.py), and two processes
+"""The tiny training configuration the training tests share (tests/train/, tests/cli/test_launch.py), and two processes
 of a worker for the tests of several processes."""
 
 import gc

@@ -37,7 +37,7 @@ RUN = ["train.steps=6", "train.checkpoint_every=3"]
 def same_losses(resumed: list[float], straight: list[float]) -> None:
     """A resumed run's losses against an uninterrupted run's: the same within float32's rounding. Two fresh CPU runs
     in one process have differed by 1.2e-7 at a step before any resume, under a full suite's load of 12 workers on 16
-    cores (the CPU's BLAS may sum in another order); test_loop's exact-resume test allows the same."""
+    cores (the CPU's BLAS may sum in another order); test_training_loop's exact-resume test allows the same."""
     assert len(resumed) == len(straight), (resumed, straight)
     torch.testing.assert_close(torch.tensor(resumed), torch.tensor(straight), rtol=1e-6, atol=0)
 

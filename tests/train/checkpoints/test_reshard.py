@@ -21,7 +21,7 @@ RUN = ["device=cpu", "data.num_workers=0", "train.steps=6", "train.checkpoint_ev
 ONE = ["data.batch_size=8"]  # 1 process with the global batch of 2 processes of tiny_cfg's 4
 MODES = tuple(WAYS)
 # 1 and 2 processes sum the gradient in a different order; Adam divides by sqrt(v), so a near-zero gradient's
-# rounding moves an update by more than the rounding itself (as in test_loop's DDP test)
+# rounding moves an update by more than the rounding itself (as in test_training_loop's DDP test)
 RTOL = 1e-4
 
 

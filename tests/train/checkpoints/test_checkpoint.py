@@ -268,7 +268,8 @@ def test_a_save_in_row_chunks_resumes_exactly_read_by_several_threads(tmp_path, 
     monkeypatch.setattr(dcp_io, "read_groups", groups)
     again = run_training(tiny_cfg(tmp_path, *RUN, "train.resume=true"))[0]
     assert again.resumed_at == 3 and len(again.losses) == len(straight.losses) == 6
-    # within float32's rounding, as test_loop's exact-resume test: two fresh CPU runs in one loaded worker can differ
+    # within float32's rounding, as test_training_loop's exact-resume test: two fresh CPU runs in one loaded
+    # worker can differ
     torch.testing.assert_close(torch.tensor(again.losses), torch.tensor(straight.losses), rtol=1e-6, atol=0)
     # the read cut into READERS runs, each handed to a reader thread; a pool may hand a run to a thread whose first run
     # is done before the next starts (a loaded machine), so the threads seen are 1 to 3, never the command's own
