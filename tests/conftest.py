@@ -1,6 +1,7 @@
 """Shared test set-up: the Triton interpreter where there is no GPU, each xdist worker's share of the cores,
 dynamo's recompile limit, a bound on tests that could hang, which tests `make test` leaves to `make test-all`,
-and ``--strategy NAME`` (the contract grid on one strategy, a user's own included)."""
+``--strategy NAME`` (the contract grid on one strategy, a user's own included), and the fixtures tests of several
+folders share (a user's folder, a strategy whose loss turns NaN, headless Chromium)."""
 
 import contextlib
 import os
@@ -109,13 +110,14 @@ TEST_ALL = (
     # test_each_evaluation_draws_its_predictions_into_tensorboard), laid out to be read at that size (test_pictures.py)
     "tests/train/evaluate/test_export.py::test_the_evaluations_picture_shows_in_tensorboards_images_tab",
     "tests/test_pipeline.py",  # make profile from the Makefile, set-up included
-    "tests/test_faults.py::test_a_worker_that_dies",  # make train in a child process, its worker killed
-    "tests/test_faults.py::test_kill_9",
+    # make train in a child process, its worker killed
+    "tests/train/run/test_data_worker_faults.py::test_a_worker_that_dies",
+    "tests/train/run/test_data_worker_faults.py::test_kill_9",
     # kill -STOP of a worker of make train in a child process; make test keeps the stall named after the timeout and the
     # stopped worker killed (test_loader.py's test_a_stopped_worker_is_named...) and a worker's failure as train's one
-    # line, exit status 2 and last checkpoint (test_faults.py's test_a_worker_that_raises_stops_the_run_in_one_line...)
-    "tests/test_faults.py::test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_timeout",
-    "tests/test_faults.py::test_ctrl_c_is_one_line_exit_130_and_the_run_resumes",
+    # line, exit status 2 and last checkpoint (test_data_worker_faults.py's test_a_worker_that_raises_stops_the_run...)
+    "tests/train/run/test_data_worker_faults.py::test_a_stopped_data_worker_ends_the_run_in_one_line_naming_it_after_the_timeout",
+    "tests/train/run/test_interrupt.py::test_ctrl_c_is_one_line_exit_130_and_the_run_resumes",
     "tests/train/distributed/test_multinode.py",  # several processes over gloo
     "tests/cli/test_launch.py",
     "tests/train/checkpoints/test_reshard.py",
@@ -191,6 +193,22 @@ def user_dir(tmp_path, monkeypatch):
     for name in set(sys.modules) - modules:
         if str(getattr(sys.modules[name], "__file__", None) or "").startswith(str(tmp_path)):
             del sys.modules[name]
+
+
+@pytest.fixture
+def nan_from_step_4(monkeypatch):
+    """A strategy whose loss turns NaN from its 4th call on (as a diverging run's does)."""
+    from detector.losses import STRATEGIES, Strategy
+
+    padded, calls = STRATEGIES["padded"], []
+
+    def loss(pred, targets):
+        calls.append(1)
+        value = padded.fn(pred, targets)
+        return value * float("nan") if len(calls) >= 4 else value
+
+    monkeypatch.setitem(STRATEGIES, "nan_from_4", Strategy("nan_from_4", "padded", loss, "test: NaN from call 4"))
+    return "nan_from_4"
 
 
 @pytest.fixture

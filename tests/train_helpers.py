@@ -29,8 +29,16 @@ TINY = [
 ]
 
 
+# a short run of it with a checkpoint halfway: what a resume, a stop or a failure is tried on
+RUN = ["train.steps=6", "train.checkpoint_every=3"]
+
+
 def tiny_cfg(out_dir, *overrides):
     return load_config([*TINY, f"train.out_dir={out_dir}", *overrides], announce=None)
+
+
+def run_dir(tmp_path, strategy="padded"):
+    return tmp_path / "default" / strategy
 
 
 def losses(summaries) -> list[float]:
