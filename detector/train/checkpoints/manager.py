@@ -54,9 +54,9 @@ STOP_SECONDS = 20.0  # a stop's last save must be done within this (torchrun kil
 
 
 class RunCheckpoints:
-    """The checkpoints of ``run`` (loop.py's ``Run``: its folder, processes, step and clock), the one door the loop
-    goes through: ``resume`` before the first step (the run's state restored, or a fresh start), ``start`` with the
-    loop, then ``due`` and ``save`` between steps, ``close`` at its end."""
+    """The checkpoints of ``run`` (training_loop.py's ``Run``: its folder, processes, step and clock), the one door
+    the loop goes through: ``resume`` before the first step (the run's state restored, or a fresh start),
+    ``start`` with the loop, then ``due`` and ``save`` between steps, ``close`` at its end."""
 
     def __init__(self, run):
         self.run, self.tcfg = run, run.tcfg
