@@ -18,7 +18,6 @@ import dataclasses
 import math
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed.checkpoint as dcp
@@ -56,9 +55,6 @@ from detector.train.checkpoints.files import (
     quiet_dcp,
 )
 
-if TYPE_CHECKING:  # state.py imports this module where it reads: this one imports nothing of it
-    from detector.train.checkpoints.state import Piece
-
 # ----------------------------------------------------------------------------- the plans
 
 
@@ -88,9 +84,10 @@ class RowsSavePlanner(DefaultSavePlanner):
 class RowsLoadPlanner(DefaultLoadPlanner):
     """DCP's load plan of this process's pieces: the rows of each, read from whichever chunks of the checkpoint hold
     them (DCP's resharding), straight into the live tensors. A tensor of another shape or dtype than the model's is
-    refused in one line naming ``name``."""
+    refused in one line naming ``name``. ``pieces``: state.py's ``Piece`` each (this module imports nothing of
+    state.py, which imports it where it reads)."""
 
-    def __init__(self, pieces: list[Piece], name: Path):
+    def __init__(self, pieces: list, name: Path):
         super().__init__(flatten_state_dict=False)
         self.pieces, self.name = pieces, name
 
@@ -237,7 +234,7 @@ def write(folder: Path, staged: list, threads: int, background: bool, group) -> 
     dcp.save({}, storage_writer=writer, planner=RowsSavePlanner(staged), process_group=group, no_dist=group is None)
 
 
-def load_pieces(folder: Path, pieces: list[Piece], name: Path, group) -> None:
+def load_pieces(folder: Path, pieces: list, name: Path, group) -> None:
     """Read the rows of ``pieces`` from the checkpoint in ``folder`` (whose manifest is ``name``) into the live
     tensors; one CheckpointError, on every process alike, for anything DCP or our checks refuse."""
     quiet_dcp()
