@@ -62,8 +62,9 @@ def test_a_ctrl_c_gives_the_child_its_own_stop_then_ends_it(tmp_path, monkeypatc
     mark = tmp_path / "stopped"
     seconds = 1.0 if stops_itself else 60.0
     code = f"import time; time.sleep({seconds}); open({str(mark)!r}, 'w').write('by itself')"
-    # Python's own SIGINT handler, whatever a test before this one left in this worker: the test is of run_child's
-    # answer to a KeyboardInterrupt, which an ignored SIGINT never raises
+    # Python's own SIGINT handler for the test, which is of run_child's answer to a KeyboardInterrupt: a process
+    # started with SIGINT ignored (a suite run as a background job of a shell script inherits SIG_IGN, and Python
+    # then installs no handler of its own) would never raise one
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # to this process alone
