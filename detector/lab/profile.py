@@ -159,9 +159,10 @@ def profile_rank(cfg: DictConfig, env: DistEnv, device: torch.device) -> Profile
         spread = Timed.of(ran.timed).step_ms.relative_iqr()
         timed_by = "device" if device.type == "cuda" else "host"
 
-        def noise() -> tuple[Noise, float]:
+        def noise() -> Noise:  # once the trace is analysed: the window after the steps lies over the analysis
             after = meter.stop(sample=True)
-            return Noise(meter.cores, before, during, after, spread, load_own=own, timed_by=timed_by), meter.slept
+            laps.lap("load samples", listed=meter.slept > 0)  # the window's rest, where the analysis was shorter
+            return Noise(meter.cores, before, during, after, spread, load_own=own, timed_by=timed_by)
 
         warnings = nonfinite(ran.losses)
         record, steps_extract = summarise_run(cfg, device, run_dir, ran, noise, laps, warnings, allocator.steps)
@@ -327,22 +328,21 @@ def summarise_run(
     device: torch.device,
     run_dir: Path,
     ran: Stepped,
-    noise: Callable[[], tuple[Noise, float]],
+    noise: Callable[[], Noise],
     laps: Laps,
     warnings: list[str] = (),
     allocator: dict[int, dict] | None = None,
 ) -> tuple[ProfileRecord, Extract]:
     """summary.json and extract.json.gz of a finished profile run (``ran``: what its steps left; ``noise``: the
-    machine's load around it and the seconds slept for it, once the trace is read, whose reading is the load's window
-    after the steps); ``laps``: its parts so far, to which the analysis adds its own (the trace read and measured,
-    extract.json.gz written), recorded as the record's ``times``; ``warnings`` join the analysis' own; ``allocator``:
-    the caching allocator's figures of each step (a GPU's), which the trace's memory is held against."""
+    machine's load around it, read once the trace is, whose reading is the load's window after the steps); ``laps``:
+    its parts so far, to which the analysis adds its own (the trace read and measured, extract.json.gz written),
+    recorded as the record's ``times``; ``warnings`` join the analysis' own; ``allocator``: the caching allocator's
+    figures of each step (a GPU's), which the trace's memory is held against."""
     print("  analysing the trace ...", flush=True)
     parsed = load_trace(ran.trace)
     steps = analysis.measure_steps(parsed)
     laps.lap("analysed")
-    measured_noise, slept = noise()
-    laps.lap("load samples", listed=slept > 0)
+    measured_noise = noise()
     record = ProfileRecord(
         strategy=cfg.profile.strategy,
         mode=cfg.profile.mode,

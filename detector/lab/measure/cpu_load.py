@@ -80,7 +80,7 @@ class LoadMeter:
         self.cores = os.cpu_count() or 1
         self.began: tuple[float, float | None, float | None] | None = None
         self.own: float | None = None  # the run's own cores over the last window stop() measured
-        self.slept = 0.0  # seconds the last stop() slept to make its window ``least`` long
+        self.slept = 0.0  # seconds the last stop() slept to make its window a sample's length
 
     @staticmethod
     def _now() -> tuple[float, float | None, float | None]:
@@ -89,11 +89,11 @@ class LoadMeter:
     def start(self) -> None:
         self.began = self._now()
 
-    def stop(self, least: float = 0.0, sample: bool = False) -> float | None:
+    def stop(self, sample: bool = False) -> float | None:
         """The other processes' load since ``start``, in cores; None where it cannot be read. ``own`` is then the
-        cores this run kept busy. ``least`` (with ``sample``: SAMPLE_SECONDS): the window's shortest, slept up to
-        where it was shorter."""
-        short = (SAMPLE_SECONDS if sample else least) - (time.monotonic() - self.began[0])
+        cores this run kept busy. With ``sample``, the window lasts at least SAMPLE_SECONDS: what it lacked is slept
+        (``slept``)."""
+        short = (SAMPLE_SECONDS if sample else 0.0) - (time.monotonic() - self.began[0])
         self.slept = max(short, 0.0)
         if short > 0:
             time.sleep(short)
@@ -103,9 +103,3 @@ class LoadMeter:
             return None
         self.own = (own1 - own0) / (t1 - t0)
         return max(0.0, ((all1 - all0) - (own1 - own0)) / (t1 - t0))
-
-    def sample(self, seconds: float | None = None) -> float | None:
-        """The other processes' load over the next ``seconds`` (by default SAMPLE_SECONDS, read as it samples; this
-        process sleeps meanwhile)."""
-        self.start()
-        return self.stop(least=SAMPLE_SECONDS if seconds is None else seconds)
