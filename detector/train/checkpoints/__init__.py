@@ -9,7 +9,8 @@
 
 Behind them, a module a concern, each importing only those below it: manager.py (the door) → writer.py (the saves off
 the step's path) → state.py (what a checkpoint holds and means, the resume) → files.py (the files on disk and their
-checks); cadence.py (which steps save).
+checks); dcp_io.py (what DCP's save and load are given, imported by writer.py and state.py only where they write or
+read) → files.py; cadence.py (which steps save).
 """
 
 from detector.train.checkpoints.cadence import AUTO, interval_steps

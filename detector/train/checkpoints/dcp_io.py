@@ -17,6 +17,7 @@ import concurrent.futures
 import dataclasses
 import math
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -50,9 +51,7 @@ from detector.train.checkpoints.files import (
     DCP_METADATA,
     FIX,
     CheckpointError,
-    background_priority,
     one_line,
-    quiet_dcp,
 )
 
 # ----------------------------------------------------------------------------- the plans
@@ -200,18 +199,15 @@ def read_groups(items: list, storage: dict, parts: int) -> list[list]:
 
 
 class Writer(FileSystemWriter):
-    """DCP's writer, in ``threads`` files of each process, at a lower CPU priority where ``background`` (its IO threads
-    inherit it): a save's writing takes the cores the loader and the step leave. An IO thread of DCP's that raises (a
-    full disk) leaves its items unwritten and its exception to the thread's hook, and DCP carries on: the save raises
-    it (``ThreadFailures``), never commits without them."""
+    """DCP's writer, in ``threads`` files of each process, its IO threads at the priority of the thread that writes
+    (the checkpointer's: lower beside the steps). An IO thread of DCP's that raises (a full disk) leaves its items
+    unwritten and its exception to the thread's hook, and DCP carries on: the save raises it (``ThreadFailures``),
+    never commits without them."""
 
-    def __init__(self, path: Path, threads: int = 2, background: bool = True):
+    def __init__(self, path: Path, threads: int):
         super().__init__(path, single_file_per_rank=True, sync_files=True, thread_count=threads)
-        self.background = background
 
     def write_data(self, plan, planner):
-        if self.background:
-            background_priority()
         future = super().write_data(plan, planner)
         written = {result.index for result in future.value()}
         lost = sum(item.index not in written for item in plan.items)
@@ -226,11 +222,17 @@ class Writer(FileSystemWriter):
 # ----------------------------------------------------------------------------- the calls
 
 
-def write(folder: Path, staged: list, threads: int, background: bool, group) -> None:
+def quiet_dcp() -> None:
+    """DCP warns on every save and load of one process that it assumes one process, which we asked for (no_dist)."""
+    warnings.filterwarnings("ignore", message=r"torch\.distributed is .*assuming the intent is to (save|load)")
+
+
+def write(folder: Path, staged: list, threads: int, group) -> None:
     """Write this process's ``staged`` rows ((key, offsets, shape, tensor) each) as chunks of one DCP checkpoint in
-    ``folder``, in ``threads`` files (``background``: at a lower priority); ``group``: the processes' gloo group of
-    DCP's plans (None: one process)."""
-    writer = Writer(folder, threads=threads, background=background)
+    ``folder``, in ``threads`` files, at the calling thread's priority; ``group``: the processes' gloo group of DCP's
+    plans (None: one process)."""
+    quiet_dcp()
+    writer = Writer(folder, threads)
     dcp.save({}, storage_writer=writer, planner=RowsSavePlanner(staged), process_group=group, no_dist=group is None)
 
 

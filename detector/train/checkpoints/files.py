@@ -33,7 +33,6 @@ import shutil
 import stat
 import threading
 import time
-import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -348,11 +347,6 @@ def cause(err: BaseException) -> BaseException:
         seen.add(id(found))
         found = found.__cause__ or found.__context__
     return err
-
-
-def quiet_dcp() -> None:
-    """DCP warns on every save and load of one process that it assumes one process, which we asked for (no_dist)."""
-    warnings.filterwarnings("ignore", message=r"torch\.distributed is .*assuming the intent is to (save|load)")
 
 
 BACKGROUND_NICE = 10  # a thread's niceness while it writes or checksums a save (0 is the loader's and the step's)

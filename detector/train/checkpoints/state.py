@@ -182,9 +182,6 @@ def written_rows(piece: Piece, rank: int, world_size: int) -> tuple[int, int] | 
     return (start, stop) if stop > start else None
 
 
-# ----------------------------------------------------------------------------- DCP's plans: each process its rows
-
-
 # ----------------------------------------------------------------------------- what else a checkpoint holds: meta.json
 
 

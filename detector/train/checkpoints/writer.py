@@ -49,8 +49,9 @@ PROBE = 256 * 2**20  # bytes of the disk's speed test (with fsync): enough to pa
 # seed scale, and its two AdamW moments) would be read, deserialised and copied by one thread.
 CHUNK_BYTES = 256 * 2**20
 PIN_LEAST = 2**20  # spans smaller than this stay pageable: they may share a page with another allocation
+WRITERS = 2  # DCP's writer threads (and files) of a save beside the steps, at a lower priority
 # A save the run waits for (its last, a stop's) has the machine to itself: its writes and checksums take more threads,
-# at the step's priority, where a save beside the steps takes two writers and HASHERS checksummers at a lower one
+# at the step's priority, where a save beside the steps takes WRITERS and HASHERS checksummers at a lower one
 ALONE_THREADS = max(2, min(8, os.cpu_count() or 1))
 SAVE_TIMEOUT = datetime.timedelta(
     seconds=600
@@ -126,7 +127,6 @@ class Checkpointer:
         self.committed_step = resumed or -1
         self.started_step = resumed or -1
         self.lock, self.abandoned = threading.Lock(), False
-        files.quiet_dcp()
 
     # -------------------------------------------------------------------- staging memory
 
@@ -234,8 +234,8 @@ class Checkpointer:
         if self.device.type == "cuda":
             torch.cuda.current_stream(self.device).synchronize()  # the copies, after the step's last update
         payload = meta_bytes(meta) if meta is not None else None
-        save = Save(step, self.run_dir / files.folder_name(step, self.token), started, bytes=self.state_bytes())
-        save.alone = alone
+        folder = self.run_dir / files.folder_name(step, self.token)
+        save = Save(step, folder, started, bytes=self.state_bytes(), alone=alone)
         self.started_step = step
         save.blocked, save.waited = time.perf_counter() - started, waited
         try:
@@ -262,8 +262,7 @@ class Checkpointer:
             # DCP's imports, at the run's first save, in this thread (dcp_io's docstring)
             from detector.train.checkpoints import dcp_io
 
-            threads = ALONE_THREADS if save.alone else 2
-            dcp_io.write(save.folder, staged, threads, background=not save.alone, group=self.group)
+            dcp_io.write(save.folder, staged, ALONE_THREADS if save.alone else WRITERS, self.group)
             self.commit(save)
         except BaseException as err:
             save.error = err
